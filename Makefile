@@ -1,0 +1,33 @@
+# Two entry points: `make demo` (train PPO on CartPole) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint format venv clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[torch,jax,dev,graphopt]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/recurrences.py
+
+test: $(STAMP)
+	$(BIN)/ruff check timerl tests bench examples
+	$(BIN)/ruff format --check timerl tests bench examples
+	$(BIN)/python -m pytest -n 2 tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check timerl tests bench examples
+
+format: $(STAMP)
+	$(BIN)/ruff format timerl tests bench examples
+	$(BIN)/ruff check --fix timerl tests bench examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""timerl: deep RL programs as recurrent tensors."""

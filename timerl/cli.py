@@ -1,0 +1,31 @@
+"""The ``timerl`` command: each subcommand lives with the layer it drives."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from timerl.errors import TimerlError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="timerl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    from timerl.graphopt import cli as graphopt_cli
+
+    graphopt_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except TimerlError as err:
+        print(f"timerl: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
