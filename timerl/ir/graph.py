@@ -1,0 +1,157 @@
+"""The polyhedral dependence graph: ops over domains, edges carrying index expressions.
+
+The graph is a value: ops hold their input edges, and a program is the set of ops reachable
+from its outputs. There is no global "current graph"; the API's context only remembers which
+ops are roots (sinks, effects, tensors asked for).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import ProgramError
+from timerl.symbolic import TRUE, Condition, Dim, Expr, Index, Slice, as_expr
+
+_op_ids = itertools.count()
+
+Shape = tuple[Expr, ...]
+
+
+@dataclass(eq=False)
+class Edge:
+    """``sink`` reads ``src`` at ``index`` (one entry per dim of ``src.domain``) where ``cond``."""
+
+    src: Op
+    index: tuple[Index, ...]
+    cond: Condition = TRUE
+
+    def __repr__(self) -> str:
+        idx = ", ".join(map(str, self.index))
+        cond = "" if self.cond == TRUE else f" if {self.cond}"
+        return f"{self.src.label}[{idx}]{cond}"
+
+
+@dataclass(eq=False)
+class Op:
+    """One node of the PDG.
+
+    ``shape`` may depend on the op's own dims (``x[0:t+1]`` has ``t + 1`` rows at point ``t``).
+    ``effect`` marks side-effecting ops (environment calls, sinks): they are roots, never
+    duplicated, vectorised or reordered.
+    """
+
+    prim: str
+    domain: tuple[Dim, ...]
+    shape: Shape
+    dtype: np.dtype
+    inputs: list[Edge] = field(default_factory=list)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+    site: str | None = None
+    effect: bool = False
+    id: int = field(default_factory=lambda: next(_op_ids))
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.prim}#{self.id}"
+
+    def where(self) -> str:
+        """The tensor's name and the user's source line, for error messages."""
+        return f"{self.label}" + (f" (defined at {self.site})" if self.site else "")
+
+    def __repr__(self) -> str:
+        dom = ",".join(d.name for d in self.domain)
+        return f"{self.label}[{dom}]{tuple(self.shape)}:{self.dtype}"
+
+
+@dataclass(frozen=True, eq=False)
+class View:
+    """An op read at an index: what ``x[t - 1]`` or ``x[0:T]`` denotes before it is used.
+
+    Its domain is the dims its index expressions mention; each slice adds a leading spatial
+    dim whose size may depend on the point.
+    """
+
+    op: Op
+    index: tuple[Index, ...]
+
+    @staticmethod
+    def of(op: Op) -> View:
+        return View(op, tuple(op.domain))
+
+    @property
+    def is_identity(self) -> bool:
+        return all(i is d for i, d in zip(self.index, self.op.domain, strict=True))
+
+    @property
+    def dims(self) -> frozenset[Dim]:
+        out: set[Dim] = set()
+        for idx in self.index:
+            out.update(s for s in idx.symbols() if isinstance(s, Dim))
+        return frozenset(out)
+
+    @property
+    def shape(self) -> Shape:
+        points = {d: i for d, i in zip(self.op.domain, self.index, strict=True) if isinstance(i, Expr)}
+        lead = tuple(i.size for i in self.index if isinstance(i, Slice))
+        own = tuple(s.substitute(points) for s in self.op.shape)
+        if lead and any(s.symbols() & set(self.op.domain) for s in self.op.shape):
+            raise ProgramError(
+                f"cannot gather a slice of {self.op.where()}: its shape {self.op.shape} changes "
+                "from point to point"
+            )
+        return lead + own
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.op.dtype
+
+    def edge(self, cond: Condition = TRUE) -> Edge:
+        return Edge(self.op, self.index, cond)
+
+
+def order_dims(dims: Iterable[Dim], order: Sequence[Dim]) -> tuple[Dim, ...]:
+    """Dims in context order (outer first)."""
+    dims = set(dims)
+    unknown = dims - set(order)
+    if unknown:
+        raise ProgramError(f"dims {sorted(d.name for d in unknown)} do not belong to this context")
+    return tuple(d for d in order if d in dims)
+
+
+def as_shape(shape: Iterable[Any]) -> Shape:
+    return tuple(as_expr(s) for s in shape)
+
+
+def walk(roots: Iterable[Op]) -> list[Op]:
+    """Every op reachable from ``roots`` through input edges, in a deterministic order."""
+    seen: dict[int, Op] = {}
+    stack = list(roots)
+    while stack:
+        op = stack.pop()
+        if op.id in seen:
+            continue
+        seen[op.id] = op
+        stack.extend(e.src for e in op.inputs)
+    return sorted(seen.values(), key=lambda o: o.id)
+
+
+def consumers(ops: Iterable[Op]) -> dict[int, list[tuple[Op, Edge]]]:
+    """For each op id, the (consumer, edge) pairs that read it."""
+    out: dict[int, list[tuple[Op, Edge]]] = {}
+    for op in ops:
+        out.setdefault(op.id, [])
+        for e in op.inputs:
+            out.setdefault(e.src.id, []).append((op, e))
+    return out
+
+
+def iter_edges(ops: Iterable[Op]) -> Iterator[tuple[Op, Edge]]:
+    for op in ops:
+        for e in op.inputs:
+            yield op, e

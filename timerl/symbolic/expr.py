@@ -1,0 +1,650 @@
+"""Integer index expressions over dims and bounds.
+
+Every expression is kept in one canonical form: an affine combination of *atoms* (symbols, and
+the non-linear nodes min/max/floor-div/mod) plus a constant. Canonical forms make structural
+equality (``==``) meaningful and simplification a by-product of construction, which is what the
+dependence analysis needs: ``(t + 1) - 1`` *is* ``t``.
+
+Comparisons ``<, <=, >, >=`` build :class:`Condition` objects; ``==`` stays structural equality
+so expressions can be dict keys. Use ``e.eq(other)`` / ``e.ne(other)`` for (in)equality
+conditions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Union
+
+ExprLike = Union["Expr", int]
+
+_symbol_ids = itertools.count()
+
+
+class Expr:
+    """Base class: arithmetic builds canonical expressions, comparisons build conditions."""
+
+    __slots__ = ()
+
+    # --- construction -------------------------------------------------------------------------
+    def __add__(self, other: ExprLike) -> Expr:
+        return _add(self, as_expr(other), 1)
+
+    def __radd__(self, other: ExprLike) -> Expr:
+        return _add(as_expr(other), self, 1)
+
+    def __sub__(self, other: ExprLike) -> Expr:
+        return _add(self, as_expr(other), -1)
+
+    def __rsub__(self, other: ExprLike) -> Expr:
+        return _add(as_expr(other), self, -1)
+
+    def __neg__(self) -> Expr:
+        return _scale(self, -1)
+
+    def __mul__(self, other: ExprLike) -> Expr:
+        other = as_expr(other)
+        if isinstance(other, Const):
+            return _scale(self, other.value)
+        if isinstance(self, Const):
+            return _scale(other, self.value)
+        raise TypeError(f"index expressions are affine: cannot multiply {self} by {other}")
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: int) -> Expr:
+        return floordiv(self, other)
+
+    def __mod__(self, other: int) -> Expr:
+        return mod(self, other)
+
+    # --- conditions ---------------------------------------------------------------------------
+    def __lt__(self, other: ExprLike) -> Condition:
+        return Cmp.make(self - as_expr(other), "<")
+
+    def __le__(self, other: ExprLike) -> Condition:
+        return Cmp.make(self - as_expr(other), "<=")
+
+    def __gt__(self, other: ExprLike) -> Condition:
+        return Cmp.make(as_expr(other) - self, "<")
+
+    def __ge__(self, other: ExprLike) -> Condition:
+        return Cmp.make(as_expr(other) - self, "<=")
+
+    def eq(self, other: ExprLike) -> Condition:
+        """The condition ``self == other`` (``==`` itself is structural equality)."""
+        return Cmp.make(self - as_expr(other), "==")
+
+    def ne(self, other: ExprLike) -> Condition:
+        return Cmp.make(self - as_expr(other), "!=")
+
+    # --- queries ------------------------------------------------------------------------------
+    def linear(self) -> tuple[dict[Expr, int], int]:
+        """This expression as ``({atom: coefficient}, constant)``."""
+        return {self: 1}, 0
+
+    def symbols(self) -> frozenset[Symbol]:
+        raise NotImplementedError
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> int:
+        raise NotImplementedError
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        """Python source computing this expression from variables named by ``names``."""
+        raise NotImplementedError
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Expr:
+        raise NotImplementedError
+
+    @property
+    def is_const(self) -> bool:
+        return isinstance(self, Const)
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            f"the truth value of index expression {self} is unknown until it is evaluated; "
+            "use a timerl condition (t < T) where a branch is meant"
+        )
+
+
+def as_expr(value: ExprLike) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, bool):
+        raise TypeError("a bool is not an index expression")
+    if isinstance(value, int) or hasattr(value, "__index__"):
+        return Const(int(value))
+    raise TypeError(f"expected an integer index expression, got {type(value).__name__}: {value!r}")
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: int
+
+    def linear(self) -> tuple[dict[Expr, int], int]:
+        return {}, self.value
+
+    def symbols(self) -> frozenset[Symbol]:
+        return frozenset()
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> int:
+        return self.value
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return repr(self.value)
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Expr:
+        return self
+
+    def __repr__(self) -> str:
+        return str(self.value)
+
+    __str__ = __repr__
+
+
+class Symbol(Expr):
+    """A named integer variable; identity is the symbol (two dims both called ``t`` differ)."""
+
+    __slots__ = ("name", "uid")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.uid = next(_symbol_ids)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return hash(("sym", self.uid))
+
+    def symbols(self) -> frozenset[Symbol]:
+        return frozenset((self,))
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> int:
+        try:
+            return env[self]
+        except KeyError:
+            raise KeyError(f"no value for symbol {self.name}") from None
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return names[self]
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Expr:
+        return mapping.get(self, self)
+
+    def __repr__(self) -> str:
+        return self.name
+
+    __str__ = __repr__
+
+
+class Bound(Symbol):
+    """The extent of a dim (``T`` for ``t``): its value is fixed at compile or run time."""
+
+    __slots__ = ("dim",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.dim: Dim | None = None
+
+
+class Dim(Symbol):
+    """A temporal (or iteration) dimension, ranging over ``0 .. bound - 1``."""
+
+    __slots__ = ("bound",)
+
+    def __init__(self, name: str, bound: Bound | None = None) -> None:
+        super().__init__(name)
+        self.bound = bound if bound is not None else Bound(name.upper())
+        self.bound.dim = self
+
+
+@dataclass(frozen=True, eq=True)
+class Affine(Expr):
+    """``sum(coef * atom) + const`` with at least two parts (else it is simplified away)."""
+
+    terms: tuple[tuple[Expr, int], ...]
+    const: int
+
+    def linear(self) -> tuple[dict[Expr, int], int]:
+        return dict(self.terms), self.const
+
+    def symbols(self) -> frozenset[Symbol]:
+        return frozenset().union(*(a.symbols() for a, _ in self.terms))
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> int:
+        return sum(c * a.evaluate(env) for a, c in self.terms) + self.const
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        parts = [f"{c}*{a.source(names)}" if c != 1 else a.source(names) for a, c in self.terms]
+        if self.const:
+            parts.append(repr(self.const))
+        return "(" + " + ".join(parts) + ")"
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Expr:
+        out: Expr = Const(self.const)
+        for atom, coef in self.terms:
+            out = out + atom.substitute(mapping) * coef
+        return out
+
+    def __repr__(self) -> str:
+        text = ""
+        for atom, coef in self.terms:
+            sign = "-" if coef < 0 else "+"
+            mag = abs(coef)
+            body = f"{mag}*{atom}" if mag != 1 else str(atom)
+            text += (f"{sign} " if text else ("-" if coef < 0 else "")) + body + " "
+        if self.const:
+            text += f"{'-' if self.const < 0 else '+'} {abs(self.const)}"
+        return text.strip()
+
+    __str__ = __repr__
+
+
+def _sort_key(atom: Expr) -> tuple:
+    if isinstance(atom, Symbol):
+        return (0, atom.uid, "")
+    return (1, 0, repr(atom))
+
+
+def _make(terms: Mapping[Expr, int], const: int) -> Expr:
+    items = tuple(sorted(((a, c) for a, c in terms.items() if c != 0), key=lambda x: _sort_key(x[0])))
+    if not items:
+        return Const(const)
+    if len(items) == 1 and items[0][1] == 1 and const == 0:
+        return items[0][0]
+    return Affine(items, const)
+
+
+def _add(a: Expr, b: Expr, sign: int) -> Expr:
+    ta, ca = a.linear()
+    tb, cb = b.linear()
+    terms = dict(ta)
+    for atom, coef in tb.items():
+        terms[atom] = terms.get(atom, 0) + sign * coef
+    return _make(terms, ca + sign * cb)
+
+
+def _scale(a: Expr, k: int) -> Expr:
+    terms, const = a.linear()
+    return _make({atom: c * k for atom, c in terms.items()}, const * k)
+
+
+# --- non-linear atoms -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=True)
+class MinMax(Expr):
+    """``min(args)`` or ``max(args)``; args are canonical and deduplicated."""
+
+    kind: str  # "min" | "max"
+    args: tuple[Expr, ...]
+
+    def symbols(self) -> frozenset[Symbol]:
+        return frozenset().union(*(a.symbols() for a in self.args))
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> int:
+        values = [a.evaluate(env) for a in self.args]
+        return min(values) if self.kind == "min" else max(values)
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return f"{self.kind}(" + ", ".join(a.source(names) for a in self.args) + ")"
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Expr:
+        return _minmax(self.kind, [a.substitute(mapping) for a in self.args])
+
+    def __repr__(self) -> str:
+        return f"{self.kind}(" + ", ".join(map(str, self.args)) + ")"
+
+    __str__ = __repr__
+
+
+def _minmax(kind: str, args: Iterable[ExprLike]) -> Expr:
+    pick = min if kind == "min" else max
+    flat: list[Expr] = []
+    for arg in map(as_expr, args):
+        if isinstance(arg, MinMax) and arg.kind == kind:
+            flat.extend(arg.args)
+        else:
+            flat.append(arg)
+    # Arguments that differ by a constant are comparable: keep only the winner.
+    kept: list[Expr] = []
+    for arg in flat:
+        for j, other in enumerate(kept):
+            diff = arg - other
+            if isinstance(diff, Const):
+                kept[j] = arg if pick(diff.value, 0) == diff.value and diff.value != 0 else other
+                break
+        else:
+            kept.append(arg)
+    if len(kept) == 1:
+        return kept[0]
+    if all(isinstance(a, Const) for a in kept):
+        return Const(pick(a.value for a in kept))  # type: ignore[attr-defined]
+    return MinMax(kind, tuple(sorted(kept, key=repr)))
+
+
+def min_(*args: ExprLike) -> Expr:
+    """``tl.min``: the smaller of index expressions."""
+    return _minmax("min", args)
+
+
+def max_(*args: ExprLike) -> Expr:
+    """``tl.max``: the larger of index expressions."""
+    return _minmax("max", args)
+
+
+@dataclass(frozen=True, eq=True)
+class DivMod(Expr):
+    """Floor division or modulo by a positive constant."""
+
+    kind: str  # "//" | "%"
+    arg: Expr
+    divisor: int
+
+    def symbols(self) -> frozenset[Symbol]:
+        return self.arg.symbols()
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> int:
+        value = self.arg.evaluate(env)
+        return value // self.divisor if self.kind == "//" else value % self.divisor
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return f"({self.arg.source(names)} {self.kind} {self.divisor})"
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Expr:
+        sub = self.arg.substitute(mapping)
+        return floordiv(sub, self.divisor) if self.kind == "//" else mod(sub, self.divisor)
+
+    def __repr__(self) -> str:
+        return f"({self.arg} {self.kind} {self.divisor})"
+
+    __str__ = __repr__
+
+
+def _check_divisor(divisor: object) -> int:
+    if isinstance(divisor, Expr):
+        divisor = divisor.value if isinstance(divisor, Const) else divisor
+    if not isinstance(divisor, int) or isinstance(divisor, bool) or divisor <= 0:
+        raise TypeError(f"index division needs a positive integer constant, got {divisor!r}")
+    return divisor
+
+
+def floordiv(arg: ExprLike, divisor: int) -> Expr:
+    arg, divisor = as_expr(arg), _check_divisor(divisor)
+    if divisor == 1:
+        return arg
+    if isinstance(arg, Const):
+        return Const(arg.value // divisor)
+    terms, const = arg.linear()
+    if all(c % divisor == 0 for c in terms.values()):
+        # (k*d*x + c) // d == k*x + c // d exactly.
+        return _make({a: c // divisor for a, c in terms.items()}, 0) + const // divisor
+    return DivMod("//", arg, divisor)
+
+
+def mod(arg: ExprLike, divisor: int) -> Expr:
+    arg, divisor = as_expr(arg), _check_divisor(divisor)
+    if divisor == 1:
+        return Const(0)
+    if isinstance(arg, Const):
+        return Const(arg.value % divisor)
+    terms, const = arg.linear()
+    reduced = {a: c % divisor for a, c in terms.items()}
+    if not any(reduced.values()):
+        return Const(const % divisor)
+    return DivMod("%", _make(reduced, const % divisor), divisor)
+
+
+# --- conditions -------------------------------------------------------------------------------
+
+
+class Condition:
+    """A boolean predicate over symbols; combine with ``&``, ``|`` and ``~``."""
+
+    __slots__ = ()
+
+    def __and__(self, other: Condition | bool) -> Condition:
+        return And.make([self, as_condition(other)])
+
+    __rand__ = __and__
+
+    def __or__(self, other: Condition | bool) -> Condition:
+        return Or.make([self, as_condition(other)])
+
+    __ror__ = __or__
+
+    def __invert__(self) -> Condition:
+        return Not.make(self)
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> bool:
+        raise NotImplementedError
+
+    def symbols(self) -> frozenset[Symbol]:
+        raise NotImplementedError
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        raise NotImplementedError
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Condition:
+        raise NotImplementedError
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            f"condition {self} has no truth value until evaluated at a point; "
+            "use it as an index (x[t < 5] = ...) or with tl.where"
+        )
+
+
+@dataclass(frozen=True, eq=True)
+class Literal(Condition):
+    value: bool
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> bool:
+        return self.value
+
+    def symbols(self) -> frozenset[Symbol]:
+        return frozenset()
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return repr(self.value)
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Condition:
+        return self
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+TRUE = Literal(True)
+FALSE = Literal(False)
+
+_CMP = {
+    "==": lambda v: v == 0,
+    "!=": lambda v: v != 0,
+    "<": lambda v: v < 0,
+    "<=": lambda v: v <= 0,
+}
+
+
+@dataclass(frozen=True, eq=True)
+class Cmp(Condition):
+    """``diff OP 0`` with OP one of ``==, !=, <, <=``."""
+
+    diff: Expr
+    op: str
+
+    @staticmethod
+    def make(diff: Expr, op: str) -> Condition:
+        if isinstance(diff, Const):
+            return Literal(_CMP[op](diff.value))
+        return Cmp(diff, op)
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> bool:
+        return _CMP[self.op](self.diff.evaluate(env))
+
+    def symbols(self) -> frozenset[Symbol]:
+        return self.diff.symbols()
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return f"({self.diff.source(names)} {self.op} 0)"
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Condition:
+        return Cmp.make(self.diff.substitute(mapping), self.op)
+
+    def __repr__(self) -> str:
+        return f"{self.diff} {self.op} 0"
+
+
+@dataclass(frozen=True, eq=True)
+class And(Condition):
+    parts: tuple[Condition, ...]
+
+    @staticmethod
+    def make(parts: Iterable[Condition]) -> Condition:
+        flat: list[Condition] = []
+        for p in parts:
+            if p == FALSE:
+                return FALSE
+            if p == TRUE:
+                continue
+            for q in p.parts if isinstance(p, And) else (p,):
+                if q not in flat:
+                    flat.append(q)
+        if not flat:
+            return TRUE
+        return flat[0] if len(flat) == 1 else And(tuple(flat))
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> bool:
+        return all(p.evaluate(env) for p in self.parts)
+
+    def symbols(self) -> frozenset[Symbol]:
+        return frozenset().union(*(p.symbols() for p in self.parts))
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return "(" + " and ".join(p.source(names) for p in self.parts) + ")"
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Condition:
+        return And.make(p.substitute(mapping) for p in self.parts)
+
+    def __repr__(self) -> str:
+        return " & ".join(f"({p})" for p in self.parts)
+
+
+@dataclass(frozen=True, eq=True)
+class Or(Condition):
+    parts: tuple[Condition, ...]
+
+    @staticmethod
+    def make(parts: Iterable[Condition]) -> Condition:
+        flat: list[Condition] = []
+        for p in parts:
+            if p == TRUE:
+                return TRUE
+            if p == FALSE:
+                continue
+            for q in p.parts if isinstance(p, Or) else (p,):
+                if q not in flat:
+                    flat.append(q)
+        if not flat:
+            return FALSE
+        return flat[0] if len(flat) == 1 else Or(tuple(flat))
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> bool:
+        return any(p.evaluate(env) for p in self.parts)
+
+    def symbols(self) -> frozenset[Symbol]:
+        return frozenset().union(*(p.symbols() for p in self.parts))
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return "(" + " or ".join(p.source(names) for p in self.parts) + ")"
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Condition:
+        return Or.make(p.substitute(mapping) for p in self.parts)
+
+    def __repr__(self) -> str:
+        return " | ".join(f"({p})" for p in self.parts)
+
+
+@dataclass(frozen=True, eq=True)
+class Not(Condition):
+    part: Condition
+
+    @staticmethod
+    def make(part: Condition) -> Condition:
+        if isinstance(part, Literal):
+            return Literal(not part.value)
+        if isinstance(part, Not):
+            return part.part
+        if isinstance(part, Cmp):
+            if part.op == "==":
+                return Cmp(part.diff, "!=")
+            if part.op == "!=":
+                return Cmp(part.diff, "==")
+            if part.op == "<":  # not (d < 0)  <=>  -d <= 0
+                return Cmp.make(-part.diff, "<=")
+            return Cmp.make(-part.diff, "<")  # not (d <= 0)  <=>  -d < 0
+        return Not(part)
+
+    def evaluate(self, env: Mapping[Symbol, int]) -> bool:
+        return not self.part.evaluate(env)
+
+    def symbols(self) -> frozenset[Symbol]:
+        return self.part.symbols()
+
+    def source(self, names: Mapping[Symbol, str]) -> str:
+        return f"(not {self.part.source(names)})"
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Condition:
+        return Not.make(self.part.substitute(mapping))
+
+    def __repr__(self) -> str:
+        return f"~({self.part})"
+
+
+def as_condition(value: Condition | bool) -> Condition:
+    if isinstance(value, Condition):
+        return value
+    if isinstance(value, bool):
+        return Literal(value)
+    raise TypeError(f"expected a condition or bool, got {type(value).__name__}")
+
+
+# --- slices -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=True)
+class Slice:
+    """A half-open range of points ``start:stop`` (step 1) along one dim."""
+
+    start: Expr
+    stop: Expr
+
+    @property
+    def size(self) -> Expr:
+        return self.stop - self.start
+
+    def symbols(self) -> frozenset[Symbol]:
+        return self.start.symbols() | self.stop.symbols()
+
+    def substitute(self, mapping: Mapping[Symbol, Expr]) -> Slice:
+        return Slice(self.start.substitute(mapping), self.stop.substitute(mapping))
+
+    def __repr__(self) -> str:
+        return f"{self.start}:{self.stop}"
+
+
+Index = Union[Expr, Slice]
+
+
+def compile_exprs(
+    items: Iterable[Expr | Condition], symbols: Iterable[Symbol]
+) -> Callable[..., tuple]:
+    """One Python function computing many expressions from symbol values, for hot loops."""
+    symbols = list(symbols)
+    names = {s: f"_s{k}" for k, s in enumerate(symbols)}
+    body = ", ".join(item.source(names) for item in items)
+    args = ", ".join(names[s] for s in symbols)
+    code = f"lambda {args}: ({body},)"
+    return eval(code, {"min": min, "max": max})  # noqa: S307 - source built from our own nodes
