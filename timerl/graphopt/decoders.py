@@ -1,0 +1,151 @@
+"""Decoders: random keys -> a valid schedule, and the Problem that scores schedules.
+
+A chromosome holds, per node, a scheduling priority; when placing over K > 1 devices also a
+device key, and with a host tier a swap key. List scheduling (run the highest-priority ready
+op) turns any priorities into a topological order, so every decoded individual is valid and
+search never has to repair anything.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import GraphError
+from timerl.graphopt.graph import Graph
+from timerl.graphopt.perfmodel import Cluster, PeakMemory, Simulator
+
+OBJECTIVES = ("peak-memory", "runtime")
+#: A buffer is swapped when its swap key is above this (uniform keys: 20% of buffers).
+SWAP_THRESHOLD = 0.8
+
+
+def decode_order(graph: Graph, priority: np.ndarray) -> np.ndarray:
+    """List scheduling: repeatedly run the ready op with the highest priority (ties: index)."""
+    pr = (-np.asarray(priority, dtype=np.float64)).tolist()
+    succs = graph.succs
+    indeg = np.diff(graph.pred_ptr).tolist()
+    heap = [(pr[v], v) for v in range(graph.n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    order = []
+    push, pop = heapq.heappush, heapq.heappop
+    while heap:
+        v = pop(heap)[1]
+        order.append(v)
+        for w in succs[v]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                push(heap, (pr[w], w))
+    return np.array(order, dtype=np.int64)
+
+
+def order_keys(order: np.ndarray) -> np.ndarray:
+    """Priorities that decode back to exactly ``order`` (earlier = higher, in (0, 1])."""
+    n = len(order)
+    keys = np.empty(n, dtype=np.float64)
+    keys[np.asarray(order)] = 1.0 - np.arange(n) / max(n, 1)
+    return keys
+
+
+@dataclass
+class Solution:
+    """A schedule: an order, and for multi-device problems a placement and swap set."""
+
+    order: np.ndarray
+    placement: np.ndarray | None = None
+    swap: np.ndarray | None = None
+
+    def to_json(self, graph: Graph, cluster: Cluster | None = None) -> dict[str, Any]:
+        ids = graph.ids
+        out: dict[str, Any] = {"order": [ids[v] for v in self.order.tolist()]}
+        if self.placement is not None and cluster is not None:
+            out["placement"] = {ids[v]: cluster.devices[d] for v, d in enumerate(self.placement)}
+        else:
+            out["placement"] = {}
+        swap = [] if self.swap is None else np.nonzero(self.swap)[0].tolist()
+        out["swap"] = [ids[v] for v in swap]
+        return out
+
+
+class Problem:
+    """What to optimise on a graph: objective, optional cluster, and the key layout.
+
+    Peak memory on a single device (no cluster, or one device without host) uses the fast
+    step evaluator; everything else goes through the event simulator.
+    """
+
+    def __init__(
+        self, graph: Graph, objective: str = "peak-memory", cluster: Cluster | None = None
+    ) -> None:
+        if objective not in OBJECTIVES:
+            raise GraphError(f"unknown objective {objective!r} (choose from {OBJECTIVES})")
+        self.graph = graph
+        self.objective = objective
+        if cluster is None and objective == "runtime":
+            cluster = Cluster.make(1)
+        self.cluster = cluster
+        self.n = graph.n
+        self.place = cluster is not None and cluster.k > 1
+        self.swaps = cluster is not None and cluster.host
+        self.single = cluster is None or (
+            not self.place and not self.swaps and objective == "peak-memory"
+        )
+        self.num_keys = self.n * (1 + int(self.place) + int(self.swaps))
+        self.peak = PeakMemory(graph)
+        self.sim = Simulator(graph, cluster) if cluster is not None else None
+        self.evaluations = 0
+
+    # ---------------------------------------------------------------- keys <-> schedules
+    def decode(self, keys: np.ndarray) -> Solution:
+        n = self.n
+        order = decode_order(self.graph, keys[:n])
+        if self.single:
+            return Solution(order)
+        at = n
+        placement = np.zeros(n, dtype=np.int64)
+        if self.place:
+            k = self.cluster.k  # type: ignore[union-attr]
+            placement = np.minimum((keys[at : at + n] * k).astype(np.int64), k - 1)
+            at += n
+        swap = None
+        if self.swaps:
+            swap = keys[at : at + n] > SWAP_THRESHOLD
+        assert self.sim is not None
+        return Solution(order, self.sim.normalise(placement), swap)
+
+    def encode(self, sol: Solution) -> np.ndarray:
+        """Keys that decode to ``sol`` (used to seed search with heuristic schedules)."""
+        parts = [order_keys(sol.order)]
+        if self.place:
+            k = self.cluster.k  # type: ignore[union-attr]
+            pl = sol.placement if sol.placement is not None else np.zeros(self.n, np.int64)
+            parts.append((pl + 0.5) / k)
+        if self.swaps:
+            sw = sol.swap if sol.swap is not None else np.zeros(self.n, bool)
+            parts.append(np.where(sw, 0.9, 0.4))
+        return np.concatenate(parts)
+
+    def complete(self, order: np.ndarray) -> Solution:
+        """A solution from an order alone: everything on the first device, no swaps."""
+        if self.single:
+            return Solution(np.asarray(order, dtype=np.int64))
+        assert self.sim is not None
+        pl = self.sim.normalise(np.zeros(self.n, dtype=np.int64))
+        return Solution(np.asarray(order, dtype=np.int64), pl, np.zeros(self.n, dtype=bool))
+
+    # ---------------------------------------------------------------- scoring
+    def evaluate(self, sol: Solution) -> float:
+        self.evaluations += 1
+        if self.single:
+            return float(self.peak.peak(sol.order))
+        assert self.sim is not None
+        pl = sol.placement if sol.placement is not None else np.zeros(self.n, np.int64)
+        res = self.sim.run(sol.order, pl, sol.swap)
+        return self.sim.objective(res, self.objective)
+
+    def fitness(self, keys: np.ndarray) -> tuple[float, Solution]:
+        sol = self.decode(keys)
+        return self.evaluate(sol), sol
