@@ -305,7 +305,8 @@ class GymVectorEnv(VectorEnv):
         if self._obs_onehot:
             idx = np.asarray(obs, dtype=np.int64).reshape(-1) - self._obs_start
             return np.eye(self._obs_onehot, dtype=np.float32)[idx]
-        return np.asarray(obs, dtype=np.float32)
+        # Always a copy: the vector env (copy=False) reuses its observation buffer.
+        return np.array(obs, dtype=np.float32)
 
     def _reset_batch(self) -> np.ndarray:
         # Seed only the first reset: later resets continue the same streams, so one seed
