@@ -1,0 +1,1 @@
+"""Eager and jitted reference implementations of the DRL algorithms timerl is measured against."""
