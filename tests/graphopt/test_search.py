@@ -1,0 +1,105 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from timerl.graphopt.baselines import best_of_portfolio, portfolio_solutions
+from timerl.graphopt.brkga import brkga
+from timerl.graphopt.decoders import Problem, decode_order, order_keys
+from timerl.graphopt.perfmodel import Cluster, PeakMemory, validate_order
+from timerl.graphopt.random_graph import random_graph
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    seed=st.integers(0, 10_000),
+    keys=st.lists(st.floats(0, 1), min_size=40, max_size=40),
+)
+def test_every_decoded_order_is_topological(n, seed, keys):
+    g = random_graph(n, seed=seed)
+    order = decode_order(g, np.array(keys[:n]))
+    validate_order(g, order)  # raises if not a topological permutation
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_order_keys_decode_back_to_the_order(seed):
+    g = random_graph(60, seed=seed)
+    order = decode_order(g, np.random.default_rng(seed).random(g.n))
+    assert decode_order(g, order_keys(order)).tolist() == order.tolist()
+
+
+def test_decoder_follows_priorities():
+    g = random_graph(30, seed=1)
+    pr = np.random.default_rng(0).random(g.n)
+    order = decode_order(g, pr).tolist()
+    done: set[int] = set()
+    for v in order:  # v has the highest priority among the ready ops when it runs
+        ready = [u for u in range(g.n) if u not in done and set(g.preds[u]) <= done]
+        assert pr[v] == max(pr[u] for u in ready)
+        done.add(v)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_brkga_never_worse_than_seeded_portfolio(seed):
+    g = random_graph(80, seed=seed)
+    p = Problem(g)
+    pf = best_of_portfolio(p)
+    res = brkga(p, budget=300, seeds=list(portfolio_solutions(p).values()), seed=seed)
+    assert res.value <= pf.value
+    assert res.evaluations == 300
+    validate_order(g, res.solution.order)
+    assert PeakMemory(g).peak(res.solution.order) == res.value
+    assert all(a >= b for a, b in zip(res.history, res.history[1:], strict=False))
+
+
+def test_brkga_finds_brute_force_optimum_on_tiny_graphs(all_orders):
+    for seed in range(5):
+        g = random_graph(7, seed=seed, view_prob=0.3, output_prob=0.2)
+        pm = PeakMemory(g)
+        best = min(pm.peak(np.array(o)) for o in all_orders(g))
+        assert brkga(Problem(g), budget=400, seed=seed).value == best
+
+
+def test_brkga_samples_proposals_from_per_node_beta():
+    g = random_graph(20, seed=2)
+    seen: list[np.ndarray] = []
+
+    class Recording(Problem):
+        def fitness(self, keys):
+            seen.append(keys.copy())
+            return super().fitness(keys)
+
+    a = np.ones(g.n)
+    b = np.ones(g.n)
+    a[0], b[1:] = 50.0, 50.0  # node 0 keys near 1, all others near 0
+    res = brkga(Recording(g), budget=40, population=40, alpha=a, beta=b, bias=np.full(g.n, 0.8))
+    keys = np.stack(seen)
+    assert keys.shape == (40, g.n)
+    assert keys[:, 0].mean() > 0.9 and keys[:, 1:].mean() < 0.1
+    validate_order(g, res.solution.order)
+    with pytest.raises(ValueError):
+        brkga(Problem(g), budget=10, alpha=np.ones(3))
+
+
+def test_brkga_is_deterministic_per_seed():
+    g = random_graph(40, seed=4)
+    r1 = brkga(Problem(g), budget=200, seed=7)
+    r2 = brkga(Problem(g), budget=200, seed=7)
+    assert r1.value == r2.value and r1.solution.order.tolist() == r2.solution.order.tolist()
+
+
+@pytest.mark.parametrize("objective", ["peak-memory", "runtime"])
+def test_brkga_multi_device_decodes_valid_placements(objective):
+    g = random_graph(40, seed=3)
+    cl = Cluster.make(3, memory_limit=2_000_000, host=True)
+    p = Problem(g, objective, cl)
+    assert p.num_keys == 3 * g.n
+    seeds = list(portfolio_solutions(p).values())
+    res = brkga(p, budget=200, seeds=seeds, seed=0)
+    sol = res.solution
+    validate_order(g, sol.order)
+    assert sol.placement is not None and set(sol.placement.tolist()) <= {0, 1, 2}
+    # views sit with their base buffer
+    assert np.array_equal(sol.placement, sol.placement[g.root])
+    assert res.value <= min(p.evaluate(s) for s in seeds)

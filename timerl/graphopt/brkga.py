@@ -1,0 +1,126 @@
+"""Biased random-key genetic algorithm over a Problem's keys.
+
+Proposal distributions are per gene Beta(a, b) (uniform by default) and crossover bias is per
+gene too: these arrays are the hook through which a learned policy steers the search.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from timerl.graphopt.decoders import Problem, Solution
+
+
+@dataclass
+class SearchResult:
+    """Best schedule found, its objective value, and how the search got there."""
+
+    solution: Solution
+    value: float
+    evaluations: int
+    method: str
+    seconds: float = 0.0
+    history: list[float] = field(default_factory=list)  # best value after each generation
+    bound: float | None = None  # a proven lower bound (exact search only)
+
+
+def _per_gene(x: float | np.ndarray | None, default: float, problem: Problem) -> np.ndarray:
+    """Broadcast a scalar, a per-node array (length n) or a per-gene array to all genes."""
+    m, n = problem.num_keys, problem.n
+    if x is None:
+        return np.full(m, default)
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim == 0:
+        return np.full(m, float(arr))
+    if arr.shape == (m,):
+        return arr
+    if arr.shape == (n,):
+        return np.tile(arr, m // max(n, 1))
+    raise ValueError(f"expected a scalar or an array of length {n} or {m}, got {arr.shape}")
+
+
+def brkga(
+    problem: Problem,
+    *,
+    budget: int = 5000,
+    population: int | None = None,
+    elite: float = 0.2,
+    mutant: float = 0.15,
+    bias: float | np.ndarray = 0.7,
+    alpha: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    seeds: Sequence[Solution] = (),
+    seed: int = 0,
+    method: str = "brkga",
+) -> SearchResult:
+    """Run BRKGA for ``budget`` decodes; seeded schedules enter the first population.
+
+    Because elites survive unchanged and seeds are evaluated first, the result is never worse
+    than the best seed.
+    """
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    m = problem.num_keys
+    budget = max(int(budget), 1)
+    pop = population or int(np.clip(budget // 50, 20, 100))
+    pop = max(min(pop, budget), 2)
+    n_elite = max(1, int(round(elite * pop)))
+    n_mut = max(0, min(int(round(mutant * pop)), pop - n_elite))
+    a = _per_gene(alpha, 1.0, problem)
+    b = _per_gene(beta, 1.0, problem)
+    rho = _per_gene(bias, 0.7, problem)
+    uniform = alpha is None and beta is None
+
+    def sample(k: int) -> np.ndarray:
+        if uniform:
+            return rng.random((k, m))
+        return rng.beta(a, b, size=(k, m))
+
+    evals = 0
+    keys_list: list[np.ndarray] = [problem.encode(s) for s in seeds][:pop]
+    if len(keys_list) < pop:
+        keys_list.extend(sample(pop - len(keys_list)))
+    keys = np.stack(keys_list)
+    fit = np.empty(pop)
+    sols: list[Solution] = []
+    best_val, best_sol = np.inf, None
+    for i in range(pop):
+        if evals >= budget:
+            fit[i:] = np.inf
+            sols.extend([sols[0]] * (pop - i))
+            break
+        fit[i], sol = problem.fitness(keys[i])
+        evals += 1
+        sols.append(sol)
+        if fit[i] < best_val:
+            best_val, best_sol = fit[i], sol
+    history = [float(best_val)]
+    while evals < budget:
+        rank = np.argsort(fit, kind="stable")
+        keys, fit = keys[rank], fit[rank]
+        sols = [sols[r] for r in rank]
+        n_child = pop - n_elite - n_mut
+        new = np.empty((n_mut + n_child, m))
+        new[:n_mut] = sample(n_mut)
+        if n_child:
+            pe = rng.integers(0, n_elite, n_child)
+            pn = rng.integers(n_elite, pop, n_child) if pop > n_elite else pe
+            take = rng.random((n_child, m)) < rho
+            new[n_mut:] = np.where(take, keys[pe], keys[pn])
+        for j in range(new.shape[0]):
+            if evals >= budget:
+                new = new[:j]
+                break
+            val, sol = problem.fitness(new[j])
+            evals += 1
+            i = n_elite + j
+            keys[i], fit[i], sols[i] = new[j], val, sol
+            if val < best_val:
+                best_val, best_sol = val, sol
+        history.append(float(best_val))
+    assert best_sol is not None
+    return SearchResult(best_sol, float(best_val), evals, method, time.perf_counter() - t0, history)
