@@ -1,0 +1,91 @@
+import json
+
+import pytest
+
+from timerl.cli import main
+from timerl.graphopt.graph import Graph
+from timerl.graphopt.perfmodel import PeakMemory, as_order
+from timerl.graphopt.random_graph import random_graph
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    g = random_graph(25, seed=5, view_prob=0.2)
+    path = tmp_path / "g.json"
+    g.save(path)
+    return path
+
+
+@pytest.mark.parametrize("method", ["program", "portfolio", "local", "brkga", "exact"])
+def test_optimize_round_trip(graph_file, tmp_path, method):
+    out = tmp_path / "r.json"
+    rc = main(
+        [
+            "graphopt",
+            "optimize",
+            str(graph_file),
+            "--method",
+            method,
+            "--budget",
+            "200",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    res = json.loads(out.read_text())
+    g = Graph.load(graph_file)
+    order = as_order(g, res["order"])  # a topological permutation of all node ids
+    assert sorted(res["order"]) == sorted(g.ids)
+    assert res["objective"] == PeakMemory(g).peak(order)
+    assert res["objective"] <= res["program_order_value"]
+    assert res["placement"] == {} and res["swap"] == []
+    assert res["seconds"] >= 0 and res["method"].startswith(method)
+
+
+def test_optimize_runtime_multi_device(graph_file, tmp_path):
+    out = tmp_path / "r.json"
+    rc = main(
+        [
+            "graphopt",
+            "optimize",
+            str(graph_file),
+            "--objective",
+            "runtime",
+            "--devices",
+            "2",
+            "--memory-limit",
+            "1000000",
+            "--host",
+            "--budget",
+            "150",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res["placement"]) == set(Graph.load(graph_file).ids)
+    assert set(res["placement"].values()) <= {"d0", "d1"}
+    assert res["objective"] <= res["program_order_value"]
+
+
+def test_optimize_bad_graph_reports_error(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps(
+            {
+                "name": "b",
+                "nodes": [{"id": "a", "op": "x", "bytes": 1, "cost": 1}],
+                "edges": [["a", "q"]],
+            }
+        )
+    )
+    assert main(["graphopt", "optimize", str(bad)]) == 2
+    assert "'q'" in capsys.readouterr().err
+
+
+def test_exact_refuses_multi_device(graph_file, capsys):
+    rc = main(["graphopt", "optimize", str(graph_file), "--method", "exact", "--devices", "2"])
+    assert rc == 2
+    assert "one device" in capsys.readouterr().err

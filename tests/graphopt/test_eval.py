@@ -1,0 +1,79 @@
+import json
+
+from timerl.cli import main
+from timerl.graphopt.evaluate import METHODS, evaluate_corpus, summarise, to_markdown
+from timerl.graphopt.random_graph import random_graph
+
+
+def write_corpus(root):
+    graphs = []
+    for i, (kind, split, n) in enumerate(
+        [
+            ("synthetic", "test", 12),
+            ("model", "test", 20),
+            ("training", "test", 30),
+            ("synthetic", "train", 10),
+        ]
+    ):
+        g = random_graph(n, seed=i)
+        rel = f"graphs/{kind}-{i}.json"
+        (root / "graphs").mkdir(exist_ok=True)
+        g.save(root / rel)
+        graphs.append(
+            {
+                "name": g.name,
+                "family": "random",
+                "kind": kind,
+                "split": split,
+                "nodes": n,
+                "path": rel,
+            }
+        )
+    (root / "index.json").write_text(json.dumps({"graphs": graphs}))
+
+
+def test_evaluate_corpus_and_summary(tmp_path):
+    write_corpus(tmp_path)
+    recs = evaluate_corpus(tmp_path, "test", budget=150, exact_nodes=15, exact_time=5)
+    assert [r.kind for r in recs] == ["synthetic", "model", "training"]
+    for r in recs:
+        assert r.values["portfolio"] <= r.values["program"]
+        assert r.values["brkga"] <= r.values["portfolio"]
+        assert r.best_known == min(r.values.values())
+    assert "exact" in recs[0].values and recs[0].optimum == recs[0].best_known
+    assert "exact" not in recs[2].values
+    rows = summarise(recs, METHODS)
+    brk = [r for r in rows if r["method"] == "brkga" and r["kind"] == "all"][0]
+    assert brk["wtl"] == "0/3/0" and brk["vs_brkga_mean"] == 0.0
+    prog = [r for r in rows if r["method"] == "program" and r["kind"] == "all"][0]
+    assert prog["vs_program_mean"] == 0.0
+    assert {r["kind"] for r in rows} == {"synthetic", "model", "training", "all"}
+    assert to_markdown(rows).count("\n") == len(rows) + 1
+
+
+def test_eval_cli_prints_table(tmp_path, capsys):
+    write_corpus(tmp_path)
+    md = tmp_path / "t.md"
+    rc = main(
+        [
+            "graphopt",
+            "eval",
+            "--corpus",
+            str(tmp_path),
+            "--budget",
+            "100",
+            "--methods",
+            "program",
+            "portfolio",
+            "brkga",
+            "--no-progress",
+            "--markdown",
+            str(md),
+            "--limit",
+            "2",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "BRKGA" in out and "portfolio" in out
+    assert "| all | brkga | 2 |" in md.read_text()

@@ -1,0 +1,163 @@
+"""``timerl graphopt {optimize,eval,corpus}``: argument parsing and printing only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from timerl.errors import GraphError
+
+
+def register(sub: Any) -> None:
+    """Add the ``graphopt`` command and its subcommands to the top-level parser."""
+    p = sub.add_parser("graphopt", help="order and place computation graphs (REGAL)")
+    gsub = p.add_subparsers(dest="graphopt_command", required=True)
+
+    o = gsub.add_parser("optimize", help="search an order/placement for one graph file")
+    o.add_argument("graph", type=Path, help="graph JSON file")
+    o.add_argument("--objective", choices=("peak-memory", "runtime"), default="peak-memory")
+    o.add_argument(
+        "--method", choices=("program", "portfolio", "local", "brkga", "exact"), default="brkga"
+    )
+    o.add_argument("--budget", type=int, default=5000, help="number of schedule evaluations")
+    o.add_argument("--devices", type=int, default=1, help="number of accelerators")
+    o.add_argument("--memory-limit", type=int, default=None, help="bytes per accelerator")
+    o.add_argument("--host", action="store_true", help="allow swapping tensors to host memory")
+    o.add_argument("--time-limit", type=float, default=30.0, help="seconds, for --method exact")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--out", type=Path, default=None, help="result JSON (default: stdout)")
+    o.set_defaults(func=cmd_optimize)
+
+    e = gsub.add_parser("eval", help="compare methods on a corpus split")
+    e.add_argument("--split", default="test")
+    e.add_argument("--corpus", type=Path, default=Path("corpus"))
+    e.add_argument("--budget", type=int, default=5000)
+    e.add_argument("--methods", nargs="+", default=None, help="default: all")
+    e.add_argument("--limit", type=int, default=None, help="first N graphs of the split")
+    e.add_argument("--exact-nodes", type=int, default=60, help="run exact up to this size")
+    e.add_argument("--exact-time", type=float, default=10.0, help="exact time limit, seconds")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--out", type=Path, default=None, help="write per-graph results JSON")
+    e.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=cmd_eval)
+
+    c = gsub.add_parser("corpus", help="build the graph corpus")
+    c.add_argument("--out", type=Path, default=Path("corpus"))
+    c.add_argument("--quick", action="store_true", help="a small corpus, for smoke tests")
+    c.set_defaults(func=cmd_corpus)
+
+
+def _problem(args: argparse.Namespace, graph: Any) -> Any:
+    from timerl.graphopt.decoders import Problem
+    from timerl.graphopt.perfmodel import Cluster
+
+    if args.devices < 1:
+        raise GraphError("--devices must be at least 1")
+    cluster = None
+    if args.devices > 1 or args.memory_limit is not None or args.host:
+        cluster = Cluster.make(args.devices, memory_limit=args.memory_limit, host=args.host)
+    return Problem(graph, args.objective, cluster)
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from timerl.graphopt.evaluate import optimize
+    from timerl.graphopt.graph import Graph
+
+    graph = Graph.load(args.graph)
+    problem = _problem(args, graph)
+    result = optimize(
+        graph,
+        problem,
+        args.method,
+        budget=args.budget,
+        seed=args.seed,
+        time_limit=args.time_limit,
+    )
+    text = json.dumps(result, indent=1)
+    if args.out is None:
+        print(text)
+    else:
+        args.out.write_text(text)
+        red = 0.0
+        if result["program_order_value"] > 0:
+            prog = result["program_order_value"]
+            red = 100 * (prog - result["objective"]) / prog
+        print(
+            f"{graph.name}: {args.objective} {result['objective']:.6g} "
+            f"(program order {result['program_order_value']:.6g}, {red:.1f}% lower) "
+            f"by {result['method']} in {result['seconds']:.2f}s -> {args.out}"
+        )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.table import Table
+
+    from timerl.graphopt.evaluate import (
+        COLUMNS,
+        METHODS,
+        evaluate_corpus,
+        fmt,
+        load_index,
+        summarise,
+        to_markdown,
+    )
+
+    methods = args.methods or list(METHODS)
+    total = len(load_index(args.corpus, args.split))
+    if args.limit is not None:
+        total = min(total, args.limit)
+    if total == 0:
+        raise GraphError(f"{args.corpus}: no graphs in split {args.split!r}")
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    t0 = time.perf_counter()
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=args.no_progress,
+    ) as progress:
+        task = progress.add_task(f"eval {args.split}", total=total)
+        records = evaluate_corpus(
+            args.corpus,
+            args.split,
+            methods=methods,
+            budget=args.budget,
+            seed=args.seed,
+            limit=args.limit,
+            exact_nodes=args.exact_nodes,
+            exact_time=args.exact_time,
+            on_graph=lambda name: progress.update(task, advance=1, description=name),
+        )
+    rows = summarise(records, methods)
+    table = Table(
+        title=f"graphopt eval: split {args.split}, peak memory, budget {args.budget}, "
+        f"{len(records)} graphs, {time.perf_counter() - t0:.0f}s"
+    )
+    for _, title in COLUMNS:
+        table.add_column(title)
+    for r in rows:
+        table.add_row(*(fmt(r[k]) for k, _ in COLUMNS))
+    console.print(table)
+    if args.out is not None:
+        args.out.write_text(json.dumps([vars(r) for r in records], indent=1))
+    if args.markdown is not None:
+        args.markdown.write_text(to_markdown(rows) + "\n")
+    return 0
+
+
+def cmd_corpus(args: argparse.Namespace) -> int:
+    from timerl.graphopt.corpus import build_corpus
+
+    index = build_corpus(args.out, quick=args.quick, progress=True)
+    print(f"corpus index: {index}")
+    return 0

@@ -1,0 +1,243 @@
+"""Running methods by name, and evaluating them over a corpus split.
+
+Every method sees the same Problem and the same evaluation budget; the numbers reported are
+relative to program order and to uniform BRKGA, plus the gap to the best known optimum (the
+exact solver's, where it proved one).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from timerl.errors import GraphError
+from timerl.graphopt.baselines import (
+    best_of_portfolio,
+    local_search,
+    portfolio_solutions,
+    program_baseline,
+)
+from timerl.graphopt.brkga import SearchResult, brkga
+from timerl.graphopt.decoders import Problem, Solution
+from timerl.graphopt.exact import exact_peak_memory
+from timerl.graphopt.graph import Graph
+
+METHODS = ("program", "portfolio", "local", "brkga", "exact")
+KINDS = ("synthetic", "model", "training")
+
+
+def run_method(
+    name: str,
+    problem: Problem,
+    *,
+    budget: int = 5000,
+    seed: int = 0,
+    time_limit: float = 10.0,
+    start: Solution | None = None,
+) -> SearchResult:
+    """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound."""
+    t0 = time.perf_counter()
+    if name == "program":
+        res = program_baseline(problem)
+    elif name == "portfolio":
+        res = best_of_portfolio(problem)
+    elif name == "local":
+        pf = best_of_portfolio(problem)
+        res = local_search(problem, pf.solution, budget=max(budget - pf.evaluations, 1), seed=seed)
+        res.evaluations += pf.evaluations
+    elif name == "brkga":
+        seeds = list(portfolio_solutions(problem).values())
+        res = brkga(problem, budget=budget, seeds=seeds, seed=seed)
+    elif name == "exact":
+        if not problem.single:
+            raise GraphError("method 'exact' solves peak memory on one device only")
+        res = exact_peak_memory(problem, time_limit=time_limit, start=start, seed=seed)
+    else:
+        raise GraphError(f"unknown method {name!r} (choose from {', '.join(METHODS)})")
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def optimize(
+    graph: Graph,
+    problem: Problem,
+    method: str,
+    *,
+    budget: int = 5000,
+    seed: int = 0,
+    time_limit: float = 10.0,
+) -> dict[str, Any]:
+    """The result document of ``timerl graphopt optimize``."""
+    res = run_method(method, problem, budget=budget, seed=seed, time_limit=time_limit)
+    prog = program_baseline(problem).value
+    out = res.solution.to_json(graph, problem.cluster)
+    out.update(
+        objective=res.value,
+        objective_name=problem.objective,
+        program_order_value=prog,
+        method=res.method,
+        evaluations=res.evaluations,
+        seconds=res.seconds,
+    )
+    if res.bound is not None:
+        out["bound"] = res.bound
+    return out
+
+
+# ---------------------------------------------------------------------- corpus evaluation
+@dataclass
+class GraphRecord:
+    """Per-graph results of one evaluation run."""
+
+    name: str
+    kind: str
+    nodes: int
+    values: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    optimum: float | None = None  # proven optimum, when exact ran to optimality
+    best_known: float = float("inf")
+
+
+def load_index(corpus: Path, split: str) -> list[dict[str, Any]]:
+    index = Path(corpus) / "index.json"
+    try:
+        entries = json.loads(index.read_text())["graphs"]
+    except (OSError, ValueError, KeyError) as err:
+        raise GraphError(f"{index}: cannot read corpus index: {err}") from err
+    return [e for e in entries if e.get("split") == split]
+
+
+def evaluate_corpus(
+    corpus: Path,
+    split: str = "test",
+    *,
+    methods: Sequence[str] = METHODS,
+    budget: int = 5000,
+    seed: int = 0,
+    limit: int | None = None,
+    exact_nodes: int = 60,
+    exact_time: float = 10.0,
+    on_graph: Callable[[str], None] | None = None,
+) -> list[GraphRecord]:
+    """Run every method on every graph of the split (peak memory, one device)."""
+    for m in methods:
+        if m not in METHODS:
+            raise GraphError(f"unknown method {m!r} (choose from {', '.join(METHODS)})")
+    entries = load_index(corpus, split)
+    if limit is not None:
+        entries = entries[:limit]
+    records = []
+    for e in entries:
+        graph = Graph.load(Path(corpus) / e["path"])
+        rec = GraphRecord(e.get("name", graph.name), e.get("kind", "synthetic"), graph.n)
+        best: tuple[float, Solution] | None = None
+        for m in methods:
+            if m == "exact" and graph.n > exact_nodes:
+                continue
+            problem = Problem(graph)
+            start = best[1] if best else None
+            res = run_method(
+                m, problem, budget=budget, seed=seed, time_limit=exact_time, start=start
+            )
+            rec.values[m] = res.value
+            rec.seconds[m] = res.seconds
+            if best is None or res.value < best[0]:
+                best = (res.value, res.solution)
+            if m == "exact" and res.bound is not None and res.bound >= res.value:
+                rec.optimum = res.value
+        rec.best_known = min(rec.values.values()) if rec.values else float("inf")
+        records.append(rec)
+        if on_graph is not None:
+            on_graph(rec.name)
+    return records
+
+
+def _pct(base: float, val: float) -> float:
+    return 0.0 if base <= 0 else 100.0 * (base - val) / base
+
+
+def summarise(records: Sequence[GraphRecord], methods: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per (graph group, method): reductions, W/T/L vs BRKGA, gap, seconds."""
+    rows = []
+    groups = [(k, [r for r in records if r.kind == k]) for k in KINDS]
+    groups.append(("all", list(records)))
+    for kind, recs in groups:
+        if not recs:
+            continue
+        for m in methods:
+            have = [r for r in recs if m in r.values]
+            if not have:
+                continue
+            vs_prog = [
+                _pct(r.values["program"], r.values[m]) for r in have if "program" in r.values
+            ]
+            vs_brkga = [_pct(r.values["brkga"], r.values[m]) for r in have if "brkga" in r.values]
+            wins = sum(r.values[m] < r.values["brkga"] for r in have if "brkga" in r.values)
+            ties = sum(r.values[m] == r.values["brkga"] for r in have if "brkga" in r.values)
+            losses = sum(r.values[m] > r.values["brkga"] for r in have if "brkga" in r.values)
+            gaps = [-_pct(r.best_known, r.values[m]) for r in have]
+            headroom = [
+                (r.values["program"] - r.values[m]) / (r.values["program"] - r.best_known)
+                for r in have
+                if "program" in r.values and r.values["program"] > r.best_known
+            ]
+            rows.append(
+                {
+                    "kind": kind,
+                    "method": m,
+                    "graphs": len(have),
+                    "vs_program_mean": _mean(vs_prog),
+                    "vs_program_median": _median(vs_prog),
+                    "vs_brkga_mean": _mean(vs_brkga),
+                    "vs_brkga_median": _median(vs_brkga),
+                    "wtl": f"{wins}/{ties}/{losses}" if vs_brkga else "-",
+                    "gap_mean": _mean(gaps),
+                    "optimal": sum(r.optimum is not None for r in have),
+                    "headroom_captured": _mean([100 * h for h in headroom]),
+                    "seconds": _mean([r.seconds[m] for r in have]),
+                }
+            )
+    return rows
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+COLUMNS = (
+    ("kind", "group"),
+    ("method", "method"),
+    ("graphs", "graphs"),
+    ("vs_program_mean", "% vs program (mean)"),
+    ("vs_program_median", "% vs program (median)"),
+    ("vs_brkga_mean", "% vs BRKGA (mean)"),
+    ("vs_brkga_median", "% vs BRKGA (median)"),
+    ("wtl", "W/T/L vs BRKGA"),
+    ("gap_mean", "gap to best known %"),
+    ("headroom_captured", "headroom captured %"),
+    ("seconds", "s / graph"),
+)
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def to_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    head = "| " + " | ".join(t for _, t in COLUMNS) + " |"
+    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
+    body = ["| " + " | ".join(fmt(r[k]) for k, _ in COLUMNS) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
