@@ -173,3 +173,30 @@ def test_runtime_penalty_over_limit():
     # makespan 3 + 10 x serial time 3 x excess 50/150
     assert sim.objective(res, "runtime") == pytest.approx(3.0 + 10.0 * 3.0 * 50 / 150)
     assert sim.objective(res, "peak-memory") == 200
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_simulation_invariants_on_random_placements(seed):
+    g = random_graph(50, seed=seed, view_prob=0.2)
+    rng = np.random.default_rng(seed)
+    cl = Cluster.make(3, host=True)
+    sim = Simulator(g, cl)
+    order = np.array(g.program_order)
+    place = sim.normalise(rng.integers(0, 3, g.n))
+    res = sim.run(order, place, rng.random(g.n) > 0.7)
+    # every op runs after its inputs and for its cost; a device runs one op at a time
+    for s, d in g.edges.tolist():
+        assert res.start[d] >= res.finish[s] - 1e-12
+    assert np.allclose(res.finish - res.start, g.cost)
+    for d in range(3):
+        ops = [v for v in order.tolist() if place[v] == d]
+        assert all(
+            res.start[b] >= res.finish[a] - 1e-12 for a, b in zip(ops, ops[1:], strict=False)
+        )
+        # while an op runs its own output is resident on its device
+        biggest = max((g.nbytes[v] for v in ops if g.alias[v] < 0), default=0)
+        assert res.peaks[d] >= biggest
+    assert res.makespan >= max(g.cost[place == d].sum() for d in range(3)) - 1e-12
+    # no transfers and no swaps: all on one device equals the step model
+    one = sim.run(order, np.zeros(g.n, dtype=np.int64), None)
+    assert one.peaks[0] == PeakMemory(g).peak(order) and one.peaks[1:].sum() == 0

@@ -103,3 +103,28 @@ def test_brkga_multi_device_decodes_valid_placements(objective):
     # views sit with their base buffer
     assert np.array_equal(sol.placement, sol.placement[g.root])
     assert res.value <= min(p.evaluate(s) for s in seeds)
+
+
+def test_search_uses_swaps_to_meet_a_memory_limit():
+    # x (1000 B) feeds the first and the last op of a chain whose middle holds 500 B buffers:
+    # no order keeps x resident under the limit, swapping it out across the middle does.
+    from timerl.graphopt.graph import Graph
+
+    sizes = [10, 10, 500, 500, 500, 500, 10, 10]  # small ends: room for x in flight
+    nodes = [{"id": "x", "op": "op", "bytes": 1000, "cost": 1.0}]
+    nodes += [{"id": f"m{i}", "op": "op", "bytes": b, "cost": 1.0} for i, b in enumerate(sizes)]
+    nodes.append({"id": "f", "op": "op", "bytes": 10, "cost": 1.0, "output": True})
+    edges = [[f"m{i}", f"m{i + 1}"] for i in range(len(sizes) - 1)]
+    edges += [["x", "m0"], ["x", "f"], ["m7", "f"]]
+    g = Graph.from_json({"name": "swap", "nodes": nodes, "edges": edges})
+    limit = 1200
+    assert PeakMemory(g).peak(np.array(g.program_order)) == 2000
+    cl = Cluster(("acc",), memory_limit=limit, host=True, host_bandwidth=1e4, host_latency=0.0)
+    p = Problem(g, "runtime", cl)
+    seeds = list(portfolio_solutions(p).values())
+    assert min(p.evaluate(s) for s in seeds) > 5 * g.cost.sum()  # all infeasible: penalised
+    res = brkga(p, budget=300, seeds=seeds, seed=0)
+    sim = p.sim.run(res.solution.order, res.solution.placement, res.solution.swap)
+    assert sim.peaks[0] <= limit
+    assert sim.swapped[g.index["x"]]
+    assert res.value == pytest.approx(sim.makespan)
