@@ -1,1 +1,71 @@
-"""timerl: deep RL programs as recurrent tensors."""
+"""timerl: deep RL programs as recurrent tensors, compiled and scheduled as a whole."""
+
+from timerl.api.context import Context, from_numpy
+from timerl.api.functional import (
+    arange,
+    cat,
+    exp,
+    full,
+    log,
+    max,
+    maximum,
+    min,
+    minimum,
+    ones,
+    rand,
+    randn,
+    sink,
+    stack,
+    tanh,
+    where,
+    zeros,
+)
+from timerl.api.program import Program, evaluate
+from timerl.api.tensor import RecurrentTensor
+from timerl.errors import (
+    BackendError,
+    BoundError,
+    CycleError,
+    OutOfRangeError,
+    ProgramError,
+    ShapeError,
+    TimerlError,
+    UndefinedPointError,
+)
+from timerl.symbolic import Slice
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "BoundError",
+    "Context",
+    "CycleError",
+    "OutOfRangeError",
+    "Program",
+    "ProgramError",
+    "RecurrentTensor",
+    "ShapeError",
+    "Slice",
+    "TimerlError",
+    "UndefinedPointError",
+    "arange",
+    "cat",
+    "evaluate",
+    "exp",
+    "from_numpy",
+    "full",
+    "log",
+    "max",
+    "maximum",
+    "min",
+    "minimum",
+    "ones",
+    "rand",
+    "randn",
+    "sink",
+    "stack",
+    "tanh",
+    "where",
+    "zeros",
+]

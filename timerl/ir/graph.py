@@ -97,7 +97,9 @@ class View:
 
     @property
     def shape(self) -> Shape:
-        points = {d: i for d, i in zip(self.op.domain, self.index, strict=True) if isinstance(i, Expr)}
+        points = {
+            d: i for d, i in zip(self.op.domain, self.index, strict=True) if isinstance(i, Expr)
+        }
         lead = tuple(i.size for i in self.index if isinstance(i, Slice))
         own = tuple(s.substitute(points) for s in self.op.shape)
         if lead and any(s.symbols() & set(self.op.domain) for s in self.op.shape):

@@ -1,7 +1,7 @@
 """Index expressions: dims, bounds, affine arithmetic, min/max, slices and conditions."""
 
 from timerl.symbolic.bounds import always_le0, always_lt0
-from timerl.symbolic.expr import (
+from timerl.symbolic.expr import (  # noqa: I001
     FALSE,
     TRUE,
     Bound,
@@ -19,6 +19,7 @@ from timerl.symbolic.expr import (
     max_,
     min_,
     mod,
+    vevaluate,
 )
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "as_condition",
     "as_expr",
     "compile_exprs",
+    "vevaluate",
     "floordiv",
     "max_",
     "min_",

@@ -249,7 +249,9 @@ def _sort_key(atom: Expr) -> tuple:
 
 
 def _make(terms: Mapping[Expr, int], const: int) -> Expr:
-    items = tuple(sorted(((a, c) for a, c in terms.items() if c != 0), key=lambda x: _sort_key(x[0])))
+    items = tuple(
+        sorted(((a, c) for a, c in terms.items() if c != 0), key=lambda x: _sort_key(x[0]))
+    )
     if not items:
         return Const(const)
     if len(items) == 1 and items[0][1] == 1 and const == 0:
@@ -642,9 +644,53 @@ def compile_exprs(
     items: Iterable[Expr | Condition], symbols: Iterable[Symbol]
 ) -> Callable[..., tuple]:
     """One Python function computing many expressions from symbol values, for hot loops."""
-    symbols = list(symbols)
+    symbols, items = list(symbols), list(items)
+    if not items:
+        return lambda *_: ()
     names = {s: f"_s{k}" for k, s in enumerate(symbols)}
     body = ", ".join(item.source(names) for item in items)
     args = ", ".join(names[s] for s in symbols)
     code = f"lambda {args}: ({body},)"
     return eval(code, {"min": min, "max": max})  # noqa: S307 - source built from our own nodes
+
+
+def vevaluate(item: Expr | Condition, env: Mapping[Symbol, object]) -> object:
+    """Evaluate over numpy arrays of points at once (validation checks whole domains)."""
+    import numpy as np
+
+    if isinstance(item, Const):
+        return item.value
+    if isinstance(item, Symbol):
+        return env[item]
+    if isinstance(item, Affine):
+        total: object = item.const
+        for atom, coef in item.terms:
+            total = total + coef * vevaluate(atom, env)  # type: ignore[operator]
+        return total
+    if isinstance(item, MinMax):
+        fn = np.minimum if item.kind == "min" else np.maximum
+        values = [vevaluate(a, env) for a in item.args]
+        out = values[0]
+        for v in values[1:]:
+            out = fn(out, v)
+        return out
+    if isinstance(item, DivMod):
+        arg = vevaluate(item.arg, env)
+        return arg // item.divisor if item.kind == "//" else arg % item.divisor  # type: ignore[operator]
+    if isinstance(item, Literal):
+        return item.value
+    if isinstance(item, Cmp):
+        return _CMP[item.op](vevaluate(item.diff, env))
+    if isinstance(item, And):
+        out = True
+        for p in item.parts:
+            out = np.logical_and(out, vevaluate(p, env))
+        return out
+    if isinstance(item, Or):
+        out = False
+        for p in item.parts:
+            out = np.logical_or(out, vevaluate(p, env))
+        return out
+    if isinstance(item, Not):
+        return np.logical_not(vevaluate(item.part, env))
+    raise TypeError(f"cannot evaluate {item!r}")

@@ -1,0 +1,228 @@
+"""Context: the dims of a program, its piecewise definitions, sinks and dynamic bounds."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from timerl.api.tensor import RecurrentTensor, branch_condition, lift
+from timerl.errors import BoundError, ProgramError, ShapeError
+from timerl.ir.build import apply, ordered
+from timerl.ir.graph import Edge, Op, View
+from timerl.ir.shapes import broadcast
+from timerl.symbolic import Bound, Dim, Expr, Slice
+
+_local = threading.local()
+
+
+def _stack() -> list[Context]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def current() -> Context:
+    stack = _stack()
+    if not stack:
+        raise ProgramError("no active timerl context: build tensors inside `with tl.Context(...):`")
+    return stack[-1]
+
+
+class Context:
+    """The dims of a program (outer first) and everything defined over them."""
+
+    def __init__(self, dims: Sequence[str] = ("t",)) -> None:
+        if isinstance(dims, str):
+            dims = (dims,)
+        if len(set(dims)) != len(dims) or not dims:
+            raise ProgramError(f"a context needs distinct dim names, got {dims!r}")
+        self.dims: tuple[Dim, ...] = tuple(Dim(n) for n in dims)
+        self.bounds: tuple[Bound, ...] = tuple(d.bound for d in self.dims)
+        self._placeholders: list[RecurrentTensor] = []
+        self._roots: list[Op] = []
+        self._until: dict[Dim, Op] = {}
+        self._known_bounds: dict[Bound, tuple[int, str]] = {}
+
+    # --- scoping ------------------------------------------------------------------------------
+    def __enter__(self) -> Context:
+        _stack().append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _stack().remove(self)
+
+    def __repr__(self) -> str:
+        return f"Context(dims=({', '.join(d.name for d in self.dims)}))"
+
+    # --- definitions --------------------------------------------------------------------------
+    def _register_placeholder(self, t: RecurrentTensor) -> None:
+        self._placeholders.append(t)
+
+    def _grad_leaves(self) -> list[RecurrentTensor]:
+        return [t for t in self._placeholders if t.requires_grad]
+
+    def _define(self, target: RecurrentTensor, key: Any, value: Any) -> None:
+        op = target.op
+        if op.prim != "merge" or not target.view.is_identity or op.attrs.get("sealed"):
+            raise ProgramError(
+                f"cannot assign into {target.name}: only tensors made with "
+                "RecurrentTensor.placeholder(...) are defined by assignment"
+            )
+        key = key if isinstance(key, tuple) else (key,)
+        cond, subst = branch_condition(key, op.domain, op.label)
+        value = lift(value, like=target)
+        if value.dtype != op.dtype:
+            if not np.can_cast(value.dtype, op.dtype, casting="same_kind") and value.dtype != bool:
+                raise ShapeError(
+                    f"assignment to {op.label}: value of dtype {value.dtype} does not fit {op.dtype}"
+                )
+            value = value.to(op.dtype)
+        view = value.view
+        index = tuple(i.substitute(subst) for i in view.index)
+        branch = View(view.op, index)
+        extra = branch.dims - set(op.domain)
+        if extra:
+            raise ProgramError(
+                f"assignment to {op.label}: the value depends on dims "
+                f"{sorted(d.name for d in extra)} outside its domain {[d.name for d in op.domain]}"
+            )
+        try:
+            shape = branch.shape
+            if broadcast(shape, op.shape) != op.shape:
+                raise ShapeError("")
+        except ShapeError:
+            raise ShapeError(
+                f"assignment to {op.label}: value of shape {tuple(view.shape)} does not match "
+                f"its declared shape {tuple(op.shape)}"
+            ) from None
+        op.inputs.append(Edge(branch.op, branch.index, cond))
+
+    def until(self, dim: Dim, done: RecurrentTensor) -> None:
+        """End ``dim`` at the first point where the scalar bool ``done`` holds (included)."""
+        if dim not in self.dims:
+            raise ProgramError(f"until: {dim} is not a dim of this context")
+        if dim in self._until:
+            raise ProgramError(f"until: dim {dim.name} already has a stop condition")
+        if dim not in done.domain:
+            raise ProgramError(f"until: the stop condition {done.name} must vary over {dim.name}")
+        if done.dtype != np.dtype(bool) or done.ndim != 0:
+            raise ShapeError(
+                f"until: the stop condition {done.name} must be a scalar bool, got shape "
+                f"{done.shape} and dtype {done.dtype} (reduce it, e.g. done.all())"
+            )
+        op = materialize(done)
+        self._until[dim] = op
+        self._roots.append(op)
+
+    def sink(
+        self, tensor: RecurrentTensor, fn: Callable[[np.ndarray, dict[str, int]], Any]
+    ) -> None:
+        """Call ``fn(value, point)`` with the value at every point, in schedule order."""
+        dims = tensor.domain
+
+        def call(value: np.ndarray, point: tuple[int, ...]) -> None:
+            fn(value, {d.name: p for d, p in zip(dims, point, strict=True)})
+
+        out = apply(
+            "udf",
+            tensor.view,
+            fn=call,
+            shape=(),
+            dtype=np.dtype(bool),
+            effect=True,
+            pass_point=True,
+        )
+        out.op.name = f"sink({tensor.name})"
+        self._roots.append(out.op)
+
+    def add_root(self, op: Op) -> None:
+        """Keep a side-effecting op in the program even if no output reads it."""
+        self._roots.append(op)
+
+    def _note_bound(self, bound: Bound, value: int, why: str) -> None:
+        seen = self._known_bounds.get(bound)
+        if seen is not None and seen[0] != value:
+            raise BoundError(f"{bound.name} is {seen[0]} ({seen[1]}) but {value} ({why})")
+        self._known_bounds[bound] = (value, why)
+
+    # --- compiling ----------------------------------------------------------------------------
+    def resolve_bounds(self, bounds: Mapping[Bound | str, int] | None) -> tuple[dict, dict]:
+        """Split user bounds into static values and dynamic caps; check names and values."""
+        by_name = {b.name: b for b in self.bounds}
+        static: dict[Bound, int] = {}
+        for key, value in (bounds or {}).items():
+            bound = by_name.get(key) if isinstance(key, str) else key
+            if bound not in self.bounds:
+                raise BoundError(f"unknown bound {key!r}; this context has {sorted(by_name)}")
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise BoundError(f"bound {bound.name} must be a positive int, got {value!r}")
+            static[bound] = int(value)
+        for bound, (value, why) in self._known_bounds.items():
+            if bound in static and static[bound] != value:
+                raise BoundError(f"{bound.name}={static[bound]} given, but it is {value} ({why})")
+            static.setdefault(bound, value)
+        dynamic = {d.bound: static.pop(d.bound, None) for d in self._until}
+        return static, dynamic
+
+    def compile(
+        self,
+        bounds: Mapping[Bound | str, int] | None = None,
+        backend: str = "numpy",
+        device: str = "cpu",
+        seed: int = 0,
+        outputs: Sequence[RecurrentTensor] = (),
+        memory_budget: int | None = None,
+    ) -> Any:
+        """Compile the program (its sinks, side effects and ``outputs``) for these bounds."""
+        from timerl.api.program import Program
+
+        return Program.build(self, bounds, backend, device, seed, outputs, memory_budget)
+
+
+def materialize(t: RecurrentTensor) -> Op:
+    """The op holding exactly ``t``'s values (a copy op for a non-identity view)."""
+    if t.view.is_identity:
+        return t.op
+    return apply("identity", t.view).op
+
+
+def from_numpy(
+    array: Any,
+    domain: Sequence[Dim] = (),
+    requires_grad: bool = False,
+    dtype: Any = None,
+    name: str | None = None,
+) -> RecurrentTensor:
+    """A tensor from an array whose leading axes index ``domain`` (and fix those bounds)."""
+    ctx = current()
+    arr = np.asarray(array)
+    if dtype is not None:
+        arr = arr.astype(dtype)
+    elif arr.dtype == np.float64:
+        arr = arr.astype(np.float32)
+    domain = tuple(domain)
+    if ordered(set(domain)) != domain:
+        raise ProgramError(f"from_numpy: domain {domain} must list distinct dims in context order")
+    if arr.ndim < len(domain):
+        raise ShapeError(f"from_numpy: array of shape {arr.shape} cannot index domain {domain}")
+    for k, d in enumerate(domain):
+        ctx._note_bound(
+            d.bound, arr.shape[k], f"from_numpy array{(' ' + name) if name else ''} axis {k}"
+        )
+    whole = RecurrentTensor(apply("const", value=arr), ctx)
+    value = whole
+    for d in domain:
+        value = RecurrentTensor(apply("select_at", value.view, index=d), ctx)
+    out = RecurrentTensor.placeholder(
+        arr.shape[len(domain) :], arr.dtype, domain, requires_grad, name
+    )
+    out[True] = value
+    out.op.attrs["sealed"] = True
+    return out
+
+
+def index_of(view: View, dim: Dim) -> Expr | Slice:
+    return view.index[view.op.domain.index(dim)]

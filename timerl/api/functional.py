@@ -1,0 +1,121 @@
+"""``tl.*`` functions: constructors, elementwise helpers and symbolic min/max."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from timerl.api.context import current
+from timerl.api.tensor import RecurrentTensor, cat, lift, stack, where
+from timerl.api.tensor import full as _full
+from timerl.api.tensor import maximum as _maximum
+from timerl.api.tensor import minimum as _minimum
+from timerl.ir.build import apply
+from timerl.symbolic import Expr, as_expr, max_, min_
+
+__all__ = [
+    "arange",
+    "cat",
+    "exp",
+    "full",
+    "log",
+    "max",
+    "maximum",
+    "min",
+    "minimum",
+    "ones",
+    "rand",
+    "randn",
+    "sink",
+    "stack",
+    "tanh",
+    "where",
+    "zeros",
+]
+
+
+def full(shape: Sequence[int | Expr], value: float, dtype: Any = "float32") -> RecurrentTensor:
+    return _full(shape, value, dtype)
+
+
+def zeros(shape: Sequence[int | Expr] | int, dtype: Any = "float32") -> RecurrentTensor:
+    return _full((shape,) if isinstance(shape, (int, Expr)) else shape, 0, dtype)
+
+
+def ones(shape: Sequence[int | Expr] | int, dtype: Any = "float32") -> RecurrentTensor:
+    return _full((shape,) if isinstance(shape, (int, Expr)) else shape, 1, dtype)
+
+
+def arange(n: int, dtype: Any = "int64") -> RecurrentTensor:
+    return lift(np.arange(n, dtype=dtype), ctx=current())
+
+
+def rand(
+    shape: Sequence[int | Expr] | int = (), like: RecurrentTensor | None = None
+) -> RecurrentTensor:
+    """Uniform [0, 1) noise; a pure function of (seed, op, point), domain from ``like``."""
+    return _random("uniform", shape, like)
+
+
+def randn(
+    shape: Sequence[int | Expr] | int = (), like: RecurrentTensor | None = None
+) -> RecurrentTensor:
+    """Standard normal noise; a pure function of (seed, op, point), domain from ``like``."""
+    return _random("normal", shape, like)
+
+
+def _random(prim: str, shape: Any, like: RecurrentTensor | None) -> RecurrentTensor:
+    ctx = like.ctx if like is not None else current()
+    shape = (shape,) if isinstance(shape, (int, Expr)) else tuple(shape)
+    # ``like`` only lends its domain: the noise differs at every point of it.
+    domain = like.domain if like is not None else ()
+    view = apply(
+        prim, domain=domain, shape=tuple(as_expr(s) for s in shape), dtype=np.dtype("float32")
+    )
+    return RecurrentTensor(view, ctx)
+
+
+def _tensor_or_symbolic(fn_sym: Callable, fn_tensor: Callable, args: tuple) -> Any:
+    if builtins.any(isinstance(a, RecurrentTensor) for a in args):
+        out = args[0]
+        for a in args[1:]:
+            out = fn_tensor(out, a)
+        return out
+    return fn_sym(*args)
+
+
+def min(*args: Any) -> Any:  # noqa: A001 - tl.min mirrors the contract
+    """``tl.min``: symbolic min of index expressions, or elementwise minimum of tensors."""
+    return _tensor_or_symbolic(min_, _minimum, args)
+
+
+def max(*args: Any) -> Any:  # noqa: A001
+    """``tl.max``: symbolic max of index expressions, or elementwise maximum of tensors."""
+    return _tensor_or_symbolic(max_, _maximum, args)
+
+
+maximum = _maximum
+minimum = _minimum
+
+
+def exp(x: RecurrentTensor) -> RecurrentTensor:
+    return x.exp()
+
+
+def log(x: RecurrentTensor) -> RecurrentTensor:
+    return x.log()
+
+
+def tanh(x: RecurrentTensor) -> RecurrentTensor:
+    return x.tanh()
+
+
+def sink(tensor: RecurrentTensor, fn: Callable[[np.ndarray, dict[str, int]], Any]) -> None:
+    """Call ``fn(value, point)`` at every point of ``tensor`` as the program runs."""
+    tensor.ctx.sink(tensor, fn)
+
+
+_ = (cat, stack, where, as_expr)

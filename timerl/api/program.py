@@ -1,0 +1,172 @@
+"""Program: a compiled context (pipeline → schedule → memory statements) and its executor."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from timerl.api.tensor import RecurrentTensor
+from timerl.compiler.pipeline import CompileReport, run_pipeline
+from timerl.errors import ProgramError
+from timerl.ir.graph import Op
+from timerl.ir.render import to_dot
+from timerl.runtime.backends import make_backend
+from timerl.runtime.executor import Executor, RunStats
+from timerl.schedule.liveness import add_frees
+from timerl.schedule.scheduler import schedule as build_schedule
+from timerl.symbolic import Bound
+
+if TYPE_CHECKING:
+    from timerl.api.context import Context
+
+VALIDATION_SIZE = 16  # bound used to validate a dynamic dim that has no cap
+
+
+class Program:
+    def __init__(self) -> None:
+        raise TypeError("use ctx.compile(...) to build a Program")
+
+    @classmethod
+    def build(
+        cls,
+        ctx: Context,
+        bounds: Mapping[Any, int] | None,
+        backend: str,
+        device: str,
+        seed: int,
+        outputs: Sequence[RecurrentTensor],
+        memory_budget: int | None,
+        effects: bool = True,
+    ) -> Program:
+        from timerl.api.context import materialize
+
+        start = time.perf_counter()
+        self = object.__new__(cls)
+        self.ctx = ctx
+        self.backend = make_backend(backend, device)
+        self.seed = seed
+        self.memory_budget = memory_budget
+        self.static, self.dynamic = ctx.resolve_bounds(bounds)
+        self.outputs = [materialize(t) for t in outputs]
+        self._out_by_view = {id(t.view): op for t, op in zip(outputs, self.outputs, strict=True)}
+        roots = (list(ctx._roots) if effects else list(ctx._until.values())) + self.outputs
+        check = dict(self.static)
+        for b, cap in self.dynamic.items():
+            check[b] = cap if cap is not None else VALIDATION_SIZE
+        self.report = CompileReport()
+        self.ops: list[Op] = run_pipeline(roots, check, self.report)
+        sched = self.report.timed(
+            "schedule", lambda: build_schedule(self.ops, ctx.dims, ctx._until)
+        )
+        keep = {op.id for op in self.outputs}
+        self.schedule = self.report.timed(
+            "memory statements", lambda: add_frees(sched, self.ops, keep)
+        )
+        self.compile_seconds = time.perf_counter() - start
+        self._last: Executor | None = None
+        return self
+
+    # --- running ------------------------------------------------------------------------------
+    def run(self) -> Program:
+        """Execute the whole schedule once (sinks fire, outputs are kept)."""
+        ex = Executor(self.schedule, self.ops, self.backend, self.static, self.dynamic, self.seed)
+        ex.run()
+        self._last = ex
+        return self
+
+    def _executor(self) -> Executor:
+        if self._last is None:
+            raise ProgramError("the program has not run yet: call prog.run() first")
+        return self._last
+
+    def value(self, tensor: RecurrentTensor) -> Any:
+        """An output's values as numpy: domain dims leading; a nested list where ragged."""
+        op = self._out_by_view.get(id(tensor.view))
+        if op is None:
+            raise ProgramError(
+                f"{tensor.name} is not an output of this program: pass outputs=[...]"
+            )
+        return _assemble(op, self._executor(), self.backend)
+
+    def stats(self) -> dict[str, Any]:
+        """Peak bytes, compile/run seconds and sizes of the last run."""
+        run: RunStats = self._last.stats if self._last is not None else RunStats()
+        out = {
+            "peak_bytes": run.memory.peak,
+            "live_bytes_at_end": run.memory.live,
+            "compile_seconds": self.compile_seconds,
+            "run_seconds": run.seconds,
+            "statements_executed": run.statements,
+            "ops": len(self.ops),
+            "loops": len(self.schedule.loops()),
+            "backend": self.backend.name,
+            "device": self.backend.device,
+        }
+        device_peak = self.backend.device_peak_bytes()
+        if device_peak is not None:
+            out["device_peak_bytes"] = device_peak
+        return out
+
+    def explain(self) -> str:
+        """The pipeline's decisions: pass timings, notes and the schedule with memory statements."""
+        lines = ["compile passes:"]
+        lines += [f"  {name:<24} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
+        lines += [f"  {note}" for note in self.report.notes]
+        lines += ["schedule:", self.schedule.dump()]
+        return "\n".join(lines)
+
+    def render(self) -> str:
+        """The PDG as graphviz dot source."""
+        return to_dot(self.ops)
+
+
+def _assemble(op: Op, ex: Executor, backend) -> Any:
+    store = ex.stores[op.id]
+    dims = op.domain
+
+    def extent(k: int, prefix: tuple) -> int:
+        bound = dims[k].bound
+        if bound in ex.dynamic_values:
+            outer = tuple(p for d, p in zip(dims[:k], prefix, strict=False) if d is not dims[k])
+            values = ex.dynamic_values[bound]
+            if outer in values:
+                return values[outer]
+            # tensor lacks the outer dims the stop condition has: take the only value
+            if len(values) == 1:
+                return next(iter(values.values()))
+            raise ProgramError(f"{op.label}: {bound.name} differs between iterations here")
+        return ex.bounds[bound]
+
+    def rec(prefix: tuple, k: int) -> Any:
+        if k == len(dims):
+            return backend.to_numpy(store[prefix])
+        items = [rec(prefix + (p,), k + 1) for p in range(extent(k, prefix))]
+        if items and all(isinstance(x, np.ndarray) for x in items):
+            shapes = {x.shape for x in items}
+            if len(shapes) == 1:
+                return np.stack(items)
+        return items
+
+    return rec((), 0)
+
+
+def evaluate(
+    tensors: Sequence[RecurrentTensor] | RecurrentTensor,
+    bounds: Mapping[Bound | str, int] | None = None,
+    backend: str = "numpy",
+    device: str = "cpu",
+    seed: int = 0,
+) -> list[Any] | Any:
+    """Compile and run just what ``tensors`` need; return their values as numpy."""
+    single = isinstance(tensors, RecurrentTensor)
+    items = [tensors] if single else list(tensors)
+    if not items:
+        raise ProgramError("evaluate: no tensors given")
+    ctx = items[0].ctx
+    prog = Program.build(ctx, bounds, backend, device, seed, items, None, effects=False)
+    prog.run()
+    values = [_assemble(op, prog._executor(), prog.backend) for op in prog.outputs]
+    return values[0] if single else values

@@ -1,0 +1,863 @@
+"""The primitive op registry: one entry per primitive holds everything about it.
+
+An entry has the shape/dtype inference rule, the backward (VJP) rule, whether the op is
+elementwise (what vectorisation needs), and its lowering to each backend. Adding an op touches
+this file only. Backward rules build new ops through the ``ap`` callback (``ir.build.apply``),
+so this module needs nothing from the rest of the IR.
+
+Composite ops (softmax, losses, distributions) are built from these in ``api/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import ShapeError
+from timerl.ir.shapes import ONE, broadcast, norm_axis, promote
+from timerl.symbolic import Const, Expr, as_expr
+
+Shape = tuple[Expr, ...]
+Infer = Callable[[list[Shape], list[np.dtype], dict[str, Any]], tuple[Shape, np.dtype]]
+
+
+class _Lazy:
+    """A module imported on first use, so the numpy-only install never imports torch."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+torch = _Lazy("torch")
+
+
+@dataclass(frozen=True)
+class Prim:
+    name: str
+    infer: Infer
+    numpy: Callable[..., Any]
+    torch: Callable[..., Any] | None = None
+    vjp: Callable[..., list[Any]] | None = None
+    elementwise: bool = False
+    point_attrs: tuple[str, ...] = ()  # attrs that are index expressions, evaluated per point
+    keyed: bool = False  # pure random op: receives a counter-based key (seed, op, point)
+    differentiable: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+REGISTRY: dict[str, Prim] = {}
+
+
+def register(prim: Prim) -> Prim:
+    REGISTRY[prim.name] = prim
+    return prim
+
+
+def get(name: str) -> Prim:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown primitive {name!r}") from None
+
+
+# --- inference helpers -----------------------------------------------------------------------
+
+
+def _same(shapes, dtypes, attrs):
+    return shapes[0], dtypes[0]
+
+
+def _float_same(shapes, dtypes, attrs):
+    dt = dtypes[0] if np.issubdtype(dtypes[0], np.floating) else np.dtype("float32")
+    return shapes[0], dt
+
+
+def _bool_same(shapes, dtypes, attrs):
+    return shapes[0], np.dtype(bool)
+
+
+def _binary(shapes, dtypes, attrs):
+    return broadcast(*shapes), promote(*dtypes)
+
+
+def _compare(shapes, dtypes, attrs):
+    return broadcast(*shapes), np.dtype(bool)
+
+
+def _declared(shapes, dtypes, attrs):
+    return tuple(as_expr(s) for s in attrs["shape"]), np.dtype(attrs["dtype"])
+
+
+# --- backward helpers: ``ap(prim, *views, **attrs)`` builds an op and returns its view --------
+
+
+def _unbroadcast(ap, g, shape: Shape):
+    """Sum a gradient back to an operand's shape after broadcasting."""
+    gshape = g.shape
+    lead = len(gshape) - len(shape)
+    axes = list(range(lead))
+    axes += [lead + k for k, s in enumerate(shape) if s == ONE and gshape[lead + k] != ONE]
+    if axes:
+        g = ap("sum", g, axes=tuple(axes), keepdims=True)
+        if lead:
+            g = ap("reshape", g, shape=tuple(shape))
+    return g
+
+
+def _c(ap, value: float, like):
+    return ap("full", shape=(), value=value, dtype=like.dtype)
+
+
+def _unary(name, np_fn, torch_fn, vjp=None, infer=_float_same):
+    register(Prim(name, infer, np_fn, torch_fn, vjp, elementwise=True))
+
+
+def _binary_op(name, np_fn, torch_fn, vjp=None, infer=_binary):
+    register(Prim(name, infer, np_fn, torch_fn, vjp, elementwise=True))
+
+
+# --- elementwise unary -----------------------------------------------------------------------
+
+_unary("neg", np.negative, lambda x: -x, lambda ap, op, i, o, g: [ap("neg", g)], _same)
+_unary("exp", np.exp, lambda x: torch.exp(x), lambda ap, op, i, o, g: [ap("mul", g, o)])
+_unary("log", np.log, lambda x: torch.log(x), lambda ap, op, i, o, g: [ap("div", g, i[0])])
+_unary(
+    "tanh",
+    np.tanh,
+    lambda x: torch.tanh(x),
+    lambda ap, op, i, o, g: [ap("mul", g, ap("sub", _c(ap, 1.0, o), ap("mul", o, o)))],
+)
+_unary(
+    "sigmoid",
+    lambda x: np.where(
+        x >= 0, 1 / (1 + np.exp(-np.abs(x))), 1 - 1 / (1 + np.exp(-np.abs(x)))
+    ).astype(x.dtype),
+    lambda x: torch.sigmoid(x),
+    lambda ap, op, i, o, g: [ap("mul", g, ap("mul", o, ap("sub", _c(ap, 1.0, o), o)))],
+)
+_unary(
+    "sqrt",
+    np.sqrt,
+    lambda x: torch.sqrt(x),
+    lambda ap, op, i, o, g: [ap("div", g, ap("mul", _c(ap, 2.0, o), o))],
+)
+_unary(
+    "abs",
+    np.abs,
+    lambda x: torch.abs(x),
+    lambda ap, op, i, o, g: [ap("mul", g, ap("sign", i[0]))],
+    _same,
+)
+_unary("sign", np.sign, lambda x: torch.sign(x), lambda ap, op, i, o, g: [None], _same)
+_unary(
+    "sin", np.sin, lambda x: torch.sin(x), lambda ap, op, i, o, g: [ap("mul", g, ap("cos", i[0]))]
+)
+_unary(
+    "cos",
+    np.cos,
+    lambda x: torch.cos(x),
+    lambda ap, op, i, o, g: [ap("neg", ap("mul", g, ap("sin", i[0])))],
+)
+_unary("logical_not", np.logical_not, lambda x: torch.logical_not(x), None, _bool_same)
+_unary("floor", np.floor, lambda x: torch.floor(x), lambda ap, op, i, o, g: [None], _same)
+
+# --- elementwise binary ----------------------------------------------------------------------
+
+
+def _vjp_add(ap, op, i, o, g):
+    return [_unbroadcast(ap, g, i[0].shape), _unbroadcast(ap, g, i[1].shape)]
+
+
+def _vjp_sub(ap, op, i, o, g):
+    return [_unbroadcast(ap, g, i[0].shape), _unbroadcast(ap, ap("neg", g), i[1].shape)]
+
+
+def _vjp_mul(ap, op, i, o, g):
+    return [
+        _unbroadcast(ap, ap("mul", g, i[1]), i[0].shape),
+        _unbroadcast(ap, ap("mul", g, i[0]), i[1].shape),
+    ]
+
+
+def _vjp_div(ap, op, i, o, g):
+    ga = ap("div", g, i[1])
+    gb = ap("neg", ap("div", ap("mul", g, o), i[1]))
+    return [_unbroadcast(ap, ga, i[0].shape), _unbroadcast(ap, gb, i[1].shape)]
+
+
+def _vjp_pow(ap, op, i, o, g):
+    a, b = i
+    ga = ap("mul", g, ap("mul", b, ap("pow", a, ap("sub", b, _c(ap, 1.0, b)))))
+    safe = ap("where", ap("gt", a, _c(ap, 0.0, a)), a, _c(ap, 1.0, a))
+    gb = ap("mul", g, ap("mul", o, ap("log", safe)))
+    return [_unbroadcast(ap, ga, a.shape), _unbroadcast(ap, gb, b.shape)]
+
+
+def _vjp_extremum(cmp: str):
+    def rule(ap, op, i, o, g):
+        pick = ap(cmp, i[0], i[1])
+        zero = _c(ap, 0.0, g)
+        return [
+            _unbroadcast(ap, ap("where", pick, g, zero), i[0].shape),
+            _unbroadcast(ap, ap("where", pick, zero, g), i[1].shape),
+        ]
+
+    return rule
+
+
+def _np_div(a, b):
+    out = np.divide(a, b)
+    return (
+        out.astype(np.result_type(a, b))
+        if np.issubdtype(np.result_type(a, b), np.floating)
+        else out
+    )
+
+
+_binary_op("add", np.add, lambda a, b: a + b, _vjp_add)
+_binary_op("sub", np.subtract, lambda a, b: a - b, _vjp_sub)
+_binary_op("mul", np.multiply, lambda a, b: a * b, _vjp_mul)
+_binary_op(
+    "div",
+    _np_div,
+    lambda a, b: a / b,
+    _vjp_div,
+    lambda s, d, a: (broadcast(*s), np.result_type(promote(*d), np.float32)),
+)
+_binary_op("pow", np.power, lambda a, b: torch.pow(a, b), _vjp_pow)
+_binary_op("maximum", np.maximum, lambda a, b: torch.maximum(a, b), _vjp_extremum("ge"))
+_binary_op("minimum", np.minimum, lambda a, b: torch.minimum(a, b), _vjp_extremum("le"))
+for _name, _np, _tf in [
+    ("lt", np.less, lambda a, b: a < b),
+    ("le", np.less_equal, lambda a, b: a <= b),
+    ("gt", np.greater, lambda a, b: a > b),
+    ("ge", np.greater_equal, lambda a, b: a >= b),
+    ("eq", np.equal, lambda a, b: a == b),
+    ("ne", np.not_equal, lambda a, b: a != b),
+    ("logical_and", np.logical_and, lambda a, b: torch.logical_and(a, b)),
+    ("logical_or", np.logical_or, lambda a, b: torch.logical_or(a, b)),
+]:
+    _binary_op(_name, _np, _tf, None, _compare)
+
+
+def _infer_where(shapes, dtypes, attrs):
+    if dtypes[0] != np.dtype(bool):
+        raise ShapeError(f"where: the condition must be bool, got {dtypes[0]}")
+    return broadcast(*shapes, what="where operands"), promote(dtypes[1], dtypes[2])
+
+
+def _vjp_where(ap, op, i, o, g):
+    zero = _c(ap, 0.0, g)
+    return [
+        None,
+        _unbroadcast(ap, ap("where", i[0], g, zero), i[1].shape),
+        _unbroadcast(ap, ap("where", i[0], zero, g), i[2].shape),
+    ]
+
+
+register(
+    Prim(
+        "where",
+        _infer_where,
+        lambda c, a, b: np.where(c, a, b).astype(np.result_type(a, b)),
+        lambda c, a, b: torch.where(c, a, b),
+        _vjp_where,
+        elementwise=True,
+    )
+)
+
+
+def _infer_cast(shapes, dtypes, attrs):
+    return shapes[0], np.dtype(attrs["dtype"])
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    return getattr(torch, np.dtype(dtype).name if np.dtype(dtype) != np.dtype(bool) else "bool")
+
+
+register(
+    Prim(
+        "cast",
+        _infer_cast,
+        lambda x, dtype: np.asarray(x).astype(dtype),
+        lambda x, dtype: x.to(_torch_dtype(dtype)),
+        lambda ap, op, i, o, g: (
+            [ap("cast", g, dtype=i[0].dtype)] if np.issubdtype(i[0].dtype, np.floating) else [None]
+        ),
+        elementwise=True,
+    )
+)
+for _name in ("identity", "detach"):
+    register(
+        Prim(
+            _name,
+            _same,
+            lambda x: x,
+            lambda x: x,
+            (lambda ap, op, i, o, g: [g]) if _name == "identity" else None,
+            elementwise=True,
+            differentiable=_name == "identity",
+        )
+    )
+
+# --- reductions ------------------------------------------------------------------------------
+
+
+def _axes(attrs, rank: int) -> tuple[int, ...]:
+    axes = attrs.get("axes")
+    if axes is None:
+        return tuple(range(rank))
+    return tuple(sorted(norm_axis(a, rank) for a in axes))
+
+
+def _infer_reduce(shapes, dtypes, attrs):
+    shape = shapes[0]
+    axes = _axes(attrs, len(shape))
+    keep = attrs.get("keepdims", False)
+    out = tuple(ONE if k in axes else s for k, s in enumerate(shape) if keep or k not in axes)
+    dtype = dtypes[0]
+    if attrs.get("_sum") and dtype == np.dtype(bool):
+        dtype = np.dtype("int64")
+    return out, dtype
+
+
+def _restore(ap, g, shape, axes, keepdims):
+    if not keepdims:
+        g = ap("reshape", g, shape=tuple(ONE if k in axes else s for k, s in enumerate(shape)))
+    return g
+
+
+def _vjp_sum(ap, op, i, o, g):
+    shape = i[0].shape
+    axes = _axes(op.attrs, len(shape))
+    g = _restore(ap, g, shape, axes, op.attrs.get("keepdims", False))
+    return [ap("expand", g, shape=shape)]
+
+
+def _vjp_max(ap, op, i, o, g):
+    shape = i[0].shape
+    axes = _axes(op.attrs, len(shape))
+    keep = op.attrs.get("keepdims", False)
+    g = _restore(ap, g, shape, axes, keep)
+    out = _restore(ap, o, shape, axes, keep)
+    hit = ap("cast", ap("eq", i[0], out), dtype=g.dtype)
+    count = ap("sum", hit, axes=axes, keepdims=True)
+    return [ap("div", ap("mul", hit, g), count)]
+
+
+def _np_reduce(fn):
+    def run(x, axes=None, keepdims=False, _sum=False):
+        return np.asarray(fn(x, axis=axes, keepdims=keepdims))
+
+    return run
+
+
+def _torch_reduce(kind):
+    def run(x, axes=None, keepdims=False, _sum=False):
+        axes = tuple(range(x.dim())) if axes is None else tuple(axes)
+        if not axes:
+            return x
+        if kind == "sum":
+            return torch.sum(x, dim=axes, keepdim=keepdims)
+        return torch.amax(x, dim=axes, keepdim=keepdims)
+
+    return run
+
+
+register(Prim("sum", _infer_reduce, _np_reduce(np.sum), _torch_reduce("sum"), _vjp_sum))
+register(Prim("max", _infer_reduce, _np_reduce(np.max), _torch_reduce("max"), _vjp_max))
+
+
+def _infer_argmax(shapes, dtypes, attrs):
+    shape = shapes[0]
+    axis = norm_axis(attrs["axis"], len(shape))
+    keep = attrs.get("keepdims", False)
+    out = tuple(ONE if k == axis else s for k, s in enumerate(shape) if keep or k != axis)
+    return out, np.dtype("int64")
+
+
+register(
+    Prim(
+        "argmax",
+        _infer_argmax,
+        lambda x, axis, keepdims=False: np.argmax(x, axis=axis, keepdims=keepdims),
+        lambda x, axis, keepdims=False: torch.argmax(x, dim=axis, keepdim=keepdims),
+        differentiable=False,
+    )
+)
+
+# --- movement --------------------------------------------------------------------------------
+
+
+def _infer_reshape(shapes, dtypes, attrs):
+    return tuple(as_expr(s) for s in attrs["shape"]), dtypes[0]
+
+
+register(
+    Prim(
+        "reshape",
+        _infer_reshape,
+        lambda x, shape: np.reshape(x, shape),
+        lambda x, shape: torch.reshape(x, shape),
+        lambda ap, op, i, o, g: [ap("reshape", g, shape=i[0].shape)],
+        point_attrs=("shape",),
+    )
+)
+
+
+def _infer_permute(shapes, dtypes, attrs):
+    perm = attrs["perm"]
+    if sorted(perm) != list(range(len(shapes[0]))):
+        raise ShapeError(f"permute: {perm} is not a permutation of {len(shapes[0])} axes")
+    return tuple(shapes[0][p] for p in perm), dtypes[0]
+
+
+register(
+    Prim(
+        "permute",
+        _infer_permute,
+        lambda x, perm: np.transpose(x, perm),
+        lambda x, perm: x.permute(*perm),
+        lambda ap, op, i, o, g: [ap("permute", g, perm=tuple(np.argsort(op.attrs["perm"])))],
+    )
+)
+
+
+def _infer_expand(shapes, dtypes, attrs):
+    target = tuple(as_expr(s) for s in attrs["shape"])
+    if broadcast(shapes[0], target, what="expand") != target:
+        raise ShapeError(f"cannot expand shape {shapes[0]} to {target}")
+    return target, dtypes[0]
+
+
+register(
+    Prim(
+        "expand",
+        _infer_expand,
+        lambda x, shape: np.broadcast_to(x, shape),
+        lambda x, shape: x.expand(*shape),
+        lambda ap, op, i, o, g: [_unbroadcast(ap, g, i[0].shape)],
+        point_attrs=("shape",),
+    )
+)
+
+
+def _key_shape(shape: Shape, key: tuple) -> Shape:
+    out: list[Expr] = []
+    if sum(k is Ellipsis for k in key) > 1:
+        raise ShapeError("an index can have only one ellipsis")
+    real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if real > len(shape):
+        raise ShapeError(f"too many indices ({real}) for a tensor of rank {len(shape)}")
+    if Ellipsis in key:
+        at = key.index(Ellipsis)
+        key = key[:at] + (slice(None),) * (len(shape) - real) + key[at + 1 :]
+    key = key + (slice(None),) * (len(shape) - sum(1 for k in key if k is not None))
+    axis = 0
+    for k in key:
+        if k is None:
+            out.append(ONE)
+            continue
+        size = shape[axis]
+        axis += 1
+        if isinstance(k, int):
+            if isinstance(size, Const) and not -size.value <= k < size.value:
+                raise ShapeError(f"index {k} is out of range for an axis of size {size}")
+            continue
+        if k == slice(None):
+            out.append(size)
+        elif isinstance(size, Const):
+            out.append(Const(len(range(*k.indices(size.value)))))
+        else:
+            raise ShapeError(f"slicing an axis of dynamic size {size} with {k} is not supported")
+    return tuple(out)
+
+
+def _infer_getitem(shapes, dtypes, attrs):
+    return _key_shape(shapes[0], attrs["key"]), dtypes[0]
+
+
+def _torch_getitem_grad(g, key, shape):
+    out = torch.zeros(tuple(shape), dtype=g.dtype, device=g.device)
+    out[key] += g
+    return out
+
+
+register(
+    Prim(
+        "getitem",
+        _infer_getitem,
+        lambda x, key: np.asarray(x[key]),
+        lambda x, key: x[key],
+        lambda ap, op, i, o, g: [ap("getitem_grad", g, key=op.attrs["key"], shape=i[0].shape)],
+    )
+)
+register(
+    Prim(
+        "getitem_grad",
+        lambda s, d, a: (tuple(as_expr(x) for x in a["shape"]), d[0]),
+        lambda g, key, shape: _np_zeros_put(g, key, shape),
+        _torch_getitem_grad,
+        lambda ap, op, i, o, g: [ap("getitem", g, key=op.attrs["key"])],
+        point_attrs=("shape",),
+    )
+)
+
+
+def _np_zeros_put(g, key, shape):
+    out = np.zeros(shape, dtype=g.dtype)
+    out[key] += g
+    return out
+
+
+def _infer_narrow(shapes, dtypes, attrs):
+    shape = list(shapes[0])
+    axis = norm_axis(attrs["axis"], len(shape))
+    shape[axis] = as_expr(attrs["length"])
+    return tuple(shape), dtypes[0]
+
+
+def _np_narrow(x, axis, start, length):
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(start, start + length)
+    return x[tuple(idx)]
+
+
+register(
+    Prim(
+        "narrow",
+        _infer_narrow,
+        _np_narrow,
+        lambda x, axis, start, length: x.narrow(axis, start, length),
+        lambda ap, op, i, o, g: [
+            ap(
+                "pad_axis",
+                g,
+                axis=op.attrs["axis"],
+                before=op.attrs["start"],
+                size=i[0].shape[norm_axis(op.attrs["axis"], len(i[0].shape))],
+            )
+        ],
+        point_attrs=("start", "length"),
+    )
+)
+
+
+def _infer_pad_axis(shapes, dtypes, attrs):
+    shape = list(shapes[0])
+    shape[norm_axis(attrs["axis"], len(shape))] = as_expr(attrs["size"])
+    return tuple(shape), dtypes[0]
+
+
+def _np_pad_axis(x, axis, before, size):
+    shape = list(x.shape)
+    shape[axis] = size
+    out = np.zeros(shape, dtype=x.dtype)
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(before, before + x.shape[axis])
+    out[tuple(idx)] = x
+    return out
+
+
+def _torch_pad_axis(x, axis, before, size):
+    shape = list(x.shape)
+    shape[axis] = size
+    out = torch.zeros(shape, dtype=x.dtype, device=x.device)
+    out.narrow(axis, before, x.shape[axis]).copy_(x)
+    return out
+
+
+register(
+    Prim(
+        "pad_axis",
+        _infer_pad_axis,
+        _np_pad_axis,
+        _torch_pad_axis,
+        lambda ap, op, i, o, g: [
+            ap(
+                "narrow",
+                g,
+                axis=op.attrs["axis"],
+                start=op.attrs["before"],
+                length=i[0].shape[norm_axis(op.attrs["axis"], len(i[0].shape))],
+            )
+        ],
+        point_attrs=("before", "size"),
+    )
+)
+
+
+def _infer_cat(shapes, dtypes, attrs):
+    rank = len(shapes[0])
+    axis = norm_axis(attrs["axis"], rank)
+    total: Expr = Const(0)
+    for s in shapes:
+        if len(s) != rank:
+            raise ShapeError(f"cat: operands have ranks {[len(x) for x in shapes]}")
+        for k in range(rank):
+            if k != axis and s[k] != shapes[0][k]:
+                raise ShapeError(f"cat: shapes {[tuple(x) for x in shapes]} differ off axis {axis}")
+        total = total + s[axis]
+    out = list(shapes[0])
+    out[axis] = total
+    return tuple(out), promote(*dtypes)
+
+
+def _vjp_cat(ap, op, i, o, g):
+    axis = norm_axis(op.attrs["axis"], len(o.shape))
+    start: Expr = Const(0)
+    grads = []
+    for x in i:
+        grads.append(ap("narrow", g, axis=axis, start=start, length=x.shape[axis]))
+        start = start + x.shape[axis]
+    return grads
+
+
+register(
+    Prim(
+        "cat",
+        _infer_cat,
+        lambda *xs, axis: np.concatenate(xs, axis=axis),
+        lambda *xs, axis: torch.cat(xs, dim=axis),
+        _vjp_cat,
+    )
+)
+
+
+def _infer_matmul(shapes, dtypes, attrs):
+    a, b = shapes
+    if len(a) < 2 or len(b) < 2:
+        raise ShapeError(f"matmul needs operands of rank >= 2, got {a} and {b}")
+    if a[-1] != b[-2]:
+        raise ShapeError(f"matmul: inner sizes differ: {tuple(a)} @ {tuple(b)}")
+    batch = broadcast(a[:-2], b[:-2], what="matmul batch dims")
+    return batch + (a[-2], b[-1]), promote(*dtypes)
+
+
+def _swap(ap, x):
+    rank = len(x.shape)
+    perm = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+    return ap("permute", x, perm=perm)
+
+
+def _vjp_matmul(ap, op, i, o, g):
+    a, b = i
+    ga = ap("matmul", g, _swap(ap, b))
+    gb = ap("matmul", _swap(ap, a), g)
+    return [_unbroadcast(ap, ga, a.shape), _unbroadcast(ap, gb, b.shape)]
+
+
+register(Prim("matmul", _infer_matmul, np.matmul, lambda a, b: torch.matmul(a, b), _vjp_matmul))
+
+
+def _infer_gather(shapes, dtypes, attrs):
+    x, idx = shapes
+    if len(x) != len(idx):
+        raise ShapeError(f"gather: index rank {len(idx)} differs from tensor rank {len(x)}")
+    if not np.issubdtype(dtypes[1], np.integer):
+        raise ShapeError(f"gather: index dtype must be integer, got {dtypes[1]}")
+    return idx, dtypes[0]
+
+
+def _np_scatter_add(src, idx, axis, shape):
+    out = np.zeros(shape, dtype=src.dtype)
+    grid = list(np.indices(idx.shape, sparse=True))
+    grid[axis] = idx
+    np.add.at(out, tuple(grid), src)
+    return out
+
+
+register(
+    Prim(
+        "gather",
+        _infer_gather,
+        lambda x, idx, axis: np.take_along_axis(x, idx, axis=axis),
+        lambda x, idx, axis: torch.gather(x, axis, idx),
+        lambda ap, op, i, o, g: [
+            ap("scatter_add", g, i[1], axis=op.attrs["axis"], shape=i[0].shape),
+            None,
+        ],
+    )
+)
+register(
+    Prim(
+        "scatter_add",
+        lambda s, d, a: (tuple(as_expr(x) for x in a["shape"]), d[0]),
+        _np_scatter_add,
+        lambda src, idx, axis, shape: torch.zeros(
+            tuple(shape), dtype=src.dtype, device=src.device
+        ).scatter_add(axis, idx, src),
+        lambda ap, op, i, o, g: [ap("gather", g, i[1], axis=op.attrs["axis"]), None],
+        point_attrs=("shape",),
+    )
+)
+
+# --- point-dependent selection (the transpose of temporal slices) ------------------------------
+
+
+def _infer_select_at(shapes, dtypes, attrs):
+    return shapes[0][1:], dtypes[0]
+
+
+register(
+    Prim(
+        "select_at",
+        _infer_select_at,
+        lambda x, index: x[index],
+        lambda x, index: x[index],
+        lambda ap, op, i, o, g: [ap("place_at", g, index=op.attrs["index"], size=i[0].shape[0])],
+        point_attrs=("index",),
+    )
+)
+
+
+def _np_place_at(x, index, size):
+    out = np.zeros((size,) + x.shape, dtype=x.dtype)
+    out[index] = x
+    return out
+
+
+def _torch_place_at(x, index, size):
+    out = torch.zeros((size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
+    out[index] = x
+    return out
+
+
+register(
+    Prim(
+        "place_at",
+        lambda s, d, a: ((as_expr(a["size"]),) + s[0], d[0]),
+        _np_place_at,
+        _torch_place_at,
+        lambda ap, op, i, o, g: [ap("select_at", g, index=op.attrs["index"])],
+        point_attrs=("index", "size"),
+    )
+)
+
+
+def _np_diag_gather(xs, first, step, shape, dtype, valid=True):
+    if len(xs) == 0 or not valid:
+        return np.zeros((0 if valid else shape[0],) + tuple(shape[1:]), dtype=dtype)
+    return np.stack([x[first + step * j] for j, x in enumerate(xs)])
+
+
+def _torch_diag_gather(xs, first, step, shape, dtype, valid=True):
+    if len(xs) == 0 or not valid:
+        return torch.zeros(
+            (0 if valid else shape[0],) + tuple(shape[1:]), dtype=_torch_dtype(dtype)
+        )
+    return torch.stack([x[first + step * j] for j, x in enumerate(xs)])
+
+
+register(
+    Prim(
+        "diag_gather",
+        _declared,
+        _np_diag_gather,
+        _torch_diag_gather,
+        None,
+        point_attrs=("first", "shape", "valid"),
+        extra={"ragged": True},
+    )
+)
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+def _np_full(shape, value, dtype):
+    return np.full(shape, value, dtype=dtype)
+
+
+def _torch_full(shape, value, dtype):
+    return torch.full(tuple(shape), value, dtype=_torch_dtype(dtype))
+
+
+register(
+    Prim(
+        "full",
+        _declared,
+        _np_full,
+        _torch_full,
+        None,
+        point_attrs=("shape", "value"),
+        differentiable=False,
+    )
+)
+register(
+    Prim(
+        "const",
+        lambda s, d, a: (tuple(Const(int(n)) for n in a["value"].shape), a["value"].dtype),
+        lambda value: value,
+        lambda value: torch.as_tensor(value),
+        None,
+        differentiable=False,
+    )
+)
+
+
+def _rng(key: Sequence[int]) -> np.random.Generator:
+    return np.random.default_rng([k & 0xFFFFFFFF for k in key])
+
+
+def _np_uniform(shape, dtype, key):
+    return _rng(key).random(tuple(shape), dtype=np.float64).astype(dtype)
+
+
+def _np_normal(shape, dtype, key):
+    return _rng(key).standard_normal(tuple(shape)).astype(dtype)
+
+
+# Random values are a pure function of (seed, op, point): the same on every backend and in any
+# execution order, so random ops can be reordered, vectorised or recomputed like any other.
+for _name, _fn in (("uniform", _np_uniform), ("normal", _np_normal)):
+    register(
+        Prim(
+            _name,
+            _declared,
+            _fn,
+            (lambda f: lambda shape, dtype, key: torch.as_tensor(f(shape, dtype, key)))(_fn),
+            None,
+            point_attrs=("shape",),
+            keyed=True,
+            differentiable=False,
+        )
+    )
+
+# --- user functions and piecewise definitions (run by the executor itself) -------------------
+
+register(Prim("udf", _declared, lambda *xs, fn, **_: fn(*xs), None, None, differentiable=False))
+register(
+    Prim(
+        "tuple_get",
+        _declared,
+        lambda x, item, **_: x[item],
+        lambda x, item, **_: x[item],
+        None,
+        differentiable=False,
+    )
+)
+
+
+def _vjp_each(ap, op, i, o, g):
+    return [_unbroadcast(ap, g, x.shape) for x in i]
+
+
+# merge: the value of the first branch whose condition holds (the executor picks it); its
+# backward sends the gradient to every branch, and autodiff restricts each to where it won.
+register(Prim("merge", _declared, lambda *xs: xs[0], lambda *xs: xs[0], _vjp_each))
+register(
+    Prim(
+        "add_n",
+        _declared,
+        lambda *xs: sum(xs[1:], xs[0]),
+        lambda *xs: sum(xs[1:], xs[0]),
+        _vjp_each,
+    )
+)

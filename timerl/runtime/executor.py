@@ -1,0 +1,369 @@
+"""The executor: runs a schedule statement by statement over point-indexed stores.
+
+Each compute statement is prepared once into a closure (index expressions compiled to Python
+lambdas, the backend kernel looked up) so the per-point cost is a few dict lookups and one
+kernel call. Stores map a point (tuple of ints) to a value; ``Free`` statements drop points,
+and the memory meter counts live bytes at every statement.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import BoundError, TimerlError, UndefinedPointError
+from timerl.ir import prims
+from timerl.ir.graph import Edge, Op
+from timerl.ir.validate import exclusive_conditions
+from timerl.runtime.backends import Backend
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.symbolic import Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
+
+
+@dataclass
+class MemoryMeter:
+    live: int = 0
+    peak: int = 0
+    allocations: int = 0
+
+    def add(self, n: int) -> None:
+        self.live += n
+        self.allocations += 1
+        if self.live > self.peak:
+            self.peak = self.live
+
+    def sub(self, n: int) -> None:
+        self.live -= n
+
+
+@dataclass
+class RunStats:
+    seconds: float = 0.0
+    statements: int = 0
+    memory: MemoryMeter = field(default_factory=MemoryMeter)
+
+
+class _Env(dict):
+    """Symbol values; a missing dynamic bound gets a message instead of a bare KeyError."""
+
+    def __missing__(self, key: Symbol) -> int:
+        if isinstance(key, Bound):
+            raise BoundError(
+                f"bound {key.name} is not known here: it is set by ctx.until when its loop ends, "
+                "and an op inside that loop reads it"
+            )
+        raise BoundError(f"no value for {key.name} at this point of the schedule")
+
+
+def _compile(items: list[Expr | Condition]) -> Callable[[Mapping], tuple]:
+    syms = sorted(
+        set().union(*(i.symbols() for i in items)) if items else set(), key=lambda s: s.uid
+    )
+    fn = compile_exprs(items, syms)
+    if not syms:
+        values = fn()
+        return lambda env: values
+    return lambda env: fn(*[env[s] for s in syms])
+
+
+class Executor:
+    def __init__(
+        self,
+        schedule: Schedule,
+        ops: list[Op],
+        backend: Backend,
+        bounds: Mapping[Bound, int],
+        dynamic: Mapping[Bound, int | None],
+        seed: int = 0,
+    ) -> None:
+        self.schedule = schedule
+        self.backend = backend
+        self.bounds = dict(bounds)
+        self.dynamic = dict(dynamic)  # bound -> cap (None: no cap)
+        self.seed = seed
+        self.stores: dict[int, dict[tuple, Any]] = {op.id: {} for op in ops}
+        self.ops = {op.id: op for op in ops}
+        self.stats = RunStats()
+        self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
+        self._prepared: dict[int, Callable[[dict], None]] = {}
+        self._free_fns: dict[int, Callable] = {}
+
+    # --- preparing statements -----------------------------------------------------------------
+    def _reader(self, edge: Edge) -> Callable[[dict], Any]:
+        src = edge.src
+        store = self.stores[src.id]
+        parts: list[Expr | Condition] = []
+        slices = []
+        for idx in edge.index:
+            if isinstance(idx, Slice):
+                slices.append(len(parts))
+                parts.extend([idx.start, idx.stop])
+            else:
+                parts.append(idx)
+        fn = _compile(parts)
+        label = src.label
+
+        def missing(key: tuple) -> Any:
+            raise UndefinedPointError(
+                f"{label} at {key} is not available: it was never computed or already freed "
+                "(this is a scheduling bug; please report it with the program)"
+            )
+
+        if not slices:
+
+            def read(env: dict) -> Any:
+                key = fn(env)
+                try:
+                    return store[key]
+                except KeyError:
+                    return missing(key)
+
+            return read
+
+        stack = self.backend.stack
+        kinds = [isinstance(i, Slice) for i in edge.index]
+        elem = (
+            tuple(s.value for s in src.shape)
+            if all(isinstance(s, Const) for s in src.shape)
+            else None
+        )
+        zeros, dtype = self.backend.zeros, src.dtype
+
+        def empty(shape_after: tuple) -> Any:
+            if elem is None:
+                return []
+            return zeros(shape_after + elem, dtype)
+
+        def read_slices(env: dict) -> Any:
+            vals = fn(env)
+            axes: list[range | tuple[int]] = []
+            k = 0
+            for is_slice in kinds:
+                if is_slice:
+                    axes.append(range(vals[k], vals[k + 1]))
+                    k += 2
+                else:
+                    axes.append((vals[k],))
+                    k += 1
+            return _gather(store, axes, kinds, stack, missing, empty)
+
+        return read_slices
+
+    def _prepare(self, op: Op) -> Callable[[dict], None]:
+        backend = self.backend
+        store = self.stores[op.id]
+        meter = self.stats.memory
+        dims = op.domain
+        point_of = (lambda env: tuple(env[d] for d in dims)) if dims else (lambda env: ())
+        readers = [self._reader(e) for e in op.inputs]
+        if op.prim == "merge":
+            conds = _compile(exclusive_conditions(op))
+            shape_fn = _compile(list(op.shape))
+            dtype = op.dtype
+            where = op.where()
+
+            def run_merge(env: dict) -> None:
+                taken = conds(env)
+                for k, hit in enumerate(taken):
+                    if hit:
+                        value = backend.broadcast(readers[k](env), shape_fn(env), dtype)
+                        break
+                else:
+                    raise UndefinedPointError(f"{where} has no definition at {point_of(env)}")
+                point = point_of(env)
+                store[point] = value
+                meter.add(backend.nbytes(value))
+
+            return run_merge
+        rule = prims.get(op.prim)
+        kernel = backend.impl(op.prim)
+        static_attrs = {k: v for k, v in op.attrs.items() if k not in rule.point_attrs}
+        point_names = [k for k in rule.point_attrs if k in op.attrs]
+        point_items: list[Expr] = []
+        layout: list[tuple[str, int, bool]] = []  # name, count, is_tuple
+        for name in point_names:
+            value = op.attrs[name]
+            if isinstance(value, (tuple, list)):
+                layout.append((name, len(value), True))
+                point_items.extend(_as_expr(v) for v in value)
+            else:
+                layout.append((name, 1, False))
+                point_items.append(_as_expr(value))
+        point_fn = _compile(point_items) if point_items else None
+        keyed = rule.keyed
+        seed, op_id = self.seed, op.id
+        if op.prim == "const":
+            static_attrs = {"value": backend.asarray(op.attrs["value"])}
+        udf_point = op.prim == "udf" and op.attrs.get("pass_point", False)
+        if op.prim == "udf":
+            static_attrs = {}
+            to_np, fn, as_native = backend.to_numpy, op.attrs["fn"], backend.asarray
+
+            def kernel(*xs: Any, _point: tuple | None = None) -> Any:
+                args = [to_np(x) for x in xs]
+                out = fn(*args, _point) if udf_point else fn(*args)
+                if isinstance(out, tuple):
+                    return tuple(as_native(np.asarray(o)) for o in out)
+                return None if out is None else as_native(np.asarray(out))
+
+        def run(env: dict) -> None:
+            args = [r(env) for r in readers]
+            attrs = static_attrs
+            point = point_of(env)
+            if point_fn is not None:
+                vals = point_fn(env)
+                attrs = dict(static_attrs)
+                k = 0
+                for name, count, is_tuple in layout:
+                    attrs[name] = tuple(vals[k : k + count]) if is_tuple else vals[k]
+                    k += count
+            if keyed:
+                if attrs is static_attrs:
+                    attrs = dict(static_attrs)
+                attrs["key"] = (seed, op_id) + point
+            value = kernel(*args, _point=point) if udf_point else kernel(*args, **attrs)
+            store[point] = value
+            meter.add(backend.nbytes(value))
+
+        return run
+
+    def _prepare_free(self, stmt: Free) -> Callable[[dict], None]:
+        store = self.stores[stmt.op.id]
+        meter = self.stats.memory
+        nbytes = self.backend.nbytes
+        full = len(stmt.prefix) == len(stmt.op.domain)
+        fn = _compile(list(stmt.prefix)) if stmt.prefix else None
+
+        def free(env: dict) -> None:
+            if fn is None:
+                for value in store.values():
+                    meter.sub(nbytes(value))
+                store.clear()
+                return
+            key = fn(env)
+            if full:
+                value = store.pop(key, None)
+                if value is not None:
+                    meter.sub(nbytes(value))
+                return
+            n = len(key)
+            for point in [p for p in store if p[:n] == key]:
+                meter.sub(nbytes(store.pop(point)))
+
+        return free
+
+    # --- running ------------------------------------------------------------------------------
+    def run(self) -> RunStats:
+        start = time.perf_counter()
+        env = _Env(self.bounds)
+        for b in self.dynamic:
+            env.pop(b, None)
+        with self.backend.active():
+            self._run_body(self.schedule.body, env)
+        self.stats.seconds = time.perf_counter() - start
+        return self.stats
+
+    def _run_body(self, body: list[Stmt], env: dict) -> None:
+        for stmt in body:
+            if isinstance(stmt, Compute):
+                fn = self._prepared.get(stmt.op.id)
+                if fn is None:
+                    fn = self._prepared[stmt.op.id] = self._prepare(stmt.op)
+                fn(env)
+                self.stats.statements += 1
+            elif isinstance(stmt, Free):
+                fn = self._free_fns.get(id(stmt))
+                if fn is None:
+                    fn = self._free_fns[id(stmt)] = self._prepare_free(stmt)
+                fn(env)
+            else:
+                self._run_loop(stmt, env)
+
+    def _run_loop(self, loop: Loop, env: dict) -> None:
+        dim, bound = loop.dim, loop.dim.bound
+        if loop.until is None:
+            n = env[bound]
+            points = range(n) if loop.forward else range(n - 1, -1, -1)
+            for p in points:
+                env[dim] = p
+                self._run_body(loop.body, env)
+            env.pop(dim, None)
+            return
+        done_store = self.stores[loop.until.id]
+        cap = self.dynamic.get(bound)
+        outer = tuple(env[d] for d in loop.until.domain if d is not dim)
+        env.pop(bound, None)
+        length = None
+        for p in itertools.count():
+            env[dim] = p
+            self._run_body(loop.body, env)
+            point = tuple(env[d] for d in loop.until.domain)
+            if self.backend.truth(done_store[point]):
+                length = p + 1
+                break
+            if cap is not None and p + 1 >= cap:
+                length = cap
+                break
+        env.pop(dim, None)
+        env[bound] = length
+        self.dynamic_values[bound][outer] = length
+
+
+def _as_expr(value: Any) -> Expr | Condition:
+    if isinstance(value, (Expr, Condition)):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return Const(int(value))
+    return _Literal(value)
+
+
+class _Literal(Expr):
+    """A non-integer constant carried through the point-attribute machinery unchanged."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def symbols(self) -> frozenset:
+        return frozenset()
+
+    def source(self, names: Mapping) -> str:
+        return (
+            repr(float(self.value))
+            if not isinstance(self.value, (bool, np.bool_))
+            else repr(bool(self.value))
+        )
+
+
+def _gather(
+    store: dict, axes: list, kinds: list[bool], stack: Callable, missing: Callable, empty: Callable
+) -> Any:
+    """Stack the points of a (multi-)slice read; ragged shapes stay a list."""
+
+    def rec(prefix: tuple, level: int) -> Any:
+        if level == len(axes):
+            try:
+                return store[prefix]
+            except KeyError:
+                return missing(prefix)
+        if not kinds[level]:
+            return rec(prefix + (axes[level][0],), level + 1)
+        items = [rec(prefix + (p,), level + 1) for p in axes[level]]
+        if not items:
+            rest = tuple(len(a) for a, k in zip(axes[level + 1 :], kinds[level + 1 :], strict=True) if k)
+            return empty((0,) + rest)
+        shapes = {tuple(getattr(x, "shape", ())) for x in items if not isinstance(x, list)}
+        if len(shapes) == 1 and not any(isinstance(x, list) for x in items):
+            return stack(items)
+        return items
+
+    return rec((), 0)
+
+
+__all__ = ["Executor", "MemoryMeter", "RunStats", "TimerlError"]

@@ -1,0 +1,260 @@
+"""A loop-distribution scheduler over the PDG.
+
+Why our own and not isl's: every dependence here is an affine relation on one dim at a time
+(``t - k``, ``t + k``, constants, slices), so the classical algorithm is exact and small:
+at each level (outermost dim first) split the ops into strongly connected components; a
+component over the level's dim becomes a loop whose direction follows its carried
+dependences (forward for ``t - 1``, backward for ``t + 1``); components run in dependence
+order, so anything reading a whole range (``0:T``, ``t:T``, ``T - 1``) runs after its producer's
+loop completes; adjacent compatible loops are fused; bodies are scheduled recursively on the
+next dim with the dependences the loop does not carry. Direction facts come from the exact
+sign analysis in ``symbolic.bounds``. It handles dynamic bounds (``until``) by putting the
+loop that computes the stop condition first and fusing every earlier loop over that dim into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from timerl.errors import BoundError, CycleError
+from timerl.ir.graph import Edge, Op
+from timerl.schedule.program import Compute, Loop, Schedule, Stmt
+from timerl.symbolic import Dim, Expr, Slice, always_le0, always_lt0
+
+SAME, PAST, STRICT_PAST, FUTURE, STRICT_FUTURE, NONE = (
+    "same",
+    "past",
+    "strict_past",
+    "future",
+    "strict_future",
+    "none",
+)
+
+
+def relation(index: Expr | Slice, dim: Dim) -> str:
+    """How the points read along ``dim`` relate to the reader's own point on ``dim``."""
+    if isinstance(index, Expr) and index == dim:
+        return SAME
+    lo, hi = (index.start, index.stop - 1) if isinstance(index, Slice) else (index, index)
+    if always_lt0(hi - dim):
+        return STRICT_PAST
+    if always_le0(hi - dim):
+        return PAST
+    if always_lt0(dim - lo):
+        return STRICT_FUTURE
+    if always_le0(dim - lo):
+        return FUTURE
+    return NONE
+
+
+def _index_on(edge: Edge, dim: Dim) -> Expr | Slice:
+    return edge.index[edge.src.domain.index(dim)]
+
+
+Dep = tuple[Op, Edge]  # (reader, edge); edge.src is the producer
+
+
+@dataclass
+class _Group:
+    """Loop-fusion candidate: SCCs sharing one loop over ``dim``."""
+
+    ops: list[Op] = field(default_factory=list)
+    forward: bool | None = None  # None: no carried dependence yet, either direction works
+    until: Op | None = None
+
+
+def schedule(ops: Sequence[Op], dims: Sequence[Dim], until: Mapping[Dim, Op]) -> Schedule:
+    deps = [(op, e) for op in ops for e in op.inputs]
+    return Schedule(_level(list(ops), deps, tuple(dims), 0, until))
+
+
+def _describe_cycle(ops: Sequence[Op]) -> str:
+    return " -> ".join(op.where() for op in ops[:6]) + (" -> ..." if len(ops) > 6 else "")
+
+
+def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], level: int, until) -> list[Stmt]:
+    ids = {op.id for op in ops}
+    deps = [(r, e) for r, e in deps if r.id in ids and e.src.id in ids]
+    if level == len(dims):
+        return _point_order(ops, deps)
+    dim = dims[level]
+    if not any(dim in op.domain for op in ops):
+        return _level(ops, deps, dims, level + 1, until)
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(op.id for op in ops)
+    graph.add_edges_from((e.src.id, r.id) for r, e in deps)
+    by_id = {op.id: op for op in ops}
+    sccs = [
+        sorted((by_id[i] for i in comp), key=lambda o: o.id)
+        for comp in nx.strongly_connected_components(graph)
+    ]
+    unit_of = {op.id: k for k, comp in enumerate(sccs) for op in comp}
+    for comp in sccs:
+        inside = [dim in op.domain for op in comp]
+        if any(inside) and not all(inside):
+            raise CycleError(
+                f"dependence cycle mixes ops with and without dim {dim.name}: {_describe_cycle(comp)}"
+            )
+    carried = {
+        k: _carried_direction(comp, deps, dim)
+        for k, comp in enumerate(sccs)
+        if dim in comp[0].domain
+    }
+
+    cond = nx.condensation(graph, scc=[{op.id for op in comp} for comp in sccs])
+    # condensation renumbers: map its nodes back to our unit numbers
+    unit_for_node = {n: unit_of[next(iter(cond.nodes[n]["members"]))] for n in cond.nodes}
+    preds = {unit_for_node[n]: {unit_for_node[p] for p in cond.predecessors(n)} for n in cond.nodes}
+    done = until.get(dim)
+    done_unit = unit_of.get(done.id) if done is not None and done.id in unit_of else None
+
+    out: list[Stmt] = []
+    pending_a: list[Op] = []
+    group: _Group | None = None
+    emitted: set[int] = set()
+    remaining = set(range(len(sccs)))
+
+    def flush_a() -> None:
+        if pending_a:
+            out.extend(_level(list(pending_a), deps, dims, level + 1, until))
+            pending_a.clear()
+
+    def close_group() -> None:
+        nonlocal group
+        if group is not None:
+            out.append(_make_loop(group, deps, dims, level, dim, until))
+            group = None
+
+    while remaining:
+        ready = sorted(u for u in remaining if preds[u] <= emitted)
+        loop_units = [u for u in ready if u in carried]
+        a_units = [u for u in ready if u not in carried]
+        waiting_for_done = group is not None and done_unit is not None and done_unit not in emitted
+        choice = None
+        if group is not None:
+            choice = next(
+                (u for u in loop_units if _fusable(group, sccs[u], carried[u], deps, dim)), None
+            )
+        if choice is not None:
+            _add(group, sccs[choice], carried[choice], deps, dim)
+        elif waiting_for_done:
+            blocker = sccs[loop_units[0]] if loop_units else sccs[a_units[0]]
+            raise BoundError(
+                f"dim {dim.name} ends when {done.label} holds, so everything over {dim.name} "
+                f"before it must run in that one forward loop, but {_describe_cycle(blocker)} cannot"
+            )
+        elif a_units:
+            close_group()
+            choice = a_units[0]
+            pending_a.extend(sccs[choice])
+        else:
+            close_group()
+            flush_a()
+            choice = loop_units[0]
+            group = _Group()
+            _add(group, sccs[choice], carried[choice], deps, dim)
+        if choice == done_unit:
+            if group.forward is False:
+                raise BoundError(
+                    f"dim {dim.name} ends at {done.label}, so its loop must run forward"
+                )
+            group.until, group.forward = done, True
+        emitted.add(choice)
+        remaining.discard(choice)
+    close_group()
+    flush_a()
+    return out
+
+
+def _carried_direction(comp: list[Op], deps: list[Dep], dim: Dim) -> bool | None:
+    """True: forward, False: backward, None: no carried dependence inside this SCC."""
+    ids = {op.id for op in comp}
+    forward = backward = False
+    for reader, edge in deps:
+        if reader.id not in ids or edge.src.id not in ids:
+            continue
+        rel = relation(_index_on(edge, dim), dim)
+        if rel == NONE:
+            raise CycleError(
+                f"{reader.where()} reads {edge.src.label}[{_index_on(edge, dim)}] inside a "
+                f"recurrence over {dim.name}: that index is neither before nor after {dim.name} "
+                "at every point, so no loop direction can run it"
+            )
+        forward |= rel in (PAST, STRICT_PAST)
+        backward |= rel in (FUTURE, STRICT_FUTURE)
+    if forward and backward:
+        raise CycleError(
+            f"recurrence over {dim.name} reads both earlier and later points: {_describe_cycle(comp)}"
+        )
+    return True if forward else (False if backward else None)
+
+
+def _fusable(
+    group: _Group, comp: list[Op], direction: bool | None, deps: list[Dep], dim: Dim
+) -> bool:
+    if group.forward is not None and direction is not None and group.forward != direction:
+        return False
+    want = group.forward if group.forward is not None else direction
+    ids = {op.id for op in comp}
+    gids = {op.id for op in group.ops}
+    for reader, edge in deps:
+        if reader.id in ids and edge.src.id in gids:
+            rel = relation(_index_on(edge, dim), dim)
+            if rel == SAME:
+                continue
+            if rel in (PAST, STRICT_PAST) and want in (True, None):
+                want = True
+                continue
+            if rel in (FUTURE, STRICT_FUTURE) and want in (False, None):
+                want = False
+                continue
+            return False
+    return True
+
+
+def _add(group: _Group, comp: list[Op], direction: bool | None, deps: list[Dep], dim: Dim) -> None:
+    ids = {op.id for op in comp}
+    gids = {op.id for op in group.ops}
+    if direction is not None:
+        group.forward = direction
+    for reader, edge in deps:
+        if reader.id in ids and edge.src.id in gids:
+            rel = relation(_index_on(edge, dim), dim)
+            if rel in (PAST, STRICT_PAST):
+                group.forward = True
+            elif rel in (FUTURE, STRICT_FUTURE):
+                group.forward = False
+    group.ops.extend(comp)
+
+
+def _make_loop(group: _Group, deps: list[Dep], dims, level: int, dim: Dim, until) -> Loop:
+    forward = group.forward if group.forward is not None else True
+    strict = STRICT_PAST if forward else STRICT_FUTURE
+    ids = {op.id for op in group.ops}
+    body_deps = [
+        (r, e)
+        for r, e in deps
+        if r.id in ids and e.src.id in ids and relation(_index_on(e, dim), dim) != strict
+    ]
+    body = _level(group.ops, body_deps, dims, level + 1, until)
+    return Loop(dim, forward, body, group.until)
+
+
+def _point_order(ops: list[Op], deps: list[Dep]) -> list[Stmt]:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(op.id for op in ops)
+    graph.add_edges_from((e.src.id, r.id) for r, e in deps)
+    by_id = {op.id: op for op in ops}
+    try:
+        order = list(nx.lexicographical_topological_sort(graph))
+    except nx.NetworkXUnfeasible:
+        cycle = [by_id[u] for u, _ in nx.find_cycle(graph)]
+        raise CycleError(
+            "dependence cycle with no base case (each value needs itself at the same point): "
+            + _describe_cycle(cycle)
+        ) from None
+    return [Compute(by_id[i]) for i in order]
