@@ -1,7 +1,13 @@
 import json
 
 from timerl.cli import main
-from timerl.graphopt.evaluate import METHODS, evaluate_corpus, summarise, to_markdown
+from timerl.graphopt.evaluate import (
+    METHODS,
+    evaluate_corpus,
+    headroom_by_family,
+    summarise,
+    to_markdown,
+)
 from timerl.graphopt.random_graph import random_graph
 
 
@@ -49,6 +55,15 @@ def test_evaluate_corpus_and_summary(tmp_path):
     assert prog["vs_program_mean"] == 0.0
     assert {r["kind"] for r in rows} == {"synthetic", "model", "training", "all"}
     assert to_markdown(rows).count("\n") == len(rows) + 1
+    fam = headroom_by_family(recs)
+    assert [(r["kind"], r["graphs"]) for r in fam] == [
+        ("model", 1),
+        ("synthetic", 1),
+        ("training", 1),
+    ]
+    for row, rec in zip(fam, [recs[1], recs[0], recs[2]], strict=True):
+        prog = rec.values["program"]
+        assert row["headroom_mean"] == 100 * (prog - rec.best_known) / prog
 
 
 def test_eval_cli_prints_table(tmp_path, capsys):

@@ -102,9 +102,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from timerl.graphopt.evaluate import (
         COLUMNS,
+        FAMILY_COLUMNS,
         METHODS,
         evaluate_corpus,
         fmt,
+        headroom_by_family,
         load_index,
         summarise,
         to_markdown,
@@ -148,10 +150,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(*(fmt(r[k]) for k, _ in COLUMNS))
     console.print(table)
+    fam_rows = headroom_by_family(records)
+    fam = Table(title="headroom of ordering by family (best known order vs program order)")
+    for _, title in FAMILY_COLUMNS:
+        fam.add_column(title)
+    for r in fam_rows:
+        fam.add_row(*(fmt(r[k]) for k, _ in FAMILY_COLUMNS))
+    console.print(fam)
     if args.out is not None:
         args.out.write_text(json.dumps([vars(r) for r in records], indent=1))
     if args.markdown is not None:
-        args.markdown.write_text(to_markdown(rows) + "\n")
+        md = to_markdown(rows) + "\n\n" + to_markdown(fam_rows, FAMILY_COLUMNS) + "\n"
+        args.markdown.write_text(md)
     return 0
 
 

@@ -97,6 +97,7 @@ class GraphRecord:
     name: str
     kind: str
     nodes: int
+    family: str = ""
     values: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     optimum: float | None = None  # proven optimum, when exact ran to optimality
@@ -134,7 +135,9 @@ def evaluate_corpus(
     records = []
     for e in entries:
         graph = Graph.load(Path(corpus) / e["path"])
-        rec = GraphRecord(e.get("name", graph.name), e.get("kind", "synthetic"), graph.n)
+        rec = GraphRecord(
+            e.get("name", graph.name), e.get("kind", "synthetic"), graph.n, e.get("family", "")
+        )
         best: tuple[float, Solution] | None = None
         for m in methods:
             if m == "exact" and graph.n > exact_nodes:
@@ -205,6 +208,40 @@ def summarise(records: Sequence[GraphRecord], methods: Sequence[str]) -> list[di
     return rows
 
 
+def headroom_by_family(records: Sequence[GraphRecord]) -> list[dict[str, Any]]:
+    """Where ordering matters: per family, how far the best known order is below program order."""
+    fams = sorted({(r.kind, r.family) for r in records})
+    rows = []
+    for kind, fam in fams:
+        recs = [r for r in records if (r.kind, r.family) == (kind, fam) and "program" in r.values]
+        if not recs:
+            continue
+        red = [_pct(r.values["program"], r.best_known) for r in recs]
+        rows.append(
+            {
+                "kind": kind,
+                "family": fam,
+                "graphs": len(recs),
+                "nodes": _mean([float(r.nodes) for r in recs]),
+                "headroom_mean": _mean(red),
+                "headroom_max": max(red),
+                "no_headroom": sum(x <= 0 for x in red),
+            }
+        )
+    return rows
+
+
+FAMILY_COLUMNS = (
+    ("kind", "group"),
+    ("family", "family"),
+    ("graphs", "graphs"),
+    ("nodes", "nodes (mean)"),
+    ("headroom_mean", "best known vs program % (mean)"),
+    ("headroom_max", "(max)"),
+    ("no_headroom", "graphs with no headroom"),
+)
+
+
 def _mean(xs: Sequence[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
@@ -236,8 +273,10 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def to_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    head = "| " + " | ".join(t for _, t in COLUMNS) + " |"
-    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    body = ["| " + " | ".join(fmt(r[k]) for k, _ in COLUMNS) + " |" for r in rows]
+def to_markdown(
+    rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = COLUMNS
+) -> str:
+    head = "| " + " | ".join(t for _, t in columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(fmt(r[k]) for k, _ in columns) + " |" for r in rows]
     return "\n".join([head, sep, *body])
