@@ -20,6 +20,7 @@ from timerl.api.functional import (
     where,
     zeros,
 )
+from timerl.api import optim
 from timerl.api.program import Program, evaluate
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import (
@@ -50,6 +51,7 @@ __all__ = [
     "TimerlError",
     "UndefinedPointError",
     "arange",
+    "optim",
     "cat",
     "evaluate",
     "exp",

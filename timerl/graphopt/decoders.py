@@ -24,21 +24,29 @@ SWAP_THRESHOLD = 0.8
 
 
 def decode_order(graph: Graph, priority: np.ndarray) -> np.ndarray:
-    """List scheduling: repeatedly run the ready op with the highest priority (ties: index)."""
-    pr = (-np.asarray(priority, dtype=np.float64)).tolist()
+    """List scheduling: repeatedly run the ready op with the highest priority (ties: index).
+
+    The heap holds integer ranks of the priorities rather than (key, node) tuples: ints
+    compare faster and nothing is allocated per push.
+    """
+    n = graph.n
+    node_at = np.argsort(-np.asarray(priority, dtype=np.float64), kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[node_at] = np.arange(n)
+    rk, node = rank.tolist(), node_at.tolist()
     succs = graph.succs
-    indeg = np.diff(graph.pred_ptr).tolist()
-    heap = [(pr[v], v) for v in range(graph.n) if indeg[v] == 0]
+    indeg = graph.indegree.copy()
+    heap = [rk[v] for v in range(n) if indeg[v] == 0]
     heapq.heapify(heap)
     order = []
-    push, pop = heapq.heappush, heapq.heappop
+    push, pop, emit = heapq.heappush, heapq.heappop, order.append
     while heap:
-        v = pop(heap)[1]
-        order.append(v)
+        v = node[pop(heap)]
+        emit(v)
         for w in succs[v]:
             indeg[w] -= 1
             if indeg[w] == 0:
-                push(heap, (pr[w], w))
+                push(heap, rk[w])
     return np.array(order, dtype=np.int64)
 
 

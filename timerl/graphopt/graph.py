@@ -75,6 +75,7 @@ class Graph:
         self.succs: list[list[int]] = [
             self.succ_idx[self.succ_ptr[i] : self.succ_ptr[i + 1]].tolist() for i in range(self.n)
         ]
+        self.indegree: list[int] = [len(p) for p in self.preds]
         self.alias = np.full(self.n, -1, dtype=np.int64)
         for i, node in enumerate(self.nodes):
             if node.alias_of is None:

@@ -856,8 +856,8 @@ register(
     Prim(
         "add_n",
         _declared,
-        lambda *xs: sum(xs[1:], xs[0]),
-        lambda *xs: sum(xs[1:], xs[0]),
+        lambda *xs, **_: sum(xs[1:], xs[0]),
+        lambda *xs, **_: sum(xs[1:], xs[0]),
         _vjp_each,
     )
 )

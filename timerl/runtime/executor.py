@@ -194,7 +194,7 @@ class Executor:
             else:
                 layout.append((name, 1, False))
                 point_items.append(_as_expr(value))
-        point_fn = _compile(point_items) if point_items else None
+        point_fn = _compile(point_items) if layout else None
         keyed = rule.keyed
         seed, op_id = self.seed, op.id
         if op.prim == "const":
