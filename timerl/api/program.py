@@ -61,7 +61,7 @@ class Program:
         sched = self.report.timed(
             "schedule", lambda: build_schedule(self.ops, ctx.dims, ctx._until)
         )
-        keep = {op.id for op in self.outputs}
+        keep = {op.id for op in self.outputs} | {op.id for op in ctx._until.values()}
         self.schedule = self.report.timed(
             "memory statements", lambda: add_frees(sched, self.ops, keep)
         )

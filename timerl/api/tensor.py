@@ -139,19 +139,22 @@ class RecurrentTensor:
         key = key if isinstance(key, tuple) else (key,)
         view = self.view
         dims = self.domain
-        if view.is_identity and dims:
-            if len(key) < len(dims) and not (len(key) == 1 and key[0] is Ellipsis):
+        if dims:
+            if len(key) == 1 and key[0] is Ellipsis:
+                key = tuple(dims)
+            if len(key) < len(dims):
                 raise ProgramError(
                     f"{self.name} has domain ({', '.join(d.name for d in dims)}): index every "
                     f"domain dim first, got {len(key)} index(es)"
                 )
             temporal, spatial = key[: len(dims)], key[len(dims) :]
-            if len(key) == 1 and key[0] is Ellipsis:
-                temporal, spatial = tuple(dims), ()
-            index = tuple(
-                _temporal_index(k, self.name, d) for k, d in zip(temporal, dims, strict=True)
-            )
-            view = View(view.op, index)
+            index = {
+                d: _temporal_index(k, self.name, d) for k, d in zip(temporal, dims, strict=True)
+            }
+            if view.is_identity:
+                view = View(view.op, tuple(index[d] for d in view.op.domain))
+            else:
+                view = View(view.op, tuple(_compose(i, index, self.name) for i in view.index))
             self._check_static_range(view)
         else:
             spatial = key
@@ -507,6 +510,28 @@ def _temporal_index(k: Any, name: str, dim: Dim) -> Expr | Slice:
         return as_expr(k)
     except TypeError as err:
         raise ProgramError(f"{name}: bad index {k!r} for dim {dim.name}: {err}") from None
+
+
+def _compose(index: Expr | Slice, new: dict[Dim, Expr | Slice], name: str) -> Expr | Slice:
+    """Re-index a view: substitute the reader's new indices for the view's own dims."""
+    points = {d: v for d, v in new.items() if isinstance(v, Expr)}
+    sliced = {d: v for d, v in new.items() if isinstance(v, Slice)}
+    if isinstance(index, Slice):
+        if sliced.keys() & index.symbols():
+            raise ProgramError(f"{name}: cannot slice a dim that already bounds a slice ({index})")
+        return index.substitute(points)
+    used = sliced.keys() & index.symbols()
+    if not used:
+        return index.substitute(points)
+    if len(used) > 1:
+        raise ProgramError(f"{name}: index {index} would need several slices at once")
+    (d,) = used
+    shift = index - d
+    if d in shift.symbols():
+        raise ProgramError(f"{name}: cannot slice through index {index}")
+    sl = sliced[d]
+    shift = shift.substitute(points)
+    return Slice(sl.start + shift, sl.stop + shift)
 
 
 def lift(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from timerl.compiler.dce import live_ops
+from timerl.compiler.guards import infer_guards
 from timerl.ir.graph import Op
 from timerl.ir.validate import check_not_empty, validate
 from timerl.symbolic import Bound
@@ -33,6 +34,7 @@ def run_pipeline(
 ) -> list[Op]:
     ops: list[Op] = report.timed("dead code elimination", lambda: live_ops(roots))  # type: ignore[assignment]
     check_not_empty(ops)
+    report.timed("domain conditions", lambda: infer_guards(ops, roots))
     report.timed("validate", lambda: validate(ops, check_bounds))
     report.notes.append(f"{len(ops)} ops after dead code elimination")
     return ops

@@ -55,6 +55,7 @@ class Op:
     site: str | None = None
     effect: bool = False
     id: int = field(default_factory=lambda: next(_op_ids))
+    guard: Condition = TRUE  # points actually computed (set by the compiler's guard analysis)
 
     @property
     def label(self) -> str:

@@ -86,7 +86,7 @@ def validate(ops: list[Op], bounds: Mapping[Bound, int]) -> None:
                 raise UndefinedPointError(
                     f"{op.where()} is declared but never defined: assign it, e.g. x[0] = ..."
                 )
-            covered = np.zeros(n, dtype=bool)
+            covered = ~_as_mask(vevaluate(op.guard, env), n)
             for c in conds:
                 covered |= _as_mask(vevaluate(c, env), n)
             if not covered.all():
@@ -95,8 +95,9 @@ def validate(ops: list[Op], bounds: Mapping[Bound, int]) -> None:
                     "definition applies there"
                 )
             conds = exclusive_conditions(op)
+        guard = _as_mask(vevaluate(op.guard, env), n)
         for edge, cond in zip(op.inputs, conds, strict=True):
-            active = _as_mask(vevaluate(cond, env), n)
+            active = guard & _as_mask(vevaluate(cond, env), n)
             if active.any():
                 _check_edge(op, edge, active, env, bounds, n)
 

@@ -22,7 +22,7 @@ from timerl.ir.graph import Edge, Op
 from timerl.ir.validate import exclusive_conditions
 from timerl.runtime.backends import Backend
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
-from timerl.symbolic import Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
+from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
 
 
 @dataclass
@@ -46,6 +46,9 @@ class RunStats:
     seconds: float = 0.0
     statements: int = 0
     memory: MemoryMeter = field(default_factory=MemoryMeter)
+
+
+UNBOUNDED = 2**62
 
 
 class _Env(dict):
@@ -155,6 +158,18 @@ class Executor:
         return read_slices
 
     def _prepare(self, op: Op) -> Callable[[dict], None]:
+        run = self._prepare_unguarded(op)
+        if op.guard == TRUE:
+            return run
+        guard = _compile([op.guard])
+
+        def guarded(env: dict) -> None:
+            if guard(env)[0]:
+                run(env)
+
+        return guarded
+
+    def _prepare_unguarded(self, op: Op) -> Callable[[dict], None]:
         backend = self.backend
         store = self.stores[op.id]
         meter = self.stats.memory
@@ -181,7 +196,7 @@ class Executor:
 
             return run_merge
         rule = prims.get(op.prim)
-        kernel = backend.impl(op.prim)
+        kernel = backend.impl(op.prim) if op.prim != "udf" else None
         static_attrs = {k: v for k, v in op.attrs.items() if k not in rule.point_attrs}
         point_names = [k for k in rule.point_attrs if k in op.attrs]
         point_items: list[Expr] = []
@@ -297,7 +312,8 @@ class Executor:
         done_store = self.stores[loop.until.id]
         cap = self.dynamic.get(bound)
         outer = tuple(env[d] for d in loop.until.domain if d is not dim)
-        env.pop(bound, None)
+        # While the loop runs, its length is unknown: range guards see an unbounded dim.
+        env[bound] = UNBOUNDED if cap is None else cap
         length = None
         for p in itertools.count():
             env[dim] = p
@@ -356,7 +372,9 @@ def _gather(
             return rec(prefix + (axes[level][0],), level + 1)
         items = [rec(prefix + (p,), level + 1) for p in axes[level]]
         if not items:
-            rest = tuple(len(a) for a, k in zip(axes[level + 1 :], kinds[level + 1 :], strict=True) if k)
+            rest = tuple(
+                len(a) for a, k in zip(axes[level + 1 :], kinds[level + 1 :], strict=True) if k
+            )
             return empty((0,) + rest)
         shapes = {tuple(getattr(x, "shape", ())) for x in items if not isinstance(x, list)}
         if len(shapes) == 1 and not any(isinstance(x, list) for x in items):
