@@ -89,3 +89,18 @@ def test_exact_refuses_multi_device(graph_file, capsys):
     rc = main(["graphopt", "optimize", str(graph_file), "--method", "exact", "--devices", "2"])
     assert rc == 2
     assert "one device" in capsys.readouterr().err
+
+
+def test_corpus_command_calls_build_corpus(monkeypatch, tmp_path, capsys):
+    import timerl.graphopt.corpus as corpus
+
+    calls = []
+
+    def fake(out_dir, *, quick=False, progress=True):
+        calls.append((out_dir, quick, progress))
+        return out_dir / "index.json"
+
+    monkeypatch.setattr(corpus, "build_corpus", fake)
+    assert main(["graphopt", "corpus", "--out", str(tmp_path), "--quick"]) == 0
+    assert calls == [(tmp_path, True, True)]
+    assert str(tmp_path / "index.json") in capsys.readouterr().out
