@@ -88,3 +88,13 @@ def test_unreadable_corpus_is_a_graph_error(tmp_path: Path) -> None:
         load_index(tmp_path)
     with pytest.raises(GraphError, match="ghost"):
         load_graph(tmp_path, {"name": "ghost", "path": "train/x/ghost.json"})
+
+
+def test_summary_counts_every_graph(corpus: Path) -> None:
+    from timerl.graphopt.corpus.summary import summary_markdown, summary_rows
+
+    entries = load_index(corpus)
+    rows = summary_rows(entries)
+    assert sum(r["count"] for r in rows) == len(entries)
+    assert all(r["min"] <= r["max"] for r in rows)
+    assert f"**{len(entries)}**" in summary_markdown(entries)
