@@ -1,0 +1,683 @@
+"""Differential tests: recurrent-tensor programs against plain numpy loops, on every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from core_helpers import close, ctx_it, ctx_t
+
+RNG = np.random.RandomState(1234)
+
+
+def _f32(*shape, scale=1.0, seed=0):
+    return (np.random.RandomState(seed).randn(*shape) * scale).astype(np.float32)
+
+
+# --- forward recurrences ------------------------------------------------------------------------
+
+
+def test_scalar_affine_recurrence(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 1.0
+        x[t + 1] = x[t] * 0.9 + 0.1
+    got = tl.evaluate(x, bounds={T: 30}, backend=backend)
+    want = np.zeros(30)
+    want[0] = 1.0
+    for k in range(29):
+        want[k + 1] = want[k] * 0.9 + 0.1
+    close(got, want)
+
+
+def test_contract_example_vector_recurrence(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(3,), dtype="float32", domain=(t,))
+        x[0] = tl.zeros((3,))
+        x[t + 1] = x[t] * 0.5 + 1.0
+        total = x[0:T].sum(0)
+        prefix = x[0 : t + 1].mean(0)
+        future = x[t:T].sum(0)
+    got_x, got_total, got_prefix, got_future = tl.evaluate(
+        [x, total, prefix, future], bounds={T: 10}, backend=backend
+    )
+    want = np.zeros((10, 3))
+    for k in range(9):
+        want[k + 1] = want[k] * 0.5 + 1.0
+    close(got_x, want)
+    close(got_total, want.sum(0))
+    close(got_prefix, np.stack([want[: k + 1].mean(0) for k in range(10)]))
+    close(got_future, np.stack([want[k:].sum(0) for k in range(10)]))
+
+
+def test_matrix_affine_recurrence(backend):
+    a = _f32(4, 4, scale=0.4, seed=1)
+    b = _f32(4, seed=2)
+    ctx, t, T = ctx_t()
+    with ctx:
+        A, B = tl.from_numpy(a), tl.from_numpy(b)
+        x = tl.RecurrentTensor.placeholder((4,), domain=(t,))
+        x[0] = tl.ones((4,))
+        x[t + 1] = A @ x + B
+    got = tl.evaluate(x, bounds={T: 15}, backend=backend)
+    want = [np.ones(4, np.float32)]
+    for _ in range(14):
+        want.append(a @ want[-1] + b)
+    close(got, np.stack(want), rtol=1e-4, atol=1e-4)
+
+
+def test_tanh_rnn_driven_by_inputs(backend):
+    u = _f32(12, 3, seed=3)
+    w = _f32(5, 5, scale=0.5, seed=4)
+    uw = _f32(5, 3, scale=0.5, seed=5)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        W, UW = tl.from_numpy(w), tl.from_numpy(uw)
+        h = tl.RecurrentTensor.placeholder((5,), domain=(t,))
+        h[0] = tl.zeros((5,))
+        h[t + 1] = (W @ h[t] + UW @ U[t]).tanh()
+    got = tl.evaluate(h, backend=backend)  # T fixed by the input array
+    want = np.zeros((12, 5), np.float32)
+    for k in range(11):
+        want[k + 1] = np.tanh(w @ want[k] + uw @ u[k])
+    close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_logistic_map_nonlinear(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[0] = 0.2
+        x[t + 1] = 3.7 * x * (1.0 - x)
+    got = tl.evaluate(x, bounds={T: 25}, backend=backend)
+    want = [0.2]
+    for _ in range(24):
+        want.append(3.7 * want[-1] * (1 - want[-1]))
+    close(got, np.array(want), rtol=1e-9, atol=1e-9)
+
+
+def test_cumulative_sum_recurrence_and_prefix_slice_agree(backend):
+    u = _f32(20, seed=6)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        c = tl.RecurrentTensor.placeholder((), domain=(t,))
+        c[0] = U[0]
+        c[t + 1] = c[t] + U[t + 1]
+        p = U[0 : t + 1].sum(0)
+    got_c, got_p = tl.evaluate([c, p], backend=backend)
+    close(got_c, np.cumsum(u), rtol=1e-4, atol=1e-4)
+    close(got_p, np.cumsum(u), rtol=1e-4, atol=1e-4)
+
+
+def test_integer_counter_recurrence(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        n = tl.RecurrentTensor.placeholder((), dtype="int64", domain=(t,))
+        n[0] = 3
+        n[t + 1] = n * 2 + 1
+    got = tl.evaluate(n, bounds={T: 12}, backend=backend)
+    want = [3]
+    for _ in range(11):
+        want.append(want[-1] * 2 + 1)
+    assert np.asarray(got).dtype.kind == "i"
+    np.testing.assert_array_equal(got, want)
+
+
+def test_where_inside_recurrence(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 0.0
+        x[t + 1] = tl.where(x > 1.0, x - 1.0, x + 0.7)
+    got = tl.evaluate(x, bounds={T: 30}, backend=backend)
+    want = [np.float32(0.0)]
+    for _ in range(29):
+        v = want[-1]
+        want.append(np.float32(v - 1.0) if v > 1.0 else np.float32(v + np.float32(0.7)))
+    close(got, np.array(want), rtol=1e-5, atol=1e-5)
+
+
+def test_mutually_recursive_tensors(backend):
+    u = _f32(16, seed=7)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        a = tl.RecurrentTensor.placeholder((), domain=(t,))
+        b = tl.RecurrentTensor.placeholder((), domain=(t,))
+        a[0] = 1.0
+        b[0] = 0.0
+        a[t + 1] = 0.5 * a + 0.3 * b
+        b[t + 1] = 0.2 * a - 0.9 * b + U[t]
+    ga, gb = tl.evaluate([a, b], backend=backend)
+    wa, wb = [1.0], [0.0]
+    for k in range(15):
+        wa.append(0.5 * wa[k] + 0.3 * wb[k])
+        wb.append(0.2 * wa[k] - 0.9 * wb[k] + u[k])
+    close(ga, np.array(wa), rtol=1e-4, atol=1e-5)
+    close(gb, np.array(wb), rtol=1e-4, atol=1e-5)
+
+
+def test_last_point_and_constant_index_reads(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((2,), domain=(t,))
+        x[0] = tl.ones((2,))
+        x[t + 1] = x * 1.1
+        last = x[T - 1]
+        first = x[0]
+        ratio = x / x[0]  # x over t divided by the (domain-less) first point
+    gl, gf, gr = tl.evaluate([last, first, ratio], bounds={T: 8}, backend=backend)
+    want = np.stack([np.ones(2) * 1.1**k for k in range(8)])
+    close(gl, want[-1], rtol=1e-5)
+    close(gf, want[0])
+    close(gr, want / want[0], rtol=1e-5)
+
+
+# --- temporal slices, windows, look-ahead ---------------------------------------------------------
+
+
+def test_suffix_and_total_sums_of_inputs(backend):
+    u = _f32(9, 2, seed=8)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        suffix = U[t:T].sum(0)
+        total = U[0:T].sum(0)
+        suffix_max = U[t:T].amax(0)
+    gs, gt, gm = tl.evaluate([suffix, total, suffix_max], backend=backend)
+    close(gs, np.stack([u[k:].sum(0) for k in range(9)]), rtol=1e-5, atol=1e-5)
+    close(gt, u.sum(0), rtol=1e-5, atol=1e-5)
+    close(gm, np.stack([u[k:].max(0) for k in range(9)]))
+
+
+def test_prefix_mean_and_ragged_values(backend):
+    u = _f32(7, 3, seed=9)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        hist = U[0 : t + 1]
+        mean = hist.mean(0)
+    gh, gm = tl.evaluate([hist, mean], backend=backend)
+    assert isinstance(gh, list) and len(gh) == 7
+    close(gh, [u[: k + 1] for k in range(7)])
+    close(gm, np.stack([u[: k + 1].mean(0) for k in range(7)]), rtol=1e-5, atol=1e-6)
+
+
+def test_trailing_window_sum_and_mean(backend):
+    u = _f32(15, seed=10)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        win = U[tl.max(t - 3, 0) : t + 1]
+        s = win.sum(0)
+        m = win.mean(0)
+    gs, gm = tl.evaluate([s, m], backend=backend)
+    close(gs, np.array([u[max(k - 3, 0) : k + 1].sum() for k in range(15)]), rtol=1e-5, atol=1e-5)
+    close(gm, np.array([u[max(k - 3, 0) : k + 1].mean() for k in range(15)]), rtol=1e-5, atol=1e-5)
+
+
+def test_window_over_a_recurrence(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 1.0
+        x[t + 1] = x * 0.8 + 0.5
+        avg = x[tl.max(t - 2, 0) : t + 1].mean(0)
+    gx, ga = tl.evaluate([x, avg], bounds={T: 12}, backend=backend)
+    want = [1.0]
+    for _ in range(11):
+        want.append(want[-1] * 0.8 + 0.5)
+    want = np.array(want)
+    close(gx, want)
+    close(ga, np.array([want[max(k - 2, 0) : k + 1].mean() for k in range(12)]), rtol=1e-5)
+
+
+def test_clamped_lookahead_reads(backend):
+    u = _f32(11, seed=11)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        ahead = U[tl.min(t + 5, T - 1)]
+        ahead_win = U[t : tl.min(t + 3, T)].sum(0)
+    ga, gw = tl.evaluate([ahead, ahead_win], backend=backend)
+    close(ga, np.array([u[min(k + 5, 10)] for k in range(11)]))
+    close(gw, np.array([u[k : min(k + 3, 11)].sum() for k in range(11)]), rtol=1e-5, atol=1e-5)
+
+
+def test_discounted_returns_via_suffix_slice(backend):
+    """ret[t] = sum_{k >= t} g^(k-t) r[k], written as a suffix reduction."""
+    r = _f32(10, seed=12)
+    g = 0.9
+    ctx, t, T = ctx_t()
+    with ctx:
+        R = tl.from_numpy(r, domain=(t,))
+        gpow = tl.full((), g) ** tl.full((), t)  # g^t, a scalar over t
+        z = R * gpow
+        ret = z[t:T].sum(0) / gpow
+    got = tl.evaluate(ret, backend=backend)
+    want = np.zeros(10)
+    acc = 0.0
+    for k in reversed(range(10)):
+        acc = r[k] + g * acc
+        want[k] = acc
+    close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_slice_of_a_recurrence_feeds_a_later_recurrence(backend):
+    """A running maximum of a prefix, fed back into the state."""
+    u = _f32(14, seed=13)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        best = U[0 : t + 1].amax(0)
+        s = tl.RecurrentTensor.placeholder((), domain=(t,))
+        s[0] = 0.0
+        s[t + 1] = s * 0.5 + best[t]
+    got = tl.evaluate(s, backend=backend)
+    want = [0.0]
+    for k in range(13):
+        want.append(want[-1] * 0.5 + u[: k + 1].max())
+    close(got, np.array(want), rtol=1e-5, atol=1e-5)
+
+
+# --- piecewise definitions ----------------------------------------------------------------------
+
+
+def test_piecewise_by_condition_first_match_wins(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        y = tl.RecurrentTensor.placeholder((), domain=(t,))
+        y[t < 3] = 1.0
+        y[t < 6] = 2.0  # only applies to 3..5: the first branch already took 0..2
+        y[(t % 2).eq(0)] = 3.0
+        y[True] = 4.0
+    got = tl.evaluate(y, bounds={T: 10}, backend=backend)
+    want = []
+    for k in range(10):
+        want.append(1.0 if k < 3 else 2.0 if k < 6 else 3.0 if k % 2 == 0 else 4.0)
+    close(got, np.array(want))
+
+
+def test_piecewise_by_index_and_condition_with_recurrence(backend):
+    u = _f32(12, seed=14)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 10.0
+        x[t.eq(T - 1)] = -1.0  # the last point is fixed
+        x[t + 1] = x[t] * 0.5 + U[t]
+    got = tl.evaluate(x, backend=backend)
+    want = [10.0]
+    for k in range(10):
+        want.append(want[-1] * 0.5 + u[k])
+    want.append(-1.0)
+    close(got, np.array(want), rtol=1e-5, atol=1e-5)
+
+
+def test_conditions_with_and_or(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        y = tl.RecurrentTensor.placeholder((), dtype="int64", domain=(t,))
+        y[(t >= 2) & (t <= 4)] = 1
+        y[(t.eq(0)) | (t > T - 3)] = 2
+        y[True] = 0
+    got = tl.evaluate(y, bounds={T: 9}, backend=backend)
+    want = [1 if 2 <= k <= 4 else 2 if (k == 0 or k > 6) else 0 for k in range(9)]
+    np.testing.assert_array_equal(got, want)
+
+
+# --- nested dims --------------------------------------------------------------------------------
+
+
+def test_inner_recurrence_restarts_each_iteration(backend):
+    c = _f32(4, seed=15)
+    u = _f32(6, seed=16)
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        C = tl.from_numpy(c, domain=(i,))
+        U = tl.from_numpy(u, domain=(t,))
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        h[i, 0] = C[i]
+        h[i, t + 1] = h[i, t] * 0.7 + U[t]
+        final = h[i, T - 1]
+        s = tl.RecurrentTensor.placeholder((), domain=(i,))
+        s[0] = 0.0
+        s[i + 1] = s[i] + final[i]
+    gh, gf, gs = tl.evaluate([h, final, s], backend=backend)
+    want = np.zeros((4, 6))
+    for a in range(4):
+        want[a, 0] = c[a]
+        for k in range(5):
+            want[a, k + 1] = want[a, k] * 0.7 + u[k]
+    close(gh, want, rtol=1e-5, atol=1e-5)
+    close(gf, want[:, -1], rtol=1e-5, atol=1e-5)
+    close(gs, np.concatenate([[0.0], np.cumsum(want[:, -1])[:-1]]), rtol=1e-5, atol=1e-5)
+
+
+def test_outer_state_drives_inner_recurrence(backend):
+    """p[i] starts every inner rollout; the rollout's end updates p[i+1]."""
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        p = tl.RecurrentTensor.placeholder((), domain=(i,))
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        p[0] = 1.0
+        h[i, 0] = p[i]
+        h[i, t + 1] = h[i, t] * 0.5 + p[i]
+        p[i + 1] = p[i] - 0.1 * h[i, T - 1]
+        ep_sum = h[i, 0:T].sum(0)
+    gp, gh, ge = tl.evaluate([p, h, ep_sum], bounds={I: 5, T: 4}, backend=backend)
+    wp = [1.0]
+    wh = np.zeros((5, 4))
+    for a in range(5):
+        wh[a, 0] = wp[a]
+        for k in range(3):
+            wh[a, k + 1] = wh[a, k] * 0.5 + wp[a]
+        wp.append(wp[a] - 0.1 * wh[a, -1])
+    close(gp, np.array(wp[:5]), rtol=1e-5, atol=1e-6)
+    close(gh, wh, rtol=1e-5, atol=1e-6)
+    close(ge, wh.sum(1), rtol=1e-5, atol=1e-6)
+
+
+def test_outer_accumulation_over_prefix_of_iterations(backend):
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        x[i, 0] = tl.full((), i) * 1.0  # a scalar whose value is the point's index
+        x[i, t + 1] = x[i, t] + 1.0
+        per_iter = x[i, 0:T].sum(0)
+        running = per_iter[0 : i + 1].sum(0)
+    gx, gr = tl.evaluate([x, running], bounds={I: 4, T: 3}, backend=backend)
+    want = np.array([[a + k for k in range(3)] for a in range(4)], dtype=np.float64)
+    close(gx, want)
+    close(gr, np.cumsum(want.sum(1)))
+
+
+# --- spatial ops inside recurrences ---------------------------------------------------------------
+
+
+def test_softmax_policy_recurrence(backend):
+    w = _f32(4, 4, seed=17)
+    u = _f32(10, 4, seed=18)
+    ctx, t, T = ctx_t()
+    with ctx:
+        W = tl.from_numpy(w)
+        U = tl.from_numpy(u, domain=(t,))
+        p = tl.RecurrentTensor.placeholder((4,), domain=(t,))
+        p[0] = tl.full((4,), 0.25)
+        p[t + 1] = (W @ p + U[t]).softmax(-1)
+        lp = (W @ p).log_softmax(-1)
+        best = p.argmax(-1)
+    gp, gl, gb = tl.evaluate([p, lp, best], backend=backend)
+
+    def softmax(v):
+        e = np.exp(v - v.max())
+        return e / e.sum()
+
+    want = [np.full(4, 0.25)]
+    for k in range(9):
+        want.append(softmax(w @ want[-1] + u[k]))
+    want = np.stack(want)
+    close(gp, want, rtol=1e-5, atol=1e-6)
+    z = want @ w.T
+    close(gl, z - np.log(np.exp(z).sum(1, keepdims=True)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(gb, want.argmax(-1))
+
+
+def test_reshape_permute_transpose_in_recurrence(backend):
+    c = _f32(2, 3, seed=19)
+    ctx, t, T = ctx_t()
+    with ctx:
+        C = tl.from_numpy(c)
+        m = tl.RecurrentTensor.placeholder((2, 3), domain=(t,))
+        m[0] = C
+        m[t + 1] = m.reshape(3, 2).transpose(0, 1) * 0.5 + C.permute(0, 1).tanh()
+        flat = m.reshape(-1)
+        col = m.unsqueeze(0).expand(4, 2, 3).sum(0)
+    gm, gf, gc = tl.evaluate([m, flat, col], bounds={T: 6}, backend=backend)
+    want = [c]
+    for _ in range(5):
+        want.append(want[-1].reshape(3, 2).T * 0.5 + np.tanh(c))
+    want = np.stack(want)
+    close(gm, want, rtol=1e-5, atol=1e-6)
+    close(gf, want.reshape(6, 6), rtol=1e-5, atol=1e-6)
+    close(gc, want * 4, rtol=1e-5, atol=1e-5)
+
+
+def test_cat_stack_and_spatial_indexing_in_recurrence(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((4,), domain=(t,))
+        x[0] = tl.from_numpy(np.arange(4.0))
+        x[t + 1] = tl.cat([x[t, 2:] * 0.5, x[t, :2] + 1.0], 0)
+        pair = tl.stack([x[t, 0], x[t, 3]], 0)
+    gx, gp = tl.evaluate([x, pair], bounds={T: 7}, backend=backend)
+    want = [np.arange(4.0)]
+    for _ in range(6):
+        v = want[-1]
+        want.append(np.concatenate([v[2:] * 0.5, v[:2] + 1.0]))
+    want = np.stack(want)
+    close(gx, want)
+    close(gp, want[:, [0, 3]])
+
+
+def test_gather_and_comparisons_in_recurrence(backend):
+    table = _f32(5, seed=20)
+    ctx, t, T = ctx_t()
+    with ctx:
+        tab = tl.from_numpy(table)
+        k = tl.RecurrentTensor.placeholder((1,), dtype="int64", domain=(t,))
+        k[0] = tl.from_numpy(np.array([0]))
+        k[t + 1] = tl.where(k >= 4, k - 4, k + 1)
+        picked = tab.gather(0, k)
+        pos = (picked > 0.0).sum()
+    gk, gpk, gpos = tl.evaluate([k, picked, pos], bounds={T: 9}, backend=backend)
+    want_k = np.array([[j % 5] for j in range(9)])
+    np.testing.assert_array_equal(gk, want_k)
+    close(gpk, table[want_k])
+    np.testing.assert_array_equal(gpos, (table[want_k] > 0).sum(1))
+
+
+# --- optimisers over the iteration dim -----------------------------------------------------------
+
+
+def test_sgd_linear_regression_whole_trajectory(backend):
+    xs = _f32(16, 3, seed=21)
+    ys = (xs @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3).astype(np.float32)
+    lr, steps = 0.1, 25
+    ctx = tl.Context(dims=("i",))
+    (i,), (I,) = ctx.dims, ctx.bounds
+    with ctx:
+        X, Y = tl.from_numpy(xs), tl.from_numpy(ys)
+        w = tl.RecurrentTensor.placeholder((3,), domain=(i,), requires_grad=True)
+        b = tl.RecurrentTensor.placeholder((), domain=(i,), requires_grad=True)
+        w[0] = tl.zeros((3,))
+        b[0] = 0.0
+        loss = ((X @ w + b - Y) ** 2).mean()
+        loss.backward()
+        tl.optim.SGD([w, b], lr=lr).step()
+    gw, gb, gl = tl.evaluate([w, b, loss], bounds={I: steps}, backend=backend)
+    ww, wb, wl = [np.zeros(3)], [0.0], []
+    for _ in range(steps):
+        err = xs @ ww[-1] + wb[-1] - ys
+        wl.append((err**2).mean())
+        ww.append(ww[-1] - lr * 2 * xs.T @ err / len(ys))
+        wb.append(wb[-1] - lr * 2 * err.mean())
+    close(gw, np.stack(ww[:steps]), rtol=1e-4, atol=1e-5)
+    close(gb, np.array(wb[:steps]), rtol=1e-4, atol=1e-5)
+    close(gl, np.array(wl), rtol=1e-4, atol=1e-5)
+    assert wl[-1] < wl[0] * 0.2
+
+
+def test_adam_trajectory(backend):
+    target = np.array([1.0, -1.0], np.float32)
+    lr, b1, b2, eps, steps = 0.05, 0.9, 0.999, 1e-8, 12
+    ctx = tl.Context(dims=("i",))
+    (i,), (I,) = ctx.dims, ctx.bounds
+    with ctx:
+        tgt = tl.from_numpy(target)
+        w = tl.RecurrentTensor.placeholder((2,), domain=(i,), requires_grad=True)
+        w[0] = tl.zeros((2,))
+        loss = ((w - tgt) ** 2).sum()
+        loss.backward()
+        tl.optim.Adam([w], lr=lr, betas=(b1, b2), eps=eps).step()
+    got = tl.evaluate(w, bounds={I: steps}, backend=backend)
+    ws, m, v = [np.zeros(2)], np.zeros(2), np.zeros(2)
+    for k in range(steps - 1):
+        g = 2 * (ws[-1] - target)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        mh, vh = m / (1 - b1 ** (k + 1)), v / (1 - b2 ** (k + 1))
+        ws.append(ws[-1] - lr * mh / (np.sqrt(vh) + eps))
+    close(got, np.stack(ws), rtol=1e-4, atol=1e-5)
+
+
+# --- sinks, compile/run/value -------------------------------------------------------------------
+
+
+def test_sink_receives_values_in_order(backend):
+    ctx, t, T = ctx_t()
+    seen = []
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((2,), domain=(t,))
+        x[0] = tl.ones((2,))
+        x[t + 1] = x * 2.0
+        tl.sink(x, lambda value, point: seen.append((point["t"], np.array(value))))
+    prog = ctx.compile(bounds={T: 6}, backend=backend, outputs=[x])
+    prog.run()
+    assert [p for p, _ in seen] == list(range(6))
+    close(np.stack([v for _, v in seen]), np.stack([np.ones(2) * 2**k for k in range(6)]))
+    close(prog.value(x), np.stack([v for _, v in seen]))
+    assert prog.stats()["peak_bytes"] > 0
+
+
+def test_nested_sink_order_is_lexicographic(backend):
+    ctx, i, t, I, T = ctx_it()
+    seen = []
+    with ctx:
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        h[i, 0] = tl.full((), i) * 10.0
+        h[i, t + 1] = h[i, t] + 1.0
+        tl.sink(h, lambda value, point: seen.append((point["i"], point["t"], float(value))))
+    ctx.compile(bounds={I: 3, T: 4}, backend=backend).run()
+    assert [(a, b) for a, b, _ in seen] == [(a, b) for a in range(3) for b in range(4)]
+    assert [v for _, _, v in seen] == [10.0 * a + b for a in range(3) for b in range(4)]
+
+
+def test_sink_of_a_reduction_fires_once_with_the_total(backend):
+    ctx, t, T = ctx_t()
+    seen = []
+    with ctx:
+        u = tl.from_numpy(np.arange(8.0), domain=(t,))
+        tl.sink(u[0:T].sum(0), lambda value, point: seen.append((point, float(value))))
+    ctx.compile(backend=backend).run()
+    assert seen == [({}, 28.0)]
+
+
+def test_program_runs_twice_with_same_results(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 2.0
+        x[t + 1] = x.sqrt() + 1.0
+    prog = ctx.compile(bounds={T: 10}, backend=backend, outputs=[x])
+    first = prog.run().value(x).copy()
+    second = prog.run().value(x)
+    close(first, second)
+    close(first, tl.evaluate(x, bounds={T: 10}, backend="numpy"))
+    assert "schedule" in prog.explain()
+
+
+# --- randomness ---------------------------------------------------------------------------------
+
+
+def _noise_program():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 0.0
+        x[t + 1] = x + tl.randn((), like=x)[t]
+        n = tl.rand((3,), like=x)
+    return ctx, T, x, n
+
+
+def test_random_is_reproducible_by_seed_and_same_across_backends():
+    ctx, T, x, n = _noise_program()
+    a = tl.evaluate([x, n], bounds={T: 20}, backend="numpy", seed=7)
+    b = tl.evaluate([x, n], bounds={T: 20}, backend="numpy", seed=7)
+    c = tl.evaluate([x, n], bounds={T: 20}, backend="torch", seed=7)
+    d = tl.evaluate([x, n], bounds={T: 20}, backend="numpy", seed=8)
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_array_equal(u, v)
+    for u, v in zip(a, c, strict=True):
+        close(u, v, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(a[1], d[1])
+    # uniform noise is in [0, 1) and differs from point to point
+    assert (a[1] >= 0).all() and (a[1] < 1).all()
+    assert len(np.unique(a[1])) == a[1].size
+
+
+def test_random_walk_is_cumulative_sum_of_its_noise(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        eps = tl.randn((), like=x)
+        x[0] = 0.0
+        x[t + 1] = x + eps
+    gx, ge = tl.evaluate([x, eps], bounds={T: 30}, backend=backend, seed=3)
+    close(gx, np.concatenate([[0.0], np.cumsum(ge)[:-1]]), rtol=1e-5, atol=1e-5)
+    assert 0.3 < np.std(ge) < 3.0
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+
+def _sink_only_peak(steps: int, backend: str, keep_all: bool) -> int:
+    ctx, t, T = ctx_t()
+    seen = []
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
+        x[0] = tl.zeros((256,))
+        x[t + 1] = x[t] * 0.5 + 1.0
+        tl.sink(x.sum(), lambda value, point: seen.append(float(value)))
+        if keep_all:
+            tl.sink(x[0:T].sum(), lambda value, point: seen.append(float(value)))
+    prog = ctx.compile(bounds={T: steps}, backend=backend)
+    prog.run()
+    assert len(seen) == steps + (1 if keep_all else 0)
+    peak = prog.stats()["peak_bytes"]
+    assert peak > 0
+    return peak
+
+
+def test_forward_recurrence_memory_does_not_grow_with_length(backend):
+    short = _sink_only_peak(50, backend, keep_all=False)
+    long = _sink_only_peak(500, backend, keep_all=False)
+    assert long <= short * 1.1 + 1024, (short, long)
+    assert long < 10 * 256 * 4  # a handful of rows, not 500
+
+
+def test_full_slice_reader_keeps_every_point(backend):
+    short = _sink_only_peak(50, backend, keep_all=True)
+    long = _sink_only_peak(500, backend, keep_all=True)
+    assert long >= 500 * 256 * 4
+    assert long > 5 * short
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_tiny_bounds(backend, steps):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 5.0
+        x[t + 1] = x - 1.0
+        s = x[0 : t + 1].sum(0)
+    gx, gs = tl.evaluate([x, s], bounds={T: steps}, backend=backend)
+    want = np.array([5.0 - k for k in range(steps)])
+    close(gx, want)
+    close(gs, np.cumsum(want))
