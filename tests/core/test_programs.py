@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import timerl as tl
 from core_helpers import close, ctx_it, ctx_t
 
-RNG = np.random.RandomState(1234)
+import timerl as tl
 
 
 def _f32(*shape, scale=1.0, seed=0):
