@@ -46,6 +46,7 @@ def test_evaluate_corpus_and_summary(tmp_path):
         assert r.values["portfolio"] <= r.values["program"]
         assert r.values["brkga"] <= r.values["portfolio"]
         assert r.best_known == min(r.values.values())
+        assert 0 < r.lower_bound <= r.best_known
     assert "exact" in recs[0].values and recs[0].optimum == recs[0].best_known
     assert "exact" not in recs[2].values
     rows = summarise(recs, METHODS)
