@@ -93,3 +93,35 @@ def test_eval_cli_prints_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "BRKGA" in out and "portfolio" in out
     assert "| all | brkga | 2 |" in md.read_text()
+
+
+def test_eval_cli_runtime_under_memory_limit(tmp_path, capsys):
+    write_corpus(tmp_path)
+    out = tmp_path / "recs.json"
+    rc = main(
+        [
+            "graphopt",
+            "eval",
+            "--corpus",
+            str(tmp_path),
+            "--budget",
+            "60",
+            "--objective",
+            "runtime",
+            "--devices",
+            "2",
+            "--host",
+            "--memory-fraction",
+            "0.5",
+            "--no-progress",
+            "--limit",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    (rec,) = json.loads(out.read_text())
+    assert "exact" not in rec["values"]  # exact is single-device peak memory only
+    assert rec["values"]["brkga"] <= rec["values"]["portfolio"] <= rec["values"]["program"]
+    assert "runtime, 2 device(s) + host, limit 0.5 x program peak" in capsys.readouterr().out

@@ -40,6 +40,15 @@ def register(sub: Any) -> None:
     e.add_argument("--limit", type=int, default=None, help="first N graphs of the split")
     e.add_argument("--exact-nodes", type=int, default=60, help="run exact up to this size")
     e.add_argument("--exact-time", type=float, default=10.0, help="exact time limit, seconds")
+    e.add_argument("--objective", choices=("peak-memory", "runtime"), default="peak-memory")
+    e.add_argument("--devices", type=int, default=1, help="number of accelerators")
+    e.add_argument("--host", action="store_true", help="allow swapping tensors to host memory")
+    e.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=None,
+        help="per-device memory limit as a fraction of the graph's program-order peak",
+    )
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", type=Path, default=None, help="write per-graph results JSON")
     e.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
@@ -139,10 +148,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
             exact_nodes=args.exact_nodes,
             exact_time=args.exact_time,
             on_graph=lambda name: progress.update(task, advance=1, description=name),
+            make_problem=_problem_factory(args),
         )
     rows = summarise(records, methods)
     table = Table(
-        title=f"graphopt eval: split {args.split}, peak memory, budget {args.budget}, "
+        title=f"graphopt eval: split {args.split}, {_setting(args)}, budget {args.budget}, "
         f"{len(records)} graphs, {time.perf_counter() - t0:.0f}s"
     )
     for _, title in COLUMNS:
@@ -163,6 +173,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
         md = to_markdown(rows) + "\n\n" + to_markdown(fam_rows, FAMILY_COLUMNS) + "\n"
         args.markdown.write_text(md)
     return 0
+
+
+def _problem_factory(args: argparse.Namespace) -> Any:
+    """Per-graph Problem for eval; a memory fraction turns into a per-graph byte limit."""
+    from timerl.graphopt.decoders import Problem
+    from timerl.graphopt.perfmodel import Cluster, PeakMemory
+
+    if args.devices < 1:
+        raise GraphError("--devices must be at least 1")
+
+    def make(graph: Any) -> Any:
+        limit = None
+        if args.memory_fraction is not None:
+            prog = PeakMemory(graph).peak(graph.program_order)
+            limit = max(1, int(args.memory_fraction * prog))
+        if args.devices == 1 and limit is None and not args.host:
+            return Problem(graph, args.objective)
+        cluster = Cluster.make(args.devices, memory_limit=limit, host=args.host)
+        return Problem(graph, args.objective, cluster)
+
+    return make
+
+
+def _setting(args: argparse.Namespace) -> str:
+    text = f"{args.objective}, {args.devices} device(s)"
+    if args.host:
+        text += " + host"
+    if args.memory_fraction is not None:
+        text += f", limit {args.memory_fraction:g} x program peak"
+    return text
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
