@@ -679,3 +679,119 @@ def test_tiny_bounds(backend, steps):
     want = np.array([5.0 - k for k in range(steps)])
     close(gx, want)
     close(gs, np.cumsum(want))
+
+
+# --- backward recurrences, multi-step reads, dynamic episode lengths ---------------------------
+
+
+def _discounted(r, g):
+    out = np.zeros(len(r))
+    acc = 0.0
+    for k in reversed(range(len(r))):
+        acc = r[k] + g * acc
+        out[k] = acc
+    return out
+
+
+def test_contract_backward_recurrence_by_condition(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        y = tl.RecurrentTensor.placeholder((), domain=(t,))
+        y[t.eq(T - 1)] = 1.0
+        y[True] = y[t + 1] * 0.9
+    got = tl.evaluate(y, bounds={T: 10}, backend=backend)
+    close(got, np.array([0.9 ** (9 - k) for k in range(10)]), rtol=1e-5)
+
+
+def test_discounted_returns_backward_recurrence(backend):
+    r = np.random.RandomState(0).randn(12).astype(np.float32)
+    ctx, t, T = ctx_t()
+    with ctx:
+        R = tl.from_numpy(r, domain=(t,))
+        ret = tl.RecurrentTensor.placeholder((), domain=(t,))
+        ret[T - 1] = R[T - 1]
+        ret[True] = R[t] + 0.95 * ret[t + 1]
+    close(tl.evaluate(ret, backend=backend), _discounted(r, 0.95), rtol=1e-4, atol=1e-4)
+
+
+def test_backward_recurrence_with_shifted_left_index(backend):
+    r = np.random.RandomState(1).randn(8).astype(np.float32)
+    ctx, t, T = ctx_t()
+    with ctx:
+        R = tl.from_numpy(r, domain=(t,))
+        ret = tl.RecurrentTensor.placeholder((), domain=(t,))
+        ret[T - 1] = R[T - 1]
+        ret[t - 1] = R[t - 1] + 0.5 * ret[t]
+    close(tl.evaluate(ret, backend=backend), _discounted(r, 0.5), rtol=1e-4, atol=1e-4)
+
+
+def test_recurrence_reading_two_steps_back(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 1.0
+        x[1] = 2.0
+        x[t + 1] = 0.5 * x[t] + 0.25 * x[t - 1]
+    got = tl.evaluate(x, bounds={T: 10}, backend=backend)
+    want = [1.0, 2.0]
+    for _ in range(8):
+        want.append(0.5 * want[-1] + 0.25 * want[-2])
+    close(got, np.array(want))
+
+
+def test_outer_accumulation_reading_next_iteration(backend):
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        h[i, 0] = tl.full((), i) * 1.0
+        h[i, t + 1] = h[i, t] * 0.5 + 1.0
+        acc = tl.RecurrentTensor.placeholder((), domain=(i,))
+        acc[0] = h[0, T - 1]
+        acc[i + 1] = acc[i] + h[i + 1, T - 1]
+    got = tl.evaluate(acc, bounds={I: 3, T: 4}, backend=backend)
+    h_np = np.zeros((3, 4))
+    for a in range(3):
+        h_np[a, 0] = a
+        for k in range(3):
+            h_np[a, k + 1] = h_np[a, k] * 0.5 + 1.0
+    close(got, np.cumsum(h_np[:, -1]))
+
+
+def test_until_data_dependent_stop(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 1.0
+        x[t + 1] = x * 1.5
+        ctx.until(t, x > 10.0)
+    got = tl.evaluate(x, bounds={T: 100}, backend=backend)
+    want = [1.0]
+    while want[-1] <= 10.0:
+        want.append(want[-1] * 1.5)
+    close(got, np.array(want), rtol=1e-5)
+
+
+def test_until_stops_at_cap_when_never_done(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 0.0
+        x[t + 1] = x + 1.0
+        ctx.until(t, x < -1.0)
+        total = x[0:T].sum(0)
+    gx, gt = tl.evaluate([x, total], bounds={T: 7}, backend=backend)
+    close(gx, np.arange(7.0))
+    close(gt, 21.0)
+
+
+def test_until_per_outer_iteration_lengths(backend):
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        x[i, 0] = tl.full((), i) * 1.0
+        x[i, t + 1] = x[i, t] + 1.0
+        ctx.until(t, x >= 4.0)
+        length = x[i, 0:T].sum(0)
+    got = tl.evaluate(length, bounds={I: 3, T: 50}, backend=backend)
+    want = [sum(range(a, 5)) for a in range(3)]
+    close(got, np.array(want, dtype=np.float64))
