@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -45,6 +46,11 @@ class Context:
         self._roots: list[Op] = []
         self._until: dict[Dim, Op] = {}
         self._known_bounds: dict[Bound, tuple[int, str]] = {}
+        self._streams = itertools.count()
+
+    def next_stream(self) -> int:
+        """A number identifying a random op by creation order, stable across rebuilds."""
+        return next(self._streams)
 
     # --- scoping ------------------------------------------------------------------------------
     def __enter__(self) -> Context:
@@ -81,6 +87,13 @@ class Context:
                 )
             value = value.to(op.dtype)
         view = value.view
+        if view.op.attrs.get("adopt_domain") and not view.op.domain and not view.op.inputs:
+            # A side effect with no inputs (env.reset()) runs once per point of the dims the
+            # assignment moves along: obs[i, 0] = env.reset() resets at every i.
+            dims = tuple(d for d in op.domain if d in subst[d].symbols())
+            view.op.domain = dims
+            view = View(view.op, dims)
+            value = RecurrentTensor(view, self)
         index = tuple(i.substitute(subst) for i in view.index)
         branch = View(view.op, index)
         extra = branch.dims - set(op.domain)

@@ -54,26 +54,39 @@ def arange(n: int, dtype: Any = "int64") -> RecurrentTensor:
 
 
 def rand(
-    shape: Sequence[int | Expr] | int = (), like: RecurrentTensor | None = None
+    shape: Sequence[int | Expr] | int = (),
+    like: RecurrentTensor | None = None,
+    key_at: Sequence[Expr] | None = None,
 ) -> RecurrentTensor:
-    """Uniform [0, 1) noise; a pure function of (seed, op, point), domain from ``like``."""
-    return _random("uniform", shape, like)
+    """Uniform [0, 1) noise, a pure function of (seed, stream, point).
+
+    ``like`` lends its domain (fresh noise at every point of it); ``key_at`` draws the same
+    noise at points that map to the same key (e.g. one permutation per epoch).
+    """
+    return _random("uniform", shape, like, key_at)
 
 
 def randn(
-    shape: Sequence[int | Expr] | int = (), like: RecurrentTensor | None = None
+    shape: Sequence[int | Expr] | int = (),
+    like: RecurrentTensor | None = None,
+    key_at: Sequence[Expr] | None = None,
 ) -> RecurrentTensor:
-    """Standard normal noise; a pure function of (seed, op, point), domain from ``like``."""
-    return _random("normal", shape, like)
+    """Standard normal noise, a pure function of (seed, stream, point); see ``rand``."""
+    return _random("normal", shape, like, key_at)
 
 
-def _random(prim: str, shape: Any, like: RecurrentTensor | None) -> RecurrentTensor:
+def _random(prim: str, shape: Any, like: RecurrentTensor | None, key_at: Any) -> RecurrentTensor:
     ctx = like.ctx if like is not None else current()
     shape = (shape,) if isinstance(shape, (int, Expr)) else tuple(shape)
-    # ``like`` only lends its domain: the noise differs at every point of it.
-    domain = like.domain if like is not None else ()
+    attrs: dict[str, Any] = {"stream": ctx.next_stream()}
+    if key_at is not None:
+        attrs["key_at"] = tuple(as_expr(k) for k in key_at)
     view = apply(
-        prim, domain=domain, shape=tuple(as_expr(s) for s in shape), dtype=np.dtype("float32")
+        prim,
+        domain=like.domain if like is not None else None,
+        shape=tuple(as_expr(s) for s in shape),
+        dtype=np.dtype("float32"),
+        **attrs,
     )
     return RecurrentTensor(view, ctx)
 

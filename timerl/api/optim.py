@@ -1,7 +1,10 @@
 """Optimisers as recurrences over the iteration dim: ``w[i+1] = update(w[i], grad[i])``.
 
 Updates read the previous parameters and gradients *detached*, so ``w.grad[i]`` is exactly the
-gradient of ``loss[i]``; optimiser state (Adam's moments) is itself a recurrent tensor.
+gradient of ``loss[i]``; optimiser state (Adam's moments) is itself a recurrent tensor. For
+parameters unrolled over an inner update dim ``u`` (``module.unroll(u)``) the recurrence runs
+over ``u`` inside each iteration and the last update carries to the next iteration:
+``w_u[i, u + 1] = update(...)``, ``w[i + 1] = update(...)[i, U - 1]``.
 """
 
 from __future__ import annotations
@@ -10,41 +13,78 @@ from collections.abc import Callable, Sequence
 
 from timerl.api.tensor import RecurrentTensor, full
 from timerl.errors import ProgramError
-from timerl.symbolic import Dim, Expr
+from timerl.symbolic import Dim
 
-Schedule = Callable[[Expr], "RecurrentTensor | float"]
+LearningRate = float | Callable[..., "RecurrentTensor | float"]
 
 
 class Optimizer:
     def __init__(
         self,
         params: Sequence[RecurrentTensor],
-        lr: float | Schedule,
+        lr: LearningRate,
         max_grad_norm: float | None = None,
     ) -> None:
         self.params = list(params)
         if not self.params:
             raise ProgramError("optimizer: no parameters given")
-        dims = {p.op.domain[:1] for p in self.params}
-        if len(dims) != 1 or not next(iter(dims)):
-            raise ProgramError(
-                "optimizer: every parameter must be a placeholder whose first domain dim is the "
-                "iteration dim (e.g. domain=(i,))"
-            )
-        self.dim: Dim = next(iter(dims))[0]
         for p in self.params:
-            if not p.requires_grad:
-                raise ProgramError(f"optimizer: parameter {p.name} needs requires_grad=True")
+            if not p.requires_grad or p.op.prim != "merge":
+                raise ProgramError(
+                    f"optimizer: {p.name} must be a placeholder made with requires_grad=True"
+                )
+            want = 2 if p.outer is not None else 1
+            if len(p.op.domain) != want:
+                raise ProgramError(
+                    f"optimizer: {p.name} must run over the iteration dim"
+                    + (" and one update dim" if want == 2 else "")
+                    + f", not ({', '.join(d.name for d in p.op.domain)})"
+                )
+        if len({p.op.domain for p in self.params}) != 1:
+            raise ProgramError("optimizer: all parameters must share one domain")
+        self.domain: tuple[Dim, ...] = self.params[0].op.domain
+        self.inner = self.params[0].outer is not None
         self.lr = lr
         self.max_grad_norm = max_grad_norm
 
+    # --- recurrences --------------------------------------------------------------------------
     def _lr(self) -> RecurrentTensor | float:
-        if callable(self.lr):
-            return self.lr(self.dim)
-        return self.lr
+        return self.lr(*self.domain) if callable(self.lr) else self.lr
+
+    def _steps(self) -> RecurrentTensor:
+        """How many updates came before this point, plus one (Adam's bias correction)."""
+        if not self.inner:
+            return full((), self.domain[0] + 1)
+        i, u = self.domain
+        return full((), i) * full((), u.bound) + full((), u + 1)
+
+    def _state(self, p: RecurrentTensor, name: str) -> RecurrentTensor:
+        """A zero-initialised tensor with the same recurrence structure as ``p``."""
+        if not self.inner:
+            s = RecurrentTensor.placeholder(p.shape, p.dtype, p.op.domain, name=f"{name}({p.name})")
+            s[0] = 0.0
+            return s
+        outer = p.outer
+        assert outer is not None
+        s_out = RecurrentTensor.placeholder(
+            p.shape, p.dtype, outer.op.domain, name=f"{name}({outer.name})"
+        )
+        s_out[0] = 0.0
+        s_in = RecurrentTensor.placeholder(p.shape, p.dtype, p.op.domain, name=f"{name}({p.name})")
+        s_in[self.domain[0], 0] = s_out
+        s_in.outer = s_out
+        return s_in
+
+    def _advance(self, p: RecurrentTensor, new: RecurrentTensor) -> None:
+        if not self.inner:
+            p[self.domain[0] + 1] = new
+            return
+        i, u = self.domain
+        p[i, u + 1] = new
+        assert p.outer is not None
+        p.outer[i + 1] = new[i, u.bound - 1]
 
     def _grads(self) -> list[RecurrentTensor]:
-        i = self.dim
         grads = []
         for p in self.params:
             if p.grad is None:
@@ -52,10 +92,8 @@ class Optimizer:
             grads.append(p.grad.detach())
         if self.max_grad_norm is not None:
             total = sum(((g * g).sum() for g in grads[1:]), (grads[0] * grads[0]).sum())
-            norm = total.sqrt()
-            scale = (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+            scale = (self.max_grad_norm / (total.sqrt() + 1e-6)).clamp(max=1.0)
             grads = [g * scale for g in grads]
-        del i
         return grads
 
     def step(self) -> None:
@@ -66,19 +104,18 @@ class SGD(Optimizer):
     """``w[i+1] = w[i] - lr * grad[i]`` (optionally with global-norm gradient clipping)."""
 
     def step(self) -> None:
-        i = self.dim
         lr = self._lr()
         for p, g in zip(self.params, self._grads(), strict=True):
-            p[i + 1] = p.detach() - g * lr
+            self._advance(p, p.detach() - g * lr)
 
 
 class Adam(Optimizer):
-    """Adam with bias correction; moments are recurrent tensors over the iteration dim."""
+    """Adam with bias correction (and optional clipping by global norm, lr schedules)."""
 
     def __init__(
         self,
         params: Sequence[RecurrentTensor],
-        lr: float | Schedule = 1e-3,
+        lr: LearningRate = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         max_grad_norm: float | None = None,
@@ -87,21 +124,16 @@ class Adam(Optimizer):
         self.betas, self.eps = betas, eps
 
     def step(self) -> None:
-        i = self.dim
         b1, b2 = self.betas
         lr = self._lr()
-        step = full((), i + 1, dtype="float32")
-        corr1 = 1.0 - full((), b1) ** step
-        corr2 = 1.0 - full((), b2) ** step
+        steps = self._steps()
+        corr1 = 1.0 - full((), b1) ** steps
+        corr2 = 1.0 - full((), b2) ** steps
         for p, g in zip(self.params, self._grads(), strict=True):
-            dom = p.op.domain
-            m = RecurrentTensor.placeholder(p.shape, p.dtype, dom, name=f"adam_m({p.name})")
-            v = RecurrentTensor.placeholder(p.shape, p.dtype, dom, name=f"adam_v({p.name})")
-            m[i.eq(0)] = 0.0
-            v[i.eq(0)] = 0.0
+            m, v = self._state(p, "adam_m"), self._state(p, "adam_v")
             m_new = m * b1 + g * (1.0 - b1)
             v_new = v * b2 + g * g * (1.0 - b2)
-            m[i + 1] = m_new
-            v[i + 1] = v_new
+            self._advance(m, m_new)
+            self._advance(v, v_new)
             update = (m_new / corr1) / ((v_new / corr2).sqrt() + self.eps)
-            p[i + 1] = p.detach() - update * lr
+            self._advance(p, p.detach() - update * lr)

@@ -41,7 +41,7 @@ class RecurrentTensor:
     ``x[0:T]`` read it elsewhere (see DESIGN.md section 2).
     """
 
-    __slots__ = ("view", "ctx", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("view", "ctx", "requires_grad", "grad", "outer", "__weakref__")
     __array_priority__ = 1000  # so ``np.float32(2) * x`` calls our operator
 
     def __init__(self, view: View, ctx: Context, requires_grad: bool = False) -> None:
@@ -49,6 +49,9 @@ class RecurrentTensor:
         self.ctx = ctx
         self.requires_grad = requires_grad
         self.grad: RecurrentTensor | None = None
+        self.outer: RecurrentTensor | None = (
+            None  # per-iteration parameter an unrolled one starts from
+        )
 
     # --- construction -------------------------------------------------------------------------
     @staticmethod
@@ -475,18 +478,42 @@ class RecurrentTensor:
         sizes = [self.view.shape[k - lead] if s == Const(-1) else s for k, s in enumerate(sizes)]
         return self._new(apply("expand", self.view, shape=tuple(sizes)))
 
+    def take(self, index: RecurrentTensor, dim: int = 0) -> RecurrentTensor:
+        """Rows (along ``dim``) picked by an integer tensor, like ``torch.index_select``."""
+        return self._new(apply("take", self.view, index.view, axis=norm_axis(dim, self.ndim)))
+
+    def narrow(self, dim: int, start: int | Expr, length: int | Expr) -> RecurrentTensor:
+        return self._new(
+            apply(
+                "narrow",
+                self.view,
+                axis=norm_axis(dim, self.ndim),
+                start=as_expr(start),
+                length=as_expr(length),
+            )
+        )
+
+    def cumsum(self, dim: int) -> RecurrentTensor:
+        return self._new(apply("cumsum", self.view, axis=norm_axis(dim, self.ndim)))
+
+    def argsort(self, dim: int = -1) -> RecurrentTensor:
+        return self._new(apply("argsort", self.view, axis=norm_axis(dim, self.ndim)))
+
     def gather(self, dim: int, index: RecurrentTensor) -> RecurrentTensor:
         return self._new(apply("gather", self.view, index.view, axis=norm_axis(dim, self.ndim)))
 
     # --- autodiff -----------------------------------------------------------------------------
-    def backward(self) -> None:
-        """Differentiate this loss (summed over its points and elements) w.r.t. every tensor
-        created with ``requires_grad=True``; sets their ``.grad``."""
+    def backward(self, inputs: Sequence[RecurrentTensor] | None = None) -> None:
+        """Differentiate this loss (summed over its points and elements) w.r.t. ``inputs``
+        (default: every tensor created with ``requires_grad=True``); sets their ``.grad``."""
         from timerl.ir.autodiff import gradients
 
-        params = [p for p in self.ctx._grad_leaves() if p.requires_grad]
+        params = list(inputs) if inputs is not None else self.ctx._grad_leaves()
         if not params:
             raise ProgramError("backward(): no tensor in this context has requires_grad=True")
+        for p in params:
+            if not p.requires_grad or not p.view.is_identity:
+                raise ProgramError(f"backward(): {p.name} is not a tensor with requires_grad=True")
         loss = self if not self.ndim else self.sum()
         grads = gradients(loss.view, [p.op for p in params])
         for p in params:

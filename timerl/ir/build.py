@@ -55,7 +55,7 @@ def apply(
                 dims |= {s for s in value.symbols() if isinstance(s, Dim)}
     if domain is None:
         domain = ordered(dims)
-    elif not dims <= set(domain):
+    elif not dims <= set(domain):  # a point attr's dims must be inside an explicit domain
         raise ProgramError(
             f"{prim}: operands span dims {sorted(d.name for d in dims)} beyond {domain}"
         )

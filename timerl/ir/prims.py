@@ -824,7 +824,7 @@ for _name, _fn in (("uniform", _np_uniform), ("normal", _np_normal)):
             _fn,
             (lambda f: lambda shape, dtype, key: torch.as_tensor(f(shape, dtype, key)))(_fn),
             None,
-            point_attrs=("shape",),
+            point_attrs=("shape", "key_at"),
             keyed=True,
             differentiable=False,
         )
@@ -859,5 +859,111 @@ register(
         lambda *xs, **_: sum(xs[1:], xs[0]),
         lambda *xs, **_: sum(xs[1:], xs[0]),
         _vjp_each,
+    )
+)
+
+# --- indexing by tensors, scans, permutations --------------------------------------------------
+
+
+def _infer_take(shapes, dtypes, attrs):
+    x, idx = shapes
+    axis = norm_axis(attrs["axis"], len(x))
+    if not np.issubdtype(dtypes[1], np.integer):
+        raise ShapeError(f"take: index dtype must be integer, got {dtypes[1]}")
+    return tuple(x[:axis]) + tuple(idx) + tuple(x[axis + 1 :]), dtypes[0]
+
+
+def _np_index_add(src, idx, axis, size):
+    shape = list(src.shape[:axis]) + [size] + list(src.shape[axis + idx.ndim :])
+    out = np.zeros(shape, dtype=src.dtype)
+    moved = np.moveaxis(out, axis, 0)
+    np.add.at(moved, idx.reshape(-1), np.moveaxis(src, axis, 0).reshape((-1,) + moved.shape[1:]))
+    return out
+
+
+def _torch_index_add(src, idx, axis, size):
+    shape = list(src.shape[:axis]) + [size] + list(src.shape[axis + idx.dim() :])
+    out = torch.zeros(shape, dtype=src.dtype, device=src.device)
+    flat = src.reshape(list(src.shape[:axis]) + [-1] + list(src.shape[axis + idx.dim() :]))
+    return out.index_add(axis, idx.reshape(-1), flat)
+
+
+register(
+    Prim(
+        "take",
+        _infer_take,
+        lambda x, idx, axis: np.take(x, idx, axis=axis),
+        lambda x, idx, axis: torch.index_select(x, axis, idx.reshape(-1)).reshape(
+            tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1 :])
+        ),
+        lambda ap, op, i, o, g: [
+            ap("index_add", g, i[1], axis=op.attrs["axis"], size=i[0].shape[op.attrs["axis"]]),
+            None,
+        ],
+    )
+)
+
+
+def _infer_index_add(shapes, dtypes, attrs):
+    src, idx = shapes
+    axis = attrs["axis"]
+    return (
+        tuple(src[:axis]) + (as_expr(attrs["size"]),) + tuple(src[axis + len(idx) :]),
+        dtypes[0],
+    )
+
+
+register(
+    Prim(
+        "index_add",
+        _infer_index_add,
+        _np_index_add,
+        _torch_index_add,
+        lambda ap, op, i, o, g: [ap("take", g, i[1], axis=op.attrs["axis"]), None],
+        point_attrs=("size",),
+    )
+)
+
+
+def _np_cumsum(x, axis, reverse=False):
+    if reverse:
+        return np.flip(np.cumsum(np.flip(x, axis), axis=axis), axis)
+    return np.cumsum(x, axis=axis)
+
+
+def _torch_cumsum(x, axis, reverse=False):
+    if reverse:
+        return torch.flip(torch.cumsum(torch.flip(x, (axis,)), dim=axis), (axis,))
+    return torch.cumsum(x, dim=axis)
+
+
+register(
+    Prim(
+        "cumsum",
+        lambda s, d, a: (s[0], d[0]),
+        _np_cumsum,
+        _torch_cumsum,
+        lambda ap, op, i, o, g: [
+            ap("cumsum", g, axis=op.attrs["axis"], reverse=not op.attrs.get("reverse", False))
+        ],
+    )
+)
+register(
+    Prim(
+        "argsort",
+        lambda s, d, a: (s[0], np.dtype("int64")),
+        lambda x, axis: np.argsort(x, axis=axis, kind="stable"),
+        lambda x, axis: torch.argsort(x, dim=axis, stable=True),
+        differentiable=False,
+    )
+)
+register(
+    Prim(
+        "iota",
+        lambda s, d, a: ((as_expr(a["length"]),), np.dtype(a.get("dtype", "int64"))),
+        lambda length, dtype="int64": np.arange(length, dtype=dtype),
+        lambda length, dtype="int64": torch.arange(length, dtype=_torch_dtype(dtype)),
+        point_attrs=("length",),
+        differentiable=False,
     )
 )

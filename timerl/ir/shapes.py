@@ -38,14 +38,13 @@ def broadcast(*shapes: Sequence[Expr], what: str = "operands") -> tuple[Expr, ..
 
 
 def numel(shape: Sequence[Expr]) -> Expr:
+    """The element count; affine as long as at most one size is symbolic."""
     total: Expr = ONE
     for s in shape:
-        if isinstance(s, Const) and isinstance(total, Const):
-            total = Const(total.value * s.value)
-        elif s == ONE:
-            continue
-        elif total == ONE:
-            total = s
+        if isinstance(s, Const):
+            total = total * s.value
+        elif isinstance(total, Const):
+            total = s * total.value
         else:
             raise ShapeError(f"the element count of shape {tuple(shape)} is not affine")
     return total

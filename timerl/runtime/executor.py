@@ -197,7 +197,8 @@ class Executor:
             return run_merge
         rule = prims.get(op.prim)
         kernel = backend.impl(op.prim) if op.prim != "udf" else None
-        static_attrs = {k: v for k, v in op.attrs.items() if k not in rule.point_attrs}
+        hidden = set(rule.point_attrs) | {"stream", "adopt_domain", "pass_point"}
+        static_attrs = {k: v for k, v in op.attrs.items() if k not in hidden}
         point_names = [k for k in rule.point_attrs if k in op.attrs]
         point_items: list[Expr] = []
         layout: list[tuple[str, int, bool]] = []  # name, count, is_tuple
@@ -211,7 +212,10 @@ class Executor:
                 point_items.append(_as_expr(value))
         point_fn = _compile(point_items) if layout else None
         keyed = rule.keyed
-        seed, op_id = self.seed, op.id
+        seed = self.seed
+        # the stream number is fixed when the op is built, so rebuilding a program (to resume
+        # from a checkpoint) draws the same numbers at the same points
+        stream = op.attrs.get("stream", op.id)
         if op.prim == "const":
             static_attrs = {"value": backend.asarray(op.attrs["value"])}
         udf_point = op.prim == "udf" and op.attrs.get("pass_point", False)
@@ -240,7 +244,8 @@ class Executor:
             if keyed:
                 if attrs is static_attrs:
                     attrs = dict(static_attrs)
-                attrs["key"] = (seed, op_id) + point
+                at = attrs.pop("key_at", point)
+                attrs["key"] = (seed, stream) + tuple(at)
             value = kernel(*args, _point=point) if udf_point else kernel(*args, **attrs)
             store[point] = value
             meter.add(backend.nbytes(value))

@@ -1,0 +1,189 @@
+"""Neural-network modules whose parameters are recurrent over the iteration dim.
+
+A parameter is a placeholder over ``(i,)`` with ``requires_grad=True`` and a base case
+``w[0] = init``; an optimiser's ``step()`` writes ``w[i + 1]``. ``module.unroll(u)`` gives a
+copy whose parameters run over ``(i, u)`` for several updates per iteration (PPO epochs and
+minibatches): ``w_u[i, 0] = w[i]``, and the optimiser carries the last update back to
+``w[i + 1]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from timerl.api.context import current
+from timerl.api.tensor import RecurrentTensor
+from timerl.errors import ProgramError
+from timerl.symbolic import Dim
+
+
+def orthogonal(rows: int, cols: int, gain: float, rng: np.random.Generator) -> np.ndarray:
+    """An orthogonal init (well-conditioned at depth; the usual choice for RL policies)."""
+    a = rng.standard_normal((max(rows, cols), min(rows, cols)))
+    q, r = np.linalg.qr(a)
+    q *= np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return (gain * q[:rows, :cols]).astype(np.float32)
+
+
+class Module:
+    """A set of named parameters and a forward function over recurrent tensors."""
+
+    def parameters(self) -> list[RecurrentTensor]:
+        out: list[RecurrentTensor] = []
+        for value in vars(self).values():
+            if isinstance(value, RecurrentTensor) and value.requires_grad:
+                out.append(value)
+            elif isinstance(value, Module):
+                out.extend(value.parameters())
+            elif isinstance(value, list):
+                for v in value:
+                    if isinstance(v, Module):
+                        out.extend(v.parameters())
+        return out
+
+    def _map(self, fn: Callable[[RecurrentTensor], RecurrentTensor]) -> Module:
+        new = object.__new__(type(self))
+        for key, value in vars(self).items():
+            if isinstance(value, RecurrentTensor) and value.requires_grad:
+                value = fn(value)
+            elif isinstance(value, Module):
+                value = value._map(fn)
+            elif isinstance(value, list):
+                value = [v._map(fn) if isinstance(v, Module) else v for v in value]
+            setattr(new, key, value)
+        return new
+
+    def at(self, *index: object) -> Module:
+        """This module with every parameter read at ``index`` (e.g. ``policy.at(i)``)."""
+        return self._map(lambda p: _Bound(p[index]))
+
+    def unroll(self, dim: Dim) -> Module:
+        """A copy with parameters over ``(*domain, dim)`` starting from these parameters."""
+
+        def inner(p: RecurrentTensor) -> RecurrentTensor:
+            dom = p.op.domain
+            if dim in dom:
+                raise ProgramError(f"unroll: {p.name} already runs over {dim.name}")
+            q = RecurrentTensor.placeholder(
+                p.shape, p.dtype, dom + (dim,), requires_grad=True, name=f"{p.name}@{dim.name}"
+            )
+            q[tuple(dom) + (0,)] = p
+            q.outer = p  # type: ignore[attr-defined]
+            return q
+
+        return self._map(inner)
+
+    def __call__(self, x: RecurrentTensor) -> RecurrentTensor:
+        return self.forward(x)
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        raise NotImplementedError
+
+
+class _Bound(RecurrentTensor):
+    """A parameter read at a fixed index: used in forward passes, not itself trained."""
+
+    __slots__ = ()
+
+    def __init__(self, t: RecurrentTensor) -> None:
+        super().__init__(t.view, t.ctx, requires_grad=True)
+
+
+def _param(value: np.ndarray, domain: tuple[Dim, ...], name: str) -> RecurrentTensor:
+    from timerl.api.context import from_numpy
+
+    p = RecurrentTensor.placeholder(value.shape, value.dtype, domain, requires_grad=True, name=name)
+    init = from_numpy(value, name=f"{name}.init")
+    if domain:
+        p[tuple(0 for _ in domain)] = init
+    else:
+        p[True] = init
+    return p
+
+
+def _default_domain(domain: Sequence[Dim] | None) -> tuple[Dim, ...]:
+    if domain is not None:
+        return tuple(domain)
+    ctx = current()
+    return (ctx.dims[0],) if len(ctx.dims) > 1 else ()
+
+
+class Linear(Module):
+    """``y = x @ W + b`` with an orthogonal init (gain ``sqrt(2)`` by default)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        gain: float = math.sqrt(2.0),
+        domain: Sequence[Dim] | None = None,
+        seed: int | None = None,
+        name: str = "linear",
+    ) -> None:
+        ctx = current()
+        dom = _default_domain(domain)
+        rng = np.random.default_rng(seed if seed is not None else ctx.next_stream())
+        self.weight = _param(
+            orthogonal(in_features, out_features, gain, rng), dom, f"{name}.weight"
+        )
+        self.bias = (
+            _param(np.zeros(out_features, np.float32), dom, f"{name}.bias") if bias else None
+        )
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        y = x @ self.weight
+        return y + self.bias if self.bias is not None else y
+
+
+ACTIVATIONS: dict[str, Callable[[RecurrentTensor], RecurrentTensor]] = {
+    "tanh": lambda x: x.tanh(),
+    "relu": lambda x: x.relu(),
+    "sigmoid": lambda x: x.sigmoid(),
+}
+
+
+class MLP(Module):
+    """Linear layers with an activation between them; the last layer has its own init gain."""
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        activation: str = "tanh",
+        out_gain: float = 1.0,
+        domain: Sequence[Dim] | None = None,
+        seed: int | None = None,
+        name: str = "mlp",
+    ) -> None:
+        if len(sizes) < 2:
+            raise ProgramError(f"MLP needs at least input and output sizes, got {list(sizes)}")
+        if activation not in ACTIVATIONS:
+            raise ProgramError(
+                f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
+            )
+        self.activation = activation
+        n = len(sizes) - 1
+        self.layers = [
+            Linear(
+                sizes[k],
+                sizes[k + 1],
+                gain=out_gain if k == n - 1 else math.sqrt(2.0),
+                domain=domain,
+                seed=None if seed is None else seed * 1000 + k,
+                name=f"{name}.{k}",
+            )
+            for k in range(n)
+        ]
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        act = ACTIVATIONS[self.activation]
+        for k, layer in enumerate(self.layers):
+            x = layer(x)
+            if k < len(self.layers) - 1:
+                x = act(x)
+        return x

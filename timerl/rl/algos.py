@@ -1,0 +1,287 @@
+"""DRL algorithms written as ordinary recurrent-tensor programs (nothing special-cased).
+
+Each builder returns an :class:`AlgoProgram`: the context, its environment, per-iteration
+metric tensors over ``i`` and the bounds to compile with. Dims: ``i`` training iteration,
+``t`` rollout step, and for PPO ``u`` one update (epoch x minibatch) within an iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from timerl.api.context import Context
+from timerl.api.distributions import Categorical, Normal
+from timerl.api.nn import MLP, Module, _param
+from timerl.api.optim import Adam
+from timerl.api.tensor import RecurrentTensor, maximum
+from timerl.errors import EnvError, ProgramError
+from timerl.rl.environment import Env, make_env
+from timerl.rl.returns import discounted_returns, gae
+from timerl.symbolic import Dim
+
+
+@dataclass
+class AlgoConfig:
+    env_id: str = "CartPole-v1"
+    num_envs: int = 8
+    num_steps: int = 128
+    lr: float = 2.5e-3
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    hidden: tuple[int, ...] = (64, 64)
+    max_grad_norm: float = 0.5
+    seed: int = 0
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["hidden"] = list(self.hidden)
+        return out
+
+
+@dataclass
+class PPOConfig(AlgoConfig):
+    gae_lambda: float = 0.95
+    epochs: int = 4
+    minibatches: int = 4
+    clip: float = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float | None = None  # 0.01 for discrete actions, 0 for continuous
+    norm_adv: bool = True
+
+
+@dataclass
+class ReinforceConfig(AlgoConfig):
+    baseline: bool = True
+    vf_coef: float = 0.5
+    ent_coef: float | None = None
+
+
+@dataclass
+class AlgoProgram:
+    name: str
+    ctx: Context
+    env: Env
+    config: AlgoConfig
+    metrics: dict[str, RecurrentTensor]  # each a scalar over (i,)
+    bounds: dict[str, int]  # everything but the iteration bound I
+    params: list[RecurrentTensor]
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.config.num_envs * self.config.num_steps
+
+
+class _LogStd(Module):
+    """A state-independent log standard deviation for Gaussian policies."""
+
+    def __init__(self, size: int, domain: tuple[Dim, ...]) -> None:
+        self.log_std = _param(np.zeros(size, np.float32), domain, "policy.log_std")
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        return self.log_std
+
+
+class _Policy(Module):
+    def __init__(
+        self, env: Env, hidden: tuple[int, ...], domain: tuple[Dim, ...], seed: int
+    ) -> None:
+        self.obs_dim = int(np.prod(env.obs_shape))
+        self.discrete = env.discrete
+        if env.discrete:
+            out = int(env.num_actions or 0)
+        else:
+            if len(env.action_shape) != 1:
+                raise EnvError(f"{env.vec.env_id}: only flat Box action spaces are supported")
+            out = env.action_shape[0]
+        self.actor = MLP(
+            [self.obs_dim, *hidden, out], out_gain=0.01, domain=domain, seed=seed, name="actor"
+        )
+        self.critic = MLP(
+            [self.obs_dim, *hidden, 1], out_gain=1.0, domain=domain, seed=seed + 1, name="critic"
+        )
+        self.std = None if env.discrete else _LogStd(out, domain)
+
+    def flat(self, obs: RecurrentTensor) -> RecurrentTensor:
+        return obs.reshape(obs.view.shape[0], self.obs_dim)
+
+    def dist(self, obs: RecurrentTensor) -> Categorical | Normal:
+        out = self.actor(self.flat(obs))
+        if self.discrete:
+            return Categorical(out)
+        assert self.std is not None
+        return Normal(out, self.std(obs).exp())
+
+    def value(self, obs: RecurrentTensor) -> RecurrentTensor:
+        return self.critic(self.flat(obs)).squeeze(-1)
+
+    def log_prob(self, dist: Categorical | Normal, action: RecurrentTensor) -> RecurrentTensor:
+        lp = dist.log_prob(action)
+        return lp if self.discrete else lp.sum(-1)
+
+    def entropy(self, dist: Categorical | Normal) -> RecurrentTensor:
+        ent = dist.entropy()
+        return ent if self.discrete else ent.sum(-1)
+
+
+def _rollout(env: Env, policy: _Policy, i: Dim, t: Dim) -> dict[str, RecurrentTensor]:
+    """Act for T steps per iteration; episodes continue across iterations."""
+    T = t.bound
+    obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (i, t), name="obs")
+    obs[0, 0] = env.reset()
+    pi = policy.at(i)
+    dist = pi.dist(obs)
+    action = dist.sample().named("action")
+    logp = pi.log_prob(dist, action).named("logp")
+    value = pi.value(obs).named("value")
+    next_obs, reward, done = env.step(action)
+    obs[i, t + 1] = next_obs
+    obs[i + 1, 0] = next_obs[i, T - 1]
+    last_value = pi.value(next_obs[i, T - 1]).named("last_value")
+    return {
+        "obs": obs,
+        "action": action,
+        "logp": logp,
+        "value": value,
+        "reward": reward,
+        "done": done,
+        "last_value": last_value,
+    }
+
+
+def _batch(x: RecurrentTensor, i: Dim, t: Dim, n: int) -> RecurrentTensor:
+    """Stack an iteration's rollout ``x[i, 0:T]`` and merge (T, B) into one batch axis."""
+    data = x[i, 0 : t.bound].detach()
+    return data.reshape(n, *data.view.shape[2:])
+
+
+def _lr_schedule(cfg: AlgoConfig):
+    if not cfg.anneal_lr:
+        return cfg.lr
+
+    def schedule(i: Dim, *_: Dim) -> RecurrentTensor:
+        from timerl.api.tensor import full
+
+        return (1.0 - full((), i) / full((), i.bound)) * cfg.lr
+
+    return schedule
+
+
+def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
+    """PPO-clip with GAE, value loss, entropy bonus, advantage normalisation, and
+    ``epochs x minibatches`` Adam updates per iteration over shuffled minibatches."""
+    cfg = config or PPOConfig()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    batch = cfg.num_envs * cfg.num_steps
+    if cfg.minibatches < 1 or batch % cfg.minibatches:
+        raise ProgramError(f"minibatches={cfg.minibatches} must divide the batch of {batch}")
+    mb_size = batch // cfg.minibatches
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, **cfg.env_kwargs)
+    ent_coef = cfg.ent_coef if cfg.ent_coef is not None else (0.01 if env.discrete else 0.0)
+    ctx = Context(dims=("i", "t", "u"))
+    i, t, u = ctx.dims
+    with ctx:
+        policy = _Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
+        ro = _rollout(env, policy, i, t)
+        adv = gae(
+            ro["reward"], ro["done"], ro["value"], cfg.gamma, cfg.gae_lambda, ro["last_value"]
+        )
+        ret = adv + ro["value"]
+        b_obs = _batch(ro["obs"], i, t, batch)
+        b_act = _batch(ro["action"], i, t, batch)
+        b_logp, b_adv = _batch(ro["logp"], i, t, batch), _batch(adv, i, t, batch)
+        b_ret = _batch(ret, i, t, batch)
+        # One shuffle per (iteration, epoch); update u takes minibatch u % minibatches of it.
+        perm = _rand_perm(batch, (i, u // cfg.minibatches))
+        mb = perm.narrow(0, (u % cfg.minibatches) * mb_size, mb_size)
+        learner = policy.unroll(u)
+        obs_mb, act_mb = b_obs.take(mb), b_act.take(mb)
+        dist = learner.dist(obs_mb)
+        new_logp = learner.log_prob(dist, act_mb)
+        entropy = learner.entropy(dist).mean()
+        new_value = learner.value(obs_mb)
+        adv_mb = b_adv.take(mb)
+        if cfg.norm_adv:
+            adv_mb = (adv_mb - adv_mb.mean()) / (adv_mb.std() + 1e-8)
+        log_ratio = new_logp - b_logp.take(mb)
+        ratio = log_ratio.exp()
+        pg_loss = maximum(-adv_mb * ratio, -adv_mb * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)).mean()
+        v_loss = ((new_value - b_ret.take(mb)) ** 2.0).mean() * 0.5
+        loss = pg_loss - entropy * ent_coef + v_loss * cfg.vf_coef
+        params = learner.parameters()
+        loss.backward(inputs=params)
+        Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+        last = u.bound - 1
+        metrics = {
+            "loss": loss[i, last],
+            "policy_loss": pg_loss[i, last],
+            "value_loss": v_loss[i, last],
+            "entropy": entropy[i, last],
+            "approx_kl": approx_kl[i, last],
+            "reward_mean": ro["reward"][i, 0 : t.bound].mean(),
+        }
+    bounds = {"T": cfg.num_steps, "U": cfg.epochs * cfg.minibatches}
+    return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters())
+
+
+def _rand_perm(n: int, key_at: tuple) -> RecurrentTensor:
+    from timerl.api.functional import rand
+
+    return rand((n,), key_at=key_at).argsort(0)
+
+
+def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoProgram:
+    """REINFORCE: Monte Carlo returns (bootstrapped by the critic at the rollout's end when a
+    baseline is used), one full-batch Adam step per iteration."""
+    cfg = config or ReinforceConfig()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    batch = cfg.num_envs * cfg.num_steps
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, **cfg.env_kwargs)
+    ent_coef = cfg.ent_coef if cfg.ent_coef is not None else (0.01 if env.discrete else 0.0)
+    ctx = Context(dims=("i", "t"))
+    i, t = ctx.dims
+    with ctx:
+        policy = _Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
+        ro = _rollout(env, policy, i, t)
+        boot = ro["last_value"] if cfg.baseline else None
+        ret = discounted_returns(ro["reward"], ro["done"], cfg.gamma, bootstrap=boot)
+        b_obs, b_act, b_ret = (_batch(x, i, t, batch) for x in (ro["obs"], ro["action"], ret))
+        pi = policy.at(i)
+        dist = pi.dist(b_obs)
+        logp = pi.log_prob(dist, b_act)
+        entropy = pi.entropy(dist).mean()
+        loss = -entropy * ent_coef
+        if cfg.baseline:
+            value = pi.value(b_obs)
+            adv = b_ret - value.detach()
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            v_loss = ((value - b_ret) ** 2.0).mean() * 0.5
+            loss = loss - (logp * adv).mean() + v_loss * cfg.vf_coef
+        else:
+            adv = (b_ret - b_ret.mean()) / (b_ret.std() + 1e-8)
+            v_loss = None
+            loss = loss - (logp * adv).mean()
+        params = policy.parameters()
+        if not cfg.baseline:
+            params = [p for p in params if not p.name.startswith("critic")]
+        loss.backward(inputs=params)
+        Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
+        metrics = {
+            "loss": loss,
+            "entropy": entropy,
+            "reward_mean": ro["reward"][i, 0 : t.bound].mean(),
+        }
+        if v_loss is not None:
+            metrics["value_loss"] = v_loss
+    return AlgoProgram(
+        "reinforce", ctx, env, cfg, metrics, {"T": cfg.num_steps}, policy.parameters()
+    )
+
+
+ALGOS = {"ppo": (ppo, PPOConfig), "reinforce": (reinforce, ReinforceConfig)}

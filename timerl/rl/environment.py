@@ -1,0 +1,110 @@
+"""Environments as side-effecting ops: ``obs[i, 0] = env.reset(); obs[i, t+1], r, d = env.step(a)``.
+
+Each call is one op marked as an effect: a root of the program that is never duplicated,
+vectorised or reordered, executed in the schedule's time order. The simulator behind it is a
+numpy :class:`~timerl.rl.envs.VectorEnv` (same-step auto-reset, so ``done`` masks keep returns
+inside episodes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from timerl.api.context import current
+from timerl.api.tensor import RecurrentTensor
+from timerl.ir.build import apply
+from timerl.ir.graph import View
+from timerl.rl.envs import VectorEnv
+from timerl.rl.envs import make_env as make_vector_env
+
+
+class Env:
+    """A batch of ``num_envs`` environments seen from a timerl program."""
+
+    def __init__(self, vec: VectorEnv) -> None:
+        self.vec = vec
+        self.num_envs = vec.num_envs
+        self.obs_shape = tuple(vec.obs_shape)
+        self.discrete = vec.discrete
+        self.num_actions = vec.num_actions
+        self.action_shape = tuple(vec.action_shape)
+
+    @property
+    def batch_obs_shape(self) -> tuple[int, ...]:
+        return (self.num_envs, *self.obs_shape)
+
+    def reset(self) -> RecurrentTensor:
+        """Observations of fresh episodes, shape ``(num_envs, *obs_shape)``.
+
+        Assigned into ``obs[i, 0]`` it runs once per ``i``; anywhere else, once.
+        """
+        ctx = current()
+        vec = self.vec
+        view = apply(
+            "udf",
+            fn=lambda: vec.reset().astype(np.float32),
+            shape=self.batch_obs_shape,
+            dtype=np.dtype("float32"),
+            effect=True,
+            adopt_domain=True,
+            name=f"{vec.env_id}.reset",
+        )
+        ctx.add_root(view.op)
+        return RecurrentTensor(view, ctx)
+
+    def step(
+        self, action: RecurrentTensor
+    ) -> tuple[RecurrentTensor, RecurrentTensor, RecurrentTensor]:
+        """One step of every env: ``(next_obs, reward, done)``; ended episodes auto-reset."""
+        ctx = current()
+        vec = self.vec
+        want = (self.num_envs, *self.action_shape)
+        if tuple(action.shape) != want:
+            from timerl.errors import EnvError
+
+            raise EnvError(
+                f"{vec.env_id}.step: actions must have shape {want}, got {tuple(action.shape)}"
+            )
+
+        def step(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            obs, reward, done = vec.step(a)
+            return obs.astype(np.float32), reward.astype(np.float32), done.astype(bool)
+
+        call = apply(
+            "udf",
+            action.view,
+            fn=step,
+            shape=(),
+            dtype=np.dtype(bool),
+            effect=True,
+            name=f"{vec.env_id}.step",
+        )
+        ctx.add_root(call.op)
+        outs = []
+        for k, (shape, dtype, what) in enumerate(
+            [
+                (self.batch_obs_shape, "float32", "obs"),
+                ((self.num_envs,), "float32", "reward"),
+                ((self.num_envs,), bool, "done"),
+            ]
+        ):
+            v: View = apply("tuple_get", call, item=k, shape=shape, dtype=np.dtype(dtype))
+            v.op.name = f"{vec.env_id}.{what}"
+            outs.append(RecurrentTensor(v, ctx))
+        return outs[0], outs[1], outs[2]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.vec.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.vec.load_state_dict(state)
+
+    def close(self) -> None:
+        self.vec.close()
+
+
+def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> Env:
+    """``tl.rl.make_env``: a seeded batch of environments usable inside a program."""
+    return Env(make_vector_env(env_id, num_envs=num_envs, seed=seed, **kwargs))
