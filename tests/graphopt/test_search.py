@@ -128,3 +128,16 @@ def test_search_uses_swaps_to_meet_a_memory_limit():
     assert sim.peaks[0] <= limit
     assert sim.swapped[g.index["x"]]
     assert res.value == pytest.approx(sim.makespan)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_encode_decode_round_trip_with_placement_and_swaps(seed):
+    g = random_graph(40, seed=seed, view_prob=0.25)
+    p = Problem(g, "runtime", Cluster.make(3, host=True))
+    rng = np.random.default_rng(seed)
+    sol = p.decode(rng.random(p.num_keys))
+    back = p.decode(p.encode(sol))
+    assert back.order.tolist() == sol.order.tolist()
+    assert back.placement.tolist() == sol.placement.tolist()
+    assert back.swap.tolist() == sol.swap.tolist()
+    assert p.evaluate(back) == p.evaluate(sol)

@@ -104,6 +104,12 @@ class Problem:
         self.num_keys = self.n * (1 + int(self.place) + int(self.swaps))
         self.peak = PeakMemory(graph)
         self.sim = Simulator(graph, cluster) if cluster is not None else None
+        # the predecessor whose output is largest: a node "follows" it unless told otherwise
+        self.root = graph.root.tolist()
+        self.anchor = np.full(self.n, -1, dtype=np.int64)
+        for v in range(self.n):
+            if graph.preds[v]:
+                self.anchor[v] = max(graph.preds[v], key=lambda u: (graph.nbytes[u], -u))
         self.evaluations = 0
 
     # ---------------------------------------------------------------- keys <-> schedules
@@ -115,8 +121,7 @@ class Problem:
         at = n
         placement = np.zeros(n, dtype=np.int64)
         if self.place:
-            k = self.cluster.k  # type: ignore[union-attr]
-            placement = np.minimum((keys[at : at + n] * k).astype(np.int64), k - 1)
+            placement = self._decode_devices(keys[at : at + n])
             at += n
         swap = None
         if self.swaps:
@@ -128,9 +133,8 @@ class Problem:
         """Keys that decode to ``sol`` (used to seed search with heuristic schedules)."""
         parts = [order_keys(sol.order)]
         if self.place:
-            k = self.cluster.k  # type: ignore[union-attr]
             pl = sol.placement if sol.placement is not None else np.zeros(self.n, np.int64)
-            parts.append((pl + 0.5) / k)
+            parts.append(self._encode_devices(pl))
         if self.swaps:
             sw = sol.swap if sol.swap is not None else np.zeros(self.n, bool)
             parts.append(np.where(sw, 0.9, 0.4))
@@ -143,6 +147,33 @@ class Problem:
         assert self.sim is not None
         pl = self.sim.normalise(np.zeros(self.n, dtype=np.int64))
         return Solution(np.asarray(order, dtype=np.int64), pl, np.zeros(self.n, dtype=bool))
+
+    def _decode_devices(self, keys: np.ndarray) -> np.ndarray:
+        """Key < 0.5: the device of the anchor (the largest input), which saves its transfer;
+        otherwise device ``floor((key - 0.5) * 2K)``. Co-location is the common good choice, so
+        it gets half of the key range (a node without inputs maps the whole range to devices).
+        Pins and views (on their base's device) take precedence."""
+        assert self.sim is not None
+        k = self.sim.cluster.k
+        frac = np.where(keys >= 0.5, (keys - 0.5) * 2.0, keys * 2.0)
+        own = np.minimum((frac * k).astype(np.int64), k - 1).tolist()
+        follow = ((keys < 0.5) & (self.anchor >= 0)).tolist()
+        anchor, pins, root = self.anchor.tolist(), self.sim.pins.tolist(), self.root
+        dev = [0] * self.n
+        for v in self.graph.program_order:
+            if pins[v] >= 0:
+                dev[v] = pins[v]
+            elif root[v] != v:
+                dev[v] = dev[root[v]]
+            else:
+                dev[v] = dev[anchor[v]] if follow[v] else own[v]
+        return np.array(dev, dtype=np.int64)
+
+    def _encode_devices(self, placement: np.ndarray) -> np.ndarray:
+        k = self.cluster.k  # type: ignore[union-attr]
+        own = 0.5 + (placement + 0.5) / (2 * k)
+        same = (self.anchor >= 0) & (placement == placement[np.maximum(self.anchor, 0)])
+        return np.where(same, 0.25, own)
 
     # ---------------------------------------------------------------- scoring
     def evaluate(self, sol: Solution) -> float:
