@@ -260,29 +260,23 @@ def _export_training(model: nn.Module, args: tuple, name: str) -> dict:
     _untie_parameters(model)
     wrapper = _LossWrapper(model).train()
 
-    def trace() -> tuple[torch.fx.GraphModule, Any]:
-        ep = torch.export.export(wrapper, args, strict=False)
-        return aot_export_module(
-            ep.module(),
-            args,
-            trace_joint=True,
-            output_loss_index=0,
-            decompositions=core_aten_decompositions(),
-        )
-
-    try:
-        gm, sig = trace()
-    except AssertionError as e:
-        if "did not receive a gradient" not in str(e):
-            raise
-        # Parameters the loss does not depend on have no gradient; freeze them and retry.
-        wrapper.zero_grad(set_to_none=True)
-        wrapper(*args)[0].backward()
-        for p in wrapper.parameters():
-            if p.grad is None:
-                p.requires_grad_(False)
-        wrapper.zero_grad(set_to_none=True)
-        gm, sig = trace()
+    # Parameters the loss does not depend on (e.g. a relative-position table a layer does not
+    # read) get no gradient, which aot_export_module rejects; one eager step finds and freezes
+    # them, which is far cheaper than a failed trace.
+    wrapper.zero_grad(set_to_none=True)
+    wrapper(*args)[0].backward()
+    for p in wrapper.parameters():
+        if p.requires_grad and p.grad is None:
+            p.requires_grad_(False)
+    wrapper.zero_grad(set_to_none=True)
+    ep = torch.export.export(wrapper, args, strict=False)
+    gm, sig = aot_export_module(
+        ep.module(),
+        args,
+        trace_joint=True,
+        output_loss_index=0,
+        decompositions=core_aten_decompositions(),
+    )
     params = set(sig.inputs_to_parameters) | set(sig.inputs_to_buffers)
     return graph_from_fx(gm.graph, name=name, param_names=params)
 
