@@ -72,10 +72,28 @@ class Program:
     # --- running ------------------------------------------------------------------------------
     def run(self) -> Program:
         """Execute the whole schedule once (sinks fire, outputs are kept)."""
-        ex = Executor(self.schedule, self.ops, self.backend, self.static, self.dynamic, self.seed)
+        ex = self.executor()
         ex.run()
-        self._last = ex
         return self
+
+    def executor(self) -> Executor:
+        """A fresh executor for this program (for iteration hooks, snapshots and resuming)."""
+        self._last = Executor(
+            self.schedule, self.ops, self.backend, self.static, self.dynamic, self.seed
+        )
+        return self._last
+
+    def fingerprint(self) -> str:
+        """A hash of the program's structure: equal for programs built the same way."""
+        import hashlib
+
+        text = "\n".join(
+            f"{op.prim}|{[d.name for d in op.domain]}|{op.shape}|{op.dtype}|"
+            f"{[(e.src.prim, str(e.index)) for e in op.inputs]}"
+            for op in self.ops
+        )
+        text += "\n" + repr(sorted((b.name, v) for b, v in self.static.items()))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def _executor(self) -> Executor:
         if self._last is None:

@@ -94,6 +94,10 @@ class Executor:
         self.stats = RunStats()
         self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
         self._prepared: dict[int, Callable[[dict], None]] = {}
+        self._outer: Loop | None = None
+        self._start = 0
+        self._on_iteration: Callable[[int], None] | None = None
+        self._before_outer: Callable[[], None] | None = None
         self._free_fns: dict[int, Callable] = {}
 
     # --- preparing statements -----------------------------------------------------------------
@@ -278,15 +282,62 @@ class Executor:
         return free
 
     # --- running ------------------------------------------------------------------------------
-    def run(self) -> RunStats:
-        start = time.perf_counter()
+    def run(
+        self,
+        start: int = 0,
+        on_iteration: Callable[[int], None] | None = None,
+        before_outer: Callable[[], None] | None = None,
+    ) -> RunStats:
+        """Run the schedule; the single outermost loop may start at ``start`` (resuming from a
+        snapshot), and ``on_iteration(p)`` is called after each of its iterations."""
+        begin = time.perf_counter()
         env = _Env(self.bounds)
         for b in self.dynamic:
             env.pop(b, None)
-        with self.backend.active():
-            self._run_body(self.schedule.body, env)
-        self.stats.seconds = time.perf_counter() - start
+        self._outer = self.outer_loop() if (start or on_iteration or before_outer) else None
+        self._start, self._on_iteration, self._before_outer = start, on_iteration, before_outer
+        try:
+            with self.backend.active():
+                self._run_body(self.schedule.body, env)
+        finally:
+            self.stats.seconds = time.perf_counter() - begin
         return self.stats
+
+    def outer_loop(self) -> Loop:
+        """The one top-level loop that holds the training state (resume and hooks need it)."""
+        loops = [s for s in self.schedule.body if isinstance(s, Loop)]
+        if loops:
+            outer = min((s.dim for s in loops), key=lambda d: d.uid)
+            loops = [s for s in loops if s.dim is outer]
+        if len(loops) != 1 or not loops[0].forward:
+            raise TimerlError(
+                f"the program has {len(loops)} forward top-level loops over its outer dim; "
+                "iteration hooks and resuming need exactly one"
+            )
+        return loops[0]
+
+    def snapshot(self) -> dict[int, dict[tuple, np.ndarray]]:
+        """The live state carried into the next iteration of the outer loop, as numpy.
+
+        After an iteration's frees only what later iterations read is left in the stores of
+        ops inside the loop: parameters, optimiser moments, the last observation.
+        """
+        dim = self.outer_loop().dim
+        out: dict[int, dict[tuple, np.ndarray]] = {}
+        for k, op in enumerate(self.ops.values()):
+            store = self.stores[op.id]
+            if dim in op.domain and store:
+                out[k] = {p: self.backend.to_numpy(v).copy() for p, v in store.items()}
+        return out
+
+    def restore(self, snapshot: Mapping[int, Mapping[tuple, np.ndarray]]) -> None:
+        ops = list(self.ops.values())
+        for k, points in snapshot.items():
+            store = self.stores[ops[k].id]
+            for p, v in points.items():
+                value = self.backend.asarray(v)
+                store[tuple(p)] = value
+                self.stats.memory.add(self.backend.nbytes(value))
 
     def _run_body(self, body: list[Stmt], env: dict) -> None:
         for stmt in body:
@@ -306,6 +357,16 @@ class Executor:
 
     def _run_loop(self, loop: Loop, env: dict) -> None:
         dim, bound = loop.dim, loop.dim.bound
+        if loop is self._outer:
+            if self._before_outer is not None:
+                self._before_outer()
+            for p in range(self._start, env[bound]):
+                env[dim] = p
+                self._run_body(loop.body, env)
+                if self._on_iteration is not None:
+                    self._on_iteration(p)
+            env.pop(dim, None)
+            return
         if loop.until is None:
             n = env[bound]
             points = range(n) if loop.forward else range(n - 1, -1, -1)
