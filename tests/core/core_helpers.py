@@ -36,3 +36,52 @@ def close(got, want, rtol=1e-5, atol=1e-5):
     np.testing.assert_allclose(
         got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol
     )
+
+
+def check_temporal_slice_gradient(kind, backend):
+    """Gradient of sum_t c[t] * read(u, t)**2 for a temporal read ``kind``, against torch."""
+    import torch
+
+    def _arr(*shape, seed=0):
+        return np.random.RandomState(seed).randn(*shape)
+
+    n = 11
+    u = _arr(n, 2, seed=11)
+    c = _arr(n, 2, seed=12)
+
+    def read(U, t, T):
+        if kind == "suffix":
+            return U[t:T].sum(0)
+        if kind == "prefix":
+            return U[0 : t + 1].sum(0)
+        if kind == "window":
+            return U[tl.max(t - 3, 0) : t + 1].mean(0)
+        if kind == "lookahead":
+            return U[tl.min(t + 5, T - 1)]
+        return U[t : tl.min(t + 3, T)].sum(0)
+
+    def read_torch(tu, k):
+        if kind == "suffix":
+            return tu[k:].sum(0)
+        if kind == "prefix":
+            return tu[: k + 1].sum(0)
+        if kind == "window":
+            return tu[max(k - 3, 0) : k + 1].mean(0)
+        if kind == "lookahead":
+            return tu[min(k + 5, n - 1)]
+        return tu[k : min(k + 3, n)].sum(0)
+
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        C = tl.from_numpy(c, domain=(t,), dtype="float64")
+        r = read(U, t, T)
+        loss = (r * r * C).sum()
+        loss.backward()
+        g, lv = tl.evaluate([U.grad, loss], backend=backend)
+    tu = torch.tensor(u, requires_grad=True, dtype=torch.float64)
+    tc = torch.tensor(c, dtype=torch.float64)
+    tloss = sum((read_torch(tu, k) ** 2 * tc[k]).sum() for k in range(n))
+    (want,) = torch.autograd.grad(tloss, [tu])
+    close(lv, np.array([(read_torch(tu, k) ** 2 * tc[k]).sum().item() for k in range(n)]))
+    close(g, want.numpy(), rtol=1e-6, atol=1e-9)
