@@ -15,9 +15,10 @@ from collections.abc import Iterable
 
 from timerl.ir.graph import Op
 from timerl.ir.validate import exclusive_conditions
-from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr
+from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, simplify
 
-MAX_ROUNDS = 50
+MAX_ROUNDS = 100
+WIDEN_AFTER = 6
 
 
 def _shifts(reader: Op, edge_index: tuple, src: Op) -> dict[Dim, int] | None:
@@ -43,7 +44,7 @@ def _read_set(cond: Condition, shifts: dict[Dim, int]) -> Condition:
     out = cond.substitute(moved)
     for d, back in moved.items():
         out = out & (back >= 0) & (back < d.bound)
-    return out
+    return simplify(out)
 
 
 def infer_guards(ops: list[Op], roots: Iterable[Op]) -> None:
@@ -60,21 +61,33 @@ def infer_guards(ops: list[Op], roots: Iterable[Op]) -> None:
         )
         for edge, cond in zip(reader.inputs, conds, strict=True):
             reads.append((reader, edge, cond))
+    changes = {op.id: 0 for op in ops}
+    widened: set[int] = set()
     for _ in range(MAX_ROUNDS):
         new = {op.id: FALSE for op in ops}
         for r in roots:
             new[r.id] = TRUE
+        for k in widened:
+            new[k] = TRUE
         for reader, edge, cond in reads:
             src = edge.src
             if new[src.id] == TRUE:
                 continue
             shifts = _shifts(reader, edge.index, src)
             if shifts is not None:
-                new[src.id] = new[src.id] | _read_set(guard[reader.id] & cond, shifts)
+                new[src.id] = simplify(new[src.id] | _read_set(guard[reader.id] & cond, shifts))
             elif guard[reader.id] != FALSE:
                 new[src.id] = TRUE
         if new == guard:
             break
+        for k in new:
+            if new[k] != guard[k]:
+                changes[k] += 1
+                # a guard that keeps changing follows a recurrence around a cycle: widen it to
+                # every point, which is always a sound over-approximation of what is read
+                if changes[k] > WIDEN_AFTER:
+                    widened.add(k)
+                    new[k] = TRUE
         guard = new
     else:
         guard = {op.id: TRUE for op in ops}

@@ -9,7 +9,22 @@ dependence-direction analysis needs; min/max are handled by choosing arms, mod b
 
 from __future__ import annotations
 
-from timerl.symbolic.expr import Bound, Const, Dim, DivMod, Expr, MinMax, Symbol
+from timerl.symbolic.expr import (
+    FALSE,
+    TRUE,
+    And,
+    Bound,
+    Cmp,
+    Condition,
+    Const,
+    Dim,
+    DivMod,
+    Expr,
+    MinMax,
+    Not,
+    Or,
+    Symbol,
+)
 
 
 def _linear_le0(terms: dict[Expr, int], const: int) -> bool:
@@ -66,4 +81,24 @@ def always_lt0(expr: Expr) -> bool:
     return always_le0(expr + 1)
 
 
-__all__ = ["always_le0", "always_lt0"]
+__all__ = ["always_le0", "always_lt0", "simplify"]
+
+
+def simplify(cond: Condition) -> Condition:
+    """Drop comparisons that hold (or fail) at every point of the iteration space."""
+    if isinstance(cond, Cmp):
+        d = cond.diff
+        if cond.op == "<=":
+            return TRUE if always_le0(d) else (FALSE if always_lt0(-d) else cond)
+        if cond.op == "<":
+            return TRUE if always_lt0(d) else (FALSE if always_le0(-d) else cond)
+        if cond.op == "==":
+            return FALSE if always_lt0(d) or always_lt0(-d) else cond
+        return TRUE if always_lt0(d) or always_lt0(-d) else cond
+    if isinstance(cond, And):
+        return And.make(simplify(p) for p in cond.parts)
+    if isinstance(cond, Or):
+        return Or.make(simplify(p) for p in cond.parts)
+    if isinstance(cond, Not):
+        return Not.make(simplify(cond.part))
+    return cond

@@ -512,6 +512,8 @@ class And(Condition):
             if p == TRUE:
                 continue
             for q in p.parts if isinstance(p, And) else (p,):
+                if Not.make(q) in flat:
+                    return FALSE
                 if q not in flat:
                     flat.append(q)
         if not flat:
@@ -547,6 +549,8 @@ class Or(Condition):
             if p == FALSE:
                 continue
             for q in p.parts if isinstance(p, Or) else (p,):
+                if Not.make(q) in flat:
+                    return TRUE
                 if q not in flat:
                     flat.append(q)
         if not flat:
