@@ -1,5 +1,6 @@
 """timerl: deep RL programs as recurrent tensors, compiled and scheduled as a whole."""
 
+from timerl.api import optim
 from timerl.api.context import Context, from_numpy
 from timerl.api.functional import (
     arange,
@@ -20,7 +21,6 @@ from timerl.api.functional import (
     where,
     zeros,
 )
-from timerl.api import optim
 from timerl.api.program import Program, evaluate
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import (
