@@ -1,9 +1,15 @@
-"""Fixtures for the core tests."""
+"""Fixtures for the core tests; makes ``core_helpers`` importable in any pytest import mode."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
-from core_helpers import BACKENDS
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from core_helpers import BACKENDS  # noqa: E402
 
 
 @pytest.fixture(params=BACKENDS)

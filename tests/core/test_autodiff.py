@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from core_helpers import check_temporal_slice_gradient, close, ctx_t
+from core_helpers import check_temporal_slice_gradient, close, ctx_it, ctx_t
 
 import timerl as tl
 
@@ -314,3 +314,25 @@ def test_gradient_through_nested_inner_rollouts(backend):
         total = total + sum(hs) ** 2
     (want,) = torch.autograd.grad(total, [tp])
     close(g, want.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_sgd_on_a_loss_averaged_over_time(backend):
+    """loss[i] = mean_t (w[i] * r[t] - 1)^2 over a temporal slice; w.grad[i] checked each step."""
+    r = np.arange(4.0)
+    lr, steps = 0.05, 6
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        w = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i,), requires_grad=True)
+        w[0] = 1.0
+        R = tl.from_numpy(r, domain=(t,), dtype="float64")
+        loss = ((w * R - 1.0) ** 2)[i, 0:T].mean(0)
+        loss.backward()
+        tl.optim.SGD([w], lr=lr).step()
+        gw, gg, gl = tl.evaluate([w, w.grad, loss], bounds={I: steps}, backend=backend)
+    wk = 1.0
+    for k in range(steps):
+        close(gw[k], wk)
+        close(gl[k], np.mean((wk * r - 1.0) ** 2))
+        grad = np.mean(2 * (wk * r - 1.0) * r)
+        close(gg[k], grad)
+        wk -= lr * grad

@@ -795,3 +795,74 @@ def test_until_per_outer_iteration_lengths(backend):
     got = tl.evaluate(length, bounds={I: 3, T: 50}, backend=backend)
     want = [sum(range(a, 5)) for a in range(3)]
     close(got, np.array(want, dtype=np.float64))
+
+
+def test_attention_over_the_prefix(backend):
+    """Dynamic shapes: scores over x[0:t+1], a softmax over that dynamic axis, a weighted sum."""
+    u = np.random.RandomState(30).randn(7, 3).astype(np.float32)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        hist = U[0 : t + 1]
+        scores = (hist @ U[t]).softmax(-1)
+        out = (scores.unsqueeze(-1) * hist).sum(0)
+        out2 = scores @ hist
+    got, got2 = tl.evaluate([out, out2], backend=backend)
+    want = []
+    for k in range(7):
+        s = u[: k + 1] @ u[k]
+        e = np.exp(s - s.max())
+        want.append((e / e.sum()) @ u[: k + 1])
+    close(got, np.stack(want), rtol=1e-5, atol=1e-5)
+    close(got2, np.stack(want), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_cat_and_reshape(backend):
+    u = np.arange(6.0, dtype=np.float32) * 1.5
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        both = tl.cat([U[0 : t + 1], U[t:T]], 0)
+        col = U[0 : t + 1].reshape(-1, 1).sum(0)
+    gb, gc = tl.evaluate([both, col], backend=backend)
+    close(gb, [np.concatenate([u[: k + 1], u[k:]]) for k in range(6)])
+    close(gc, np.cumsum(u)[:, None])
+
+
+def test_spatial_index_after_point_index(backend):
+    u = np.arange(12.0, dtype=np.float32).reshape(4, 3)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        tail = U[t, 1:]
+        prev_first = U[tl.max(t - 1, 0), 0]
+    ga, gb = tl.evaluate([tail, prev_first], backend=backend)
+    close(ga, u[:, 1:])
+    close(gb, np.array([u[max(k - 1, 0), 0] for k in range(4)]))
+
+
+def test_until_per_iteration_with_suffix_returns(backend):
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        x[i, 0] = tl.full((), i) * 1.0
+        x[i, t + 1] = x[i, t] + 1.0
+        ctx.until(t, x >= 4.0)
+        ret = x[i, t:T].sum(0)
+    gx, gr = tl.evaluate([x, ret], bounds={I: 3, T: 50}, backend=backend)
+    want_x = [np.arange(a, 5.0) for a in range(3)]
+    close(gx, want_x)
+    close(gr, [np.cumsum(w[::-1])[::-1] for w in want_x])
+
+
+def test_sink_under_until_sees_only_the_episode(backend):
+    ctx, t, T = ctx_t()
+    seen = []
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 1.0
+        x[t + 1] = x * 2.0
+        ctx.until(t, x >= 16.0)
+        tl.sink(x, lambda value, point: seen.append((point["t"], float(value))))
+    ctx.compile(bounds={T: 100}, backend=backend).run()
+    assert seen == [(k, 2.0**k) for k in range(5)]
