@@ -35,25 +35,43 @@ def test_second_order_recurrence_fibonacci(backend):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="schedule/liveness.py keeps every point of x when only "
-    "x[T-1] is read after the loop: peak grows linearly with T",
+    reason="schedule/liveness.py frees a point only for reads at t-1: with a window, a lag of 2, "
+    "a read of x[0] or x[T-1], every point is kept and peak memory grows linearly with T",
 )
-def test_last_point_reader_memory_does_not_grow(backend):
+@pytest.mark.parametrize("kind", ["last", "window", "lag2", "first"])
+def test_bounded_reads_keep_memory_bounded(kind, backend):
     def peak(steps):
         ctx, t, T = ctx_t()
         seen = []
         with ctx:
-            x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
-            x[0] = tl.zeros((256,))
+            x = tl.RecurrentTensor.placeholder((256,), dtype="float64", domain=(t,))
+            x[0] = tl.zeros((256,), dtype="float64")
             x[t + 1] = x[t] * 0.5 + 1.0
-            tl.sink(x[T - 1].sum(), lambda value, point: seen.append(float(value)))
+            if kind == "last":
+                r = x[T - 1].sum()
+            elif kind == "window":
+                r = x[tl.max(t - 3, 0) : t + 1].sum()
+            elif kind == "lag2":
+                r = x[tl.max(t - 2, 0)].sum()
+            else:
+                r = (x - x[0]).sum()
+            tl.sink(r, lambda value, point: seen.append(float(value)))
         prog = ctx.compile(bounds={T: steps}, backend=backend)
         prog.run()
-        assert seen and abs(seen[0] - 256 * (2 - 2 ** (2 - steps))) < 1e-2
+        rows = [256 * (2 - 2.0 ** (1 - k)) if k else 0.0 for k in range(steps)]
+        if kind == "last":
+            want = [rows[-1]]
+        elif kind == "window":
+            want = [sum(rows[max(k - 3, 0) : k + 1]) for k in range(steps)]
+        elif kind == "lag2":
+            want = [rows[max(k - 2, 0)] for k in range(steps)]
+        else:
+            want = rows
+        np.testing.assert_allclose(seen, want, rtol=1e-9, atol=1e-6)
         return prog.stats()["peak_bytes"]
 
     short, long = peak(50), peak(500)
-    assert long <= short * 1.1 + 1024, (short, long)
+    assert long <= short * 1.1 + 4096, (short, long)
 
 
 @pytest.mark.xfail(
@@ -204,3 +222,17 @@ def test_update_without_detach_is_reported():
         w[i + 1] = w - 0.1 * w.grad
     with pytest.raises(tl.CycleError):
         ctx.compile(bounds={I: 4}, outputs=[w])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="api/tensor.py: RecurrentTensor defines no __floordiv__/__mod__ (PyTorch tensors do)",
+)
+def test_floordiv_and_mod_on_tensors(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        u = tl.from_numpy(np.arange(-3, 6), domain=(t,))
+        q, r = u // 4, u % 4
+        got_q, got_r = tl.evaluate([q, r], backend=backend)
+    np.testing.assert_array_equal(got_q, np.arange(-3, 6) // 4)
+    np.testing.assert_array_equal(got_r, np.arange(-3, 6) % 4)

@@ -866,3 +866,117 @@ def test_sink_under_until_sees_only_the_episode(backend):
         tl.sink(x, lambda value, point: seen.append((point["t"], float(value))))
     ctx.compile(bounds={T: 100}, backend=backend).run()
     assert seen == [(k, 2.0**k) for k in range(5)]
+
+
+def test_random_is_a_pure_function_of_seed_op_and_point():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[True] = 0.0
+        n = tl.randn((2,), like=x)
+        m = tl.randn((2,), like=x)
+        y = n * 2.0
+    alone = tl.evaluate(n, bounds={T: 5})
+    with_other = tl.evaluate([y, n], bounds={T: 5})
+    np.testing.assert_array_equal(alone, with_other[1])  # same op, same points: same values
+    close(with_other[0], alone * 2.0)
+    assert not np.allclose(alone, tl.evaluate(m, bounds={T: 5}))  # another op: other noise
+
+
+def test_random_over_two_dims_differs_at_every_point(backend):
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        x[True] = 0.0
+        n = tl.rand((), like=x)
+    v = tl.evaluate(n, bounds={I: 3, T: 4}, backend=backend)
+    assert v.shape == (3, 4)
+    assert len(np.unique(v)) == 12
+
+
+def test_var_std_min_over_spatial_dims(backend):
+    u = np.random.RandomState(31).randn(5, 4).astype(np.float32)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        v, s, m = U.var(), U.std(-1), U.min()
+    gv, gs, gm = tl.evaluate([v, s, m], backend=backend)
+    close(gv, u.var(1, ddof=1), rtol=1e-5)
+    close(gs, u.std(1, ddof=1), rtol=1e-5)
+    close(gm, u.min(1))
+
+
+def test_bool_recurrence_and_where(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        b = tl.RecurrentTensor.placeholder((), dtype="bool", domain=(t,))
+        b[0] = True
+        b[t + 1] = ~b
+        c = tl.where(b, 1.0, -1.0)
+        e = c == 1.0
+    gb, gc, ge = tl.evaluate([b, c, e], bounds={T: 6}, backend=backend)
+    want = np.array([k % 2 == 0 for k in range(6)])
+    np.testing.assert_array_equal(gb, want)
+    close(gc, np.where(want, 1.0, -1.0))
+    np.testing.assert_array_equal(ge, want)
+
+
+def test_integer_prefix_sum_and_mean(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        u = tl.from_numpy(np.arange(6), domain=(t,))
+        s = u[0 : t + 1].sum(0)
+        m = u[0 : t + 1].mean(0)
+    gs, gm = tl.evaluate([s, m], backend=backend)
+    np.testing.assert_array_equal(gs, np.cumsum(np.arange(6)))
+    close(gm, np.array([np.arange(k + 1).mean() for k in range(6)]))
+
+
+def test_empty_slices_sum_to_zero(backend):
+    u = np.arange(5.0, dtype=np.float32) + 1
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        before = U[0:t].sum(0)  # empty at t = 0
+        after = U[t + 1 : T].sum(0)  # empty at t = T - 1
+    gb, ga = tl.evaluate([before, after], backend=backend)
+    close(gb, np.array([u[:k].sum() for k in range(5)]))
+    close(ga, np.array([u[k + 1 :].sum() for k in range(5)]))
+
+
+def test_until_without_cap(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 1.0
+        x[t + 1] = x * 2.0
+        ctx.until(t, x >= 8.0)
+        total = x[0:T].sum(0)
+    prog = ctx.compile(backend=backend, outputs=[total, x])
+    prog.run()
+    close(prog.value(x), np.array([1.0, 2.0, 4.0, 8.0]))
+    close(prog.value(total), 15.0)
+
+
+def test_sink_on_backward_recurrence_sees_every_point_once(backend):
+    ctx, t, T = ctx_t()
+    seen = {}
+    with ctx:
+        y = tl.RecurrentTensor.placeholder((), domain=(t,))
+        y[t.eq(T - 1)] = 1.0
+        y[True] = y[t + 1] * 0.5
+        tl.sink(y, lambda value, point: seen.setdefault(point["t"], []).append(float(value)))
+    ctx.compile(bounds={T: 5}, backend=backend).run()
+    assert seen == {k: [0.5 ** (4 - k)] for k in range(5)}
+
+
+def test_small_program_compiles_fast():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((4,), domain=(t,))
+        x[0] = tl.zeros((4,))
+        x[t + 1] = (x * 0.5 + 1.0).tanh().exp() - 1.0
+        y = x[0 : t + 1].sum(0).sigmoid()
+    prog = ctx.compile(bounds={T: 100}, outputs=[y])
+    assert prog.stats()["compile_seconds"] < 1.0
+    assert prog.stats()["ops"] >= 5
