@@ -40,7 +40,8 @@ def test_optimize_round_trip(graph_file, tmp_path, method):
     assert res["objective"] == PeakMemory(g).peak(order)
     assert res["objective"] <= res["program_order_value"]
     assert res["placement"] == {} and res["swap"] == []
-    assert res["seconds"] >= 0 and res["method"].startswith(method)
+    assert res["seconds"] >= 0 and res["method"] == method
+    assert res["detail"].startswith(method)
 
 
 def test_optimize_runtime_multi_device(graph_file, tmp_path):

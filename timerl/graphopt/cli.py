@@ -99,7 +99,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         print(
             f"{graph.name}: {args.objective} {result['objective']:.6g} "
             f"(program order {result['program_order_value']:.6g}, {red:.1f}% lower) "
-            f"by {result['method']} in {result['seconds']:.2f}s -> {args.out}"
+            f"by {result['detail']} in {result['seconds']:.2f}s -> {args.out}"
         )
     return 0
 

@@ -80,7 +80,8 @@ def optimize(
         objective=res.value,
         objective_name=problem.objective,
         program_order_value=prog,
-        method=res.method,
+        method=method,
+        detail=res.method,
         evaluations=res.evaluations,
         seconds=res.seconds,
     )
