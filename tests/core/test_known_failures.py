@@ -236,3 +236,66 @@ def test_floordiv_and_mod_on_tensors(backend):
         got_q, got_r = tl.evaluate([q, r], backend=backend)
     np.testing.assert_array_equal(got_q, np.arange(-3, 6) // 4)
     np.testing.assert_array_equal(got_r, np.arange(-3, 6) % 4)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ir/autodiff.py builds a branch value op's VJP over the op's whole domain: for "
+    "x[t+1] = x * u[t+1] the VJP reads u[t+1] at t=T-1 and validation reports OutOfRangeError",
+)
+@pytest.mark.parametrize("variant", ["mul_next_input", "product_of_reads"])
+def test_gradient_of_recurrence_reading_next_input(variant, backend):
+    import torch
+
+    u = np.random.RandomState(40).randn(6)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[0] = U[0]
+        if variant == "mul_next_input":
+            x[t + 1] = x * U[t + 1]
+        else:
+            x[t + 1] = x + U[t + 1] * U[t]
+        x.backward()
+        got = tl.evaluate(U.grad, backend=backend)
+    tu = torch.tensor(u, requires_grad=True)
+    xs = [tu[0]]
+    for k in range(5):
+        xs.append(xs[-1] * tu[k + 1] if variant == "mul_next_input" else xs[-1] + tu[k + 1] * tu[k])
+    (want,) = torch.autograd.grad(sum(xs), [tu])
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ir/autodiff.py: gradient of a backward recurrence fed by a forward recurrence "
+    "(GAE-like) adds reads of adv[t+1] at t=T-1 (OutOfRangeError on the branch value op)",
+)
+def test_gradient_forward_then_backward_recurrence(backend):
+    import torch
+
+    n, s0 = 7, np.random.RandomState(41).randn(7)
+    ctx, t, T = ctx_t()
+    with ctx:
+        W = tl.from_numpy(np.array(0.7), requires_grad=True, dtype="float64")
+        S = tl.from_numpy(s0, domain=(t,), dtype="float64")
+        h = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        h[0] = S[0] * W
+        h[t + 1] = h * W + S[t + 1]
+        adv = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        adv[T - 1] = h[T - 1]
+        adv[True] = h + 0.9 * adv[t + 1]
+        (adv * adv).backward()
+        got = tl.evaluate(W.grad, backend=backend)
+    tw = torch.tensor(0.7, requires_grad=True)
+    ts = torch.tensor(s0)
+    hs = [ts[0] * tw]
+    for k in range(n - 1):
+        hs.append(hs[-1] * tw + ts[k + 1])
+    advs, acc = [None] * n, 0.0
+    for k in reversed(range(n)):
+        acc = hs[k] + 0.9 * acc
+        advs[k] = acc
+    (want,) = torch.autograd.grad(sum(a * a for a in advs), [tw])
+    np.testing.assert_allclose(got, want.item(), rtol=1e-9)
