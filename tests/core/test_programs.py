@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from core_helpers import close, ctx_it, ctx_t
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import timerl as tl
 
@@ -980,3 +982,79 @@ def test_small_program_compiles_fast():
     prog = ctx.compile(bounds={T: 100}, outputs=[y])
     assert prog.stats()["compile_seconds"] < 1.0
     assert prog.stats()["ops"] >= 5
+
+
+# --- random recurrence programs -----------------------------------------------------------------
+
+READS = ["now", "next", "ahead", "lag", "prefix", "suffix", "window"]
+
+
+def _tl_read(U, kind, k, t, T):
+    if kind == "now":
+        return U[t]
+    if kind == "next":
+        return U[t + 1]
+    if kind == "ahead":
+        return U[tl.min(t + k, T - 1)]
+    if kind == "lag":
+        return U[tl.max(t - k, 0)]
+    if kind == "prefix":
+        return U[0 : t + 1].sum(0)
+    if kind == "suffix":
+        return U[t:T].sum(0)
+    return U[tl.max(t - k, 0) : t + 1].mean(0)
+
+
+def _np_read(u, kind, k, p):
+    n = len(u)
+    if kind == "now":
+        return u[p]
+    if kind == "next":
+        return u[p + 1]
+    if kind == "ahead":
+        return u[min(p + k, n - 1)]
+    if kind == "lag":
+        return u[max(p - k, 0)]
+    if kind == "prefix":
+        return u[: p + 1].sum()
+    if kind == "suffix":
+        return u[p:].sum()
+    return u[max(p - k, 0) : p + 1].mean()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(2, 10),
+    a=st.floats(-0.9, 0.9),
+    b=st.floats(-2, 2),
+    c0=st.floats(-2, 2),
+    kind=st.sampled_from(READS),
+    out_kind=st.sampled_from(READS),
+    k=st.integers(1, 4),
+    nonlinear=st.booleans(),
+    backend=st.sampled_from(["numpy", "torch"]),
+    seed=st.integers(0, 1000),
+)
+def test_random_recurrence_programs(n, a, b, c0, kind, out_kind, k, nonlinear, backend, seed):
+    """x[t+1] = f(a*x[t] + b*read(u)); y = read'(x); both against a numpy loop."""
+    u = np.random.RandomState(seed).randn(n)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[0] = c0
+        body = x[t] * a + _tl_read(U, kind, k, t, T) * b
+        x[t + 1] = body.tanh() if nonlinear else body
+        y = _tl_read(x, out_kind, k, t, T) if out_kind != "next" else x[tl.min(t + 1, T - 1)]
+    gx, gy = tl.evaluate([x, y], backend=backend)
+    want = [c0]
+    for p in range(n - 1):
+        v = a * want[-1] + b * _np_read(u, kind, k, p)
+        want.append(np.tanh(v) if nonlinear else v)
+    want = np.array(want)
+    if out_kind == "next":
+        want_y = np.array([want[min(p + 1, n - 1)] for p in range(n)])
+    else:
+        want_y = np.array([_np_read(want, out_kind, k, p) for p in range(n)])
+    close(gx, want, rtol=1e-9, atol=1e-9)
+    close(gy, want_y, rtol=1e-9, atol=1e-9)
