@@ -496,7 +496,14 @@ class Cmp(Condition):
         return Cmp.make(self.diff.substitute(mapping), self.op)
 
     def __repr__(self) -> str:
-        return f"{self.diff} {self.op} 0"
+        # Show ``a OP b`` with positive terms on each side: ``t >= 1`` rather than ``1 - t <= 0``.
+        terms, const = self.diff.linear()
+        pos = _make({a: c for a, c in terms.items() if c > 0}, max(const, 0))
+        neg = _make({a: -c for a, c in terms.items() if c < 0}, max(-const, 0))
+        flip = {"<": ">", "<=": ">=", "==": "==", "!=": "!="}
+        if not pos.symbols() and neg.symbols():
+            return f"{neg} {flip[self.op]} {pos}"
+        return f"{pos} {self.op} {neg}"
 
 
 @dataclass(frozen=True, eq=True)
