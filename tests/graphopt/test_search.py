@@ -141,3 +141,19 @@ def test_encode_decode_round_trip_with_placement_and_swaps(seed):
     assert back.placement.tolist() == sol.placement.tolist()
     assert back.swap.tolist() == sol.swap.tolist()
     assert p.evaluate(back) == p.evaluate(sol)
+
+
+def test_pinned_nodes_stay_on_their_device():
+    from timerl.graphopt.graph import Graph
+
+    data = random_graph(30, seed=6).to_json()
+    data["nodes"][3]["device"] = "d1"
+    data["nodes"][10]["device"] = "d0"
+    g = Graph.from_json(data)
+    p = Problem(g, "runtime", Cluster.make(2))
+    res = brkga(p, budget=100, seeds=list(portfolio_solutions(p).values()))
+    assert g.alias[3] < 0 and g.alias[10] < 0  # not views (a view follows its base)
+    assert res.solution.placement[3] == 1 and res.solution.placement[10] == 0
+    for seed in range(5):
+        sol = p.decode(np.random.default_rng(seed).random(p.num_keys))
+        assert sol.placement[3] == 1 and sol.placement[10] == 0
