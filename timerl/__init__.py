@@ -1,6 +1,6 @@
 """timerl: deep RL programs as recurrent tensors, compiled and scheduled as a whole."""
 
-from timerl.api import optim
+from timerl.api import distributions, nn, optim
 from timerl.api.context import Context, from_numpy
 from timerl.api.functional import (
     arange,
@@ -51,7 +51,10 @@ __all__ = [
     "TimerlError",
     "UndefinedPointError",
     "arange",
+    "distributions",
+    "nn",
     "optim",
+    "rl",
     "cat",
     "evaluate",
     "exp",
@@ -71,3 +74,12 @@ __all__ = [
     "where",
     "zeros",
 ]
+
+
+def __getattr__(name: str):
+    # ``tl.rl`` imports gymnasium: load it on first use so ``import timerl`` stays quick.
+    if name == "rl":
+        import importlib
+
+        return importlib.import_module("timerl.rl")
+    raise AttributeError(f"module 'timerl' has no attribute {name!r}")

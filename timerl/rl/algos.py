@@ -85,7 +85,9 @@ class _LogStd(Module):
         return self.log_std
 
 
-class _Policy(Module):
+class Policy(Module):
+    """Actor (logits or Gaussian mean) and critic MLPs over flattened observations."""
+
     def __init__(
         self, env: Env, hidden: tuple[int, ...], domain: tuple[Dim, ...], seed: int
     ) -> None:
@@ -127,7 +129,7 @@ class _Policy(Module):
         return ent if self.discrete else ent.sum(-1)
 
 
-def _rollout(env: Env, policy: _Policy, i: Dim, t: Dim) -> dict[str, RecurrentTensor]:
+def _rollout(env: Env, policy: Policy, i: Dim, t: Dim) -> dict[str, RecurrentTensor]:
     """Act for T steps per iteration; episodes continue across iterations."""
     T = t.bound
     obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (i, t), name="obs")
@@ -185,7 +187,7 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
     ctx = Context(dims=("i", "t", "u"))
     i, t, u = ctx.dims
     with ctx:
-        policy = _Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
+        policy = Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
         ro = _rollout(env, policy, i, t)
         adv = gae(
             ro["reward"], ro["done"], ro["value"], cfg.gamma, cfg.gae_lambda, ro["last_value"]
@@ -199,34 +201,63 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         perm = _rand_perm(batch, (i, u // cfg.minibatches))
         mb = perm.narrow(0, (u % cfg.minibatches) * mb_size, mb_size)
         learner = policy.unroll(u)
-        obs_mb, act_mb = b_obs.take(mb), b_act.take(mb)
-        dist = learner.dist(obs_mb)
-        new_logp = learner.log_prob(dist, act_mb)
-        entropy = learner.entropy(dist).mean()
-        new_value = learner.value(obs_mb)
-        adv_mb = b_adv.take(mb)
-        if cfg.norm_adv:
-            adv_mb = (adv_mb - adv_mb.mean()) / (adv_mb.std() + 1e-8)
-        log_ratio = new_logp - b_logp.take(mb)
-        ratio = log_ratio.exp()
-        pg_loss = maximum(-adv_mb * ratio, -adv_mb * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)).mean()
-        v_loss = ((new_value - b_ret.take(mb)) ** 2.0).mean() * 0.5
-        loss = pg_loss - entropy * ent_coef + v_loss * cfg.vf_coef
+        take = lambda x: x.take(mb)  # noqa: E731
+        parts = ppo_loss(
+            learner,
+            take(b_obs),
+            take(b_act),
+            take(b_logp),
+            take(b_adv),
+            take(b_ret),
+            clip=cfg.clip,
+            vf_coef=cfg.vf_coef,
+            ent_coef=ent_coef,
+            norm_adv=cfg.norm_adv,
+        )
+        loss = parts["loss"]
         params = learner.parameters()
         loss.backward(inputs=params)
         Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
-        approx_kl = ((ratio - 1.0) - log_ratio).mean()
         last = u.bound - 1
-        metrics = {
-            "loss": loss[i, last],
-            "policy_loss": pg_loss[i, last],
-            "value_loss": v_loss[i, last],
-            "entropy": entropy[i, last],
-            "approx_kl": approx_kl[i, last],
-            "reward_mean": ro["reward"][i, 0 : t.bound].mean(),
-        }
+        metrics = {name: value[i, last] for name, value in parts.items()}
+        metrics["reward_mean"] = ro["reward"][i, 0 : t.bound].mean()
     bounds = {"T": cfg.num_steps, "U": cfg.epochs * cfg.minibatches}
     return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters())
+
+
+def ppo_loss(
+    policy: Policy,
+    obs: RecurrentTensor,
+    action: RecurrentTensor,
+    old_logp: RecurrentTensor,
+    advantage: RecurrentTensor,
+    returns: RecurrentTensor,
+    clip: float = 0.2,
+    vf_coef: float = 0.5,
+    ent_coef: float = 0.0,
+    norm_adv: bool = True,
+) -> dict[str, RecurrentTensor]:
+    """The PPO-clip objective on one (mini)batch: clipped surrogate, value loss, entropy."""
+    dist = policy.dist(obs)
+    new_logp = policy.log_prob(dist, action)
+    entropy = policy.entropy(dist).mean()
+    value = policy.value(obs)
+    if norm_adv:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    log_ratio = new_logp - old_logp
+    ratio = log_ratio.exp()
+    clipped = ratio.clamp(1 - clip, 1 + clip)
+    pg_loss = maximum(-advantage * ratio, -advantage * clipped).mean()
+    v_loss = ((value - returns) ** 2.0).mean() * 0.5
+    loss = pg_loss - entropy * ent_coef + v_loss * vf_coef
+    approx_kl = ((ratio - 1.0) - log_ratio).mean()
+    return {
+        "loss": loss,
+        "policy_loss": pg_loss,
+        "value_loss": v_loss,
+        "entropy": entropy,
+        "approx_kl": approx_kl,
+    }
 
 
 def _rand_perm(n: int, key_at: tuple) -> RecurrentTensor:
@@ -247,7 +278,7 @@ def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoPr
     ctx = Context(dims=("i", "t"))
     i, t = ctx.dims
     with ctx:
-        policy = _Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
+        policy = Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
         ro = _rollout(env, policy, i, t)
         boot = ro["last_value"] if cfg.baseline else None
         ret = discounted_returns(ro["reward"], ro["done"], cfg.gamma, bootstrap=boot)
