@@ -336,3 +336,87 @@ def test_sgd_on_a_loss_averaged_over_time(backend):
         grad = np.mean(2 * (wk * r - 1.0) * r)
         close(gg[k], grad)
         wk -= lr * grad
+
+
+def _torch_leaf(arr):
+    return torch.tensor(arr, requires_grad=True)
+
+
+def test_gradient_through_attention_over_the_prefix(backend):
+    u = _arr(6, 3, seed=30)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = _leaf_t(u, t)
+        hist = U[0 : t + 1]
+        out = (hist @ U[t]).softmax(-1) @ hist
+        loss = (out * out).sum()
+        loss.backward()
+        g = tl.evaluate(U.grad, backend=backend)
+    tu = _torch_leaf(u)
+    total = 0
+    for k in range(6):
+        o = torch.softmax(tu[: k + 1] @ tu[k], -1) @ tu[: k + 1]
+        total = total + (o * o).sum()
+    (want,) = torch.autograd.grad(total, [tu])
+    close(g, want.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_gradient_through_cat_of_temporal_slices(backend):
+    u = _arr(5, seed=31)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = _leaf_t(u, t)
+        c = tl.cat([U[0 : t + 1], U[t:T] * 2.0], 0)
+        loss = (c * c).sum(0).sqrt()
+        loss.backward()
+        g = tl.evaluate(U.grad, backend=backend)
+    tu = _torch_leaf(u)
+    total = 0
+    for k in range(5):
+        c = torch.cat([tu[: k + 1], tu[k:] * 2.0])
+        total = total + (c * c).sum().sqrt()
+    (want,) = torch.autograd.grad(total, [tu])
+    close(g, want.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_gradient_through_constant_index_reads(backend):
+    u = _arr(5, seed=32)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = _leaf_t(u, t)
+        loss = (U - U[0]) * U[T - 1] + U[2]
+        loss.backward()
+        g = tl.evaluate(U.grad, backend=backend)
+    tu = _torch_leaf(u)
+    total = sum((tu[k] - tu[0]) * tu[4] + tu[2] for k in range(5))
+    (want,) = torch.autograd.grad(total, [tu])
+    close(g, want.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_gradient_through_dynamic_max_and_mean(backend):
+    u = _arr(6, 2, seed=33)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = _leaf_t(u, t)
+        loss = (U[t:T].amax(0) * U[0 : t + 1].mean(0)).sum()
+        loss.backward()
+        g = tl.evaluate(U.grad, backend=backend)
+    tu = _torch_leaf(u)
+    total = sum((tu[k:].amax(0) * tu[: k + 1].mean(0)).sum() for k in range(6))
+    (want,) = torch.autograd.grad(total, [tu])
+    close(g, want.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_gradient_through_nested_full_slices(backend):
+    u = _arr(3, 4, seed=34)
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        U = tl.from_numpy(u, domain=(i, t), requires_grad=True, dtype="float64")
+        s = U[i, 0:T].sum(0)
+        tot = s[0:I].sum(0)
+        loss = tot * tot + s[I - 1]
+        loss.backward()
+        g = tl.evaluate(U.grad, backend=backend)
+    want = 2 * u.sum() * np.ones_like(u)
+    want[-1] += 1.0
+    close(g, want, rtol=1e-9, atol=1e-12)

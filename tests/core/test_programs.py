@@ -1058,3 +1058,17 @@ def test_random_recurrence_programs(n, a, b, c0, kind, out_kind, k, nonlinear, b
         want_y = np.array([_np_read(want, out_kind, k, p) for p in range(n)])
     close(gx, want, rtol=1e-9, atol=1e-9)
     close(gy, want_y, rtol=1e-9, atol=1e-9)
+
+
+def test_explain_shows_passes_loops_and_frees():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((4,), domain=(t,), name="state")
+        x[0] = tl.zeros((4,))
+        x[t + 1] = x * 0.5 + 1.0
+        tl.sink(x.sum(), lambda value, point: None)
+    prog = ctx.compile(bounds={T: 5})
+    text = prog.explain()
+    assert "validate" in text and "schedule" in text
+    assert "for t" in text and "state" in text and "free" in text
+    assert "state" in prog.render()
