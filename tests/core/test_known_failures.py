@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_helpers import check_temporal_slice_gradient, ctx_t
+from core_helpers import check_temporal_slice_gradient, ctx_it, ctx_t
 
 import timerl as tl
 from timerl.symbolic import Dim, max_, min_
@@ -299,3 +299,23 @@ def test_gradient_forward_then_backward_recurrence(backend):
         advs[k] = acc
     (want,) = torch.autograd.grad(sum(a * a for a in advs), [tw])
     np.testing.assert_allclose(got, want.item(), rtol=1e-9)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ir/validate.py _grid halves bounds above MAX_POINTS; a branch active only at large t "
+    "(t >= 1000 with T=1500) is never checked, so an out-of-range read compiles",
+)
+def test_validation_is_exact_for_large_domains():
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(i, t), name="x")
+        x[True] = 1.0
+        y = tl.RecurrentTensor.placeholder((), domain=(i, t), name="late_reader")
+        y[t < 1000] = 1.0
+        y[True] = x[i, t + 1]
+    # the same program at a small I is rejected: the fault does not depend on I
+    with pytest.raises(tl.OutOfRangeError):
+        ctx.compile(bounds={I: 10, T: 1500}, outputs=[y])
+    with pytest.raises(tl.OutOfRangeError):
+        ctx.compile(bounds={I: 1500, T: 1500}, outputs=[y])
