@@ -52,7 +52,7 @@ def synthetic_specs(quick: bool = False) -> list[SyntheticSpec]:
             "series_parallel": ([100, 600], 1),
         }
     else:
-        small = [50, 100, 200, 400, 700, 1000, 1500, 2000, 2500]
+        small = [50, 100, 200, 400, 700, 1000, 1500, 2000]
         plan = {
             "erdos_renyi": (small, 3),
             "layered": (small, 3),

@@ -496,7 +496,7 @@ def model_specs(quick: bool = False) -> list[ModelSpec]:
         specs += _spec(f"inception-m{modules}", "inception", inception(modules))
     for depth in [2, 3, 4]:
         specs += _spec(f"unet-d{depth}", "unet", unet(depth))
-    for layers, residual in [(3, False), (8, True), (24, True)]:
+    for layers, residual in [(8, False), (8, True), (24, True)]:
         tag = "res" if residual else "plain"
         specs += _spec(f"mlp-{tag}-l{layers}", "mlp", mlp(layers, residual=residual))
     for n, seed in [(8, 0), (12, 3), (16, 1), (24, 2)]:

@@ -12,10 +12,11 @@ mask code, and ``torch.export.experimental._export_forward_backward`` shares its
 
 Modelling choices:
 
-* Parameters, buffers and user inputs are kept as nodes (op ``"param"`` / ``"input"``, zero
-  cost). Their bytes are real memory, view ops of weights (e.g. the ``permute`` feeding an
-  ``addmm``) need a base node to alias, and in training graphs the gradients are outputs that pair
-  with them. A scheduler may place a parameter late; that reads as streaming the weight in.
+* Parameters, buffers and constants are folded away, with their views (e.g. the ``permute`` of
+  a weight feeding an ``addmm``); their total is the dict's ``param_bytes``. On one device a
+  weight is resident for the whole program under every order, so it is a constant that no
+  decision can change; as a schedulable node it would invent savings (loading a weight late,
+  freeing it after its last use). User inputs stay as ``"input"`` nodes with zero cost.
 * ``operator.getitem`` on multi-output ops is folded: the producer's bytes are the sum of its
   tensor outputs and consumers of an element depend on the producer directly. This is exactly as
   conservative as an alias (an element keeps the whole result alive) with fewer nodes.
@@ -111,14 +112,17 @@ def graph_from_fx(
 ) -> dict:
     """Convert an FX graph with fake-tensor metadata into a graph dict.
 
-    ``param_names`` lists the placeholders that hold parameters, buffers or constants; the
-    other tensor placeholders become ``"input"`` nodes.
+    ``param_names`` lists the placeholders that hold parameters, buffers or constants: they and
+    their views are folded away and summed into the dict's ``param_bytes``. The other tensor
+    placeholders become ``"input"`` nodes.
     """
     nodes: list[dict] = []
     index: dict[str, dict] = {}
     edges: list[list[str]] = []
     # Maps an FX node name to the graph node that stands for it (getitem is folded).
     rep: dict[str, str] = {}
+    folded: set[str] = set()  # parameters and views of them
+    param_bytes = 0
 
     def resolve(n: torch.fx.Node) -> str | None:
         return rep.get(n.name)
@@ -128,42 +132,41 @@ def graph_from_fx(
             val = n.meta.get("val")
             if not isinstance(val, torch.Tensor):
                 continue
-            kind = "param" if n.name in param_names else "input"
-            entry = {"id": n.name, "op": kind, "bytes": _tensor_bytes(val), "cost": 0.0}
+            if n.name in param_names:
+                folded.add(n.name)
+                param_bytes += _tensor_bytes(val)
+                continue
+            entry = {"id": n.name, "op": "input", "bytes": _tensor_bytes(val), "cost": 0.0}
         elif n.op == "call_function":
+            first = n.args[0] if n.args else None
             if n.target is operator.getitem:
-                src = n.args[0]
-                if isinstance(src, torch.fx.Node) and resolve(src) is not None:
-                    rep[n.name] = resolve(src)
+                if isinstance(first, torch.fx.Node) and resolve(first) is not None:
+                    rep[n.name] = resolve(first)
                 continue
             val = n.meta.get("val")
             if val is None and not n.users:
                 continue  # runtime assertions and other ops that produce nothing
+            is_view = _is_view(n.target) and isinstance(first, torch.fx.Node)
+            if is_view and first.name in folded:
+                folded.add(n.name)  # a view of a weight is resident weight memory
+                continue
             out_bytes = _tensor_bytes(val)
             preds: list[str] = []
             for a in n.all_input_nodes:
                 r = resolve(a)
                 if r is not None and r not in preds:
                     preds.append(r)
-            op = _op_name(n.target)
-            entry = {"id": n.name, "op": op, "bytes": out_bytes}
-            first = n.args[0] if n.args else None
-            if (
-                _is_view(n.target)
-                and isinstance(first, torch.fx.Node)
-                and resolve(first) is not None
-            ):
+            entry = {"id": n.name, "op": _op_name(n.target), "bytes": out_bytes}
+            if is_view and resolve(first) is not None:
                 entry["alias_of"] = resolve(first)
                 entry["cost"] = VIEW_OVERHEAD_S
             else:
                 flops = _flops(n)
                 if flops > 0:
-                    cost = flops / FLOPS_PER_S + OP_OVERHEAD_S
+                    entry["cost"] = flops / FLOPS_PER_S + OP_OVERHEAD_S
                 else:
-                    read = sum(index[p]["bytes"] for p in preds)
-                    cost = (read + out_bytes) / BYTES_PER_S + OP_OVERHEAD_S
-                entry["cost"] = cost
-                entry["flops"] = flops
+                    read = sum(_tensor_bytes(a.meta.get("val")) for a in n.all_input_nodes)
+                    entry["cost"] = (read + out_bytes) / BYTES_PER_S + OP_OVERHEAD_S
             edges.extend([p, n.name] for p in preds)
         elif n.op == "output":
             for a in torch.fx.node.map_aggregate(n.args, lambda x: x):
@@ -175,10 +178,8 @@ def graph_from_fx(
         index[n.name] = entry
         nodes.append(entry)
     if not any(e.get("output") for e in nodes):
-        raise GraphError(f"{name}: exported graph has no tensor output")
-    for e in nodes:
-        e.pop("flops", None)
-    return {"name": name, "nodes": nodes, "edges": edges}
+        raise GraphError(f"{name}: exported graph has no computed tensor output")
+    return {"name": name, "param_bytes": param_bytes, "nodes": nodes, "edges": edges}
 
 
 def _mark_outputs(a: Any, resolve: Any, index: dict[str, dict]) -> None:
