@@ -319,3 +319,44 @@ def test_validation_is_exact_for_large_domains():
         ctx.compile(bounds={I: 10, T: 1500}, outputs=[y])
     with pytest.raises(tl.OutOfRangeError):
         ctx.compile(bounds={I: 1500, T: 1500}, outputs=[y])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="schedule: h[i+1, t] reading h[i, min(t+1, T-1)] fails at run time with "
+    "'add at (0, 3) is not available ... scheduling bug' (value op freed or never computed)",
+)
+def test_iteration_reads_previous_iteration_ahead(backend):
+    u = np.arange(4.0, dtype=np.float32)
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        h[0, t] = U
+        h[i + 1, t] = h[i, t] * 2.0 + h[i, tl.min(t + 1, T - 1)]
+    got = tl.evaluate(h, bounds={I: 3}, backend=backend)
+    want = [u]
+    for _ in range(2):
+        prev = want[-1]
+        want.append(np.array([prev[k] * 2 + prev[min(k + 1, 3)] for k in range(4)]))
+    np.testing.assert_allclose(got, np.stack(want))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="scheduler.py judges each edge alone (same root cause as Fibonacci): "
+    "h[i+1, t+1] = h[i, t+1] + h[i+1, t] is rejected as reading later points of i",
+)
+def test_two_dim_recurrence_pascal_triangle(backend):
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        h[0, t] = 1.0
+        h[i, 0] = 1.0
+        h[i + 1, t + 1] = h[i, t + 1] + h[i + 1, t]
+    got = tl.evaluate(h, bounds={I: 5, T: 5}, backend=backend)
+    want = np.ones((5, 5))
+    for a in range(1, 5):
+        for k in range(1, 5):
+            want[a, k] = want[a - 1, k] + want[a, k - 1]
+    np.testing.assert_allclose(got, want)

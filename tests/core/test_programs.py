@@ -1072,3 +1072,32 @@ def test_explain_shows_passes_loops_and_frees():
     assert "validate" in text and "schedule" in text
     assert "for t" in text and "state" in text and "free" in text
     assert "state" in prog.render()
+
+
+def test_state_carried_across_iterations(backend):
+    """The first step of iteration i+1 continues from the last step of iteration i."""
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        h[0, 0] = 0.0
+        h[i + 1, 0] = h[i, T - 1]
+        h[i, t + 1] = h[i, t] + 1.0
+    got = tl.evaluate(h, bounds={I: 3, T: 4}, backend=backend)
+    want = np.zeros((3, 4))
+    for a in range(3):
+        want[a, 0] = 0.0 if a == 0 else want[a - 1, -1]
+        for k in range(3):
+            want[a, k + 1] = want[a, k] + 1.0
+    close(got, want)
+
+
+def test_conditions_over_two_dims(backend):
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        h = tl.RecurrentTensor.placeholder((), dtype="int64", domain=(i, t))
+        h[(i + t).eq(3)] = 7
+        h[i > t] = 1
+        h[True] = 0
+    got = tl.evaluate(h, bounds={I: 3, T: 4}, backend=backend)
+    want = [[7 if a + k == 3 else 1 if a > k else 0 for k in range(4)] for a in range(3)]
+    np.testing.assert_array_equal(got, want)
