@@ -360,3 +360,19 @@ def test_two_dim_recurrence_pascal_triangle(backend):
         for k in range(1, 5):
             want[a, k] = want[a - 1, k] + want[a, k - 1]
     np.testing.assert_allclose(got, want)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="runtime/backends.py torch lowering ignores the inferred dtype: int64 (op) float32 "
+    "and int64 / 2 are declared float64 (numpy rules) but the torch backend returns float32",
+)
+def test_torch_values_have_the_declared_dtype():
+    ctx, t, T = ctx_t()
+    with ctx:
+        a = tl.from_numpy(np.arange(3.0, dtype=np.float32), domain=(t,))
+        c = tl.from_numpy(np.arange(3, dtype=np.int64), domain=(t,))
+        results = [a + c, c / 2, c * 2.5]
+    got = tl.evaluate(results, backend="torch")
+    for r, v in zip(results, got, strict=True):
+        assert v.dtype == r.dtype, (r, v.dtype)
