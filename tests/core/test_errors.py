@@ -356,3 +356,46 @@ def test_errors_are_raised_before_anything_runs():
     with pytest.raises(tl.TimerlError):
         ctx.compile()
     assert calls == []
+
+
+def test_placeholder_and_from_numpy_domain_checks():
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        with pytest.raises(tl.ProgramError):
+            tl.RecurrentTensor.placeholder((), domain=(t, i))
+        with pytest.raises(tl.ShapeError):
+            tl.from_numpy(np.arange(3.0), domain=(i, t))
+
+
+def test_until_checks():
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(i,))
+        x[True] = 0.0
+        with pytest.raises(tl.ProgramError):
+            ctx.until(t, x > 1.0)  # does not vary over t
+        y = tl.RecurrentTensor.placeholder((), domain=(t,))
+        y[0] = 0.0
+        y[t + 1] = y + 1.0
+        ctx.until(t, y > 2.0)
+        with pytest.raises(tl.ProgramError):
+            ctx.until(t, y > 3.0)
+
+
+def test_user_exceptions_in_sinks_propagate():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.from_numpy(np.arange(3.0), domain=(t,))
+
+        def boom(value, point):
+            raise ValueError("raised by the sink")
+
+        tl.sink(x, boom)
+    prog = ctx.compile()
+    with pytest.raises(ValueError, match="raised by the sink"):
+        prog.run()
+
+
+def test_building_outside_a_context():
+    with pytest.raises(tl.ProgramError):
+        tl.zeros((3,))

@@ -376,3 +376,18 @@ def test_torch_values_have_the_declared_dtype():
     got = tl.evaluate(results, backend="torch")
     for r, v in zip(results, got, strict=True):
         assert v.dtype == r.dtype, (r, v.dtype)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="api/tensor.py: combining tensors of two contexts is accepted silently and later "
+    "fails as a confusing BoundError about a second dim named t",
+)
+def test_mixing_contexts_is_rejected_when_written():
+    c1, c2 = tl.Context(dims=("t",)), tl.Context(dims=("t",))
+    with c1:
+        x = tl.from_numpy(np.arange(3.0), domain=(c1.dims[0],))
+    with c2:
+        y = tl.from_numpy(np.arange(3.0), domain=(c2.dims[0],))
+        with pytest.raises(tl.ProgramError):
+            x + y
