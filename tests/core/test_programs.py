@@ -1101,3 +1101,32 @@ def test_conditions_over_two_dims(backend):
     got = tl.evaluate(h, bounds={I: 3, T: 4}, backend=backend)
     want = [[7 if a + k == 3 else 1 if a > k else 0 for k in range(4)] for a in range(3)]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("variant", ["schedule", "clip"])
+def test_sgd_with_lr_schedule_and_gradient_clipping(variant, backend):
+    target = np.array([0.5, -1.5])
+    steps = 6
+    ctx = tl.Context(dims=("i",))
+    (i,), (I,) = ctx.dims, ctx.bounds
+    with ctx:
+        tgt = tl.from_numpy(target, dtype="float64")
+        w = tl.RecurrentTensor.placeholder((2,), dtype="float64", domain=(i,), requires_grad=True)
+        w[0] = tl.ones((2,), dtype="float64")
+        loss = ((w - tgt) ** 2).sum()
+        loss.backward()
+        if variant == "schedule":
+            opt = tl.optim.SGD([w], lr=lambda it: 0.3 / (tl.full((), it, "float64") + 1.0))
+        else:
+            opt = tl.optim.SGD([w], lr=0.2, max_grad_norm=0.5)
+        opt.step()
+    got = tl.evaluate(w, bounds={I: steps}, backend=backend)
+    ws = [np.ones(2)]
+    for k in range(steps - 1):
+        g = 2 * (ws[-1] - target)
+        if variant == "schedule":
+            ws.append(ws[-1] - 0.3 / (k + 1) * g)
+        else:
+            scale = min(1.0, 0.5 / (np.linalg.norm(g) + 1e-6))
+            ws.append(ws[-1] - 0.2 * g * scale)
+    close(got, np.stack(ws), rtol=1e-6, atol=1e-6)
