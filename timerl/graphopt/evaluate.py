@@ -101,6 +101,7 @@ class GraphRecord:
     family: str = ""
     values: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    feasible: dict[str, bool] = field(default_factory=dict)  # under the memory limit, if any
     optimum: float | None = None  # proven optimum (exact, or best known meets the bound)
     best_known: float = float("inf")
     lower_bound: float = 0.0  # dependence bound, raised by the exact solver's where it ran
@@ -156,6 +157,11 @@ def evaluate_corpus(
             )
             rec.values[m] = res.value
             rec.seconds[m] = res.seconds
+            limit = problem.cluster.memory_limit if problem.cluster is not None else None
+            if limit and problem.sim is not None:
+                sol = res.solution
+                sim = problem.sim.run(sol.order, sol.placement, sol.swap)  # type: ignore[arg-type]
+                rec.feasible[m] = bool((sim.peaks <= limit).all())
             if best is None or res.value < best[0]:
                 best = (res.value, res.solution)
             if m == "exact" and res.bound is not None:
@@ -216,6 +222,11 @@ def summarise(records: Sequence[GraphRecord], methods: Sequence[str]) -> list[di
                     "optimal": sum(r.optimum is not None for r in have),
                     "headroom_captured": _mean([100 * h for h in headroom]),
                     "seconds": _mean([r.seconds[m] for r in have]),
+                    "feasible": (
+                        f"{sum(r.feasible[m] for r in have)}/{len(have)}"
+                        if all(m in r.feasible for r in have)
+                        else "-"
+                    ),
                 }
             )
     return rows
@@ -278,6 +289,7 @@ COLUMNS = (
     ("bound_gap_mean", "gap to lower bound %"),
     ("optimal", "graphs with proven optimum"),
     ("headroom_captured", "headroom captured %"),
+    ("feasible", "under memory limit"),
     ("seconds", "s / graph"),
 )
 
