@@ -1,0 +1,259 @@
+"""timerl's own PPO/REINFORCE programs, run with a :class:`bench.common.Config` and measured the
+way the baselines measure themselves, so that their :class:`bench.common.Result` rows compare.
+
+The config maps field for field onto timerl's ``PPOConfig``/``ReinforceConfig``: the same env
+(and env kwargs), batch shape, network (``hidden_layers`` x ``hidden_size``), epochs,
+minibatches, constant learning rate (no annealing, as in every baseline), coefficients and seed.
+
+Timings come from the training driver's per-iteration records (wall time since the run began),
+so they cover exactly what the baselines' loops cover: the rollout, returns, the update and the
+metrics of one iteration. ``setup_s`` is everything before the first iteration starts: building
+the program (env creation included) and compiling it.
+
+:func:`profiled` runs the same program with timers around the environment's ``step``/``reset``
+and around every primitive kernel the backend hands to the executor, and splits the run time
+into environment, kernels and executor overhead (the rest).
+
+    python -m bench.timerl_runner --env Synthetic-v0 --num-envs 64 --iterations 10 --backend torch
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from bench.common import Config, Result, build_parser, config_from_args, peak_rss_bytes, pin_threads
+
+BACKENDS = ("numpy", "torch")
+
+
+def system_name(algo: str, backend: str) -> str:
+    """One name per backend; the algorithm is part of the benchmark case, not the system."""
+    return f"timerl_{backend}"
+
+
+def timerl_config(config: Config, algo: str = "ppo") -> dict[str, Any]:
+    """The timerl hyper-parameter dict equivalent to a resolved baseline config."""
+    cfg = config.resolved()
+    out: dict[str, Any] = {
+        "env_id": cfg.env_id,
+        "num_envs": cfg.num_envs,
+        "num_steps": cfg.num_steps,
+        "lr": cfg.lr,
+        "anneal_lr": False,  # the baselines keep the learning rate constant
+        "gamma": cfg.gamma,
+        "hidden": (cfg.hidden_size,) * cfg.hidden_layers,
+        "max_grad_norm": cfg.max_grad_norm,
+        "seed": cfg.seed,
+        "env_kwargs": dict(cfg.env_kwargs or {}),
+        "ent_coef": cfg.ent_coef,
+        "vf_coef": cfg.vf_coef,
+    }
+    if algo == "ppo":
+        out |= {
+            "gae_lambda": cfg.gae_lambda,
+            "epochs": cfg.epochs,
+            "minibatches": cfg.minibatches,
+            "clip": cfg.clip_coef,
+            "norm_adv": cfg.norm_adv,
+        }
+    elif algo == "reinforce":
+        out["baseline"] = cfg.value_baseline
+    else:
+        raise ValueError(f"unknown algorithm {algo!r}; choose ppo or reinforce")
+    return out
+
+
+def _setup_threads(cfg: Config, backend: str) -> None:
+    pin_threads(cfg.threads)
+    if backend == "torch":
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+
+
+def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, float]:
+    """Run timerl's driver; ``(resolved config, TrainResult, [(wall, record)], start)``."""
+    from timerl.rl.train import train
+
+    cfg = config.resolved()
+    _setup_threads(cfg, backend)
+    records: list[tuple[float, dict[str, Any]]] = []
+    start = time.perf_counter()
+    out = train(
+        algo,
+        timerl_config(cfg, algo),
+        iterations=cfg.iterations,
+        backend=backend,
+        device=cfg.device,
+        progress=False,
+        on_iteration=lambda rec: records.append((time.perf_counter(), dict(rec))),
+    )
+    return cfg, out, records, start
+
+
+def run(config: Config, algo: str = "ppo", backend: str = "numpy") -> Result:
+    """Train timerl's ``algo`` program on ``backend`` and measure it like a baseline."""
+    cfg, out, records, start = _train(config, algo, backend)
+    return _result(cfg, out, records, start, algo, backend)
+
+
+def _result(cfg: Config, out: Any, records: list, start: float, algo: str, backend: str) -> Result:
+    from bench.common import timing_summary
+
+    if not records:
+        raise RuntimeError("timerl ran no iteration")
+    cumulative = [rec["seconds"] for _, rec in records]
+    iter_seconds = [b - a for a, b in zip([0.0, *cumulative[:-1]], cumulative, strict=True)]
+    wall0, rec0 = records[0]
+    setup_s = (wall0 - rec0["seconds"]) - start  # build + compile + executor creation
+    steps_per_s, per_iter, first = timing_summary(iter_seconds, cfg.batch_size)
+    returns = [
+        float(rec["episodic_return"]) if rec.get("episodes", 1) else math.nan for _, rec in records
+    ]
+    return Result(
+        baseline=system_name(algo, backend),
+        config=vars(cfg).copy(),
+        env_steps_per_s=steps_per_s,
+        seconds_per_iteration=per_iter,
+        first_iteration_s=first,
+        setup_s=setup_s,
+        total_s=time.perf_counter() - start,
+        total_env_steps=cfg.batch_size * len(records),
+        peak_rss_bytes=peak_rss_bytes(),
+        framework_peak_bytes=int(out.peak_bytes),
+        returns=returns,
+    )
+
+
+class _Timers:
+    def __init__(self) -> None:
+        self.env = 0.0
+        self.env_calls = 0
+        self.kernel: dict[str, float] = defaultdict(float)
+        self.kernel_calls: dict[str, int] = defaultdict(int)
+
+
+@contextlib.contextmanager
+def instrumented(kernels: bool = True) -> Iterator[_Timers]:
+    """Time the vector envs' ``step``/``reset`` and (optionally) every backend kernel.
+
+    Patches classes for the duration only: the envs' base class (every env's udf calls
+    ``vec.step``/``vec.reset``) and the backends' ``impl``, whose returned kernels are wrapped.
+    """
+    from timerl.rl.envs import VectorEnv
+    from timerl.runtime import backends
+
+    timers = _Timers()
+    saved: list[tuple[type, str, Any]] = []
+
+    def patch(cls: type, name: str, make: Any) -> None:
+        original = cls.__dict__[name]
+        saved.append((cls, name, original))
+        setattr(cls, name, make(original))
+
+    def timed_env(original: Any) -> Any:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                timers.env += time.perf_counter() - t0
+                timers.env_calls += 1
+
+        return wrapper
+
+    def timed_impl(original: Any) -> Any:
+        def impl(self: Any, prim: str) -> Any:
+            kernel = original(self, prim)
+
+            def timed_kernel(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return kernel(*args, **kwargs)
+                finally:
+                    timers.kernel[prim] += time.perf_counter() - t0
+                    timers.kernel_calls[prim] += 1
+
+            return timed_kernel
+
+        return impl
+
+    patch(VectorEnv, "step", timed_env)
+    patch(VectorEnv, "reset", timed_env)
+    if kernels:
+        for cls in backends.BACKENDS.values():
+            if "impl" in cls.__dict__:
+                patch(cls, "impl", timed_impl)
+    try:
+        yield timers
+    finally:
+        for cls, name, original in reversed(saved):
+            setattr(cls, name, original)
+
+
+def profiled(config: Config, algo: str = "ppo", backend: str = "numpy") -> dict[str, Any]:
+    """Cost breakdown of a timerl run: compile, environment, kernels, executor overhead.
+
+    Seconds are totals over all iterations (``run_s`` is the driver's run time, first
+    iteration included); the timers themselves add a little to the executor's share.
+    """
+    with instrumented() as timers:
+        cfg, out, records, start = _train(config, algo, backend)
+    result = _result(cfg, out, records, start, algo, backend)
+    run_s = float(out.run_seconds)
+    kernels = sum(timers.kernel.values())
+    top = sorted(timers.kernel.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "system": result.baseline,
+        "compile_s": float(out.compile_seconds),
+        "setup_s": result.setup_s,
+        "run_s": run_s,
+        "env_s": timers.env,
+        "env_calls": timers.env_calls,
+        "kernels_s": kernels,
+        "kernel_calls": sum(timers.kernel_calls.values()),
+        "executor_s": max(run_s - timers.env - kernels, 0.0),
+        "top_kernels": [(p, s, timers.kernel_calls[p]) for p, s in top],
+        "iterations": len(records),
+    }
+
+
+def profiled_baseline(config: Config, run_fn: Any) -> dict[str, Any]:
+    """Environment share of a baseline's run (its framework's time is everything else)."""
+    with instrumented(kernels=False) as timers:
+        result = run_fn(config)
+    run_s = result.total_s - result.setup_s
+    return {
+        "system": result.baseline,
+        "compile_s": None,
+        "setup_s": result.setup_s,
+        "run_s": run_s,
+        "env_s": timers.env,
+        "env_calls": timers.env_calls,
+        "kernels_s": None,
+        "kernel_calls": None,
+        "executor_s": max(run_s - timers.env, 0.0),
+        "top_kernels": [],
+        "iterations": len(result.returns),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.add_argument("--algo", choices=["ppo", "reinforce"], default="ppo")
+    parser.add_argument("--backend", choices=BACKENDS, default="numpy")
+    args = parser.parse_args(argv)
+    pin_threads(args.threads)
+    result = run(config_from_args(args), algo=args.algo, backend=args.backend)
+    print(result.to_json() if args.json else result.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
