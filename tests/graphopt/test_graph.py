@@ -77,3 +77,11 @@ def test_unreadable_file_names_the_file(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(GraphError, match="bad.json"):
         Graph.load(bad)
+
+
+def test_extra_top_level_fields_survive_a_round_trip():
+    data = doc([nd("a"), nd("b")], [["a", "b"]])
+    data["param_bytes"] = 1234
+    g = Graph.from_json(data)
+    assert g.meta == {"param_bytes": 1234}
+    assert Graph.from_json(g.to_json()).meta == {"param_bytes": 1234}

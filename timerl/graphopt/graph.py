@@ -39,8 +39,16 @@ class Graph:
     ``pred_ptr/pred_idx`` and ``succ_ptr/succ_idx`` (CSR adjacency, duplicates removed).
     """
 
-    def __init__(self, name: str, nodes: list[Node], edges: list[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        nodes: list[Node],
+        edges: list[tuple[str, str]],
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
+        # other top-level fields of the file (e.g. resident parameter bytes), kept verbatim
+        self.meta: dict[str, Any] = dict(meta or {})
         self.nodes: list[Node] = list(nodes)
         self.n = len(self.nodes)
         self.index: dict[str, int] = {}
@@ -167,7 +175,8 @@ class Graph:
             if not isinstance(e, (list, tuple)) or len(e) != 2:
                 raise GraphError(f"{where}: edge {e!r} is not a [src, dst] pair")
             edges.append((str(e[0]), str(e[1])))
-        return cls(name, nodes, edges)
+        meta = {k: v for k, v in data.items() if k not in ("name", "nodes", "edges")}
+        return cls(name, nodes, edges, meta)
 
     @classmethod
     def load(cls, path: str | Path) -> Graph:
@@ -185,7 +194,7 @@ class Graph:
                 d["device"] = nd.device
             nodes.append(d)
         edges = [[self.nodes[s].id, self.nodes[t].id] for s, t in self.edges.tolist()]
-        return {"name": self.name, "nodes": nodes, "edges": edges}
+        return {"name": self.name, **self.meta, "nodes": nodes, "edges": edges}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json()))
