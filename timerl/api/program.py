@@ -62,6 +62,7 @@ class Program:
             "schedule", lambda: build_schedule(self.ops, ctx.dims, ctx._until)
         )
         keep = {op.id for op in self.outputs} | {op.id for op in ctx._until.values()}
+        self.keep = keep
         self.schedule = self.report.timed(
             "memory statements", lambda: add_frees(sched, self.ops, keep)
         )
@@ -70,16 +71,26 @@ class Program:
         return self
 
     # --- running ------------------------------------------------------------------------------
-    def run(self) -> Program:
+    def run(self, compiled: bool = True) -> Program:
         """Execute the whole schedule once (sinks fire, outputs are kept)."""
-        ex = self.executor()
-        ex.run()
+        self.executor(compiled).run()
         return self
 
-    def executor(self) -> Executor:
-        """A fresh executor for this program (for iteration hooks, snapshots and resuming)."""
+    def executor(self, compiled: bool = True) -> Executor:
+        """A fresh executor for this program (for iteration hooks, snapshots and resuming).
+
+        ``compiled=False`` interprets the schedule statement by statement: the reference the
+        generated code is tested against.
+        """
         self._last = Executor(
-            self.schedule, self.ops, self.backend, self.static, self.dynamic, self.seed
+            self.schedule,
+            self.ops,
+            self.backend,
+            self.static,
+            self.dynamic,
+            self.seed,
+            keep=self.keep,
+            compiled=compiled,
         )
         return self._last
 

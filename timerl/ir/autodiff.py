@@ -55,7 +55,17 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
             continue
         reach.add(i)
         stack.extend(c.id for c, _ in users.get(i, []) if _differentiable(c))
-    relevant = {i for i in reach if np.issubdtype(by_id[i].dtype, np.floating)}
+    # ... and that the loss depends on through differentiable ops (not only through detach).
+    back: set[int] = set()
+    stack = [loss.op.id]
+    while stack:
+        i = stack.pop()
+        if i in back:
+            continue
+        back.add(i)
+        if _differentiable(by_id[i]):
+            stack.extend(e.src.id for e in by_id[i].inputs)
+    relevant = {i for i in reach & back if np.issubdtype(by_id[i].dtype, np.floating)}
     if loss.op.id not in relevant:
         return {}
 
@@ -89,7 +99,8 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
             grad_ops[edge.src.id].inputs.append(contribution.edge())
     for gop in grad_ops.values():
         if not gop.inputs:
-            gop.inputs.append(_zero_scalar(gop.dtype).edge())
+            zeros = apply("full", shape=gop.shape, value=0.0, dtype=gop.dtype)
+            gop.inputs.append(zeros.edge())
     return {op.id: View.of(grad_ops[op.id]) for op in wrt if op.id in grad_ops}
 
 

@@ -21,6 +21,7 @@ from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.ir.validate import exclusive_conditions
 from timerl.runtime.backends import Backend
+from timerl.runtime.codegen import CodeGen
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
 
@@ -49,6 +50,25 @@ class RunStats:
 
 
 UNBOUNDED = 2**62
+
+
+class _Control:
+    """What generated code asks of its executor: where to start, hooks, dynamic bounds."""
+
+    def __init__(self, ex: Executor) -> None:
+        self.start = ex._start
+        self._after = ex._on_iteration
+        self._before = ex._before_outer
+        self.caps = ex.dynamic
+        self.lengths = ex.dynamic_values
+
+    def before(self) -> None:
+        if self._before is not None:
+            self._before()
+
+    def after(self, p: int) -> None:
+        if self._after is not None:
+            self._after(p)
 
 
 class _Env(dict):
@@ -83,8 +103,14 @@ class Executor:
         bounds: Mapping[Bound, int],
         dynamic: Mapping[Bound, int | None],
         seed: int = 0,
+        keep: set[int] | None = None,
+        compiled: bool = True,
     ) -> None:
         self.schedule = schedule
+        self.keep = set(keep or ())
+        self.compiled = compiled
+        self._generated: dict[bool, Callable] = {}
+        self.source = ""
         self.backend = backend
         self.bounds = dict(bounds)
         self.dynamic = dict(dynamic)  # bound -> cap (None: no cap)
@@ -291,17 +317,40 @@ class Executor:
         """Run the schedule; the single outermost loop may start at ``start`` (resuming from a
         snapshot), and ``on_iteration(p)`` is called after each of its iterations."""
         begin = time.perf_counter()
-        env = _Env(self.bounds)
-        for b in self.dynamic:
-            env.pop(b, None)
-        self._outer = self.outer_loop() if (start or on_iteration or before_outer) else None
+        hooked = bool(start or on_iteration or before_outer)
+        self._outer = self.outer_loop() if hooked else None
         self._start, self._on_iteration, self._before_outer = start, on_iteration, before_outer
         try:
             with self.backend.active():
-                self._run_body(self.schedule.body, env)
+                if self.compiled:
+                    self._run_compiled(hooked)
+                else:
+                    env = _Env(self.bounds)
+                    for b in self.dynamic:
+                        env.pop(b, None)
+                    self._run_body(self.schedule.body, env)
         finally:
             self.stats.seconds = time.perf_counter() - begin
         return self.stats
+
+    def _run_compiled(self, hooked: bool) -> None:
+        fn = self._generated.get(hooked)
+        if fn is None:
+            gen = CodeGen(
+                self.schedule, list(self.ops.values()), self.backend, self.seed, self.keep
+            )
+            fn = self._generated[hooked] = gen.generate(self.bounds, self._outer)
+            self.source = gen.source
+        meter = self.stats.memory
+        M = [meter.live, meter.peak]
+        C = [0]
+        ctl = _Control(self)
+        try:
+            fn(self.stores, M, C, ctl)
+        finally:
+            meter.live, meter.peak = M
+            meter.allocations += C[0]
+            self.stats.statements += C[0]
 
     def outer_loop(self) -> Loop:
         """The one top-level loop that holds the training state (resume and hooks need it)."""

@@ -152,11 +152,9 @@ class Symbol(Expr):
         self.name = name
         self.uid = next(_symbol_ids)
 
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __hash__(self) -> int:
-        return hash(("sym", self.uid))
+    # Identity is equality; object's own (C-level) hash keeps dict lookups by symbol fast.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     def symbols(self) -> frozenset[Symbol]:
         return frozenset((self,))

@@ -1,0 +1,356 @@
+"""Compile a whole schedule into one generated Python function.
+
+The interpreter in ``executor.py`` pays, per statement, for dict lookups of symbol values,
+calls of compiled index lambdas, closures and generic bookkeeping — more than the numpy
+kernels themselves cost on RL-sized arrays. Here every loop becomes a Python ``for``/``while``
+over local ints, every index expression is inlined source, every kernel is a namespace
+constant with its static attributes bound, and a value that is only read at the same point
+inside the same loop iteration lives in a local variable instead of a store. Memory accounting
+is kept exact: sizes known at compile time are inlined as constants.
+
+The interpreter stays as the reference this is tested against.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import BoundError, UndefinedPointError
+from timerl.ir import prims
+from timerl.ir.graph import Edge, Op
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
+
+UNBOUNDED = 2**62
+
+
+def _static_nbytes(op: Op) -> int | None:
+    if op.prim == "udf" or not all(isinstance(s, Const) for s in op.shape):
+        return None
+    return int(np.prod([s.value for s in op.shape], dtype=np.int64)) * op.dtype.itemsize
+
+
+def _missing(label: str) -> Callable[[tuple], Any]:
+    def raise_missing(key: tuple) -> Any:
+        raise UndefinedPointError(
+            f"{label} at {key} is not available: it was never computed or already freed "
+            "(this is a scheduling bug; please report it with the program)"
+        )
+
+    return raise_missing
+
+
+class _Names:
+    def __init__(self) -> None:
+        self.sym: dict[Symbol, str] = {}
+        self.counter = itertools.count()
+
+    def of(self, s: Symbol) -> str:
+        if s not in self.sym:
+            kind = "b" if isinstance(s, Bound) else "d"
+            self.sym[s] = f"{kind}{next(self.counter)}_{''.join(c for c in s.name if c.isalnum())}"
+        return self.sym[s]
+
+    def src(self, item: Expr | Condition) -> str:
+        for s in item.symbols():
+            self.of(s)
+        return item.source(self.sym)
+
+
+class CodeGen:
+    """Generates ``run(stores, meter, ctl)`` for one schedule on one backend."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        ops: list[Op],
+        backend: Any,
+        seed: int,
+        keep: set[int],
+    ) -> None:
+        self.schedule = schedule
+        self.ops = {op.id: op for op in ops}
+        self.backend = backend
+        self.seed = seed
+        self.keep = keep
+        self.names = _Names()
+        self.ns: dict[str, Any] = {
+            "MISSING": UndefinedPointError,
+            "BoundError": BoundError,
+            "np": np,
+        }
+        self.lines: list[str] = []
+        self.locals = self._local_ops()
+
+    # --- which values can live in locals -------------------------------------------------------
+    def _local_ops(self) -> set[int]:
+        """Ops read only at their own point, inside the loop iteration that computes them."""
+        readers: dict[int, list[Edge]] = {i: [] for i in self.ops}
+        for op in self.ops.values():
+            for e in op.inputs:
+                readers[e.src.id].append(e)
+        frees: dict[int, list[Free]] = {}
+        for s in self.schedule.statements():
+            if isinstance(s, Free):
+                frees.setdefault(s.op.id, []).append(s)
+        out = set()
+        for op in self.ops.values():
+            if op.id in self.keep or op.prim == "udf" or not readers[op.id]:
+                continue
+            same = all(
+                all(i is d for i, d in zip(e.index, op.domain, strict=True)) for e in readers[op.id]
+            )
+            fs = frees.get(op.id, [])
+            point_free = len(fs) == 1 and fs[0].prefix == tuple(op.domain)
+            if same and point_free:
+                out.add(op.id)
+        return out
+
+    # --- emitting ------------------------------------------------------------------------------
+    def const(self, prefix: str, value: Any) -> str:
+        name = f"{prefix}{len(self.ns)}"
+        self.ns[name] = value
+        return name
+
+    def emit(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+    def key_src(self, items: list[str]) -> str:
+        return "(" + "".join(f"{x}, " for x in items) + ")"
+
+    def read_src(self, edge: Edge) -> str:
+        src = edge.src
+        if src.id in self.locals:
+            return f"v{src.id}"
+        if not any(isinstance(i, Slice) for i in edge.index):
+            key = self.key_src([self.names.src(i) for i in edge.index])
+            return f"S{src.id}[{key}]"
+        axes = []
+        for idx in edge.index:
+            if isinstance(idx, Slice):
+                axes.append(f"range({self.names.src(idx.start)}, {self.names.src(idx.stop)})")
+            else:
+                axes.append(f"({self.names.src(idx)},)")
+        kinds = self.const("KINDS", [isinstance(i, Slice) for i in edge.index])
+        elem = (
+            tuple(s.value for s in src.shape)
+            if all(isinstance(s, Const) for s in src.shape)
+            else None
+        )
+        backend, dtype = self.backend, src.dtype
+
+        def empty(shape_after: tuple, elem=elem) -> Any:
+            return [] if elem is None else backend.zeros(shape_after + elem, dtype)
+
+        from timerl.runtime.executor import _gather
+
+        gather = self.const(
+            "GATHER",
+            functools.partial(
+                _gather,
+                stack=backend.stack,
+                missing=_missing(src.label),
+                empty=empty,
+            ),
+        )
+        return f"{gather}(S{src.id}, ({', '.join(axes)},), {kinds})"
+
+    def alloc(self, op: Op, depth: int, var: str) -> None:
+        n = _static_nbytes(op)
+        size = str(n) if n is not None else f"NB({var})"
+        self.emit(depth, f"M[0] += {size}")
+        self.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
+
+    def compute(self, op: Op, depth: int) -> None:
+        var = f"v{op.id}"
+        point = self.key_src([self.names.of(d) for d in op.domain])
+        body_depth = depth
+        if op.guard != TRUE:
+            self.emit(depth, f"if {self.names.src(op.guard)}:")
+            body_depth += 1
+        if op.prim == "merge":
+            self.merge(op, body_depth, var)
+        else:
+            self.call(op, body_depth, var, point)
+        if op.id not in self.locals:
+            self.emit(body_depth, f"S{op.id}[{point}] = {var}")
+        self.alloc(op, body_depth, var)
+        self.emit(body_depth, "C[0] += 1")
+
+    def merge(self, op: Op, depth: int, var: str) -> None:
+        shape_src = self.key_src([self.names.src(s) for s in op.shape])
+        for k, e in enumerate(op.inputs):
+            kw = "if" if k == 0 else "elif"
+            self.emit(depth, f"{kw} {self.names.src(e.cond)}:")
+            self.emit(depth + 1, f"{var} = {self.read_src(e)}")
+        self.emit(depth, "else:")
+        err = self.const("UNDEF", f"{op.where()} has no definition at this point")
+        self.emit(depth + 1, f"raise MISSING({err})")
+        bc = self.const("BCAST", self.backend.broadcast)
+        dt = self.const("DT", op.dtype)
+        self.emit(depth, f"{var} = {bc}({var}, {shape_src}, {dt})")
+
+    def call(self, op: Op, depth: int, var: str, point: str) -> None:
+        rule = prims.get(op.prim)
+        args = [self.read_src(e) for e in op.inputs]
+        if op.prim == "udf":
+            fn = self.const("UDF", self._udf(op))
+            extra = f", {point}" if op.attrs.get("pass_point") else ""
+            self.emit(depth, f"{var} = {fn}({', '.join(args)}{extra})")
+            return
+        hidden = set(rule.point_attrs) | {"stream", "adopt_domain", "pass_point"}
+        static = {k: v for k, v in op.attrs.items() if k not in hidden}
+        if op.prim == "const":
+            static = {"value": self.backend.asarray(op.attrs["value"])}
+        kernel = self.backend.impl(op.prim)
+        fn = self.const("K", functools.partial(kernel, **static) if static else kernel)
+        kwargs = []
+        for name in rule.point_attrs:
+            if name not in op.attrs:
+                continue
+            value = op.attrs[name]
+            if isinstance(value, (tuple, list)):
+                kwargs.append(f"{name}={self.key_src([self._attr_src(v) for v in value])}")
+            else:
+                kwargs.append(f"{name}={self._attr_src(value)}")
+        if rule.keyed:
+            at = op.attrs.get("key_at")
+            stream = op.attrs.get("stream", op.id)
+            coords = (
+                [self.names.src(k) for k in at]
+                if at is not None
+                else [self.names.of(d) for d in op.domain]
+            )
+            kwargs = [k for k in kwargs if not k.startswith("key_at=")]
+            kwargs.append(f"key={self.key_src([str(self.seed), str(stream), *coords])}")
+        self.emit(depth, f"{var} = {fn}({', '.join(args + kwargs)})")
+
+    def _attr_src(self, value: Any) -> str:
+        if isinstance(value, (Expr, Condition)):
+            return self.names.src(value)
+        return self.const("A", value)
+
+    def _udf(self, op: Op) -> Callable[..., Any]:
+        to_np, fn, as_native = self.backend.to_numpy, op.attrs["fn"], self.backend.asarray
+
+        def call(*xs: Any) -> Any:
+            args = [to_np(x) for x in xs]
+            out = fn(*args)
+            if isinstance(out, tuple):
+                return tuple(as_native(np.asarray(o)) for o in out)
+            return None if out is None else as_native(np.asarray(out))
+
+        return call
+
+    def free(self, stmt: Free, depth: int) -> None:
+        op = stmt.op
+        n = _static_nbytes(op)
+        if op.id in self.locals:
+            size = n if n is not None else f"NB(v{op.id})"
+            if op.guard != TRUE:  # a local is freed at its own point, so where it was computed
+                self.emit(depth, f"if {self.names.src(op.guard)}: M[0] -= {size}")
+            else:
+                self.emit(depth, f"M[0] -= {size}")
+            return
+        if not stmt.prefix:
+            self.emit(depth, f"FREE_ALL(S{op.id}, M)")
+            return
+        key = self.key_src([self.names.src(p) for p in stmt.prefix])
+        if len(stmt.prefix) == len(op.domain):
+            self.emit(depth, f"_x = S{op.id}.pop({key}, None)")
+            self.emit(depth, f"if _x is not None: M[0] -= {n if n is not None else 'NB(_x)'}")
+        else:
+            self.emit(depth, f"FREE_PREFIX(S{op.id}, {key}, M)")
+
+    def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
+        d = self.names.of(loop.dim)
+        b = self.names.of(loop.dim.bound)
+        if loop is outer:
+            self.emit(depth, "CTL.before()")
+            self.emit(depth, f"for {d} in range(CTL.start, {b}):")
+            self.body(loop.body, depth + 1, outer)
+            self.emit(depth + 1, f"CTL.after({d})")
+            return
+        if loop.until is None:
+            rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
+            self.emit(depth, f"for {d} in {rng}:")
+            self.body(loop.body, depth + 1, outer)
+            return
+        done = loop.until
+        self.emit(depth, f"_cap = CTL.caps.get({self.const('BOUND', loop.dim.bound)})")
+        self.emit(depth, f"{b} = {UNBOUNDED} if _cap is None else _cap")
+        self.emit(depth, f"{d} = 0")
+        self.emit(depth, "while True:")
+        self.body(loop.body, depth + 1, outer)
+        point = self.key_src([self.names.of(x) for x in done.domain])
+        read = f"v{done.id}" if done.id in self.locals else f"S{done.id}[{point}]"
+        self.emit(depth + 1, f"if TRUTH({read}):")
+        self.emit(depth + 2, f"{b} = {d} + 1")
+        self.emit(depth + 2, "break")
+        self.emit(depth + 1, f"if _cap is not None and {d} + 1 >= _cap:")
+        self.emit(depth + 2, f"{b} = _cap")
+        self.emit(depth + 2, "break")
+        self.emit(depth + 1, f"{d} += 1")
+        outer_pt = self.key_src([self.names.of(x) for x in done.domain if x is not loop.dim])
+        self.emit(depth, f"CTL.lengths[{self.const('BOUND', loop.dim.bound)}][{outer_pt}] = {b}")
+
+    def body(self, stmts: list[Stmt], depth: int, outer: Loop | None) -> None:
+        if not stmts:
+            self.emit(depth, "pass")
+        for s in stmts:
+            if isinstance(s, Compute):
+                self.compute(s.op, depth)
+            elif isinstance(s, Free):
+                self.free(s, depth)
+            else:
+                self.loop(s, depth, outer)
+
+    def generate(self, static_bounds: dict[Bound, int], outer: Loop | None) -> Callable:
+        self.ns.update(
+            NB=self.backend.nbytes,
+            TRUTH=self.backend.truth,
+            FREE_ALL=functools.partial(_free_all, nbytes=self.backend.nbytes),
+            FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
+        )
+        head = []
+        for b, v in static_bounds.items():
+            head.append(f"    {self.names.of(b)} = {int(v)}")
+        self.body(self.schedule.body, 1, outer)
+        stores = "".join(f"    S{i} = STORES[{i}]\n" for i in self.ops if i not in self.locals)
+        src = (
+            "def run(STORES, M, C, CTL):\n"
+            + stores
+            + "\n".join(head)
+            + "\n"
+            + "\n".join(self.lines)
+            + "\n"
+        )
+        # bounds used before assignment (dynamic ones read outside their loop) fail clearly
+        for s, name in self.names.sym.items():
+            if isinstance(s, Bound) and s not in static_bounds and f"{name} = " not in src:
+                src = src.replace(
+                    "def run(STORES, M, C, CTL):\n",
+                    f"def run(STORES, M, C, CTL):\n    {name} = None\n",
+                    1,
+                )
+        self.source = src
+        code = compile(src, "<timerl schedule>", "exec")
+        exec(code, self.ns)  # noqa: S102 - our own generated source
+        return self.ns["run"]
+
+
+def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:
+    for value in store.values():
+        meter[0] -= nbytes(value)
+    store.clear()
+
+
+def _free_prefix(store: dict, key: tuple, meter: list, nbytes: Callable[[Any], int]) -> None:
+    n = len(key)
+    for point in [p for p in store if p[:n] == key]:
+        meter[0] -= nbytes(store.pop(point))
