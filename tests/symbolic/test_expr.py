@@ -255,7 +255,7 @@ def conditions(draw, depth=2):
     return a | b, lambda env: fa(env) or fb(env)
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(conditions(depth=3), envs())
 def test_conditions_evaluate_like_python_booleans(c, env):
     cond, fn = c
@@ -286,7 +286,7 @@ def test_constant_conditions_fold():
 # --- sign facts ---------------------------------------------------------------------------------
 
 
-@settings(max_examples=500)
+@settings(max_examples=200)
 @given(exprs(depth=2), st.lists(envs(), min_size=20, max_size=20))
 def test_always_le0_is_never_wrong(e, points):
     expr, fn = e
