@@ -175,11 +175,11 @@ def all_cases(quick: bool = False, iterations: int | None = None, seed: int = 0)
 
     cases: list[Case] = []
     for envs in (16, 64, 256):
-        n = its({16: 12, 64: 8, 256: 5}[envs], 4)
+        n = its({16: 12, 64: 8, 256: 5}[envs], 3)
         cfg = Config("Synthetic-v0", synth((3, 4, 4), 250), num_envs=envs, iterations=n, seed=seed)
         cases.append(Case("synthetic", f"synthetic-e{envs}", cfg, x=envs))
     for layers in (1, 2, 4):
-        cfg = Config("CartPole-v1", num_envs=16, hidden_layers=layers, iterations=its(15, 5))
+        cfg = Config("CartPole-v1", num_envs=16, hidden_layers=layers, iterations=its(15, 3))
         cfg.seed = seed
         cases.append(Case("depth", f"cartpole-l{layers}", cfg, x=layers))
     for envs in (4,):
@@ -550,9 +550,7 @@ def table_rows(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
     cells = []
     for row in rows:
         if row.status != "ok":
-            cells.append(
-                [row.case.label, row.system, row.status, row.reason[:60]] + [""] * (len(header) - 4)
-            )
+            cells.append([row.case.label, row.system, row.status] + [""] * (len(header) - 3))
             continue
         line = [
             row.case.label,
@@ -578,6 +576,7 @@ def print_table(rows: list[Row], title: str) -> None:
     except ImportError:
         print(title)
         print(markdown_table(header, cells))
+        print("\n".join(notes(rows)))
         return
     table = Table(title=title, show_lines=False)
     for k, name in enumerate(header):
@@ -589,7 +588,19 @@ def print_table(rows: list[Row], title: str) -> None:
         last = line[0]
         style = "dim" if line[2] in ("skipped", "failed") else None
         table.add_row(*line, style=style)
-    Console(width=max(160, len(header) * 12)).print(table)
+    console = Console(width=max(160, len(header) * 12))
+    console.print(table)
+    for line in notes(rows):
+        console.print(line, markup=False, highlight=False)
+
+
+def notes(rows: list[Row]) -> list[str]:
+    """One line per system that did not run, with why (and the cases it concerns)."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        if row.status != "ok":
+            seen.setdefault((row.system, f"{row.status}: {row.reason}"), []).append(row.case.label)
+    return [f"{system} {why} ({', '.join(labels)})" for (system, why), labels in seen.items()]
 
 
 def markdown_table(header: list[str], cells: list[list[str]]) -> str:
@@ -773,7 +784,7 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
         out.mkdir(parents=True, exist_ok=True)
         write_csv(rows, out / "results.csv")
         header, cells = table_rows(rows)
-        text = markdown_table(header, cells)
+        text = markdown_table(header, cells) + "".join(f"\n\n{n}" for n in notes(rows))
         if profiles:
             ph, pc = profile_table(profiles)
             text += "\n\n" + markdown_table(ph, pc)
