@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 from core_helpers import check_temporal_slice_gradient, close, ctx_it, ctx_t
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import timerl as tl
 
@@ -420,3 +422,73 @@ def test_gradient_through_nested_full_slices(backend):
     want = 2 * u.sum() * np.ones_like(u)
     want[-1] += 1.0
     close(g, want, rtol=1e-9, atol=1e-12)
+
+
+# --- random recurrence programs -----------------------------------------------------------------
+
+GRAD_READS = ["now", "prefix", "suffix", "full", "first", "last"]
+POINTWISE = ("now", "prefix", "suffix")  # reads that keep the dim t
+
+
+def _tl_read(U, kind, t, T):
+    return {
+        "now": lambda: U[t],
+        "prefix": lambda: U[0 : t + 1].sum(0),
+        "suffix": lambda: U[t:T].sum(0),
+        "full": lambda: U[0:T].mean(0),
+        "first": lambda: U[0],
+        "last": lambda: U[T - 1],
+    }[kind]()
+
+
+def _torch_read(u, kind, p):
+    return {
+        "now": lambda: u[p],
+        "prefix": lambda: u[: p + 1].sum(0),
+        "suffix": lambda: u[p:].sum(0),
+        "full": lambda: u.mean(0),
+        "first": lambda: u[0],
+        "last": lambda: u[-1],
+    }[kind]()
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(2, 7),
+    kind=st.sampled_from(GRAD_READS),
+    out=st.sampled_from(GRAD_READS),
+    mode=st.sampled_from(["lin", "tanh", "mul"]),
+    backend=st.sampled_from(["numpy", "torch"]),
+    seed=st.integers(0, 100),
+)
+def test_random_recurrence_gradients(n, kind, out, mode, backend, seed):
+    """x[t+1] = f(x[t], read(u)); loss = read'(x)^2 (summed over t where it has t)."""
+    u = np.random.RandomState(seed).randn(n) * 0.5
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = _leaf_t(u, t)
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[0] = U[0]
+        r = _tl_read(U, kind, t, T)
+        body = {"lin": x * 0.7 + r * 1.3, "tanh": (x * 0.7 + r).tanh(), "mul": x * r}[mode]
+        x[t + 1] = body
+        y = _tl_read(x, out, t, T)
+        (y * y).backward()
+        g = tl.evaluate(U.grad, backend=backend)
+    tu = _torch_leaf(u)
+    xs = [tu[0]]
+    for p in range(n - 1):
+        rr = _torch_read(tu, kind, p)
+        prev = xs[-1]
+        xs.append(
+            {"lin": prev * 0.7 + rr * 1.3, "tanh": torch.tanh(prev * 0.7 + rr), "mul": prev * rr}[
+                mode
+            ]
+        )
+    xt = torch.stack(xs)
+    if out in POINTWISE:
+        total = sum(_torch_read(xt, out, p) ** 2 for p in range(n))
+    else:
+        total = _torch_read(xt, out, 0) ** 2
+    (want,) = torch.autograd.grad(total, [tu])
+    close(g, want.numpy(), rtol=1e-7, atol=1e-9)

@@ -243,7 +243,7 @@ def test_floordiv_and_mod_on_tensors(backend):
     reason="ir/autodiff.py builds a branch value op's VJP over the op's whole domain: for "
     "x[t+1] = x * u[t+1] the VJP reads u[t+1] at t=T-1 and validation reports OutOfRangeError",
 )
-@pytest.mark.parametrize("variant", ["mul_next_input", "product_of_reads"])
+@pytest.mark.parametrize("variant", ["mul_next_input", "tanh_next_input", "product_of_reads"])
 def test_gradient_of_recurrence_reading_next_input(variant, backend):
     import torch
 
@@ -255,6 +255,8 @@ def test_gradient_of_recurrence_reading_next_input(variant, backend):
         x[0] = U[0]
         if variant == "mul_next_input":
             x[t + 1] = x * U[t + 1]
+        elif variant == "tanh_next_input":
+            x[t + 1] = (x * 0.7 + U[t + 1]).tanh()
         else:
             x[t + 1] = x + U[t + 1] * U[t]
         x.backward()
@@ -262,7 +264,12 @@ def test_gradient_of_recurrence_reading_next_input(variant, backend):
     tu = torch.tensor(u, requires_grad=True)
     xs = [tu[0]]
     for k in range(5):
-        xs.append(xs[-1] * tu[k + 1] if variant == "mul_next_input" else xs[-1] + tu[k + 1] * tu[k])
+        if variant == "mul_next_input":
+            xs.append(xs[-1] * tu[k + 1])
+        elif variant == "tanh_next_input":
+            xs.append(torch.tanh(xs[-1] * 0.7 + tu[k + 1]))
+        else:
+            xs.append(xs[-1] + tu[k + 1] * tu[k])
     (want,) = torch.autograd.grad(sum(xs), [tu])
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
 
