@@ -60,6 +60,28 @@ class ReinforceConfig(AlgoConfig):
     ent_coef: float | None = None
 
 
+# Per-environment starting points (what a user gets without flags), measured to learn:
+# Pendulum needs a short horizon (gamma 0.9), longer rollouts and more epochs.
+ENV_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "ppo": {
+        "Pendulum-v1": {
+            "num_envs": 8,
+            "num_steps": 256,
+            "epochs": 10,
+            "minibatches": 8,
+            "lr": 1e-3,
+            "gamma": 0.9,
+        },
+    },
+    "reinforce": {},
+}
+
+
+def default_config(algo: str, env_id: str) -> dict[str, Any]:
+    """Hyper-parameters for ``algo`` on ``env_id`` before the user's own overrides."""
+    return dict(ENV_DEFAULTS.get(algo, {}).get(env_id, {}))
+
+
 @dataclass
 class AlgoProgram:
     name: str

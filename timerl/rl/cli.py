@@ -60,12 +60,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-anneal-lr", action="store_true")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument(
-        "--target-return",
-        type=float,
-        default=None,
-        help="stop once the mean return of the last 10 iterations reaches this",
-    )
     for name, kind in HYPER.items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     p.set_defaults(func=_train)
@@ -99,15 +93,6 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 def _train(args: argparse.Namespace) -> int:
     from timerl.rl.train import train
 
-    stop = {"hit": False}
-
-    def watch(record: dict[str, Any]) -> None:
-        if (
-            args.target_return is not None
-            and record.get("mean_return_last10", -1e18) >= args.target_return
-        ):
-            stop["hit"] = True
-
     result = train(
         args.algo,
         None if args.resume else _config(args),
@@ -118,7 +103,6 @@ def _train(args: argparse.Namespace) -> int:
         resume=args.resume,
         checkpoint_every=args.checkpoint_every,
         progress=not args.no_progress and sys.stderr.isatty(),
-        on_iteration=watch if args.target_return is not None else None,
     )
     print(result.summary())
     return 0

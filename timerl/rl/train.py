@@ -27,7 +27,7 @@ import numpy as np
 from timerl.api.functional import sink
 from timerl.api.tensor import stack
 from timerl.errors import CheckpointError, NumericalError, ProgramError
-from timerl.rl.algos import ALGOS, AlgoConfig, AlgoProgram
+from timerl.rl.algos import ALGOS, AlgoConfig, AlgoProgram, default_config
 
 CHECKPOINT = "checkpoint.pkl"
 METRICS = "metrics.csv"
@@ -62,6 +62,7 @@ def build(algo: str, config: dict[str, Any]) -> AlgoProgram:
     if algo not in ALGOS:
         raise ProgramError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGOS)}")
     builder, cls = ALGOS[algo]
+    config = {**default_config(algo, config.get("env_id", cls.env_id)), **config}
     names = {f.name for f in fields(cls)}
     unknown = set(config) - names
     if unknown:
@@ -188,14 +189,14 @@ def train(
         history.append(record)
         writer.write(record)
         bar.update(per_iter, record)
-        if on_iteration is not None:
-            on_iteration(record)
         due = (i + 1) % checkpoint_every == 0 or i + 1 == iterations or interrupted
         if log_path is not None and due:
             last_good = payload(i)
             _write_atomic(log_path / CHECKPOINT, last_good)
         if interrupted:
             raise KeyboardInterrupt(f"interrupted after iteration {i}; checkpoint saved")
+        if on_iteration is not None:
+            on_iteration(record)
 
     def restore_env() -> None:
         if ckpt is not None:
