@@ -1130,3 +1130,23 @@ def test_sgd_with_lr_schedule_and_gradient_clipping(variant, backend):
             scale = min(1.0, 0.5 / (np.linalg.norm(g) + 1e-6))
             ws.append(ws[-1] - 0.2 * g * scale)
     close(got, np.stack(ws), rtol=1e-6, atol=1e-6)
+
+
+SPATIAL_KEYS = {
+    "negative": (lambda U, t: U[t, -1], lambda a: a[-1]),
+    "ellipsis": (lambda U, t: U[t, ..., 0], lambda a: a[..., 0]),
+    "newaxis": (lambda U, t: U[t, None, 1], lambda a: a[None, 1]),
+    "step": (lambda U, t: U[t, :, ::2], lambda a: a[:, ::2]),
+    "negative_slices": (lambda U, t: U[t, -2:, 1:-1], lambda a: a[-2:, 1:-1]),
+}
+
+
+@pytest.mark.parametrize("key", sorted(SPATIAL_KEYS))
+def test_numpy_style_spatial_indexing(key, backend):
+    u = np.arange(24.0, dtype=np.float32).reshape(2, 3, 4)
+    build, ref = SPATIAL_KEYS[key]
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        got = tl.evaluate(build(U, t), backend=backend)
+    close(got, np.stack([ref(u[k]) for k in range(2)]))
