@@ -106,7 +106,7 @@ class CodeGen:
                 all(i is d for i, d in zip(e.index, op.domain, strict=True)) for e in readers[op.id]
             )
             fs = frees.get(op.id, [])
-            point_free = len(fs) == 1 and fs[0].prefix == tuple(op.domain)
+            point_free = len(fs) == 1 and fs[0].prefix == tuple(op.domain) and not fs[0].pinned
             if same and point_free:
                 out.add(op.id)
         return out
@@ -261,6 +261,10 @@ class CodeGen:
             self.emit(depth, f"FREE_ALL(S{op.id}, M)")
             return
         key = self.key_src([self.names.src(p) for p in stmt.prefix])
+        if stmt.pinned:
+            pins = self.key_src([self.names.src(p) for p in stmt.pinned])
+            self.emit(depth, f"if {self.names.src(stmt.prefix[-1])} not in {pins}:")
+            depth += 1
         if len(stmt.prefix) == len(op.domain):
             self.emit(depth, f"_x = S{op.id}.pop({key}, None)")
             self.emit(depth, f"if _x is not None: M[0] -= {n if n is not None else 'NB(_x)'}")

@@ -288,6 +288,7 @@ class Executor:
         nbytes = self.backend.nbytes
         full = len(stmt.prefix) == len(stmt.op.domain)
         fn = _compile(list(stmt.prefix)) if stmt.prefix else None
+        pins = _compile(list(stmt.pinned)) if stmt.pinned else None
 
         def free(env: dict) -> None:
             if fn is None:
@@ -296,6 +297,8 @@ class Executor:
                 store.clear()
                 return
             key = fn(env)
+            if pins is not None and key[-1] in pins(env):
+                return
             if full:
                 value = store.pop(key, None)
                 if value is not None:

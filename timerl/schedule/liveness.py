@@ -1,11 +1,12 @@
 """Memory statements from exact liveness: free every point right after its last reader.
 
-For an op X, find the innermost loop holding X and all its readers. If every reader reads X
-there at a constant lag ``k`` behind the loop's direction (``t``, ``t - 1``, ...), the point
-``t - max k`` is dead after the last reader of each iteration: a per-iteration free, which
-makes the store a sliding window (a circular buffer of ``max k + 1`` points). Otherwise X is
-freed as a whole after the loop (or top-level statement) holding its last reader, moving
-outwards one loop at a time. Tensors the user asked for are kept.
+For an op X, start at the innermost loop computing it (dim ``d``). If every reader inside that
+loop reads a window at most ``k`` points behind ``d`` (``t``, ``t - 1``, ``max(t - 3, 0):t + 1``)
+and every other read hits one fixed point (``x[0]``, ``x[T - 1]``, inside or after the loop),
+then after each iteration's last reader the point ``d - max k`` is dead unless pinned: a
+per-iteration free that makes the store a sliding window (a circular buffer of ``k + 1``
+points plus the pinned ones). Otherwise try the enclosing loop; at the top, X is freed whole
+after its last reader. Tensors the user asked for are kept.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
-from timerl.symbolic import Dim, Expr
+from timerl.symbolic import Dim, Expr, Slice, Symbol, always_le0
 
 
 def _positions(body: list[Stmt], path: tuple, out: dict[int, tuple]) -> None:
@@ -25,15 +26,28 @@ def _positions(body: list[Stmt], path: tuple, out: dict[int, tuple]) -> None:
             _positions(s.body, path + (k,), out)
 
 
-def _lag(index: Expr, dim: Dim, forward: bool) -> int | None:
-    """k if ``index`` is ``dim - k`` (forward) or ``dim + k`` (backward), k >= 0."""
-    if not isinstance(index, Expr):
+MAX_LAG = 64  # windows longer than this are kept whole until their loop ends
+
+
+def _window(index: Expr | Slice, dim: Dim, forward: bool) -> int | None:
+    """k when every point read at iteration ``d`` lies in ``[d - k, d]`` (forward loop)."""
+    lo, hi = (index.start, index.stop - 1) if isinstance(index, Slice) else (index, index)
+    if dim not in lo.symbols() or dim not in hi.symbols():
         return None
-    diff = (dim - index) if forward else (index - dim)
-    terms, const = diff.linear()
-    if terms or const < 0:
+    if forward:
+        if not always_le0(hi - dim):
+            return None
+        return next((k for k in range(MAX_LAG + 1) if always_le0(dim - k - lo)), None)
+    if not always_le0(dim - lo):
         return None
-    return const
+    return next((k for k in range(MAX_LAG + 1) if always_le0(hi - dim - k)), None)
+
+
+def _pinned(index: Expr | Slice, allowed: set[Symbol]) -> Expr | None:
+    """The one point a read always hits along the loop's dim (``0``, ``T - 1``), if any."""
+    if isinstance(index, Slice) or not index.symbols() <= allowed:
+        return None
+    return index
 
 
 def add_frees(sched: Schedule, ops: Iterable[Op], keep: set[int]) -> Schedule:
@@ -53,46 +67,74 @@ def add_frees(sched: Schedule, ops: Iterable[Op], keep: set[int]) -> Schedule:
             body = node.body if isinstance(node, Loop) else []
         return node if isinstance(node, Loop) else None
 
+    def add(path: tuple, after: int, free: Free) -> None:
+        inserts.setdefault((path, after), []).append(free)
+
     for op in ops:
         if op.id in keep or op.id not in pos:
             continue
         here = pos[op.id]
         reads = [(r, e) for r, e in readers.get(op.id, []) if r.id in pos]
         if not reads:
-            inserts.setdefault((here[:-1], here[-1]), []).append(Free(op, tuple(op.domain)))
+            add(here[:-1], here[-1], Free(op, tuple(op.domain)))
             continue
-        paths = [pos[r.id] for r, _ in reads]
-        common = 0
-        while (
-            all(len(p) > common + 1 and p[common] == here[common] for p in paths)
-            and len(here) > common + 1
-        ):
-            common += 1
-        # ``common`` leading path entries are loops shared by X and all readers.
-        depth = common
-        while True:
-            loop = node_at(here[:depth]) if depth else None
-            last = max([p[depth] for p in paths] + [here[depth]])
-            if loop is None:
-                inserts.setdefault((here[:depth], last), []).append(Free(op, ()))
+        depth = len(here) - 1  # here[:depth] is the path of the body holding X
+        while depth > 0:
+            if _free_in_loop(op, reads, pos, here, depth, node_at, add):
                 break
-            dim = loop.dim
-            axis = op.domain.index(dim)
-            lags = [_lag(e.index[axis], dim, loop.forward) for _, e in reads]
-            outer = tuple(op.domain[:axis])
-            if all(k is not None for k in lags):
-                k = max(lags)  # type: ignore[type-var]
-                at = dim - k if loop.forward else dim + k
-                inserts.setdefault((here[:depth], last), []).append(Free(op, outer + (at,)))
-                if k > 0:
-                    parent = here[: depth - 1]
-                    inserts.setdefault((parent, here[depth - 1]), []).append(Free(op, outer))
-                break
-            # Not a fixed window: move out one loop; the whole loop is the last reader there.
             depth -= 1
-            if depth < 0:
-                break
+        else:
+            last = max(pos[r.id][0] for r, _ in reads)
+            add((), max(last, here[0]), Free(op, ()))
     return Schedule(_rebuild(sched.body, (), inserts))
+
+
+def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> bool:
+    """Try to free X point by point inside the loop at ``here[:depth]``; False if it cannot."""
+    loop = node_at(here[:depth])
+    assert loop is not None
+    dim = loop.dim
+    if dim not in op.domain:
+        return False
+    axis = op.domain.index(dim)
+    outer = tuple(op.domain[:axis])
+    allowed: set[Symbol] = set(outer) | {d.bound for d in op.domain} | {dim.bound}
+    lags: list[int] = [0]
+    pins: list[Expr] = []
+    inside_last = here[depth]
+    outside_last: int | None = None
+    for reader, edge in reads:
+        path = pos[reader.id]
+        if any(edge.index[k] is not outer[k] for k in range(axis)):
+            return False  # reads another point of an outer dim: free at that level instead
+        index = edge.index[axis]
+        if path[:depth] == here[:depth]:  # inside this loop
+            k = _window(index, dim, loop.forward)
+            if k is not None:
+                lags.append(k)
+                inside_last = max(inside_last, path[depth])
+                continue
+            pin = _pinned(index, allowed)
+            if pin is None:
+                return False
+            pins.append(pin)
+            inside_last = max(inside_last, path[depth])
+        elif path[: depth - 1] == here[: depth - 1]:  # after the loop, in the same body
+            pin = _pinned(index, allowed)
+            if pin is None:
+                return False
+            pins.append(pin)
+            outside_last = max(outside_last or 0, path[depth - 1])
+        else:
+            return False
+    k = max(lags)
+    at = dim - k if loop.forward else dim + k
+    unique_pins = tuple(dict.fromkeys(pins))
+    add(here[:depth], inside_last, Free(op, outer + (at,), unique_pins))
+    if k > 0 or unique_pins:
+        after = here[depth - 1] if outside_last is None else max(outside_last, here[depth - 1])
+        add(here[: depth - 1], after, Free(op, outer))
+    return True
 
 
 def _rebuild(body: list[Stmt], path: tuple, inserts: dict[tuple, list[Free]]) -> list[Stmt]:

@@ -19,10 +19,12 @@ class Compute:
 
 @dataclass(eq=False)
 class Free:
-    """Release the points of ``op`` whose leading coordinates equal ``prefix`` (all if empty)."""
+    """Release the points of ``op`` whose leading coordinates equal ``prefix`` (all if empty),
+    except those whose last prefix coordinate is one of ``pinned`` (still read later)."""
 
     op: Op
     prefix: tuple[Expr, ...] = ()
+    pinned: tuple[Expr, ...] = ()
 
 
 @dataclass(eq=False)
@@ -75,7 +77,8 @@ class Schedule:
                     lines.append(f"{pad}{op.label}[{point}] = {op.prim}({reads})")
                 else:
                     where = ", ".join(map(str, s.prefix)) if s.prefix else "*"
-                    lines.append(f"{pad}free {s.op.label}[{where}]")
+                    unless = f" unless {s.prefix[-1]} in {list(s.pinned)}" if s.pinned else ""
+                    lines.append(f"{pad}free {s.op.label}[{where}]{unless}")
 
         visit(self.body, 0)
         return "\n".join(lines)
