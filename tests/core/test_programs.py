@@ -1150,3 +1150,55 @@ def test_numpy_style_spatial_indexing(key, backend):
         U = tl.from_numpy(u, domain=(t,))
         got = tl.evaluate(build(U, t), backend=backend)
     close(got, np.stack([ref(u[k]) for k in range(2)]))
+
+
+@pytest.mark.parametrize("kind", ["last", "window", "lag2", "first"])
+def test_bounded_reads_keep_memory_bounded(kind, backend):
+    def peak(steps):
+        ctx, t, T = ctx_t()
+        seen = []
+        with ctx:
+            x = tl.RecurrentTensor.placeholder((256,), dtype="float64", domain=(t,))
+            x[0] = tl.zeros((256,), dtype="float64")
+            x[t + 1] = x[t] * 0.5 + 1.0
+            if kind == "last":
+                r = x[T - 1].sum()
+            elif kind == "window":
+                r = x[tl.max(t - 3, 0) : t + 1].sum()
+            elif kind == "lag2":
+                r = x[tl.max(t - 2, 0)].sum()
+            else:
+                r = (x - x[0]).sum()
+            tl.sink(r, lambda value, point: seen.append(float(value)))
+        prog = ctx.compile(bounds={T: steps}, backend=backend)
+        prog.run()
+        rows = [256 * (2 - 2.0 ** (1 - k)) if k else 0.0 for k in range(steps)]
+        if kind == "last":
+            want = [rows[-1]]
+        elif kind == "window":
+            want = [sum(rows[max(k - 3, 0) : k + 1]) for k in range(steps)]
+        elif kind == "lag2":
+            want = [rows[max(k - 2, 0)] for k in range(steps)]
+        else:
+            want = rows
+        np.testing.assert_allclose(seen, want, rtol=1e-9, atol=1e-6)
+        return prog.stats()["peak_bytes"]
+
+    short, long = peak(50), peak(500)
+    assert long <= short * 1.1 + 4096, (short, long)
+
+
+def test_iteration_reads_previous_iteration_ahead(backend):
+    u = np.arange(4.0, dtype=np.float32)
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,))
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        h[0, t] = U
+        h[i + 1, t] = h[i, t] * 2.0 + h[i, tl.min(t + 1, T - 1)]
+    got = tl.evaluate(h, bounds={I: 3}, backend=backend)
+    want = [u]
+    for _ in range(2):
+        prev = want[-1]
+        want.append(np.array([prev[k] * 2 + prev[min(k + 1, 3)] for k in range(4)]))
+    np.testing.assert_allclose(got, np.stack(want))
