@@ -125,5 +125,7 @@ def test_eval_cli_runtime_under_memory_limit(tmp_path, capsys):
     assert "exact" not in rec["values"]  # exact is single-device peak memory only
     assert set(rec["feasible"]) == {"program", "portfolio", "local", "brkga"}
     assert rec["feasible"]["program"] is False  # all on one device at twice the limit
+    if rec["limit_unreachable"]:
+        assert not any(rec["feasible"].values())
     assert rec["values"]["brkga"] <= rec["values"]["portfolio"] <= rec["values"]["program"]
     assert "runtime, 2 device(s) + host, limit 0.5 x program peak" in capsys.readouterr().out

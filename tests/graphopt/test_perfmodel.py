@@ -8,6 +8,7 @@ from timerl.graphopt.perfmodel import (
     PeakMemory,
     Simulator,
     as_order,
+    max_working_set,
     peak_memory,
     peak_memory_reference,
 )
@@ -200,3 +201,16 @@ def test_simulation_invariants_on_random_placements(seed):
     # no transfers and no swaps: all on one device equals the step model
     one = sim.run(order, np.zeros(g.n, dtype=np.int64), None)
     assert one.peaks[0] == PeakMemory(g).peak(order) and one.peaks[1:].sum() == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_max_working_set_bounds_every_order(seed, all_orders):
+    g = random_graph(3 + seed % 6, seed=seed, view_prob=0.3)
+    pm = PeakMemory(g)
+    ws = max_working_set(g)
+    assert ws <= min(pm.peak(np.array(o)) for o in all_orders(g))
+    # and it is attained by some op's own inputs and output
+    assert any(
+        ws == sum(int(g.nbytes[b]) for b in {int(g.root[u]) for u in g.preds[v]} | {int(g.root[v])})
+        for v in range(g.n)
+    )

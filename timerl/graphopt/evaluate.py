@@ -26,6 +26,7 @@ from timerl.graphopt.brkga import SearchResult, brkga
 from timerl.graphopt.decoders import Problem, Solution
 from timerl.graphopt.exact import exact_peak_memory, peak_lower_bound
 from timerl.graphopt.graph import Graph
+from timerl.graphopt.perfmodel import max_working_set
 
 METHODS = ("program", "portfolio", "local", "brkga", "exact")
 KINDS = ("synthetic", "model", "training")
@@ -105,6 +106,7 @@ class GraphRecord:
     optimum: float | None = None  # proven optimum (exact, or best known meets the bound)
     best_known: float = float("inf")
     lower_bound: float = 0.0  # dependence bound, raised by the exact solver's where it ran
+    limit_unreachable: bool = False  # one op alone needs more than the memory limit
 
 
 def load_index(corpus: Path, split: str) -> list[dict[str, Any]]:
@@ -167,6 +169,9 @@ def evaluate_corpus(
             if m == "exact" and res.bound is not None:
                 rec.lower_bound = max(rec.lower_bound, res.bound)
         rec.best_known = min(rec.values.values()) if rec.values else float("inf")
+        last = make_problem(graph)
+        if last.cluster is not None and last.cluster.memory_limit:
+            rec.limit_unreachable = max_working_set(graph) > last.cluster.memory_limit
         if graph.n <= 20_000 and make_problem(graph).single:
             rec.lower_bound = max(rec.lower_bound, float(peak_lower_bound(graph)))
         if rec.best_known <= rec.lower_bound:
@@ -223,7 +228,8 @@ def summarise(records: Sequence[GraphRecord], methods: Sequence[str]) -> list[di
                     "headroom_captured": _mean([100 * h for h in headroom]),
                     "seconds": _mean([r.seconds[m] for r in have]),
                     "feasible": (
-                        f"{sum(r.feasible[m] for r in have)}/{len(have)}"
+                        f"{sum(r.feasible[m] for r in have)}/{len(have)} "
+                        f"({sum(r.limit_unreachable for r in have)} unreachable)"
                         if all(m in r.feasible for r in have)
                         else "-"
                     ),

@@ -156,6 +156,20 @@ def peak_memory_reference(graph: Graph, order: Sequence[int]) -> int:
     return peak
 
 
+def max_working_set(graph: Graph) -> int:
+    """Largest inputs-plus-output footprint of a single op (root buffers, each once).
+
+    Every schedule on every device holds at least this much while that op runs, so a memory
+    limit below it cannot be met by any order, placement or swap.
+    """
+    best = 0
+    nbytes, root = graph.nbytes, graph.root
+    for v in range(graph.n):
+        bufs = {int(root[u]) for u in graph.preds[v]} | {int(root[v])}
+        best = max(best, int(sum(int(nbytes[b]) for b in bufs)))
+    return best
+
+
 # ---------------------------------------------------------------------- multi-device model
 @dataclass(frozen=True)
 class Cluster:
