@@ -698,7 +698,7 @@ def plot(rows: list[Row], out: Path) -> list[Path]:
             ax.grid(axis="y", alpha=0.3)
         axes[0].set_yscale("log")
         axes[0].legend(fontsize=8)
-        fig.suptitle(what + "\n" + group[0].case.describe(), fontsize=9)
+        fig.suptitle(f"{what}\n{axis} varies; otherwise as {group[0].case.describe()}", fontsize=9)
         fig.tight_layout()
         path = out / f"{name}.png"
         fig.savefig(path, dpi=110)
