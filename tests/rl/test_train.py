@@ -1,0 +1,329 @@
+"""The training driver: resume is bit for bit, metrics, checkpoints, errors, and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import pickle
+import signal
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from timerl.errors import CheckpointError, EnvError, NumericalError
+from timerl.rl.train import CHECKPOINT, METRICS, load_checkpoint, train
+
+CFG = {
+    "env_id": "CartPole-v1",
+    "num_envs": 4,
+    "num_steps": 32,
+    "hidden": [16, 16],
+    "epochs": 2,
+    "minibatches": 2,
+    "seed": 3,
+}
+N = 6
+
+
+class _NaNRewardEnv(gym.Env):
+    """Rewards turn NaN after ``nan_after`` steps of a sub-env (counted across episodes)."""
+
+    observation_space = gym.spaces.Box(-1, 1, (3,))
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, nan_after: int = 10**9) -> None:
+        self.nan_after, self.count, self.n = nan_after, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.count += 1
+        self.n += 1
+        reward = float("nan") if self.count > self.nan_after else 1.0
+        return np.full(3, 0.1 * action, np.float32), reward, self.n >= 10, False, {}
+
+
+class _Box2DActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (3,))
+    action_space = gym.spaces.Box(-1, 1, (2, 2))
+
+
+class _MultiDiscreteActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (3,))
+    action_space = gym.spaces.MultiDiscrete([2, 3])
+
+
+for _id, _cls in [
+    ("TimerlRLTest/NaNReward-v0", _NaNRewardEnv),
+    ("TimerlRLTest/Box2DAction-v0", _Box2DActionEnv),
+    ("TimerlRLTest/MultiDiscreteAction-v0", _MultiDiscreteActionEnv),
+]:
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=_cls)
+
+
+def _rows(log_dir):
+    with open(log_dir / METRICS, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _comparable(rows):
+    """Metric rows without the wall-clock column."""
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+def _assert_same_stores(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].keys() == b[k].keys(), k
+        for p in a[k]:
+            np.testing.assert_array_equal(a[k][p], b[k][p], err_msg=f"store {k} at {p}")
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_at(iteration):
+    def cb(record):
+        if record["iteration"] == iteration:
+            raise _Stop
+
+    return cb
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    log = tmp_path_factory.mktemp("full")
+    res = train("ppo", CFG, iterations=N, log_dir=log, checkpoint_every=N // 2, progress=False)
+    return log, res
+
+
+def test_full_run_writes_metrics_and_checkpoint(full_run):
+    log, res = full_run
+    rows = _rows(log)
+    assert [int(r["iteration"]) for r in rows] == list(range(N))
+    assert [int(r["env_steps"]) for r in rows] == [(k + 1) * 4 * 32 for k in range(N)]
+    for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "reward_mean"):
+        assert all(math.isfinite(float(r[key])) for r in rows), key
+    ckpt = load_checkpoint(log / CHECKPOINT)
+    assert ckpt["algo"] == "ppo" and ckpt["iteration"] == N - 1 and ckpt["iterations"] == N
+    assert ckpt["config"]["num_steps"] == 32
+    assert res.iterations == N and res.env_steps == N * 128
+    assert len(res.returns) == N
+    assert res.compile_seconds > 0 and res.peak_bytes > 0 and res.steps_per_second > 0
+    assert not (log / (CHECKPOINT.rsplit(".", 1)[0] + ".tmp")).exists()
+
+
+def _interrupted_then_resumed(log_dir, stop_at):
+    with pytest.raises(_Stop):
+        train(
+            "ppo",
+            CFG,
+            iterations=N,
+            log_dir=log_dir,
+            checkpoint_every=N // 2,
+            progress=False,
+            on_iteration=_stop_at(stop_at),
+        )
+    assert load_checkpoint(log_dir / CHECKPOINT)["iteration"] == N // 2 - 1
+    return train("ppo", None, log_dir=log_dir, resume=True, checkpoint_every=N // 2, progress=False)
+
+
+def test_resume_is_bit_for_bit(full_run, tmp_path):
+    """Stopped right after the checkpoint of iteration N/2 - 1, then resumed to N."""
+    full_log, full = full_run
+    res = _interrupted_then_resumed(tmp_path, N // 2 - 1)
+    a = load_checkpoint(full_log / CHECKPOINT)
+    b = load_checkpoint(tmp_path / CHECKPOINT)
+    assert b["iteration"] == N - 1
+    _assert_same_stores(a["stores"], b["stores"])
+    assert res.returns == full.returns
+    assert _comparable(_rows(tmp_path)) == _comparable(_rows(full_log))
+    assert b["history"] is not None and len(b["history"]) == N
+
+
+def test_resume_after_a_crash_between_checkpoints_is_bit_for_bit(full_run, tmp_path):
+    """A crash in iteration N/2 (after its metrics row, before its checkpoint)."""
+    full_log, full = full_run
+    res = _interrupted_then_resumed(tmp_path, N // 2)
+    _assert_same_stores(
+        load_checkpoint(full_log / CHECKPOINT)["stores"],
+        load_checkpoint(tmp_path / CHECKPOINT)["stores"],
+    )
+    assert res.returns == full.returns
+    # the rows of each iteration (the last written wins) equal the uninterrupted run's
+    by_iter = {r["iteration"]: r for r in _comparable(_rows(tmp_path))}
+    assert list(by_iter.values()) == _comparable(_rows(full_log))
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="needs the main thread"
+)
+def test_ctrl_c_checkpoints_and_resume_is_bit_for_bit(full_run, tmp_path):
+    full_log, full = full_run
+
+    def interrupt(record):
+        if record["iteration"] == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt, match="checkpoint saved"):
+        train(
+            "ppo",
+            CFG,
+            iterations=N,
+            log_dir=tmp_path,
+            checkpoint_every=100,
+            progress=False,
+            on_iteration=interrupt,
+        )
+    # the handler lets the running iteration finish and checkpoints it
+    assert load_checkpoint(tmp_path / CHECKPOINT)["iteration"] in (1, 2)
+    assert signal.getsignal(signal.SIGINT) is before
+    res = train("ppo", None, log_dir=tmp_path, resume=True, checkpoint_every=100, progress=False)
+    _assert_same_stores(
+        load_checkpoint(full_log / CHECKPOINT)["stores"],
+        load_checkpoint(tmp_path / CHECKPOINT)["stores"],
+    )
+    assert res.returns == full.returns
+    assert _comparable(_rows(tmp_path)) == _comparable(_rows(full_log))
+
+
+def test_resume_without_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
+    with pytest.raises(CheckpointError, match="log-dir"):
+        train("ppo", None, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("garbage", [b"", b"not a pickle at all", b"\x80\x05\x95garbage"])
+def test_corrupt_checkpoint(tmp_path, garbage):
+    (tmp_path / CHECKPOINT).write_bytes(garbage)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
+
+
+def test_truncated_checkpoint(full_run, tmp_path):
+    data = (full_run[0] / CHECKPOINT).read_bytes()
+    (tmp_path / CHECKPOINT).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
+
+
+def test_pickle_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / CHECKPOINT).write_bytes(pickle.dumps({"hello": 1}))
+    with pytest.raises(CheckpointError, match="not a timerl checkpoint"):
+        train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
+
+
+def test_checkpoint_of_another_algorithm(tmp_path):
+    cfg = {"env_id": "CartPole-v1", "num_envs": 2, "num_steps": 16, "hidden": [8]}
+    train("reinforce", cfg, iterations=1, log_dir=tmp_path, progress=False)
+    with pytest.raises(CheckpointError, match="'reinforce'.*'ppo'"):
+        train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
+
+
+def test_checkpoint_of_a_different_program(full_run, tmp_path):
+    """A checkpoint whose configuration no longer builds the program it was taken from."""
+    ckpt = load_checkpoint(full_run[0] / CHECKPOINT)
+    ckpt["config"]["num_steps"] = 16
+    ckpt["iteration"] = 1
+    (tmp_path / CHECKPOINT).write_bytes(pickle.dumps(ckpt))
+    with pytest.raises(CheckpointError, match="different program"):
+        train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
+
+
+def test_unknown_env_id_is_named():
+    with pytest.raises(EnvError, match="CartPole-v9"):
+        train("ppo", dict(CFG, env_id="CartPole-v9"), iterations=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "match"),
+    [
+        ("TimerlRLTest/Box2DAction-v0", "flat Box"),
+        ("TimerlRLTest/MultiDiscreteAction-v0", "MultiDiscrete"),
+    ],
+)
+@pytest.mark.parametrize("algo", ["ppo", "reinforce"])
+def test_unsupported_action_space(env_id, match, algo):
+    cfg = {"env_id": env_id, "num_envs": 2, "num_steps": 8, "hidden": [8]}
+    with pytest.raises(EnvError, match=f"{env_id}.*{match}"):
+        train(algo, cfg, iterations=1, progress=False)
+
+
+def test_nan_raises_and_keeps_the_last_good_checkpoint(tmp_path):
+    cfg = {
+        "env_id": "TimerlRLTest/NaNReward-v0",
+        "env_kwargs": {"nan_after": 40},  # steps 33..48 are iteration 2 with num_steps=16
+        "num_envs": 2,
+        "num_steps": 16,
+        "hidden": [8],
+        "epochs": 1,
+        "minibatches": 2,
+    }
+    with pytest.raises(NumericalError) as info:
+        train("ppo", cfg, iterations=5, log_dir=tmp_path, checkpoint_every=1, progress=False)
+    msg = str(info.value)
+    assert "iteration 2" in msg and "reward_mean" in msg and "loss" in msg
+    assert "iteration 1" in msg  # the checkpoint kept
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    assert ckpt["iteration"] == 1
+    for points in ckpt["stores"].values():
+        for value in points.values():
+            if np.issubdtype(np.asarray(value).dtype, np.floating):
+                assert np.all(np.isfinite(value))
+    assert [int(r["iteration"]) for r in _rows(tmp_path)] == [0, 1]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_infinite_lr_raises_at_the_first_iteration(tmp_path):
+    cfg = dict(CFG, lr=float("inf"), anneal_lr=False)
+    with pytest.raises(NumericalError, match="iteration 0:.*loss") as info:
+        train("ppo", cfg, iterations=2, log_dir=tmp_path, checkpoint_every=1, progress=False)
+    assert "was none" in str(info.value)
+    assert not (tmp_path / CHECKPOINT).exists()
+
+
+def test_unknown_hyper_parameter():
+    from timerl.errors import ProgramError
+
+    with pytest.raises(ProgramError, match="bogus"):
+        train("ppo", dict(CFG, bogus=1), iterations=1, progress=False)
+    with pytest.raises(ProgramError, match="unknown algorithm"):
+        train("a2c-nope", CFG, iterations=1, progress=False)
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+def test_cli_train_prints_a_summary(tmp_path, capsys):
+    from timerl.cli import main
+
+    argv = ["train", "ppo", "--env", "CartPole-v1", "--steps", "2048", "--num-envs", "4"]
+    argv += ["--num-steps", "64", "--log-dir", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "mean return" in out
+    assert "steps/s" in out
+    assert "compile" in out
+    assert "peak memory" in out
+    assert len(_rows(tmp_path)) == 2048 // (4 * 64)
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    assert ckpt["config"]["num_envs"] == 4 and ckpt["config"]["num_steps"] == 64
+
+
+def test_cli_reports_errors(capsys):
+    from timerl.cli import main
+
+    assert main(["train", "ppo", "--env", "CartPole-v9", "--steps", "64", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "CartPole-v9" in err and "error" in err
+    argv = ["train", "reinforce", "--clip", "0.1", "--steps", "64", "--no-progress"]
+    assert main(argv) == 2
+    assert "--clip" in capsys.readouterr().err
