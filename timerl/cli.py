@@ -11,11 +11,13 @@ from timerl.errors import TimerlError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timerl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    from timerl import bench_cli
     from timerl.graphopt import cli as graphopt_cli
     from timerl.rl import cli as rl_cli
 
     rl_cli.register(sub)
     graphopt_cli.register(sub)
+    bench_cli.register(sub)
     return parser
 
 
