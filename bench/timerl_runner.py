@@ -25,6 +25,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 from bench.common import Config, Result, build_parser, config_from_args, peak_rss_bytes, pin_threads
@@ -221,6 +222,7 @@ def profiled(config: Config, algo: str = "ppo", backend: str = "numpy") -> dict[
         "executor_s": max(run_s - timers.env - kernels, 0.0),
         "top_kernels": [(p, s, timers.kernel_calls[p]) for p, s in top],
         "iterations": len(records),
+        "result": asdict(result),
     }
 
 
