@@ -766,6 +766,10 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
         from bench.common import pin_threads
 
         pin_threads(args.threads)
+        if args.threads == 1:
+            from bench.baselines.jax_ppo import pin_xla_threads
+
+            pin_xla_threads()
     began = time.perf_counter()
     print(f"timerl bench rl: {len(chosen)} configuration(s) x {len(names)} system(s) "
           f"x {repeats} repeat(s), {args.threads} thread(s)")  # fmt: skip
