@@ -13,6 +13,7 @@ from timerl.api.tensor import RecurrentTensor, branch_condition, lift
 from timerl.errors import BoundError, ProgramError, ShapeError
 from timerl.ir.build import apply, ordered
 from timerl.ir.graph import Edge, Op, View
+from timerl.ir.retime import retime
 from timerl.ir.shapes import broadcast
 from timerl.symbolic import Bound, Dim, Expr, Slice
 
@@ -95,7 +96,7 @@ class Context:
             view = View(view.op, dims)
             value = RecurrentTensor(view, self)
         index = tuple(i.substitute(subst) for i in view.index)
-        branch = View(view.op, index)
+        branch = retime(View(view.op, index), op)
         extra = branch.dims - set(op.domain)
         if extra:
             raise ProgramError(

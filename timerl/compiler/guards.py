@@ -52,7 +52,7 @@ def infer_guards(ops: list[Op], roots: Iterable[Op]) -> None:
     guard: dict[int, Condition] = {op.id: FALSE for op in ops}
     for r in roots:
         guard[r.id] = TRUE
-    reads = []
+    reads: dict[int, list] = {op.id: [] for op in ops}
     for reader in ops:
         conds = (
             exclusive_conditions(reader)
@@ -60,35 +60,36 @@ def infer_guards(ops: list[Op], roots: Iterable[Op]) -> None:
             else [e.cond for e in reader.inputs]
         )
         for edge, cond in zip(reader.inputs, conds, strict=True):
-            reads.append((reader, edge, cond))
+            reads[edge.src.id].append((reader, edge, cond))
+    root_ids = {r.id for r in roots}
+    # Readers mostly have larger ids than what they read: visiting ops by decreasing id lets
+    # one sweep carry a guard down a whole chain (in-place, Gauss-Seidel style).
+    order = sorted(ops, key=lambda o: -o.id)
     changes = {op.id: 0 for op in ops}
-    widened: set[int] = set()
     for _ in range(MAX_ROUNDS):
-        new = {op.id: FALSE for op in ops}
-        for r in roots:
-            new[r.id] = TRUE
-        for k in widened:
-            new[k] = TRUE
-        for reader, edge, cond in reads:
-            src = edge.src
-            if new[src.id] == TRUE:
+        changed = False
+        for op in order:
+            if op.id in root_ids or guard[op.id] == TRUE:
                 continue
-            shifts = _shifts(reader, edge.index, src)
-            if shifts is not None:
-                new[src.id] = simplify(new[src.id] | _read_set(guard[reader.id] & cond, shifts))
-            elif guard[reader.id] != FALSE:
-                new[src.id] = TRUE
-        if new == guard:
+            g: Condition = FALSE
+            for reader, edge, cond in reads[op.id]:
+                if guard[reader.id] == FALSE:
+                    continue
+                shifts = _shifts(reader, edge.index, op)
+                if shifts is None:
+                    g = TRUE
+                    break
+                g = simplify(g | _read_set(guard[reader.id] & cond, shifts))
+            if g != guard[op.id]:
+                changes[op.id] += 1
+                # Every cycle passes through a piecewise op; one whose guard keeps changing
+                # follows a shift around the cycle: widen it to every point (always sound).
+                if op.prim == "merge" and changes[op.id] > WIDEN_AFTER:
+                    g = TRUE
+                guard[op.id] = g
+                changed = True
+        if not changed:
             break
-        for k in new:
-            if new[k] != guard[k]:
-                changes[k] += 1
-                # a guard that keeps changing follows a recurrence around a cycle: widen it to
-                # every point, which is always a sound over-approximation of what is read
-                if changes[k] > WIDEN_AFTER:
-                    widened.add(k)
-                    new[k] = TRUE
-        guard = new
     else:
         guard = {op.id: TRUE for op in ops}
     for op in ops:
