@@ -11,6 +11,10 @@ class ProgramError(TimerlError):
     """A recurrent-tensor program is malformed (found while building or validating the PDG)."""
 
 
+class IndexExprError(ProgramError, TypeError):
+    """An index expression outside the affine forms timerl analyses (e.g. ``t * t``)."""
+
+
 class ShapeError(ProgramError):
     """Operands' shapes or dtypes do not fit the op."""
 

@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 import timerl as tl
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(autouse=True)
+def _float64_torch():
+    """The eager references compute in float64, like the timerl programs they check."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def _arr(*shape, seed=0, scale=1.0):

@@ -11,7 +11,7 @@ import numpy as np
 
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
 from timerl.errors import BoundError, ProgramError, ShapeError
-from timerl.ir.build import apply, ordered
+from timerl.ir.build import apply, ordered, user_site
 from timerl.ir.graph import Edge, Op, View
 from timerl.ir.retime import retime
 from timerl.ir.shapes import broadcast
@@ -79,13 +79,13 @@ class Context:
                 "RecurrentTensor.placeholder(...) are defined by assignment"
             )
         key = key if isinstance(key, tuple) else (key,)
-        cond, subst = branch_condition(key, op.domain, op.label)
+        site = user_site()
+        where = f"assignment to {op.label}" + (f" at {site}" if site else "")
+        cond, subst = branch_condition(key, op.domain, where)
         value = lift(value, like=target)
         if value.dtype != op.dtype:
             if not np.can_cast(value.dtype, op.dtype, casting="same_kind") and value.dtype != bool:
-                raise ShapeError(
-                    f"assignment to {op.label}: value of dtype {value.dtype} does not fit {op.dtype}"
-                )
+                raise ShapeError(f"{where}: value of dtype {value.dtype} does not fit {op.dtype}")
             value = value.to(op.dtype)
         view = value.view
         if view.op.attrs.get("adopt_domain") and not view.op.domain and not view.op.inputs:
@@ -100,7 +100,7 @@ class Context:
         extra = branch.dims - set(op.domain)
         if extra:
             raise ProgramError(
-                f"assignment to {op.label}: the value depends on dims "
+                f"{where}: the value depends on dims "
                 f"{sorted(d.name for d in extra)} outside its domain {[d.name for d in op.domain]}"
             )
         try:
@@ -109,7 +109,7 @@ class Context:
                 raise ShapeError("")
         except ShapeError:
             raise ShapeError(
-                f"assignment to {op.label}: value of shape {tuple(view.shape)} does not match "
+                f"{where}: value of shape {tuple(view.shape)} does not match "
                 f"its declared shape {tuple(op.shape)}"
             ) from None
         op.inputs.append(Edge(branch.op, branch.index, cond))

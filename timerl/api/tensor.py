@@ -159,6 +159,10 @@ class RecurrentTensor:
             else:
                 view = View(view.op, tuple(_compose(i, index, self.name) for i in view.index))
             self._check_static_range(view)
+            # gathered slices come first: spatial indices address the tensor's own axes
+            gathered = sum(isinstance(i, Slice) for i in index.values())
+            if spatial and gathered:
+                spatial = (slice(None),) * gathered + tuple(spatial)
         else:
             spatial = key
         out = self._new(view)
@@ -191,7 +195,13 @@ class RecurrentTensor:
 
     # --- operators ----------------------------------------------------------------------------
     def _lift(self, other: TensorLike) -> RecurrentTensor:
-        return lift(other, like=self)
+        out = lift(other, like=self)
+        if out.ctx is not self.ctx:
+            raise ProgramError(
+                f"{self.name} and {out.name} belong to different contexts: build a program "
+                "inside one tl.Context"
+            )
+        return out
 
     def _binary(self, prim: str, other: TensorLike, reverse: bool = False) -> RecurrentTensor:
         other = self._lift(other)
@@ -224,6 +234,21 @@ class RecurrentTensor:
 
     def __pow__(self, o):
         return self._binary("pow", o)
+
+    def pow(self, exponent: TensorLike) -> RecurrentTensor:
+        return self._binary("pow", exponent)
+
+    def __floordiv__(self, o):
+        return self._binary("floordiv", o)
+
+    def __rfloordiv__(self, o):
+        return self._binary("floordiv", o, True)
+
+    def __mod__(self, o):
+        return self._binary("mod", o)
+
+    def __rmod__(self, o):
+        return self._binary("mod", o, True)
 
     def __rpow__(self, o):
         return self._binary("pow", o, True)
@@ -679,22 +704,22 @@ def branch_condition(
         return cond, {d: d for d in dims}
     if len(key) != len(dims):
         raise ProgramError(
-            f"assignment to {name}: give one index per domain dim "
+            f"{name}: give one index per domain dim "
             f"({', '.join(d.name for d in dims)}) or one condition, got {len(key)}"
         )
     cond: Condition = TRUE
     subst: dict[Dim, Expr] = {}
     for k, d in zip(key, dims, strict=True):
         if isinstance(k, slice):
-            raise ProgramError(f"assignment to {name}: slices are not allowed on the left ({k})")
+            raise ProgramError(f"{name}: slices are not allowed on the left ({k})")
         if isinstance(k, Condition):
-            raise ProgramError(f"assignment to {name}: a condition must be the only index")
+            raise ProgramError(f"{name}: a condition must be the only index")
         e = as_expr(k)
         terms, const = e.linear()
         if d in e.symbols():
             if terms != {d: 1} or any(s in e.symbols() for s in dims if s is not d):
                 raise ProgramError(
-                    f"assignment to {name}: left index {e} on {d.name} must be {d.name} plus a constant"
+                    f"{name}: left index {e} on {d.name} must be {d.name} plus a constant"
                 )
             shift = const
             subst[d] = d - shift
@@ -704,9 +729,7 @@ def branch_condition(
                 cond = cond & (d < d.bound + shift)
         else:
             if any(isinstance(s, Dim) for s in e.symbols()):
-                raise ProgramError(
-                    f"assignment to {name}: left index {e} on {d.name} uses another dim"
-                )
+                raise ProgramError(f"{name}: left index {e} on {d.name} uses another dim")
             cond = cond & d.eq(e)
             subst[d] = e
     return cond, subst

@@ -19,31 +19,46 @@ from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, simplify
 
 MAX_ROUNDS = 100
 WIDEN_AFTER = 6
+# Guards are kept as simplified but not normalised And/Or trees; past this many comparisons a
+# guard stops paying for itself (and unions around cycles can grow it without end): widen it.
+MAX_ATOMS = 24
 
 
-def _shifts(reader: Op, edge_index: tuple, src: Op) -> dict[Dim, int] | None:
-    """``{d: k}`` when the reader at ``p`` reads ``src`` at ``p + k`` on every dim, else None."""
-    if reader.domain != src.domain:
-        return None
-    out = {}
+def _atoms(cond: Condition) -> int:
+    parts = getattr(cond, "parts", None)
+    if parts is not None:
+        return sum(_atoms(p) for p in parts)
+    part = getattr(cond, "part", None)
+    return _atoms(part) if part is not None else 1
+
+
+def _read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Condition:
+    """The points of ``src`` that ``reader`` reads where ``cond`` holds at its own point.
+
+    Exact for shifts (``t``, ``t - 1``: move the condition by the shift) and fixed points
+    (``x[0]``, ``x[T - 1]``); anything else (slices, reads that mix dims) reads every point.
+    """
+    moved: dict[Dim, Expr] = {}
+    pins: list[Condition] = []
     for d, idx in zip(src.domain, edge_index, strict=True):
         if not isinstance(idx, Expr):
-            return None
+            return TRUE
+        dims = {s for s in idx.symbols() if isinstance(s, Dim)}
+        if not dims:
+            pins.append(d.eq(idx))
+            continue
         diff = idx - d
-        if not isinstance(diff, Const):
-            return None
-        out[d] = diff.value
-    return out
-
-
-def _read_set(cond: Condition, shifts: dict[Dim, int]) -> Condition:
-    """The src points ``q = p + k`` read where ``cond`` holds at the reader's point ``p``."""
-    moved = {d: d - k for d, k in shifts.items() if k}
-    if not moved:
-        return cond
-    out = cond.substitute(moved)
+        if dims != {d} or d not in reader.domain or not isinstance(diff, Const):
+            return TRUE
+        moved[d] = d - diff.value
+    out = cond.substitute(moved) if moved else cond
+    if any(isinstance(s, Dim) and s not in moved for s in out.symbols()):
+        out = TRUE  # the reader's condition is about dims the read does not map: keep it all
     for d, back in moved.items():
-        out = out & (back >= 0) & (back < d.bound)
+        if back is not d:
+            out = out & (back >= 0) & (back < d.bound)
+    for p in pins:
+        out = out & p
     return simplify(out)
 
 
@@ -75,11 +90,10 @@ def infer_guards(ops: list[Op], roots: Iterable[Op]) -> None:
             for reader, edge, cond in reads[op.id]:
                 if guard[reader.id] == FALSE:
                     continue
-                shifts = _shifts(reader, edge.index, op)
-                if shifts is None:
+                g = simplify(g | _read_points(reader, edge.index, op, guard[reader.id] & cond))
+                if g == TRUE or _atoms(g) > MAX_ATOMS:
                     g = TRUE
                     break
-                g = simplify(g | _read_set(guard[reader.id] & cond, shifts))
             if g != guard[op.id]:
                 changes[op.id] += 1
                 # Every cycle passes through a piecewise op; one whose guard keeps changing

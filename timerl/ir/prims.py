@@ -232,6 +232,8 @@ _binary_op(
     lambda s, d, a: (broadcast(*s), np.result_type(promote(*d), np.float32)),
 )
 _binary_op("pow", np.power, lambda a, b: torch.pow(a, b), _vjp_pow)
+_binary_op("floordiv", np.floor_divide, lambda a, b: torch.div(a, b, rounding_mode="floor"))
+_binary_op("mod", np.mod, lambda a, b: torch.remainder(a, b))
 _binary_op("maximum", np.maximum, lambda a, b: torch.maximum(a, b), _vjp_extremum("ge"))
 _binary_op("minimum", np.minimum, lambda a, b: torch.minimum(a, b), _vjp_extremum("le"))
 for _name, _np, _tf in [
@@ -442,7 +444,7 @@ register(
         "expand",
         _infer_expand,
         lambda x, shape: np.broadcast_to(x, shape),
-        lambda x, shape: x.expand(*shape),
+        lambda x, shape: x.expand(tuple(shape)) if len(shape) else x.reshape(()),
         lambda ap, op, i, o, g: [_unbroadcast(ap, g, i[0].shape)],
         point_attrs=("shape",),
     )

@@ -58,17 +58,51 @@ class TrainResult:
         )
 
 
-def build(algo: str, config: dict[str, Any]) -> AlgoProgram:
+def make_config(algo: str, config: dict[str, Any]) -> AlgoConfig:
+    """The full configuration: the algorithm's per-environment defaults overridden by ``config``."""
     if algo not in ALGOS:
         raise ProgramError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGOS)}")
-    builder, cls = ALGOS[algo]
+    _, cls = ALGOS[algo]
     config = {**default_config(algo, config.get("env_id", cls.env_id)), **config}
     names = {f.name for f in fields(cls)}
     unknown = set(config) - names
     if unknown:
         raise ProgramError(f"{algo}: unknown hyper-parameters {sorted(unknown)}")
-    cfg = cls(**{k: (tuple(v) if k == "hidden" else v) for k, v in config.items()})
-    return builder(cfg)
+    return cls(**{k: (tuple(v) if k == "hidden" else v) for k, v in config.items()})
+
+
+def build(algo: str, config: dict[str, Any]) -> AlgoProgram:
+    cfg = make_config(algo, config)
+    return ALGOS[algo][0](cfg)
+
+
+def _check_same_config(
+    algo: str,
+    config: dict[str, Any] | None,
+    iterations: int | None,
+    ckpt: dict[str, Any],
+    log_path: Path,
+) -> None:
+    """A resumed run continues the checkpoint's run: any setting the caller gives must match.
+
+    Silently preferring the checkpoint would train something other than what was asked for.
+    """
+    diffs = []
+    if config is not None:
+        given = make_config(algo, config).to_dict()
+        saved = ckpt["config"]
+        diffs = [
+            f"{k}={given[k]!r} (checkpoint: {saved.get(k)!r})"
+            for k in config
+            if given[k] != saved.get(k)
+        ]
+    if iterations is not None and iterations != ckpt["iterations"]:
+        diffs.append(f"iterations={iterations} (checkpoint: {ckpt['iterations']})")
+    if diffs:
+        raise CheckpointError(
+            f"cannot resume the run in {log_path} with a different config: {', '.join(diffs)}; "
+            "resume without these settings, or start a new run in another --log-dir"
+        )
 
 
 def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
@@ -117,6 +151,7 @@ def train(
         ckpt = load_checkpoint(log_path / CHECKPOINT)
         if ckpt["algo"] != algo:
             raise CheckpointError(f"checkpoint in {log_path} is for {ckpt['algo']!r}, not {algo!r}")
+        _check_same_config(algo, config, iterations, ckpt, log_path)
         config = ckpt["config"]
         iterations = ckpt["iterations"]
     program = build(algo, dict(config or {}))
@@ -146,7 +181,7 @@ def train(
         history = list(ckpt["history"])
     if log_path is not None:
         log_path.mkdir(parents=True, exist_ok=True)
-    writer = _MetricsLog(log_path, names, append=ckpt is not None)
+    writer = _MetricsLog(log_path, names, resume_at=start if ckpt is not None else None)
     bar = _Progress(iterations * per_iter, enabled=progress, done=start * per_iter)
     last_good: dict[str, Any] | None = ckpt
     begin = time.perf_counter()
@@ -244,18 +279,28 @@ def train(
 class _MetricsLog:
     """Per-iteration metrics as CSV (and TensorBoard scalars when it is installed)."""
 
-    def __init__(self, log_dir: Path | None, names: list[str], append: bool) -> None:
+    def __init__(self, log_dir: Path | None, names: list[str], resume_at: int | None) -> None:
+        """``resume_at``: the first iteration a resumed run computes again; rows from it on
+        (written after the checkpoint, before a crash) are dropped so each iteration is logged once.
+        """
         self.file = None
         self.tb = None
         if log_dir is None:
             return
         path = log_dir / METRICS
         cols = ["iteration", "env_steps", "episodic_return", "episodes", "seconds", *names]
-        mode = "a" if append and path.exists() else "w"
-        self.file = open(path, mode, newline="")  # noqa: SIM115 - closed in close()
+        kept: list[dict[str, str]] = []
+        if resume_at is not None and path.exists():
+            with open(path, newline="") as f:
+                kept = [r for r in csv.DictReader(f) if int(r["iteration"]) < resume_at]
+        tmp = path.with_suffix(".csv.tmp")  # rename: a crash here never loses the kept rows
+        with open(tmp, "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=cols)
+            out.writeheader()
+            out.writerows(kept)
+        os.replace(tmp, path)
+        self.file = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
         self.csv = csv.DictWriter(self.file, fieldnames=cols)
-        if mode == "w":
-            self.csv.writeheader()
         try:
             from torch.utils.tensorboard import SummaryWriter
 

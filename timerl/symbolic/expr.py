@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
+from timerl.errors import IndexExprError
+
 ExprLike = Union["Expr", int]
 
 _symbol_ids = itertools.count()
@@ -49,7 +51,10 @@ class Expr:
             return _scale(self, other.value)
         if isinstance(self, Const):
             return _scale(other, self.value)
-        raise TypeError(f"index expressions are affine: cannot multiply {self} by {other}")
+        raise IndexExprError(
+            f"index expressions are affine: cannot multiply {self} by {other} "
+            "(use a constant factor, floor division or min/max)"
+        )
 
     __rmul__ = __mul__
 
@@ -303,7 +308,8 @@ class MinMax(Expr):
 def _minmax(kind: str, args: Iterable[ExprLike]) -> Expr:
     pick = min if kind == "min" else max
     flat: list[Expr] = []
-    for arg in map(as_expr, args):
+    args = _drop_dominated(list(map(as_expr, args)), pick)
+    for arg in args:
         if isinstance(arg, MinMax) and arg.kind == kind:
             flat.extend(arg.args)
         else:
@@ -323,6 +329,21 @@ def _minmax(kind: str, args: Iterable[ExprLike]) -> Expr:
     if all(isinstance(a, Const) for a in kept):
         return Const(pick(a.value for a in kept))  # type: ignore[attr-defined]
     return MinMax(kind, tuple(sorted(kept, key=repr)))
+
+
+def _drop_dominated(args: list[Expr], pick) -> list[Expr]:
+    """Of arguments that differ by a constant keep the winner: min(m, m + 1) is m."""
+    kept: list[Expr] = []
+    for arg in args:
+        for j, other in enumerate(kept):
+            diff = arg - other
+            if isinstance(diff, Const):
+                if pick(diff.value, 0) == diff.value and diff.value != 0:
+                    kept[j] = arg
+                break
+        else:
+            kept.append(arg)
+    return kept
 
 
 def min_(*args: ExprLike) -> Expr:
@@ -367,7 +388,7 @@ def _check_divisor(divisor: object) -> int:
     if isinstance(divisor, Expr):
         divisor = divisor.value if isinstance(divisor, Const) else divisor
     if not isinstance(divisor, int) or isinstance(divisor, bool) or divisor <= 0:
-        raise TypeError(f"index division needs a positive integer constant, got {divisor!r}")
+        raise IndexExprError(f"index division needs a positive integer constant, got {divisor!r}")
     return divisor
 
 

@@ -1,7 +1,7 @@
-"""RL-layer checks that fail today because of bugs in timerl (strict xfail: fix, then unmark).
+"""Continuous-policy losses on the torch backend, and resuming a run safely.
 
 Each test is a real check against an independent reference, the same as in the sibling modules
-it is taken from.
+it borrows from.
 """
 
 from __future__ import annotations
@@ -24,15 +24,8 @@ def _sibling(name):
     return mod
 
 
-EXPAND_SCALAR = (
-    "torch backend: prims.py 'expand' runs x.expand(*shape), and torch's expand() needs at "
-    "least one size, so expanding to shape () raises TypeError; the backward of .mean() of a "
-    "0-d tensor emits such an expand (continuous policies: Normal entropy .sum(-1).mean())"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=EXPAND_SCALAR)
 def test_mean_of_scalar_gradient_on_torch():
+    """The backward of .mean() of a 0-d value expands to shape (): torch needs it special-cased."""
     with tl.Context(dims=("t",)):
         x = tl.from_numpy(np.arange(3, dtype=np.float32), requires_grad=True)
         loss = x.sum(-1).mean()
@@ -40,7 +33,6 @@ def test_mean_of_scalar_gradient_on_torch():
     np.testing.assert_array_equal(tl.evaluate(x.grad, backend="torch"), np.ones(3))
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=EXPAND_SCALAR)
 @pytest.mark.parametrize(
     ("norm_adv", "ent_coef", "big_clip"), [(True, 0.0, False), (False, 0.01, False)]
 )
@@ -48,26 +40,12 @@ def test_continuous_ppo_loss_on_torch(norm_adv, ent_coef, big_clip):
     _sibling("test_ppo_loss").check_ppo_loss("Pendulum-v1", norm_adv, ent_coef, big_clip, "torch")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="train.py: a resumed run appends to metrics.csv from the checkpoint's iteration + 1 "
-    "without dropping the rows written after that checkpoint, so a crash between checkpoints "
-    "leaves those iterations twice in metrics.csv",
-)
 def test_metrics_csv_has_one_row_per_iteration_after_a_crash(tmp_path):
     tt = _sibling("test_train")
     tt._interrupted_then_resumed(tmp_path, tt.N // 2)
     assert [int(r["iteration"]) for r in tt._rows(tmp_path)] == list(range(tt.N))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="train.py: with resume=True the config (and iterations) passed in are replaced by the "
-    "checkpoint's without comparing them, so a mismatching config is silently ignored instead "
-    "of raising CheckpointError",
-)
 def test_resume_with_a_mismatching_config_raises(tmp_path):
     from timerl.errors import CheckpointError
     from timerl.rl.train import train
