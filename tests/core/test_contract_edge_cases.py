@@ -173,3 +173,45 @@ def test_gradient_forward_then_backward_recurrence(backend):
         advs[k] = acc
     (want,) = torch.autograd.grad(sum(a * a for a in advs), [tw])
     np.testing.assert_allclose(got, want.item(), rtol=1e-9)
+
+
+@pytest.mark.parametrize("variant", ["mul_next_input", "tanh_next_input", "product_of_reads"])
+def test_gradient_of_recurrence_reading_next_input(variant, backend):
+    import torch
+
+    u = np.random.RandomState(40).randn(6)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[0] = U[0]
+        if variant == "mul_next_input":
+            x[t + 1] = x * U[t + 1]
+        elif variant == "tanh_next_input":
+            x[t + 1] = (x * 0.7 + U[t + 1]).tanh()
+        else:
+            x[t + 1] = x + U[t + 1] * U[t]
+        x.backward()
+        got = tl.evaluate(U.grad, backend=backend)
+    tu = torch.tensor(u, requires_grad=True)
+    xs = [tu[0]]
+    for k in range(5):
+        if variant == "mul_next_input":
+            xs.append(xs[-1] * tu[k + 1])
+        elif variant == "tanh_next_input":
+            xs.append(torch.tanh(xs[-1] * 0.7 + tu[k + 1]))
+        else:
+            xs.append(xs[-1] + tu[k + 1] * tu[k])
+    (want,) = torch.autograd.grad(sum(xs), [tu])
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_torch_values_have_the_declared_dtype():
+    ctx, t, T = ctx_t()
+    with ctx:
+        a = tl.from_numpy(np.arange(3.0, dtype=np.float32), domain=(t,))
+        c = tl.from_numpy(np.arange(3, dtype=np.int64), domain=(t,))
+        results = [a + c, c / 2, c * 2.5]
+    got = tl.evaluate(results, backend="torch")
+    for r, v in zip(results, got, strict=True):
+        assert v.dtype == r.dtype, (r, v.dtype)

@@ -20,8 +20,9 @@ from timerl.errors import ProgramError
 from timerl.ir import prims
 from timerl.ir.build import apply
 from timerl.ir.graph import Edge, Op, View, consumers, walk
+from timerl.ir.reads import needed_points
 from timerl.ir.validate import exclusive_conditions
-from timerl.symbolic import TRUE, Condition, Const, Dim, Expr, Slice, max_, min_
+from timerl.symbolic import TRUE, Condition, Const, Dim, Expr, Slice, max_, min_, simplify
 
 
 def _ap(prim: str, *views: View, **attrs) -> View:
@@ -69,6 +70,10 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
     if loss.op.id not in relevant:
         return {}
 
+    # A VJP contributes only where its op's value is read: the branch value of
+    # ``x[t + 1] = f(x, u[t + 1])`` exists at every t but is read only for t < T - 1, and at
+    # t = T - 1 its VJP would read u[T].
+    needed = needed_points(ops, [loss.op])
     grad_ops: dict[int, Op] = {}
     for i in sorted(relevant):
         x = by_id[i]
@@ -92,10 +97,11 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
         g = View.of(grad_ops[c.id])
         parts = rule.vjp(_ap, c, ins, View.of(c), g)
         conds = exclusive_conditions(c) if c.prim == "merge" else [e.cond for e in c.inputs]
+        live = needed[c.id]
         for edge, part, cond in zip(c.inputs, parts, conds, strict=True):
             if part is None or edge.src.id not in relevant:
                 continue
-            contribution = _transpose(c, edge, part, cond)
+            contribution = _transpose(c, edge, part, simplify(cond & live))
             grad_ops[edge.src.id].inputs.append(contribution.edge())
     for gop in grad_ops.values():
         if not gop.inputs:

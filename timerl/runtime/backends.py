@@ -11,6 +11,7 @@ import numpy as np
 
 from timerl.errors import BackendError
 from timerl.ir import prims
+from timerl.ir.graph import Op
 
 
 class Backend:
@@ -26,6 +27,10 @@ class Backend:
 
     def impl(self, prim: str) -> Callable[..., Any]:
         raise NotImplementedError
+
+    def kernel(self, op: Op) -> Callable[..., Any]:
+        """The function that computes ``op``'s value at one point."""
+        return self.impl(op.prim)
 
     def asarray(self, value: Any) -> Any:
         raise NotImplementedError
@@ -122,6 +127,21 @@ class TorchBackend(Backend):
         if rule.torch is None:
             raise BackendError(f"primitive {prim!r} has no torch lowering")
         return rule.torch
+
+    def kernel(self, op: Op) -> Callable[..., Any]:
+        """Torch promotes mixed dtypes differently from the numpy rules the IR declares
+        (int64 + float32 -> float32, int64 / 2 -> float32, not float64): cast where they differ.
+        Only ops with an operand of another dtype pay for the check."""
+        fn = self.impl(op.prim)
+        if not prims.get(op.prim).elementwise or all(e.src.dtype == op.dtype for e in op.inputs):
+            return fn
+        want = prims._torch_dtype(op.dtype)
+
+        def cast(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            return out if out.dtype == want else out.to(want)
+
+        return cast
 
     def asarray(self, value: Any) -> Any:
         if isinstance(value, self.torch.Tensor):

@@ -207,7 +207,7 @@ class CodeGen:
         static = {k: v for k, v in op.attrs.items() if k not in hidden}
         if op.prim == "const":
             static = {"value": self.backend.asarray(op.attrs["value"])}
-        kernel = self.backend.impl(op.prim)
+        kernel = self.backend.kernel(op)
         fn = self.const("K", functools.partial(kernel, **static) if static else kernel)
         kwargs = []
         for name in rule.point_attrs:

@@ -226,7 +226,7 @@ class Executor:
 
             return run_merge
         rule = prims.get(op.prim)
-        kernel = backend.impl(op.prim) if op.prim != "udf" else None
+        kernel = backend.kernel(op) if op.prim != "udf" else None
         hidden = set(rule.point_attrs) | {"stream", "adopt_domain", "pass_point"}
         static_attrs = {k: v for k, v in op.attrs.items() if k not in hidden}
         point_names = [k for k in rule.point_attrs if k in op.attrs]

@@ -1,0 +1,107 @@
+"""Which points of each op are read, as conditions over the op's own dims.
+
+An op's needed points are the union, over its readers, of the points they read it at under
+their own needed points and the edge's condition: exact for same-point reads, shifts and fixed
+points, every point for anything else. Solved as a fixed point, since recurrences make the
+graph cyclic. Guard inference uses it to compute ops only where they are read; autodiff to let
+a VJP contribute only where the forward value was read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from timerl.ir.graph import Op
+from timerl.ir.validate import exclusive_conditions
+from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, simplify
+
+MAX_ROUNDS = 100
+WIDEN_AFTER = 6
+# Guards are kept as simplified but not normalised And/Or trees; past this many comparisons a
+# guard stops paying for itself (and unions around cycles can grow it without end): widen it.
+MAX_ATOMS = 24
+
+
+def _atoms(cond: Condition) -> int:
+    parts = getattr(cond, "parts", None)
+    if parts is not None:
+        return sum(_atoms(p) for p in parts)
+    part = getattr(cond, "part", None)
+    return _atoms(part) if part is not None else 1
+
+
+def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Condition:
+    """The points of ``src`` that ``reader`` reads where ``cond`` holds at its own point.
+
+    Exact for shifts (``t``, ``t - 1``: move the condition by the shift) and fixed points
+    (``x[0]``, ``x[T - 1]``); anything else (slices, reads that mix dims) reads every point.
+    """
+    moved: dict[Dim, Expr] = {}
+    pins: list[Condition] = []
+    for d, idx in zip(src.domain, edge_index, strict=True):
+        if not isinstance(idx, Expr):
+            return TRUE
+        dims = {s for s in idx.symbols() if isinstance(s, Dim)}
+        if not dims:
+            pins.append(d.eq(idx))
+            continue
+        diff = idx - d
+        if dims != {d} or d not in reader.domain or not isinstance(diff, Const):
+            return TRUE
+        moved[d] = d - diff.value
+    out = cond.substitute(moved) if moved else cond
+    if any(isinstance(s, Dim) and s not in moved for s in out.symbols()):
+        out = TRUE  # the reader's condition is about dims the read does not map: keep it all
+    for d, back in moved.items():
+        if back is not d:
+            out = out & (back >= 0) & (back < d.bound)
+    for p in pins:
+        out = out & p
+    return simplify(out)
+
+
+def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
+    """Op id -> the points of it that ``roots`` (read everywhere) need, transitively."""
+    guard: dict[int, Condition] = {op.id: FALSE for op in ops}
+    for r in roots:
+        guard[r.id] = TRUE
+    reads: dict[int, list] = {op.id: [] for op in ops}
+    for reader in ops:
+        conds = (
+            exclusive_conditions(reader)
+            if reader.prim == "merge"
+            else [e.cond for e in reader.inputs]
+        )
+        for edge, cond in zip(reader.inputs, conds, strict=True):
+            reads[edge.src.id].append((reader, edge, cond))
+    root_ids = {r.id for r in roots}
+    # Readers mostly have larger ids than what they read: visiting ops by decreasing id lets
+    # one sweep carry a guard down a whole chain (in-place, Gauss-Seidel style).
+    order = sorted(ops, key=lambda o: -o.id)
+    changes = {op.id: 0 for op in ops}
+    for _ in range(MAX_ROUNDS):
+        changed = False
+        for op in order:
+            if op.id in root_ids or guard[op.id] == TRUE:
+                continue
+            g: Condition = FALSE
+            for reader, edge, cond in reads[op.id]:
+                if guard[reader.id] == FALSE:
+                    continue
+                g = simplify(g | read_points(reader, edge.index, op, guard[reader.id] & cond))
+                if g == TRUE or _atoms(g) > MAX_ATOMS:
+                    g = TRUE
+                    break
+            if g != guard[op.id]:
+                changes[op.id] += 1
+                # Every cycle passes through a piecewise op; one whose guard keeps changing
+                # follows a shift around the cycle: widen it to every point (always sound).
+                if op.prim == "merge" and changes[op.id] > WIDEN_AFTER:
+                    g = TRUE
+                guard[op.id] = g
+                changed = True
+        if not changed:
+            break
+    else:
+        guard = {op.id: TRUE for op in ops}
+    return guard
