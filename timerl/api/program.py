@@ -142,7 +142,7 @@ class Program:
     def explain(self) -> str:
         """The pipeline's decisions: pass timings, notes and the schedule with memory statements."""
         lines = ["compile passes:"]
-        lines += [f"  {name:<24} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
+        lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
         lines += [f"  {note}" for note in self.report.notes]
         lines += ["schedule:", self.schedule.dump()]
         return "\n".join(lines)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from timerl.compiler.cse import merge_duplicates
 from timerl.compiler.dce import live_ops
 from timerl.compiler.guards import infer_guards
 from timerl.ir.graph import Op
@@ -34,6 +35,10 @@ def run_pipeline(
 ) -> list[Op]:
     ops: list[Op] = report.timed("dead code elimination", lambda: live_ops(roots))  # type: ignore[assignment]
     check_not_empty(ops)
+    merged = report.timed("duplicate code elimination", lambda: merge_duplicates(ops, roots))
+    if merged:
+        ops = live_ops(roots)
+        report.notes.append(f"{merged} duplicate ops merged")
     report.timed("domain conditions", lambda: infer_guards(ops, roots))
     report.timed("validate", lambda: validate(ops, check_bounds))
     report.notes.append(f"{len(ops)} ops after dead code elimination")
