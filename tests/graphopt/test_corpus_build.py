@@ -21,6 +21,7 @@ from timerl.graphopt.corpus import (  # noqa: E402
 )
 from timerl.graphopt.corpus.build import export_model, synthetic_specs  # noqa: E402
 from timerl.graphopt.corpus.models import model_specs  # noqa: E402
+from timerl.graphopt.corpus.pdg_export import timerl_specs  # noqa: E402
 from timerl.graphopt.corpus.split import assign_splits  # noqa: E402
 from timerl.graphopt.corpus.synthetic import GENERATORS  # noqa: E402
 
@@ -37,17 +38,20 @@ def test_index_lists_every_graph_file(corpus: Path) -> None:
     entries = load_index(corpus)
     data = json.loads((corpus / "index.json").read_text())
     assert data["num_failed"] == 0 and data["failed"] == []
-    expected = len(synthetic_specs(quick=True)) + len(model_specs(quick=True))
+    # every quick timerl program contributes its one largest loop body
+    expected = (
+        len(synthetic_specs(quick=True)) + len(model_specs(quick=True)) + len(timerl_specs(True))
+    )
     assert len(entries) == expected
     files = sorted(p.relative_to(corpus).as_posix() for p in corpus.glob("*/*/*.json"))
     assert files == sorted(e["path"] for e in entries)
     for e in entries:
         assert e["path"] == f"{e['split']}/{e['family']}/{e['name']}.json"
-        assert e["kind"] in {"synthetic", "model", "training"}
+        assert e["kind"] in {"synthetic", "model", "training", "program"}
         g = load_graph(corpus, e)
         check_graph(g)
         assert g["name"] == e["name"] and len(g["nodes"]) == e["nodes"]
-    assert {e["kind"] for e in entries} == {"synthetic", "model", "training"}
+    assert {e["kind"] for e in entries} == {"synthetic", "model", "training", "program"}
 
 
 def test_split_by_family_and_size(corpus: Path) -> None:
@@ -67,6 +71,7 @@ def test_split_by_family_and_size(corpus: Path) -> None:
 def test_full_spec_lists_cover_all_splits() -> None:
     entries = [{"family": s.family, "nodes": s.n} for s in synthetic_specs()]
     entries += [{"family": s.family, "nodes": 0} for s in model_specs()]
+    entries += [{"family": "timerl", "nodes": 0} for _ in timerl_specs()]
     assign_splits(entries)
     assert {e["split"] for e in entries} == set(SPLITS)
     assert {e["family"] for e in entries} == set(FAMILY_SPLIT)

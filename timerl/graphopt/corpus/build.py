@@ -2,8 +2,9 @@
 
 Layout: ``out_dir/<split>/<family>/<name>.json`` plus ``out_dir/index.json``. Model exports run
 in worker processes (they dominate the build time and are independent); synthetic graphs are
-generated in-process. The result is a pure function of the fixed spec lists and seeds, so two
-builds write identical files.
+generated in-process, and so are the ``timerl`` family's graphs (each of its programs compiles
+in about a second and gives one graph per loop body, see ``pdg_export``). The result is a pure
+function of the fixed spec lists and seeds, so two builds write identical files.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from timerl.errors import GraphError
-from timerl.graphopt.corpus import synthetic
+from timerl.graphopt.corpus import pdg_export, synthetic
 from timerl.graphopt.corpus.check import check_graph
 from timerl.graphopt.corpus.split import SPLITS, assign_splits, family_split
 
@@ -123,6 +124,19 @@ def export_model(name: str, quick: bool) -> tuple[str, dict | None, str | None, 
         return name, None, msg, time.perf_counter() - start
 
 
+def export_program(spec: pdg_export.ProgramSpec) -> tuple[list[dict], str | None]:
+    """The graphs of one timerl program spec, or ``([], error)``: reported, not raised, so a
+    failing program is listed by name and the build goes on."""
+    try:
+        graphs = pdg_export.export_spec(spec)
+        for graph in graphs:
+            check_graph(graph)
+        return graphs, None
+    except Exception as e:  # report every failure with the program's name
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return [], msg
+
+
 def _progress(enabled: bool) -> Any:
     from rich.progress import (
         BarColumn,
@@ -163,21 +177,37 @@ def build_corpus(
     quick: bool = False,
     progress: bool = True,
     workers: int | None = None,
+    families: Sequence[str] | None = None,
 ) -> Path:
     """Build the corpus under ``out_dir`` and return the path of its ``index.json``.
 
-    ``quick`` builds a small corpus (a few synthetic graphs and three small models) for tests
-    and smoke runs. ``workers`` is the number of export processes (default: up to 2 for the full
-    corpus, in-process for the quick one). Models that fail to export are printed with their
-    error, listed under ``failed`` in the index and skipped.
+    ``quick`` builds a small corpus (a few synthetic graphs, three small models and one timerl
+    program graph) for tests and smoke runs. ``workers`` is the number of export processes
+    (default: up to 2 for the full corpus, in-process for the quick one). ``families`` builds
+    only those families (e.g. ``["timerl"]`` to evaluate one family); with no training family
+    among them nothing goes to ``test-large``. Models and programs that fail to export are
+    printed with their error, listed under ``failed`` in the index and skipped.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
-    model_specs = list(_model_lookup(quick).values())
+    wanted = set(families) if families is not None else None
+    for family in sorted(wanted or ()):
+        family_split(family)
+    # Model specs import torch: skip them when only synthetic or program families are wanted.
+    other = set(synthetic.GENERATORS) | {pdg_export.FAMILY}
+    need_models = wanted is None or bool(wanted - other)
+    model_specs = list(_model_lookup(quick).values()) if need_models else []
     synth = synthetic_specs(quick)
+    programs = pdg_export.timerl_specs(quick)
+    if wanted is not None:
+        model_specs = [s for s in model_specs if s.family in wanted]
+        synth = [s for s in synth if s.family in wanted]
+        programs = programs if pdg_export.FAMILY in wanted else []
     for spec in [*model_specs, *synth]:
         family_split(spec.family)  # fail early on a family without a split
-    names = [s.name for s in model_specs] + [s.name for s in synth]
+    if programs:
+        family_split(pdg_export.FAMILY)
+    names = [s.name for s in model_specs] + [s.name for s in synth] + [s.name for s in programs]
     if len(set(names)) != len(names):
         raise GraphError("corpus specs contain duplicate graph names")
     if workers is None:
@@ -186,14 +216,18 @@ def build_corpus(
     graphs: dict[str, dict] = {}
     entries: list[dict] = []
     failed: list[dict] = []
-    families = {s.name: s.family for s in [*model_specs, *synth]}
+    family_of = {s.name: s.family for s in [*model_specs, *synth]}
     kinds = {s.name: ("training" if s.training else "model") for s in model_specs}
     kinds.update({s.name: "synthetic" for s in synth})
+    family_of.update({s.name: pdg_export.FAMILY for s in programs})
+    kinds.update({s.name: pdg_export.KIND for s in programs})
 
     def record(name: str, graph: dict | None, error: str | None) -> None:
+        if name in graphs:
+            raise GraphError(f"corpus graph name {name!r} is produced twice")
         if graph is None:
             failed.append(
-                {"name": name, "family": families[name], "kind": kinds[name], "error": error}
+                {"name": name, "family": family_of[name], "kind": kinds[name], "error": error}
             )
             bar.console.print(f"[red]failed[/] {name}: {error}")
             return
@@ -201,7 +235,7 @@ def build_corpus(
         entries.append(
             {
                 "name": name,
-                "family": families[name],
+                "family": family_of[name],
                 "kind": kinds[name],
                 "nodes": len(graph["nodes"]),
             }
@@ -216,9 +250,19 @@ def build_corpus(
             check_graph(graph)
             record(spec.name, graph, None)
             bar.advance(task)
+        for prog_spec in programs:
+            bar.update(task, description=prog_spec.name)
+            program_graphs, error = export_program(prog_spec)
+            if error is not None:
+                record(prog_spec.name, None, error)
+            for graph in program_graphs:
+                family_of[graph["name"]] = pdg_export.FAMILY
+                kinds[graph["name"]] = pdg_export.KIND
+                record(graph["name"], graph, None)
+            bar.advance(task)
         # Slowest exports first so the two workers finish together.
         order = sorted(model_specs, key=lambda s: (not s.training, s.name))
-        if workers <= 1:
+        if workers <= 1 or not order:
             results: Any = (export_model(s.name, quick) for s in order)
             pool = None
         else:
@@ -248,6 +292,7 @@ def build_corpus(
     index = {
         "version": INDEX_VERSION,
         "quick": quick,
+        **({"families": sorted(set(families))} if families is not None else {}),
         "graphs": entries,
         "num_failed": len(failed),
         "failed": failed,

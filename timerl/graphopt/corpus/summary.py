@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from timerl.graphopt.corpus.split import SPLITS
 
-_KINDS = ("model", "training", "synthetic")
+_KINDS = ("model", "training", "program", "synthetic")
 
 
 def summary_rows(entries: list[dict]) -> list[dict]:

@@ -1,0 +1,416 @@
+"""Export the loop bodies of a compiled timerl program as graphopt graphs.
+
+A compiled program's schedule is a tree of loops whose bodies hold compute statements. A run of
+consecutive compute statements inside one loop body (a *block*) is a static region: at every
+point of its enclosing loops the same ops run once each, in schedule order, with no control
+flow in between. That is exactly the problem graphopt solves (order the ops of one static region
+to lower its peak memory), so each block with at least ``MIN_OPS`` ops becomes one graph.
+
+Why blocks, not whole bodies: a body may hold nested loops between its compute statements, and
+an op after a nested loop may read what that loop computed. The loop is not a node, so a graph
+spanning it could order such an op before the loop. Splitting at nested loops keeps every
+topological order of a graph a legal order of its block. The top level of the schedule (run
+once: parameter initialisation, constants) is not exported: it is not a loop body and nearly all
+of its values are read later, so no order changes its peak.
+
+Modelling choices, all at the bounds the program was compiled with:
+
+* **Nodes** are the block's ops in schedule order (program order is file order). Reads of ops
+  outside the block (earlier loops, enclosing bodies, parameters, constants) and reads of the
+  block's own ops at another point (``x[t - 1]``, ``x[i, 0:T]``) become one ``input`` node per
+  source op, placed right before its first reader, with cost 0. Its bytes are what the block
+  reads: the sum over the distinct index expressions it is read at, a slice read counting every
+  point of the slice (the executor stacks a slice into a fresh buffer).
+* **Edges** are the data edges between ops of the block read at the same point. A read of a
+  block op at another point that may include the current one (``x[0:t+1]``) adds that edge too,
+  so no order can run the reader first. Side-effecting ops (environment calls, sinks) keep their
+  relative order through extra edges from each effect to the next one.
+* **bytes** of an op: the element count of its shape times the item size of its dtype. Shapes
+  that depend on the op's own point (``t + 1`` rows at point ``t``) take their largest value
+  over the loops' ranges; a dynamic bound (``ctx.until``) takes its cap, or the size programs
+  are validated with when it has none. An op returning a tuple (``env.step``) holds the sum of
+  the parts its ``tuple_get`` readers take.
+* **cost**: a FLOP count over a fixed reference rate of ``REFERENCE_FLOPS`` (1 TFLOP/s, the rate
+  the PyTorch exporter of this corpus uses): matmul ``2 * m * n * k`` (times its batch),
+  reductions the element count of their input, argsort ``n * ceil(log2 n)``, views 0, every
+  other op the element count of its output. No per-op launch constant is added.
+* **Views**: ops whose numpy lowering returns its single input's buffer or a view of it
+  (``reshape``, ``permute``, ``expand``, ``identity``, ``detach``, ``select_at``, ``narrow``,
+  ``tuple_get``, ``getitem`` with a basic key, ``add_n`` of one operand) are ``alias_of`` that
+  input and cost 0. ``merge`` (a piecewise definition) hands back the value of the branch that
+  applies at the point. When every branch is read from outside the block (parameters at the
+  first update, ``obs[i, t]`` from the reset or the previous step) the merge is a source of the
+  graph, like an input node, with its own bytes and cost 0; otherwise several block values may
+  be picked and no single one is its base, so it is modelled as a copy.
+* **Outputs**: ops read outside the block or at another point (later loops, later timesteps),
+  the program's kept outputs and stop conditions, side effects, and ops nobody reads.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from timerl.graphopt.graph import Graph, Node
+from timerl.ir.graph import Edge, Op, View, consumers
+from timerl.schedule.program import Compute, Loop, Stmt
+from timerl.schedule.scheduler import SAME, STRICT_FUTURE, STRICT_PAST, relation
+from timerl.symbolic import Bound, Const, Dim, Expr, Slice, vevaluate
+
+if TYPE_CHECKING:
+    from timerl.api.program import Program
+
+REFERENCE_FLOPS = 1e12
+MIN_OPS = 8
+FAMILY = "timerl"  # the corpus family of these graphs; their kind is "program"
+KIND = "program"
+
+#: Prims whose numpy lowering hands back a view of (or the very buffer of) their one input.
+VIEW_PRIMS = frozenset(
+    {"reshape", "permute", "expand", "identity", "detach", "select_at", "narrow", "tuple_get"}
+)
+_REDUCTIONS = frozenset({"sum", "max", "argmax"})
+_ID_NUMBER = re.compile(r"#\d+")
+
+
+@dataclass
+class Block:
+    """A run of compute statements of one loop body: ``loops`` enclose it, outer first."""
+
+    loops: tuple[Loop, ...]
+    ops: list[Op] = field(default_factory=list)
+
+    @property
+    def dims(self) -> tuple[Dim, ...]:
+        return tuple(loop.dim for loop in self.loops)
+
+
+def loop_blocks(body: Sequence[Stmt], loops: tuple[Loop, ...] = ()) -> list[Block]:
+    """Every block of the loop bodies under ``body``, in schedule order (blocks of a body before
+    those of the loops nested in it that follow them). Memory statements do not split a block;
+    nested loops do."""
+    out: list[Block] = []
+    current: Block | None = None
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            current = None
+            out.extend(loop_blocks(stmt.body, (*loops, stmt)))
+        elif isinstance(stmt, Compute) and loops:
+            if current is None:
+                current = Block(loops)
+                out.append(current)
+            current.ops.append(stmt.op)
+    return out
+
+
+def program_graphs(prog: Program, name: str, *, min_ops: int = MIN_OPS) -> list[Graph]:
+    """One graph per block of ``prog``'s loop bodies with at least ``min_ops`` ops.
+
+    Graphs are named ``{name}-{k}-{dims}``: ``k`` numbers the exported blocks in schedule order,
+    ``dims`` lists the enclosing loops (``i_t``: the ``t`` loop inside the ``i`` loop).
+    """
+    from timerl.api.program import VALIDATION_SIZE
+
+    bounds: dict[Bound, int] = dict(prog.static)
+    for bound, cap in prog.dynamic.items():
+        bounds[bound] = cap if cap is not None else VALIDATION_SIZE
+    readers = consumers(prog.ops)
+    keep = set(prog.keep)
+    graphs = []
+    for block in loop_blocks(prog.schedule.body):
+        if len(block.ops) < min_ops:
+            continue
+        dims = "_".join(d.name for d in block.dims)
+        label = f"{name}-{len(graphs)}-{dims}"
+        graphs.append(_BlockExport(block, bounds, readers, keep).graph(label))
+    return graphs
+
+
+# ---------------------------------------------------------------------- one block
+class _BlockExport:
+    def __init__(
+        self,
+        block: Block,
+        bounds: Mapping[Bound, int],
+        readers: Mapping[int, list[tuple[Op, Edge]]],
+        keep: set[int],
+    ) -> None:
+        self.block = block
+        self.bounds = bounds
+        self.readers = readers
+        self.keep = keep
+        self.pos = {op.id: k for k, op in enumerate(block.ops)}
+
+    # --- reads ------------------------------------------------------------------------------
+    def _kind(self, edge: Edge) -> str:
+        """``"same"``: a block op at the reader's point; ``"near"``: a block op at points that
+        may include the reader's; ``"other"``: anything else (an input)."""
+        if edge.src.id not in self.pos:
+            return "other"
+        rels = [relation(idx, d) for idx, d in zip(edge.index, edge.src.domain, strict=True)]
+        if all(r == SAME for r in rels):
+            return "same"
+        if any(r in (STRICT_PAST, STRICT_FUTURE) for r in rels):
+            return "other"
+        return "near"
+
+    def _read_bytes(self, edge: Edge, reader: Op) -> int:
+        """Bytes one read hands its reader (a slice read stacks all its points)."""
+        src = edge.src
+        lead = [idx.size for idx in edge.index if isinstance(idx, Slice)]
+        points = _max_product(lead, self.bounds, reader.domain) if lead else 1
+        if _tuple_parts(src, self.readers):
+            return points * self._out_bytes(src)
+        try:
+            shape = View(src, edge.index).shape[len(lead) :]
+        except Exception:  # a slice of an op whose shape changes from point to point
+            return points * self._out_bytes(src)
+        return points * _max_product(shape, self.bounds, reader.domain) * _itemsize(src)
+
+    # --- sizes and costs --------------------------------------------------------------------
+    def _numel(self, op: Op) -> int:
+        parts = _tuple_parts(op, self.readers)
+        if parts:
+            return sum(self._numel(p) for p in parts)
+        return _max_product(op.shape, self.bounds, op.domain)
+
+    def _out_bytes(self, op: Op) -> int:
+        parts = _tuple_parts(op, self.readers)
+        if parts:
+            return sum(self._out_bytes(p) for p in parts)
+        return _max_product(op.shape, self.bounds, op.domain) * _itemsize(op)
+
+    def _flops(self, op: Op) -> int:
+        if _is_view(op):
+            return 0
+        if op.prim == "matmul" and op.inputs:
+            a = op.inputs[0]
+            try:
+                inner = View(a.src, a.index).shape[-1]
+            except Exception:
+                inner = a.src.shape[-1]
+            return 2 * self._numel(op) * _max_product([inner], self.bounds, op.domain)
+        if op.prim in _REDUCTIONS and op.inputs:
+            e = op.inputs[0]
+            return self._read_bytes(e, op) // max(_itemsize(e.src), 1)
+        if op.prim == "argsort":
+            n = self._numel(op)
+            return n * max(1, math.ceil(math.log2(max(n, 2))))
+        return self._numel(op)
+
+    def _is_output(self, op: Op) -> bool:
+        if op.effect or op.id in self.keep:
+            return True
+        users = self.readers.get(op.id, [])
+        if not users:
+            return True
+        return any(r.id not in self.pos or self._kind(e) != "same" for r, e in users)
+
+    # --- the graph --------------------------------------------------------------------------
+    def graph(self, name: str) -> Graph:
+        nodes: list[dict[str, Any]] = []
+        edges: list[tuple[str, str]] = []
+        node_of: dict[int, str] = {}  # block op id -> its node id
+        input_of: dict[int, dict[str, Any]] = {}  # source op id -> its input node
+        input_reads: dict[int, dict[str, int]] = {}  # source op id -> index text -> bytes
+        last_effect: str | None = None
+        for op in self.block.ops:
+            preds: list[str] = []
+            reads: list[str] = []  # per input edge, the node holding what it reads
+            picks = _picks_outside(op, self._kind)
+            for edge in [] if picks else op.inputs:
+                kind = self._kind(edge)
+                if kind == "same":
+                    reads.append(node_of[edge.src.id])
+                    continue
+                if kind == "near" and edge.src.id in node_of:
+                    preds.append(node_of[edge.src.id])  # may read this very point
+                src = edge.src
+                entry = input_of.get(src.id)
+                if entry is None:
+                    entry = {
+                        "id": f"{len(nodes)}:in:{_clean(src.label)}",
+                        "op": "input",
+                        "bytes": 0,
+                        "cost": 0.0,
+                    }
+                    input_of[src.id] = entry
+                    input_reads[src.id] = {}
+                    nodes.append(entry)
+                key = ", ".join(map(str, edge.index))
+                input_reads[src.id][key] = self._read_bytes(edge, op)
+                reads.append(entry["id"])
+            preds.extend(reads)
+            nid = f"{len(nodes)}:{_clean(op.label)}"
+            node: dict[str, Any] = {"id": nid, "op": op.prim, "bytes": self._out_bytes(op)}
+            node["cost"] = 0.0 if picks else self._flops(op) / REFERENCE_FLOPS
+            if _is_view(op):
+                node["alias_of"] = reads[0]
+            if self._is_output(op):
+                node["output"] = True
+            if op.effect:
+                if last_effect is not None:
+                    preds.append(last_effect)
+                last_effect = nid
+            edges.extend((p, nid) for p in dict.fromkeys(preds))
+            node_of[op.id] = nid
+            nodes.append(node)
+        for src_id, per_index in input_reads.items():
+            input_of[src_id]["bytes"] = int(sum(per_index.values()))
+        return Graph(name, [_node(d) for d in nodes], edges)
+
+
+def _picks_outside(op: Op, kind: Callable[[Edge], str]) -> bool:
+    """A merge all of whose branches are read from outside the block holds, at each point, one
+    value that lives outside: it is a source of the block (like an input) and moves no data."""
+    return op.prim == "merge" and bool(op.inputs) and all(kind(e) == "other" for e in op.inputs)
+
+
+def _node(d: dict[str, Any]) -> Node:
+    return Node(
+        id=d["id"],
+        op=d["op"],
+        bytes=int(d["bytes"]),
+        cost=float(d["cost"]),
+        output=bool(d.get("output", False)),
+        alias_of=d.get("alias_of"),
+    )
+
+
+# ---------------------------------------------------------------------- helpers
+def _clean(label: str) -> str:
+    """An op's label without op numbers (they depend on what else the process built)."""
+    return _ID_NUMBER.sub("", label)
+
+
+def _itemsize(op: Op) -> int:
+    return int(np.dtype(op.dtype).itemsize)
+
+
+def _tuple_parts(op: Op, readers: Mapping[int, list[tuple[Op, Edge]]]) -> list[Op]:
+    """The ``tuple_get`` readers of an op returning a tuple (none for other ops)."""
+    if op.prim != "udf":
+        return []
+    return [r for r, _ in readers.get(op.id, []) if r.prim == "tuple_get"]
+
+
+def _is_view(op: Op) -> bool:
+    if len(op.inputs) != 1:
+        return False
+    if op.prim in VIEW_PRIMS or op.prim == "add_n":  # add_n of one operand returns it
+        return True
+    if op.prim == "getitem":
+        return _basic_key(op.attrs.get("key", ()))
+    return False
+
+
+def _basic_key(key: Any) -> bool:
+    """numpy basic indexing (ints, slices, None, ...) returns a view; anything else copies."""
+    items = key if isinstance(key, tuple) else (key,)
+    return all(
+        k is None
+        or k is Ellipsis
+        or isinstance(k, slice)
+        or (isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)))
+        for k in items
+    )
+
+
+def _max_product(sizes: Iterable[Expr], bounds: Mapping[Bound, int], dims: Sequence[Dim]) -> int:
+    """The largest product of ``sizes`` over every point of ``dims`` (and of any other dim the
+    sizes mention) at these bounds; at least 0."""
+    sizes = list(sizes)
+    if all(isinstance(s, Const) for s in sizes):
+        return max(0, math.prod(s.value for s in sizes))  # type: ignore[attr-defined]
+    syms = set().union(*(s.symbols() for s in sizes))
+    grid_dims = [d for d in dims if d in syms]
+    grid_dims += sorted((s for s in syms if isinstance(s, Dim) and s not in grid_dims), key=str)
+    env: dict[Any, Any] = dict(bounds)
+    if grid_dims:
+        axes = np.meshgrid(*[np.arange(bounds[d.bound]) for d in grid_dims], indexing="ij")
+        for d, axis in zip(grid_dims, axes, strict=True):
+            env[d] = axis.ravel()
+    total: Any = np.int64(1)
+    for s in sizes:
+        total = total * np.maximum(np.asarray(vevaluate(s, env), dtype=np.int64), 0)
+    return int(np.max(total)) if np.size(total) else 0
+
+
+# ---------------------------------------------------------------------- the corpus family
+@dataclass(frozen=True)
+class ProgramSpec:
+    """One RL algorithm program of the ``timerl`` family: ``algo`` and its config overrides.
+
+    ``largest_only`` keeps just the program's largest graph (the quick corpus wants one).
+    """
+
+    name: str
+    algo: str
+    config: dict[str, Any] = field(default_factory=dict)
+    largest_only: bool = False
+
+
+def timerl_specs(quick: bool = False) -> list[ProgramSpec]:
+    """The fixed list of programs exported into the corpus (each gives several graphs)."""
+    if quick:
+        small = {"env_id": "CartPole-v1", "num_envs": 2, "num_steps": 8}
+        return [ProgramSpec("reinforce-cartpole-n2", "reinforce", small, largest_only=True)]
+    return [
+        ProgramSpec("ppo-cartpole", "ppo", {"env_id": "CartPole-v1"}),
+        ProgramSpec("ppo-pendulum", "ppo", {"env_id": "Pendulum-v1"}),
+        ProgramSpec("reinforce-cartpole", "reinforce", {"env_id": "CartPole-v1"}),
+        ProgramSpec(
+            "ppo-synthetic-3x16x16-n16-h128",
+            "ppo",
+            {
+                "env_id": "Synthetic-v0",
+                "env_kwargs": {"obs_shape": (3, 16, 16)},
+                "num_envs": 16,
+                "hidden": (128, 128),
+            },
+        ),
+    ]
+
+
+def compile_algorithm(
+    algo: str, config: Mapping[str, Any], iterations: int = 2
+) -> tuple[Program, Any]:
+    """Build and compile an algorithm program as ``timerl train`` runs it: ``(program, env)``.
+
+    The training driver adds a sink of the per-iteration metrics before compiling; so does this
+    (with a callback that drops the values), so the exported loop bodies are the ones training
+    executes. Two iterations are enough: the loop bodies do not depend on the iteration count.
+    The caller closes the environment.
+    """
+    from timerl.api.functional import sink
+    from timerl.api.tensor import stack
+    from timerl.rl.train import build
+
+    program = build(algo, dict(config))
+    with program.ctx:
+        row = stack([program.metrics[k].float() for k in program.metrics])
+        sink(row, lambda value, point: None)
+    bounds = {"I": iterations, **program.bounds}
+    try:
+        prog = program.ctx.compile(bounds=bounds, backend="numpy", seed=program.config.seed)
+    except BaseException:
+        program.env.close()
+        raise
+    return prog, program.env
+
+
+def export_spec(spec: ProgramSpec) -> list[dict[str, Any]]:
+    """The graph dicts of one program spec, named ``{spec.name}-{k}-{dims}``."""
+    prog, env = compile_algorithm(spec.algo, spec.config)
+    try:
+        graphs = program_graphs(prog, spec.name)
+    finally:
+        env.close()
+    if spec.largest_only and graphs:
+        graphs = [max(graphs, key=lambda g: g.n)]
+    return [g.to_json() for g in graphs]
