@@ -215,3 +215,19 @@ def test_torch_values_have_the_declared_dtype():
     got = tl.evaluate(results, backend="torch")
     for r, v in zip(results, got, strict=True):
         assert v.dtype == r.dtype, (r, v.dtype)
+
+
+def test_update_without_detach_is_reported_where_it_is_written():
+    """DESIGN section 2: an update that does not detach makes the gradient depend on itself."""
+    ctx = tl.Context(dims=("i",))
+    (i,), (I,) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tl.RecurrentTensor.placeholder((), domain=(i,), requires_grad=True, name="w")
+        w[0] = 1.0
+        (w * w).backward()
+        with pytest.raises(tl.CycleError, match=r"w.*detach") as info:
+            w[i + 1] = w - 0.1 * w.grad
+        assert "test_contract_edge_cases.py" in str(info.value)
+        w[i + 1] = w.detach() - 0.1 * w.grad  # the detached update is accepted
+    got = tl.evaluate(w, bounds={I: 4})
+    np.testing.assert_allclose(got, [1.0, 0.8, 0.64, 0.512])

@@ -43,20 +43,3 @@ def test_gradient_through_data_dependent_episode_length(backend):
     n = len(gx)
     assert n == 7
     np.testing.assert_allclose(ga, sum(k * 1.5 ** (k - 1) for k in range(n)), rtol=1e-9)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN section 2: an optimiser update that does not detach must be reported as a "
-    "cycle; today backward() snapshots the graph and the update compiles silently",
-)
-def test_update_without_detach_is_reported():
-    ctx = tl.Context(dims=("i",))
-    (i,), (I,) = ctx.dims, ctx.bounds
-    with ctx:
-        w = tl.RecurrentTensor.placeholder((), domain=(i,), requires_grad=True, name="w")
-        w[0] = 1.0
-        (w * w).backward()
-        w[i + 1] = w - 0.1 * w.grad
-    with pytest.raises(tl.CycleError):
-        ctx.compile(bounds={I: 4}, outputs=[w])

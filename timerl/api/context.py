@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
-from timerl.errors import BoundError, ProgramError, ShapeError
+from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
+from timerl.ir.autodiff import depends_differentiably
 from timerl.ir.build import apply, ordered, user_site
 from timerl.ir.graph import Edge, Op, View
 from timerl.ir.retime import retime
@@ -48,6 +49,8 @@ class Context:
         self._until: dict[Dim, Op] = {}
         self._known_bounds: dict[Bound, tuple[int, str]] = {}
         self._streams = itertools.count()
+        self._differentiated: set[int] = set()  # ops some backward() took gradients w.r.t.
+        self._gradients: set[int] = set()  # the gradient ops backward() made
 
     def next_stream(self) -> int:
         """A number identifying a random op by creation order, stable across rebuilds."""
@@ -112,6 +115,15 @@ class Context:
                 f"{where}: value of shape {tuple(view.shape)} does not match "
                 f"its declared shape {tuple(op.shape)}"
             ) from None
+        if op.id in self._differentiated and depends_differentiably(
+            branch.op, op, frozenset(self._gradients)
+        ):
+            raise CycleError(
+                f"{where}: {op.label} already has a gradient (backward() was called), and this "
+                f"definition reads {op.label} without .detach(): its gradient would depend on "
+                f"itself. Read the previous value detached (e.g. {op.label}.detach() - lr * "
+                f"{op.label}.grad), as tl.optim does"
+            )
         op.inputs.append(Edge(branch.op, branch.index, cond))
 
     def until(self, dim: Dim, done: RecurrentTensor) -> None:

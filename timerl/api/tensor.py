@@ -541,9 +541,11 @@ class RecurrentTensor:
                 raise ProgramError(f"backward(): {p.name} is not a tensor with requires_grad=True")
         loss = self if not self.ndim else self.sum()
         grads = gradients(loss.view, [p.op for p in params])
+        self.ctx._differentiated.update(p.op.id for p in params)
         for p in params:
             g = grads.get(p.op.id)
             p.grad = self._new(g) if g is not None else zeros_like(p)
+            self.ctx._gradients.add(p.grad.op.id)
 
 
 # --- module-level helpers (also exported as tl.*) -----------------------------------------------

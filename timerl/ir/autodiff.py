@@ -34,6 +34,22 @@ def _differentiable(op: Op) -> bool:
     return rule.differentiable and rule.vjp is not None
 
 
+def depends_differentiably(value: Op, on: Op, through_not: frozenset[int] = frozenset()) -> bool:
+    """Whether ``value`` reads ``on`` through ops gradients flow through (not via detach, nor
+    via the ops in ``through_not``: gradients, which updates use as constants)."""
+    seen: set[int] = set(through_not)
+    stack = [value]
+    while stack:
+        op = stack.pop()
+        if op is on:
+            return True
+        if op.id in seen or not (op.prim == "merge" or _differentiable(op)):
+            continue
+        seen.add(op.id)
+        stack.extend(e.src for e in op.inputs)
+    return False
+
+
 def _zero_scalar(dtype: np.dtype) -> View:
     return apply("full", shape=(), value=0.0, dtype=dtype)
 
