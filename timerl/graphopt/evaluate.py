@@ -29,7 +29,7 @@ from timerl.graphopt.graph import Graph
 from timerl.graphopt.perfmodel import max_working_set
 
 METHODS = ("program", "portfolio", "local", "brkga", "exact")
-KINDS = ("synthetic", "model", "training")
+KINDS = ("synthetic", "model", "training", "program")
 
 
 def run_method(
