@@ -9,6 +9,7 @@ a VJP contribute only where the forward value was read.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 from timerl.ir.graph import Op
@@ -75,33 +76,47 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
         for edge, cond in zip(reader.inputs, conds, strict=True):
             reads[edge.src.id].append((reader, edge, cond))
     root_ids = {r.id for r in roots}
-    # Readers mostly have larger ids than what they read: visiting ops by decreasing id lets
-    # one sweep carry a guard down a whole chain (in-place, Gauss-Seidel style).
-    order = sorted(ops, key=lambda o: -o.id)
+    by_id = {op.id: op for op in ops}
+    # A worklist: an op is revisited only when one of its readers' needs changed. Readers
+    # mostly have larger ids than what they read, so popping the largest id first carries a
+    # change down a whole chain in one go.
+    heap = [-op.id for op in ops if op.id not in root_ids]
+    heapq.heapify(heap)
+    pending = {-k for k in heap}
     changes = {op.id: 0 for op in ops}
-    for _ in range(MAX_ROUNDS):
-        changed = False
-        for op in order:
-            if op.id in root_ids or guard[op.id] == TRUE:
+    budget = MAX_ROUNDS * len(ops)
+    seen: dict[tuple[int, Condition], Condition] = {}  # read_points of unchanged readers
+    while heap:
+        budget -= 1
+        if budget < 0:
+            return {op.id: TRUE for op in ops}
+        op = by_id[-heapq.heappop(heap)]
+        pending.discard(op.id)
+        if guard[op.id] == TRUE:
+            continue
+        g: Condition = FALSE
+        for reader, edge, cond in reads[op.id]:
+            if guard[reader.id] == FALSE:
                 continue
-            g: Condition = FALSE
-            for reader, edge, cond in reads[op.id]:
-                if guard[reader.id] == FALSE:
-                    continue
-                g = simplify(g | read_points(reader, edge.index, op, guard[reader.id] & cond))
-                if g == TRUE or _atoms(g) > MAX_ATOMS:
-                    g = TRUE
-                    break
-            if g != guard[op.id]:
-                changes[op.id] += 1
-                # Every cycle passes through a piecewise op; one whose guard keeps changing
-                # follows a shift around the cycle: widen it to every point (always sound).
-                if op.prim == "merge" and changes[op.id] > WIDEN_AFTER:
-                    g = TRUE
-                guard[op.id] = g
-                changed = True
-        if not changed:
-            break
-    else:
-        guard = {op.id: TRUE for op in ops}
+            key = (id(edge), guard[reader.id])
+            part = seen.get(key)
+            if part is None:
+                part = seen[key] = read_points(reader, edge.index, op, guard[reader.id] & cond)
+            g = g | part  # both already simplified
+            if g == TRUE or _atoms(g) > MAX_ATOMS:
+                g = TRUE
+                break
+        if g == guard[op.id]:
+            continue
+        changes[op.id] += 1
+        # Every cycle passes through a piecewise op; one whose guard keeps changing follows
+        # a shift around the cycle: widen it to every point (always sound).
+        if op.prim == "merge" and changes[op.id] > WIDEN_AFTER:
+            g = TRUE
+        guard[op.id] = g
+        for e in op.inputs:
+            src = e.src.id
+            if src not in pending and src not in root_ids:
+                pending.add(src)
+                heapq.heappush(heap, -src)
     return guard
