@@ -1188,6 +1188,36 @@ def test_bounded_reads_keep_memory_bounded(kind, backend):
     assert long <= short * 1.1 + 4096, (short, long)
 
 
+def test_state_carried_across_iterations_keeps_memory_bounded(backend):
+    """``x[i + 1, 0] = x[i, T - 1]`` (a rollout continuing into the next iteration) pins one
+    point of each iteration; every other point is freed inside the t loop, not at its end."""
+
+    def peak(steps):
+        ctx, i, t, I, T = ctx_it()
+        seen = []
+        with ctx:
+            x = tl.RecurrentTensor.placeholder((256,), dtype="float64", domain=(i, t))
+            x[0, 0] = tl.zeros((256,), dtype="float64")
+            y = (x * 2.0).named("y")  # read at every point, and across iterations below
+            x[i, t + 1] = y * 0.25 + 1.0
+            x[i + 1, 0] = y[i, T - 1]
+            last = y[i, T - 1].sum()
+            tl.sink(last, lambda value, point: seen.append(float(value)))
+        prog = ctx.compile(bounds={I: 3, T: steps}, backend=backend)
+        prog.run()
+        want, v = [], 0.0
+        for _ in range(3):
+            for _ in range(steps - 1):
+                v = v * 0.5 + 1.0
+            want.append(512 * v)
+            v = v * 2.0
+        np.testing.assert_allclose(seen, want, rtol=1e-12)
+        return prog.stats()["peak_bytes"]
+
+    short, long = peak(20), peak(400)
+    assert long <= short * 1.1 + 4096, (short, long)
+
+
 def test_iteration_reads_previous_iteration_ahead(backend):
     u = np.arange(4.0, dtype=np.float32)
     ctx, i, t, I, T = ctx_it()

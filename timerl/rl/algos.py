@@ -220,10 +220,15 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         b_logp, b_adv = _batch(ro["logp"], i, t, batch), _batch(adv, i, t, batch)
         b_ret = _batch(ret, i, t, batch)
         # One shuffle per (iteration, epoch); update u takes minibatch u % minibatches of it.
-        perm = _rand_perm(batch, (i, u // cfg.minibatches))
-        mb = perm.narrow(0, (u % cfg.minibatches) * mb_size, mb_size)
+        # A single minibatch is the whole batch: its losses are means, so order does not
+        # matter, and skipping the gather saves a batch-sized copy of every input.
+        if cfg.minibatches == 1:
+            take = lambda x: x  # noqa: E731
+        else:
+            perm = _rand_perm(batch, (i, u // cfg.minibatches))
+            mb = perm.narrow(0, (u % cfg.minibatches) * mb_size, mb_size)
+            take = lambda x: x.take(mb)  # noqa: E731
         learner = policy.unroll(u)
-        take = lambda x: x.take(mb)  # noqa: E731
         parts = ppo_loss(
             learner,
             take(b_obs),

@@ -80,7 +80,8 @@ def add_frees(sched: Schedule, ops: Iterable[Op], keep: set[int]) -> Schedule:
             continue
         depth = len(here) - 1  # here[:depth] is the path of the body holding X
         while depth > 0:
-            if _free_in_loop(op, reads, pos, here, depth, node_at, add):
+            done = _free_in_loop(op, reads, pos, here, depth, node_at, add)
+            if done is True:
                 break
             depth -= 1
         else:
@@ -89,8 +90,13 @@ def add_frees(sched: Schedule, ops: Iterable[Op], keep: set[int]) -> Schedule:
     return Schedule(_rebuild(sched.body, (), inserts))
 
 
-def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> bool:
-    """Try to free X point by point inside the loop at ``here[:depth]``; False if it cannot."""
+def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> bool | str:
+    """Try to free X point by point inside the loop at ``here[:depth]``; False if it cannot.
+
+    "partial" when it freed the points no one reads later but a reader in another iteration
+    of an outer loop still reads a pinned point (``obs[i + 1, 0] = next_obs[i, T - 1]``): the
+    pinned points are then left to an enclosing loop's free.
+    """
     loop = node_at(here[:depth])
     assert loop is not None
     dim = loop.dim
@@ -103,11 +109,19 @@ def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> 
     pins: list[Expr] = []
     inside_last = here[depth]
     outside_last: int | None = None
+    across = False  # some reader reads another iteration of an outer loop
     for reader, edge in reads:
         path = pos[reader.id]
-        if any(edge.index[k] is not outer[k] for k in range(axis)):
-            return False  # reads another point of an outer dim: free at that level instead
         index = edge.index[axis]
+        if any(edge.index[k] is not outer[k] for k in range(axis)):
+            # Another point of an outer dim: fine here if it is one pinned point of this dim
+            # (kept by this loop's frees, released by an enclosing loop's).
+            pin = _pinned(index, allowed)
+            if pin is None:
+                return False
+            pins.append(pin)
+            across = True
+            continue
         if path[:depth] == here[:depth]:  # inside this loop
             k = _window(index, dim, loop.forward)
             if k is not None:
@@ -131,6 +145,8 @@ def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> 
     at = dim - k if loop.forward else dim + k
     unique_pins = tuple(dict.fromkeys(pins))
     add(here[:depth], inside_last, Free(op, outer + (at,), unique_pins))
+    if across:
+        return "partial"
     if k > 0 or unique_pins:
         after = here[depth - 1] if outside_last is None else max(outside_last, here[depth - 1])
         add(here[: depth - 1], after, Free(op, outer))
