@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_helpers import ctx_it, ctx_t
+from core_helpers import check_temporal_slice_gradient, ctx_it, ctx_t
 
 import timerl as tl
 from timerl.symbolic import Dim, max_, min_
@@ -231,3 +231,8 @@ def test_update_without_detach_is_reported_where_it_is_written():
         w[i + 1] = w.detach() - 0.1 * w.grad  # the detached update is accepted
     got = tl.evaluate(w, bounds={I: 4})
     np.testing.assert_allclose(got, [1.0, 0.8, 0.64, 0.512])
+
+
+@pytest.mark.parametrize("kind", ["window", "lookahead", "lookahead_window"])
+def test_gradient_through_clamped_temporal_reads(kind, backend):
+    check_temporal_slice_gradient(kind, backend)

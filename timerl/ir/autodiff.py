@@ -22,7 +22,19 @@ from timerl.ir.build import apply
 from timerl.ir.graph import Edge, Op, View, consumers, walk
 from timerl.ir.reads import needed_points
 from timerl.ir.validate import exclusive_conditions
-from timerl.symbolic import TRUE, Condition, Const, Dim, Expr, Slice, max_, min_, simplify
+from timerl.symbolic import (
+    FALSE,
+    TRUE,
+    Condition,
+    Const,
+    Dim,
+    Expr,
+    Slice,
+    max_,
+    min_,
+    pieces,
+    simplify,
+)
 
 
 def _ap(prim: str, *views: View, **attrs) -> View:
@@ -117,13 +129,37 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
         for edge, part, cond in zip(c.inputs, parts, conds, strict=True):
             if part is None or edge.src.id not in relevant:
                 continue
-            contribution = _transpose(c, edge, part, simplify(cond & live))
-            grad_ops[edge.src.id].inputs.append(contribution.edge())
+            for where, index in _affine_pieces(edge.index):
+                piece = Edge(edge.src, index, edge.cond)
+                contribution = _transpose(c, piece, part, simplify(cond & live & where))
+                grad_ops[edge.src.id].inputs.append(contribution.edge())
     for gop in grad_ops.values():
         if not gop.inputs:
             zeros = apply("full", shape=gop.shape, value=0.0, dtype=gop.dtype)
             gop.inputs.append(zeros.edge())
     return {op.id: View.of(grad_ops[op.id]) for op in wrt if op.id in grad_ops}
+
+
+def _affine_pieces(index: tuple) -> list[tuple[Condition, tuple]]:
+    """A read through clamped indices (``x[min(t + 5, T - 1)]``, ``x[max(t - 3, 0):t + 1]``)
+    as reads through affine ones, each where it applies: each piece transposes exactly."""
+    out: list[tuple[Condition, tuple]] = [(TRUE, ())]
+    for idx in index:
+        if isinstance(idx, Slice):
+            options = [
+                (simplify(a & b), Slice(lo, hi))
+                for a, lo in pieces(idx.start)
+                for b, hi in pieces(idx.stop)
+            ]
+        else:
+            options = pieces(idx)
+        out = [
+            (simplify(w & v), (*prefix, i))
+            for w, prefix in out
+            for v, i in options
+            if simplify(w & v) != FALSE
+        ]
+    return out
 
 
 def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:

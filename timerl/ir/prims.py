@@ -744,10 +744,14 @@ register(
 )
 
 
+# A position outside x can only come from a point where the read did not apply (a clamped
+# window split into affine pieces: the other piece's points hold zeros of another length).
 def _np_diag_gather(xs, first, step, shape, dtype, valid=True):
     if len(xs) == 0 or not valid:
         return np.zeros((0 if valid else shape[0],) + tuple(shape[1:]), dtype=dtype)
-    return np.stack([x[first + step * j] for j, x in enumerate(xs)])
+    zero = np.zeros(tuple(shape[1:]), dtype=dtype)
+    picks = ((x, first + step * j) for j, x in enumerate(xs))
+    return np.stack([x[k] if 0 <= k < len(x) else zero for x, k in picks])
 
 
 def _torch_diag_gather(xs, first, step, shape, dtype, valid=True):
@@ -755,7 +759,9 @@ def _torch_diag_gather(xs, first, step, shape, dtype, valid=True):
         return torch.zeros(
             (0 if valid else shape[0],) + tuple(shape[1:]), dtype=_torch_dtype(dtype)
         )
-    return torch.stack([x[first + step * j] for j, x in enumerate(xs)])
+    zero = torch.zeros(tuple(shape[1:]), dtype=_torch_dtype(dtype))
+    picks = ((x, first + step * j) for j, x in enumerate(xs))
+    return torch.stack([x[k] if 0 <= k < len(x) else zero for x, k in picks])
 
 
 register(

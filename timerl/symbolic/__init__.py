@@ -1,6 +1,6 @@
 """Index expressions: dims, bounds, affine arithmetic, min/max, slices and conditions."""
 
-from timerl.symbolic.bounds import always_le0, always_lt0, simplify
+from timerl.symbolic.bounds import always_le0, always_lt0, pieces, simplify
 from timerl.symbolic.expr import (  # noqa: I001
     FALSE,
     TRUE,
@@ -43,5 +43,6 @@ __all__ = [
     "max_",
     "min_",
     "mod",
+    "pieces",
     "simplify",
 ]

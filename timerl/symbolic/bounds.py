@@ -102,3 +102,45 @@ def simplify(cond: Condition) -> Condition:
     if isinstance(cond, Not):
         return Not.make(simplify(cond.part))
     return cond
+
+
+def pieces(e: Expr) -> list[tuple[Condition, Expr]]:
+    """``e`` as ``[(where, affine expression)]``: every min/max over dims split into the cases
+    where each argument wins (the first argument on ties), impossible cases dropped.
+
+    ``min(t + 5, T - 1)`` is ``t + 5`` where ``t + 5 <= T - 1`` and ``T - 1`` elsewhere: each
+    piece is affine, which is what autodiff can transpose.
+    """
+    terms, const = e.linear()
+    atom = next(
+        (
+            a
+            for a in terms
+            if isinstance(a, MinMax) and any(isinstance(s, Dim) for s in a.symbols())
+        ),
+        None,
+    )
+    if atom is None:
+        return [(TRUE, e)]
+    assert isinstance(atom, MinMax)
+    rest = Const(const)
+    for a, k in terms.items():
+        if a is not atom:
+            rest = rest + a * k
+    out: list[tuple[Condition, Expr]] = []
+    args = atom.args
+    for j, arg in enumerate(args):
+        where: Condition = TRUE
+        for m, other in enumerate(args):
+            if m == j:
+                continue
+            lo, hi = (arg, other) if atom.kind == "min" else (other, arg)
+            where = where & ((lo < hi) if m < j else (lo <= hi))
+        where = simplify(where)
+        if where == FALSE:
+            continue
+        for inner, piece in pieces(rest + arg * terms[atom]):
+            both = simplify(where & inner)
+            if both != FALSE:
+                out.append((both, piece))
+    return out
