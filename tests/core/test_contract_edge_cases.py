@@ -236,3 +236,20 @@ def test_update_without_detach_is_reported_where_it_is_written():
 @pytest.mark.parametrize("kind", ["window", "lookahead", "lookahead_window"])
 def test_gradient_through_clamped_temporal_reads(kind, backend):
     check_temporal_slice_gradient(kind, backend)
+
+
+def test_gradient_through_data_dependent_episode_length(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        a = tl.from_numpy(np.array(1.5), requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[0] = 1.0
+        x[t + 1] = x * a
+        ctx.until(t, x > 10.0)
+        loss = x[0:T].sum(0)
+        loss.backward()
+        gx, ga = tl.evaluate([x, a.grad], bounds={T: 100}, backend=backend)
+    # x = a^k for k = 0..6 (1.5^6 > 10 is the first to pass); d/da sum a^k = sum k a^(k-1)
+    n = len(gx)
+    assert n == 7
+    np.testing.assert_allclose(ga, sum(k * 1.5 ** (k - 1) for k in range(n)), rtol=1e-9)

@@ -119,8 +119,6 @@ PARAMS = [
         strict=True,
     )
     for backend in ("numpy", "torch")
-    # continuous policies on the torch backend: see test_known_failures.py
-    if not (case[0] == "Pendulum-v1" and backend == "torch")
 ]
 
 

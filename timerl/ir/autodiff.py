@@ -244,6 +244,9 @@ def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
     valid: Condition = TRUE
     for k in conds:
         valid = valid & k
+    # Dropping what holds everywhere (t < T at a point of t) also keeps a dynamic bound out
+    # of gradient ops that run inside its own ``until`` loop, where it is not known yet.
+    valid = simplify(valid)
     x_shape = x.shape
     if diag is not None:
         if free:
@@ -285,8 +288,23 @@ def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
     if free:
         view = apply("sum", view, axes=tuple(range(len(free))), keepdims=False)
     if select is not None:
-        view = apply("select_at", view, index=select)
+        view = _select_element(view, select)
     return view
+
+
+def _select_element(view: View, index: Expr) -> View:
+    """Element ``index`` of ``view``'s leading axis. The gradient of ``x[0:T].sum()`` is a
+    broadcast: its elements are all the same, so take one without the index (and without
+    ``T``, which inside its own ``until`` loop is not known yet)."""
+    op = view.op
+    if view.is_identity and op.prim == "expand":
+        base = View(op.inputs[0].src, op.inputs[0].index)
+        shape = tuple(op.shape)
+        if len(base.shape) < len(shape):
+            return apply("expand", base, shape=shape[1:]) if base.shape != shape[1:] else base
+        if base.shape[0] == Const(1):
+            return apply("select_at", base, index=Const(0))
+    return apply("select_at", view, index=index)
 
 
 def _cdims(e: Expr, c: Op) -> set[Dim]:
