@@ -248,6 +248,14 @@ class CodeGen:
         return call
 
     def free(self, stmt: Free, depth: int) -> None:
+        self._free(stmt, depth)
+        op = stmt.op
+        if all(p is d for p, d in zip(stmt.prefix, op.domain, strict=False)):
+            # The point just computed is among those freed: drop the generated code's own
+            # reference too, or a batch-sized value would live on until it is next assigned.
+            self.emit(depth, f"v{op.id} = None")
+
+    def _free(self, stmt: Free, depth: int) -> None:
         op = stmt.op
         n = _static_nbytes(op)
         if op.id in self.locals:
