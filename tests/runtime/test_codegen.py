@@ -74,3 +74,25 @@ def test_rl_programs_match_interpreter(algo):
     for a, b in zip(results[0][0], results[1][0], strict=True):
         np.testing.assert_array_equal(a, b)
     assert results[0][1] == results[1][1]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_freed_value_is_released_at_its_free(compiled):
+    """Once freed, a value must not live on in the executor (e.g. in a generated local)."""
+    import weakref
+
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    refs, alive = [], []
+    with ctx:
+        w = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i,), name="w")
+        w[0] = 1.0
+        w[i + 1] = w * 0.5
+        big = (tl.zeros((10_000,), dtype="float64") + w).named("big")  # one per i
+        tl.sink(big, lambda v, p: refs.append(weakref.ref(v)))
+        h = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t), name="h")
+        h[i, 0] = big.sum()  # big's last reader: freed before the t loop runs
+        h[i, t + 1] = h * 0.9
+        tl.sink(h, lambda v, p: alive.append(refs[-1]() is not None))
+    ctx.compile(bounds={I: 3, T: 4}).executor(compiled=compiled).run()
+    assert len(alive) == 12 and not any(alive)
