@@ -16,6 +16,7 @@ from timerl.ir.render import to_dot
 from timerl.runtime.backends import make_backend
 from timerl.runtime.executor import Executor, RunStats
 from timerl.schedule.liveness import add_frees
+from timerl.schedule.order import order_blocks
 from timerl.schedule.scheduler import schedule as build_schedule
 from timerl.symbolic import Bound
 
@@ -63,6 +64,11 @@ class Program:
         )
         keep = {op.id for op in self.outputs} | {op.id for op in ctx._until.values()}
         self.keep = keep
+        sched, reordered = self.report.timed(  # type: ignore[misc]
+            "op order (graphopt)", lambda: order_blocks(sched, self.ops, check, keep)
+        )
+        if reordered:
+            self.report.notes.append(f"{reordered} loop-body blocks reordered for peak memory")
         self.schedule = self.report.timed(
             "memory statements", lambda: add_frees(sched, self.ops, keep)
         )
