@@ -153,12 +153,8 @@ def _affine_pieces(index: tuple) -> list[tuple[Condition, tuple]]:
             ]
         else:
             options = pieces(idx)
-        out = [
-            (simplify(w & v), (*prefix, i))
-            for w, prefix in out
-            for v, i in options
-            if simplify(w & v) != FALSE
-        ]
+        both = [(simplify(w & v), (*prefix, i)) for w, prefix in out for v, i in options]
+        out = [(where, idx) for where, idx in both if where != FALSE]
     return out
 
 

@@ -80,8 +80,8 @@ def add_frees(sched: Schedule, ops: Iterable[Op], keep: set[int]) -> Schedule:
             continue
         depth = len(here) - 1  # here[:depth] is the path of the body holding X
         while depth > 0:
-            done = _free_in_loop(op, reads, pos, here, depth, node_at, add)
-            if done is True:
+            # "partial" leaves the pinned points to an enclosing loop: keep going outward
+            if _free_in_loop(op, reads, pos, here, depth, node_at, add) is True:
                 break
             depth -= 1
         else:

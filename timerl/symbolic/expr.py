@@ -314,16 +314,8 @@ def _minmax(kind: str, args: Iterable[ExprLike]) -> Expr:
             flat.extend(arg.args)
         else:
             flat.append(arg)
-    # Arguments that differ by a constant are comparable: keep only the winner.
-    kept: list[Expr] = []
-    for arg in flat:
-        for j, other in enumerate(kept):
-            diff = arg - other
-            if isinstance(diff, Const):
-                kept[j] = arg if pick(diff.value, 0) == diff.value and diff.value != 0 else other
-                break
-        else:
-            kept.append(arg)
+    # Flattening can bring comparable arguments together again: compare once more.
+    kept = _drop_dominated(flat, pick)
     if len(kept) == 1:
         return kept[0]
     if all(isinstance(a, Const) for a in kept):
