@@ -201,11 +201,17 @@ class Context:
         seed: int = 0,
         outputs: Sequence[RecurrentTensor] = (),
         memory_budget: int | None = None,
+        optimize: bool = True,
     ) -> Any:
-        """Compile the program (its sinks, side effects and ``outputs``) for these bounds."""
+        """Compile the program (its sinks, side effects and ``outputs``) for these bounds.
+
+        ``optimize=False`` keeps only the passes correctness needs and interprets the schedule:
+        the reference that optimised programs are tested against."""
         from timerl.api.program import Program
 
-        return Program.build(self, bounds, backend, device, seed, outputs, memory_budget)
+        return Program.build(
+            self, bounds, backend, device, seed, outputs, memory_budget, optimize=optimize
+        )
 
 
 def materialize(t: RecurrentTensor) -> Op:

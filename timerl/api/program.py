@@ -9,21 +9,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
-from timerl.compiler.pipeline import CompileReport, run_pipeline
+from timerl.compiler.pipeline import CompileReport
+from timerl.compiler.pipeline import compile as compile_program
+from timerl.compiler.spec import VALIDATION_SIZE, freeze  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
 from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
 from timerl.runtime.backends import make_backend
 from timerl.runtime.executor import Executor, RunStats
-from timerl.schedule.liveness import add_frees
-from timerl.schedule.order import order_blocks
-from timerl.schedule.scheduler import schedule as build_schedule
+from timerl.schedule.program import Schedule
 from timerl.symbolic import Bound
 
 if TYPE_CHECKING:
     from timerl.api.context import Context
-
-VALIDATION_SIZE = 16  # bound used to validate a dynamic dim that has no cap
 
 
 class Program:
@@ -41,6 +39,7 @@ class Program:
         outputs: Sequence[RecurrentTensor],
         memory_budget: int | None,
         effects: bool = True,
+        optimize: bool = True,
     ) -> Program:
         from timerl.api.context import materialize
 
@@ -50,44 +49,53 @@ class Program:
         self.backend = make_backend(backend, device)
         self.seed = seed
         self.memory_budget = memory_budget
+        self.optimize = optimize
         self.static, self.dynamic = ctx.resolve_bounds(bounds)
-        self.outputs = [materialize(t) for t in outputs]
-        self._out_by_view = {id(t.view): op for t, op in zip(outputs, self.outputs, strict=True)}
-        roots = (list(ctx._roots) if effects else list(ctx._until.values())) + self.outputs
-        check = dict(self.static)
-        for b, cap in self.dynamic.items():
-            check[b] = cap if cap is not None else VALIDATION_SIZE
-        self.report = CompileReport()
-        self.ops: list[Op] = run_pipeline(roots, check, self.report)
-        sched = self.report.timed(
-            "schedule", lambda: build_schedule(self.ops, ctx.dims, ctx._until)
-        )
-        keep = {op.id for op in self.outputs} | {op.id for op in ctx._until.values()}
-        self.keep = keep
-        sched, reordered = self.report.timed(  # type: ignore[misc]
-            "op order (graphopt)", lambda: order_blocks(sched, self.ops, check, keep)
-        )
-        if reordered:
-            self.report.notes.append(f"{reordered} loop-body blocks reordered for peak memory")
-        self.schedule = self.report.timed(
-            "memory statements", lambda: add_frees(sched, self.ops, keep)
-        )
+        asked = [materialize(t) for t in outputs]
+        self._out_by_view = {id(t.view): op.id for t, op in zip(outputs, asked, strict=True)}
+        roots = list(ctx._roots) if effects else list(ctx._until.values())
+        spec = freeze(roots, asked, ctx.dims, ctx._until, self.static, self.dynamic)
+        self.compiled = compile_program(spec, optimize=optimize)
         self.compile_seconds = time.perf_counter() - start
         self._last: Executor | None = None
         return self
 
+    # the compiled value, under the names the executor and tools use
+    @property
+    def ops(self) -> list[Op]:
+        return list(self.compiled.spec.ops)
+
+    @property
+    def outputs(self) -> list[Op]:
+        return list(self.compiled.spec.outputs)
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.compiled.schedule
+
+    @property
+    def report(self) -> CompileReport:
+        return self.compiled.report
+
+    @property
+    def keep(self) -> set[int]:
+        return self.compiled.spec.keep
+
     # --- running ------------------------------------------------------------------------------
-    def run(self, compiled: bool = True) -> Program:
+    def run(self, compiled: bool | None = None) -> Program:
         """Execute the whole schedule once (sinks fire, outputs are kept)."""
         self.executor(compiled).run()
         return self
 
-    def executor(self, compiled: bool = True) -> Executor:
+    def executor(self, compiled: bool | None = None) -> Executor:
         """A fresh executor for this program (for iteration hooks, snapshots and resuming).
 
         ``compiled=False`` interprets the schedule statement by statement: the reference the
-        generated code is tested against.
+        generated code is tested against. By default an optimised program runs generated code
+        and an unoptimised one (``optimize=False``) is interpreted.
         """
+        if compiled is None:
+            compiled = self.optimize
         self._last = Executor(
             self.schedule,
             self.ops,
@@ -119,11 +127,12 @@ class Program:
 
     def value(self, tensor: RecurrentTensor) -> Any:
         """An output's values as numpy: domain dims leading; a nested list where ragged."""
-        op = self._out_by_view.get(id(tensor.view))
-        if op is None:
+        op_id = self._out_by_view.get(id(tensor.view))
+        if op_id is None:
             raise ProgramError(
                 f"{tensor.name} is not an output of this program: pass outputs=[...]"
             )
+        op = next(o for o in self.outputs if o.id == op_id)
         return _assemble(op, self._executor(), self.backend)
 
     def stats(self) -> dict[str, Any]:
@@ -194,14 +203,20 @@ def evaluate(
     backend: str = "numpy",
     device: str = "cpu",
     seed: int = 0,
+    optimize: bool = True,
 ) -> list[Any] | Any:
-    """Compile and run just what ``tensors`` need; return their values as numpy."""
+    """Compile and run just what ``tensors`` need; return their values as numpy.
+
+    ``optimize=False`` runs the unoptimised reference (only the passes correctness needs,
+    interpreted statement by statement)."""
     single = isinstance(tensors, RecurrentTensor)
     items = [tensors] if single else list(tensors)
     if not items:
         raise ProgramError("evaluate: no tensors given")
     ctx = items[0].ctx
-    prog = Program.build(ctx, bounds, backend, device, seed, items, None, effects=False)
+    prog = Program.build(
+        ctx, bounds, backend, device, seed, items, None, effects=False, optimize=optimize
+    )
     prog.run()
     values = [_assemble(op, prog._executor(), prog.backend) for op in prog.outputs]
     return values[0] if single else values
