@@ -3,62 +3,48 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
-from timerl.compiler.pipeline import CompileReport
-from timerl.compiler.pipeline import compile as compile_program
-from timerl.compiler.spec import VALIDATION_SIZE, freeze  # noqa: F401 (re-exported)
+from timerl.compiler.pipeline import Compiled, CompileReport
+from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
 from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
-from timerl.runtime.backends import make_backend
+from timerl.runtime.backends import Backend
 from timerl.runtime.executor import Executor, RunStats
 from timerl.schedule.program import Schedule
-from timerl.symbolic import Bound
-
-if TYPE_CHECKING:
-    from timerl.api.context import Context
 
 
 class Program:
-    def __init__(self) -> None:
-        raise TypeError("use ctx.compile(...) to build a Program")
+    """A compiled program: the compiler's value (graph, schedule, report) and a backend.
 
-    @classmethod
-    def build(
-        cls,
-        ctx: Context,
-        bounds: Mapping[Any, int] | None,
-        backend: str,
-        device: str,
-        seed: int,
-        outputs: Sequence[RecurrentTensor],
-        memory_budget: int | None,
-        effects: bool = True,
+    Built by ``ctx.compile``; it only runs and reports, all decisions are in ``compiled``.
+    """
+
+    def __init__(
+        self,
+        compiled: Compiled,
+        backend: Backend,
+        seed: int = 0,
+        memory_budget: int | None = None,
         optimize: bool = True,
-    ) -> Program:
-        from timerl.api.context import materialize
-
-        start = time.perf_counter()
-        self = object.__new__(cls)
-        self.ctx = ctx
-        self.backend = make_backend(backend, device)
+        output_ids: Mapping[int, int] | None = None,
+        started: float | None = None,
+    ) -> None:
+        self.compiled = compiled
+        self.backend = backend
         self.seed = seed
         self.memory_budget = memory_budget
         self.optimize = optimize
-        self.static, self.dynamic = ctx.resolve_bounds(bounds)
-        asked = [materialize(t) for t in outputs]
-        self._out_by_view = {id(t.view): op.id for t, op in zip(outputs, asked, strict=True)}
-        roots = list(ctx._roots) if effects else list(ctx._until.values())
-        spec = freeze(roots, asked, ctx.dims, ctx._until, self.static, self.dynamic)
-        self.compiled = compile_program(spec, optimize=optimize)
-        self.compile_seconds = time.perf_counter() - start
+        self.static = dict(compiled.spec.static)
+        self.dynamic = dict(compiled.spec.dynamic)
+        self._out_by_view = dict(output_ids or {})
+        self.compile_seconds = time.perf_counter() - started if started else 0.0
         self._last: Executor | None = None
-        return self
 
     # the compiled value, under the names the executor and tools use
     @property
@@ -154,12 +140,20 @@ class Program:
             out["device_peak_bytes"] = device_peak
         return out
 
-    def explain(self) -> str:
-        """The pipeline's decisions: pass timings, notes and the schedule with memory statements."""
+    def explain(self, full: bool = False) -> str:
+        """The pipeline's decisions: pass timings, notes and the schedule.
+
+        By default the schedule is summarised (loops, and per run of statements the user's
+        tensors computed there); ``full=True`` lists every statement and memory statement.
+        """
         lines = ["compile passes:"]
         lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
         lines += [f"  {note}" for note in self.report.notes]
-        lines += ["schedule:", self.schedule.dump()]
+        if full:
+            lines += ["schedule:", self.schedule.dump()]
+        else:
+            lines += ["schedule (summary; explain(full=True) lists every statement):"]
+            lines += ["  " + line for line in self.schedule.summary().splitlines()]
         return "\n".join(lines)
 
     def render(self) -> str:
@@ -195,28 +189,3 @@ def _assemble(op: Op, ex: Executor, backend) -> Any:
         return items
 
     return rec((), 0)
-
-
-def evaluate(
-    tensors: Sequence[RecurrentTensor] | RecurrentTensor,
-    bounds: Mapping[Bound | str, int] | None = None,
-    backend: str = "numpy",
-    device: str = "cpu",
-    seed: int = 0,
-    optimize: bool = True,
-) -> list[Any] | Any:
-    """Compile and run just what ``tensors`` need; return their values as numpy.
-
-    ``optimize=False`` runs the unoptimised reference (only the passes correctness needs,
-    interpreted statement by statement)."""
-    single = isinstance(tensors, RecurrentTensor)
-    items = [tensors] if single else list(tensors)
-    if not items:
-        raise ProgramError("evaluate: no tensors given")
-    ctx = items[0].ctx
-    prog = Program.build(
-        ctx, bounds, backend, device, seed, items, None, effects=False, optimize=optimize
-    )
-    prog.run()
-    values = [_assemble(op, prog._executor(), prog.backend) for op in prog.outputs]
-    return values[0] if single else values
