@@ -16,217 +16,13 @@ runtime may call it from any backend.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from timerl.errors import EnvError
-
-# Native environments: id -> factory(num_envs, seed, **kwargs). Filled by the modules that
-# define them (see the bottom of this file) so that make_env finds them before gymnasium.
-_NATIVE: dict[str, Callable[..., VectorEnv]] = {}
-
-
-def register_native(env_id: str, factory: Callable[..., VectorEnv]) -> None:
-    """Make ``env_id`` resolvable by :func:`make_env` without going through gymnasium."""
-    _NATIVE[env_id] = factory
-
-
-class VectorEnv:
-    """A batch of ``num_envs`` environments with same-step auto-reset.
-
-    Subclasses implement ``_reset_batch`` and ``_step_batch`` on prepared arrays; this base class
-    owns what must be identical for every simulator: action checking, casting and clipping,
-    float32 outputs, episode statistics and the state-dict format.
-    """
-
-    env_id: str
-    num_envs: int
-    obs_shape: tuple[int, ...]
-    obs_dtype: np.dtype
-    discrete: bool
-    num_actions: int | None
-    action_shape: tuple[int, ...]
-    action_dtype: np.dtype
-    action_low: np.ndarray | None
-    action_high: np.ndarray | None
-
-    def __init__(self, env_id: str, num_envs: int, seed: int) -> None:
-        if int(num_envs) < 1:
-            raise EnvError(f"{env_id}: num_envs must be at least 1, got {num_envs}")
-        self.env_id = env_id
-        self.num_envs = int(num_envs)
-        self.seed = int(seed)
-        self.obs_dtype = np.dtype(np.float32)
-        # Outcome of the last step, kept apart from `done` so that learners can bootstrap
-        # from the value of the final observation when an episode was only truncated.
-        self.terminated = np.zeros(self.num_envs, dtype=bool)
-        self.truncated = np.zeros(self.num_envs, dtype=bool)
-        # Last observation of each episode that ended at the last step (rows where done);
-        # the returned obs already belong to the next episode.
-        self.final_obs: np.ndarray | None = None
-        # The obs returned by the last reset()/step(), so a resumed learner can pick up.
-        self.last_obs: np.ndarray | None = None
-        self._needs_reset = True
-        self._running_return = np.zeros(self.num_envs, dtype=np.float64)
-        self._running_length = np.zeros(self.num_envs, dtype=np.int64)
-        self._done_returns: list[float] = []
-        self._done_lengths: list[int] = []
-
-    # -- contract ------------------------------------------------------------------------
-    def reset(self) -> np.ndarray:
-        """Start a fresh episode in every env; returns obs of shape ``(B, *obs_shape)``."""
-        obs = self._reset_batch()
-        self._running_return[:] = 0.0
-        self._running_length[:] = 0
-        self.terminated[:] = False
-        self.truncated[:] = False
-        self.final_obs = None
-        self._needs_reset = False
-        self.last_obs = self._as_obs(obs)
-        return self.last_obs
-
-    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Advance every env by one step; returns ``(obs, reward, done)``.
-
-        ``done[b]`` means env ``b``'s episode ended here (terminated or truncated), ``obs[b]``
-        is then the first observation of its next episode, and ``reward[b]`` the last reward
-        of the ended one.
-        """
-        if self._needs_reset:
-            raise EnvError(f"{self.env_id}: call reset() before step()")
-        acts = self._prepare_actions(actions)
-        obs, reward, terminated, truncated, final_obs = self._step_batch(acts)
-        reward = np.asarray(reward, dtype=np.float32).reshape(self.num_envs)
-        self.terminated = np.asarray(terminated, dtype=bool).reshape(self.num_envs)
-        self.truncated = np.asarray(truncated, dtype=bool).reshape(self.num_envs) & ~self.terminated
-        done = self.terminated | self.truncated
-        self.final_obs = None if final_obs is None else self._as_obs(final_obs)
-        self._running_return += reward
-        self._running_length += 1
-        if done.any():
-            idx = np.flatnonzero(done)
-            self._done_returns.extend(self._running_return[idx].tolist())
-            self._done_lengths.extend(self._running_length[idx].tolist())
-            self._running_return[idx] = 0.0
-            self._running_length[idx] = 0
-        self.last_obs = self._as_obs(obs)
-        return self.last_obs, reward, done
-
-    def completed_returns(self) -> np.ndarray:
-        """Returns of the episodes finished since the last call (then forgotten)."""
-        out = np.asarray(self._done_returns, dtype=np.float64)
-        self._done_returns = []
-        return out
-
-    def completed_lengths(self) -> np.ndarray:
-        """Lengths of the episodes finished since the last call (then forgotten)."""
-        out = np.asarray(self._done_lengths, dtype=np.int64)
-        self._done_lengths = []
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this batch later; plain Python/numpy values."""
-        return {
-            "env_id": self.env_id,
-            "num_envs": self.num_envs,
-            "seed": self.seed,
-            "needs_reset": self._needs_reset,
-            "running_return": self._running_return.copy(),
-            "running_length": self._running_length.copy(),
-            "done_returns": list(self._done_returns),
-            "done_lengths": list(self._done_lengths),
-            "last_obs": None if self.last_obs is None else self.last_obs.copy(),
-            "sim": self._sim_state(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict` of an env made with the same id and size."""
-        if state.get("env_id") != self.env_id or state.get("num_envs") != self.num_envs:
-            raise EnvError(
-                f"{self.env_id}: state is for env {state.get('env_id')!r} with "
-                f"{state.get('num_envs')} envs, not {self.env_id!r} with {self.num_envs}"
-            )
-        self.seed = int(state["seed"])
-        self._running_return = np.array(state["running_return"], dtype=np.float64)
-        self._running_length = np.array(state["running_length"], dtype=np.int64)
-        self._done_returns = list(state["done_returns"])
-        self._done_lengths = list(state["done_lengths"])
-        self._needs_reset = bool(state["needs_reset"])
-        last = state.get("last_obs")
-        self.last_obs = None if last is None else np.array(last, dtype=np.float32)
-        exact = self._load_sim_state(state["sim"])
-        if not exact and not self._needs_reset:
-            # Only the random streams could be restored: episodes restart at the next reset().
-            self._needs_reset = True
-            self._running_return[:] = 0.0
-            self._running_length[:] = 0
-
-    def close(self) -> None:
-        """Release simulator resources; the env cannot be used afterwards."""
-        self._needs_reset = True
-
-    def __enter__(self) -> VectorEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        kind = f"Discrete({self.num_actions})" if self.discrete else f"Box{self.action_shape}"
-        return (
-            f"{type(self).__name__}({self.env_id!r}, num_envs={self.num_envs}, "
-            f"obs_shape={self.obs_shape}, action={kind})"
-        )
-
-    # -- for subclasses ------------------------------------------------------------------
-    def _reset_batch(self) -> np.ndarray:
-        raise NotImplementedError
-
-    def _step_batch(
-        self, actions: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """Returns ``(obs, reward, terminated, truncated, final_obs_or_None)``."""
-        raise NotImplementedError
-
-    def _sim_state(self) -> dict[str, Any]:
-        return {}
-
-    def _load_sim_state(self, state: dict[str, Any]) -> bool:
-        """Restore the simulator; return True when episodes can continue mid-way."""
-        return False
-
-    # -- helpers -------------------------------------------------------------------------
-    def _as_obs(self, obs: Any) -> np.ndarray:
-        return np.asarray(obs, dtype=np.float32).reshape((self.num_envs, *self.obs_shape))
-
-    def _prepare_actions(self, actions: Any) -> np.ndarray:
-        """Cast, reshape and clip a batch of actions; reject what cannot be one."""
-        a = np.asarray(actions)
-        want = (self.num_envs, *self.action_shape)
-        if a.shape != want:
-            if a.size != int(np.prod(want)):
-                raise EnvError(
-                    f"{self.env_id}: actions of shape {a.shape} do not fit {self.num_envs} envs "
-                    f"with action shape {self.action_shape} (expected {want})"
-                )
-            a = a.reshape(want)
-        if a.dtype.kind not in "biuf":
-            raise EnvError(f"{self.env_id}: actions must be numeric, got dtype {a.dtype}")
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
-            raise EnvError(f"{self.env_id}: actions contain NaN or infinity")
-        if self.discrete:
-            if a.dtype.kind == "f":
-                a = np.rint(a)
-            a = a.astype(np.int64)
-            if a.min() < 0 or a.max() >= self.num_actions:
-                raise EnvError(
-                    f"{self.env_id}: discrete actions must lie in [0, {self.num_actions}), "
-                    f"got values in [{a.min()}, {a.max()}]"
-                )
-            return a
-        return np.clip(a.astype(self.action_dtype), self.action_low, self.action_high)
+from timerl.rl.synthetic import SyntheticVectorEnv  # noqa: F401  (registers Synthetic-v0)
+from timerl.rl.vector_env import _NATIVE, VectorEnv, register_native  # noqa: F401 (re-exported)
 
 
 class GymVectorEnv(VectorEnv):
@@ -417,7 +213,6 @@ def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> Ve
     The same ``(env_id, num_envs, seed, kwargs)`` gives the same trajectories for the same
     actions. ``kwargs`` go to the env's constructor (``gymnasium.make`` for gymnasium ids).
     """
-    _ensure_native_registered()
     if env_id in _NATIVE:
         return _NATIVE[env_id](num_envs=num_envs, seed=seed, **kwargs)
     import gymnasium as gym
@@ -427,9 +222,3 @@ def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> Ve
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise EnvError(f"unknown environment id {env_id!r}{hint}")
     return GymVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
-
-
-def _ensure_native_registered() -> None:
-    # Imported here, not at module top, because synthetic.py subclasses VectorEnv.
-    if "Synthetic-v0" not in _NATIVE:
-        from timerl.rl import synthetic  # noqa: F401  (registers itself)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import EnvError
-from timerl.rl.envs import VectorEnv, register_native
+from timerl.rl.vector_env import VectorEnv, register_native
 
 ENV_ID = "Synthetic-v0"
 
