@@ -542,6 +542,7 @@ def table_rows(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
         "env steps/s",
         "spread",
         "s/iter",
+        "1st iter ÷ steady",
         "setup s",
         "peak RSS MiB",
         "fw peak MiB",
@@ -558,6 +559,10 @@ def table_rows(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
             f"{row.steps_per_s:,.0f}",
             _num(100 * row.spread, "±%.0f%%"),
             f"{row.median('seconds_per_iteration'):.4f}",
+            _num(
+                _ratio(row.median("first_iteration_s"), row.median("seconds_per_iteration")),
+                "%.2fx",
+            ),
             f"{row.median('setup_s'):.2f}",
             f"{_mib(row.median('peak_rss_bytes')):.0f}",
             _num(_mib(row.median("framework_peak_bytes")), "%.1f"),
@@ -803,3 +808,7 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) else math.nan

@@ -184,6 +184,7 @@ def train(
     writer = _MetricsLog(log_path, names, resume_at=start if ckpt is not None else None)
     bar = _Progress(iterations * per_iter, enabled=progress, done=start * per_iter)
     last_good: dict[str, Any] | None = ckpt
+    ex.prepare(hooked=True)  # code generation is setup, not part of the first iteration
     begin = time.perf_counter()
     env = program.env
 

@@ -336,14 +336,20 @@ class Executor:
             self.stats.seconds = time.perf_counter() - begin
         return self.stats
 
-    def _run_compiled(self, hooked: bool) -> None:
-        fn = self._generated.get(hooked)
-        if fn is None:
+    def prepare(self, hooked: bool = True) -> None:
+        """Generate the code a run will execute now, so that the first iteration does not pay
+        for it (``hooked``: the run will start mid-way or call iteration hooks)."""
+        if self.compiled and hooked not in self._generated:
+            outer = self.outer_loop() if hooked else None
             gen = CodeGen(
                 self.schedule, list(self.ops.values()), self.backend, self.seed, self.keep
             )
-            fn = self._generated[hooked] = gen.generate(self.bounds, self._outer)
+            self._generated[hooked] = gen.generate(self.bounds, outer)
             self.source = gen.source
+
+    def _run_compiled(self, hooked: bool) -> None:
+        self.prepare(hooked)
+        fn = self._generated[hooked]
         meter = self.stats.memory
         M = [meter.live, meter.peak]
         C = [0]
