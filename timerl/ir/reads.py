@@ -102,7 +102,7 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
             part = seen.get(key)
             if part is None:
                 part = seen[key] = read_points(reader, edge.index, op, guard[reader.id] & cond)
-            g = g | part  # both already simplified
+            g = simplify(g | part)  # absorbs disjuncts one another implies
             if g == TRUE or _atoms(g) > MAX_ATOMS:
                 g = TRUE
                 break

@@ -96,7 +96,8 @@ def _reads_ahead(view: View, target: Op, wanted) -> bool:
 
     ``f[t + 2] = f[t + 1] + f[t]`` does (``t + 1`` from the sum at ``t``), and so does
     ``b[t + 1] = b[t] + a[t + 1]``: read from the sum at ``t``, ``a[t + 1]`` looks like a read of
-    the future, which with ``a`` reading ``b`` makes a cycle with both directions. ``h[t + 1] =
+    the future, which with ``a`` reading ``b`` (now or once ``a`` is defined) makes a cycle
+    with both directions. ``h[t + 1] =
     tanh(W @ h[t])`` does not, and is left alone: its ops keep their natural domain. Only the
     ops that retiming would clone are looked through; what they read is read at the shifted
     index either way.
@@ -106,6 +107,7 @@ def _reads_ahead(view: View, target: Op, wanted) -> bool:
         return False
     back = {d: e - d for d, e in shifts.items()}  # negative: defines p from the value at p - k
     seen: set[int] = set()
+    open_memo: dict[int, bool] = {}
     stack = [view.op]
     while stack:
         op = stack.pop()
@@ -119,9 +121,28 @@ def _reads_ahead(view: View, target: Op, wanted) -> bool:
                     continue
                 lo, hi = (idx.start, idx.stop - 1) if isinstance(idx, Slice) else (idx, idx)
                 ahead = not always_le0(hi - d) if k.value < 0 else not always_le0(d - lo)
-                if ahead:
+                if ahead and _may_join_a_cycle(e.src, target, open_memo):
                     return True
             stack.append(e.src)
+    return False
+
+
+def _may_join_a_cycle(op: Op, target: Op, memo: dict[int, bool]) -> bool:
+    """Whether ``op`` reads ``target`` or a tensor still open to definitions (a placeholder
+    other than ``from_numpy``'s), through anything but ``detach``: only then can a read of
+    it ahead of the point end up in a cycle with ``target``. Data read ahead (``u[t + 1]`` of
+    an array) is read at the shifted index as it is."""
+    stack, seen = [op], set()
+    while stack:
+        o = stack.pop()
+        if o.id in seen or o.prim == "detach":
+            continue
+        if memo.get(o.id) or o is target or (o.prim == "merge" and not o.attrs.get("sealed")):
+            memo[op.id] = True
+            return True
+        seen.add(o.id)
+        stack.extend(e.src for e in o.inputs)
+    memo[op.id] = False
     return False
 
 

@@ -407,7 +407,8 @@ class DivMod(Expr):
         return floordiv(sub, self.divisor) if self.kind == "//" else mod(sub, self.divisor)
 
     def __repr__(self) -> str:
-        return f"({self.arg} {self.kind} {self.divisor})"
+        arg = f"({self.arg})" if isinstance(self.arg, Affine) else str(self.arg)
+        return f"({arg} {self.kind} {self.divisor})"
 
     __str__ = __repr__
 
