@@ -331,9 +331,7 @@ def test_recurrence_reading_an_input_through_an_index(kind, through, backend):
 
 def _moving_clamped_ref(h):
     n_i, n_t = h.shape
-    y = np.array(
-        [[h[0 : i + 1, max(t - 1, 0)].sum(0) for t in range(n_t)] for i in range(n_i)]
-    )
+    y = np.array([[h[0 : i + 1, max(t - 1, 0)].sum(0) for t in range(n_t)] for i in range(n_i)])
     return y, float((y * y).sum())
 
 
