@@ -369,3 +369,64 @@ def test_index_plus_float_names_the_way_to_use_an_index_as_a_value():
         0.5 * (T - t)  # noqa: B018
     with pytest.raises(tl.TimerlError, match=r"t // 2"):
         t / 2  # noqa: B018
+
+
+# --- found by differential fuzzing ------------------------------------------------------------
+
+
+def _pinned_select_ref(u):
+    n_i, n_t = u.shape[:2]
+    a, b = np.zeros((n_i, n_t)), np.zeros((n_i, n_t))
+    for i in range(n_i):
+        a[i, 0] = u[i, 0].sum(-1)
+        b[i, 0] = u[0, 0:1, 0].sum(0)
+        for t in range(n_t - 1):
+            a[i, t + 1] = b[i, t]
+            b[i, t + 1] = a[i, t + 1]
+    return a, b, float((b * b).sum())
+
+
+def test_coupled_pair_reading_a_partial_slice_at_a_fixed_outer_point(backend):
+    """u[0, 0:1, 0]: the slice's gradient is selected where i == 0 and t < 1 only; the select
+    must not run where either fails (it raised a raw IndexError at t = 1)."""
+    u = _arr(2, 3, 2, seed=13)
+    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    with ctx:
+        U = tl.from_numpy(u, domain=(i, t), requires_grad=True, dtype="float64")
+        a = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        b = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        a[i, 0] = U[i, 0].sum(-1)
+        a[i, t + 1] = b[i, t]
+        b[i, 0] = U[0, 0:1, 0].sum(0)
+        b[i, t + 1] = a[i, t + 1]
+        (b * b).sum().backward()
+        av, bv, gu = tl.evaluate([a, b, U.grad], backend=backend)
+    ra, rb, _ = _pinned_select_ref(u)
+    close(av, ra, rtol=1e-12, atol=1e-12)
+    close(bv, rb, rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda x: _pinned_select_ref(x)[2], [u])
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_two_step_recurrence_whose_step_may_never_apply(n, backend):
+    """With T = 2 the x[t + 2] branch applies nowhere: its ops must not run at all."""
+    u = _arr(n, 2, seed=14)
+
+    def ref(a):
+        x = np.zeros((n, 2))
+        x[0], x[1] = a[0], a[1]
+        for k in range(2, n):
+            x[k] = np.tanh(x[k - 1])
+        return x, float((x * x).sum())
+
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((2,), "float64", domain=(t,))
+        x[0] = U[0]
+        x[1] = U[1]
+        x[t + 2] = x[t + 1].tanh()
+        (x * x).sum().backward()
+        xv, gu = tl.evaluate([x, U.grad], backend=backend)
+    close(xv, ref(u)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: ref(a)[1], [u])

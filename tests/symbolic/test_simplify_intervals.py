@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from timerl.errors import IndexExprError
-from timerl.symbolic import FALSE, Dim, always_le0, simplify
+from timerl.symbolic import FALSE, TRUE, Dim, always_le0, simplify
 
 t = Dim("t")
 T = t.bound
@@ -40,6 +40,34 @@ def test_simplify_keeps_the_meaning_of_unions_of_conjunctions(parts):
     simple = simplify(cond)
     for env in _points():
         assert simple.evaluate(env) == cond.evaluate(env), (cond, simple, env)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.lists(atoms, min_size=1, max_size=3), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_simplify_keeps_the_meaning_of_negated_and_nested_conditions(parts):
+    cond = TRUE
+    for conj, negate, join_and in parts:
+        term = FALSE
+        for a in conj:
+            term = term | a
+        term = ~term if negate else term
+        cond = (cond & term) if join_and else (cond | ~term)
+    simple = simplify(cond)
+    for env in _points():
+        assert simple.evaluate(env) == cond.evaluate(env), (cond, simple, env)
+
+
+def test_negations_and_touching_intervals_fold():
+    assert simplify(t.eq(0) | t.eq(1) | ((t >= 2) & ~(t.eq(0) | t.eq(1)))) == TRUE
+    assert simplify((t >= 2) & ~(t.eq(0) | t.eq(1))) == (t >= 2)
+    assert simplify(t.eq(1) | t.eq(2) | (t >= 3)) == (t >= 1)
+    assert simplify(t.eq(0) | t.eq(2)) == (t.eq(0) | t.eq(2))
 
 
 def test_conjunctions_fold_into_one_interval():

@@ -108,7 +108,12 @@ def simplify(cond: Condition) -> Condition:
     if isinstance(cond, Or):
         return _absorb(Or.make(simplify(p) for p in cond.parts))
     if isinstance(cond, Not):
-        return Not.make(simplify(cond.part))
+        part = cond.part
+        if isinstance(part, Or):  # De Morgan, so the negated comparisons fold with the rest
+            return simplify(And.make(Not.make(p) for p in part.parts))
+        if isinstance(part, And):
+            return simplify(Or.make(Not.make(p) for p in part.parts))
+        return Not.make(simplify(part))
     return cond
 
 
@@ -223,10 +228,57 @@ def _implies(a: Condition, b: Condition) -> bool:
     return all(key in ra and r.contains(ra[key]) for key, r in rb.items())
 
 
+def _union_intervals(parts: tuple[Condition, ...]) -> list[Condition] | None:
+    """Disjuncts that are each one interval of the same form, joined where they touch:
+    ``(t == 0) | (t == 1) | (t >= 2)`` is ``t >= 0``. None when nothing was joined."""
+    spans: dict[Expr, list[list]] = {}
+    rest: list[Condition] = []
+    for part in parts:
+        ranges, others = _ranges(part)
+        if others or len(ranges) != 1:
+            rest.append(part)
+            continue
+        ((key, r),) = ranges.items()
+        if r.out:
+            rest.append(part)
+            continue
+        spans.setdefault(key, []).append([r.lo, r.hi])
+    joined = False
+    out = list(rest)
+    inf = float("inf")
+    for key, items in spans.items():
+        items.sort(key=lambda s: -inf if s[0] is None else s[0])
+        merged: list[list] = []
+        for lo, hi in items:
+            if merged:
+                last = merged[-1]
+                if last[1] is None or (lo is not None and lo <= last[1] + 1):
+                    last[1] = None if hi is None or last[1] is None else max(last[1], hi)
+                    joined = True
+                    continue
+            merged.append([lo, hi])
+        for lo, hi in merged:
+            cond: Condition = TRUE
+            if lo is not None and lo == hi:
+                cond = key.eq(lo)
+            else:
+                if lo is not None:
+                    cond = cond & (key >= lo)
+                if hi is not None:
+                    cond = cond & (key <= hi)
+            out.append(simplify(cond))
+    return out if joined else None
+
+
 def _absorb(cond: Condition) -> Condition:
     """Drop the disjuncts that imply another one: ``(t >= 2) | (t >= 1)`` is ``t >= 1``."""
     if not isinstance(cond, Or):
         return cond
+    joined = _union_intervals(cond.parts)
+    if joined is not None:
+        cond = Or.make(joined)
+        if not isinstance(cond, Or):
+            return cond
     kept: list[Condition] = []
     for part in cond.parts:
         if any(_implies(part, other) for other in kept):
