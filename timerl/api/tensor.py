@@ -150,10 +150,16 @@ class RecurrentTensor:
             index = {
                 d: _temporal_index(k, self.name, d) for k, d in zip(temporal, dims, strict=True)
             }
+            if not view.is_identity:
+                composed = [_compose(i, index, self.name) for i in view.index]
+                if all(c is not None for c in composed):
+                    view = View(view.op, tuple(composed))  # type: ignore[arg-type]
+                else:
+                    # No single index reads these points (a slice of u[max(t - 1, 0)] holds
+                    # u[0] twice): compute the view as a tensor of its own, then slice that.
+                    view = apply("identity", view)
             if view.is_identity:
                 view = View(view.op, tuple(index[d] for d in view.op.domain))
-            else:
-                view = View(view.op, tuple(_compose(i, index, self.name) for i in view.index))
             self._check_static_range(view)
             # gathered slices come first: spatial indices address the tensor's own axes
             gathered = sum(isinstance(i, Slice) for i in index.values())
@@ -562,8 +568,12 @@ def _temporal_index(k: Any, name: str, dim: Dim) -> Expr | Slice:
         raise ProgramError(f"{name}: bad index {k!r} for dim {dim.name}: {err}") from None
 
 
-def _compose(index: Expr | Slice, new: dict[Dim, Expr | Slice], name: str) -> Expr | Slice:
-    """Re-index a view: substitute the reader's new indices for the view's own dims."""
+def _compose(index: Expr | Slice, new: dict[Dim, Expr | Slice], name: str) -> Expr | Slice | None:
+    """Re-index a view: substitute the reader's new indices for the view's own dims.
+
+    None where no index expression reads those points: a slice through a clamped, modular or
+    scaled index, or through an index that mixes sliced dims.
+    """
     points = {d: v for d, v in new.items() if isinstance(v, Expr)}
     sliced = {d: v for d, v in new.items() if isinstance(v, Slice)}
     if isinstance(index, Slice):
@@ -574,11 +584,11 @@ def _compose(index: Expr | Slice, new: dict[Dim, Expr | Slice], name: str) -> Ex
     if not used:
         return index.substitute(points)
     if len(used) > 1:
-        raise ProgramError(f"{name}: index {index} would need several slices at once")
+        return None
     (d,) = used
     shift = index - d
     if d in shift.symbols():
-        raise ProgramError(f"{name}: cannot slice through index {index}")
+        return None
     sl = sliced[d]
     shift = shift.substitute(points)
     return Slice(sl.start + shift, sl.stop + shift)
@@ -591,6 +601,13 @@ def lift(
     if isinstance(value, RecurrentTensor):
         return value
     ctx = ctx or (like.ctx if like is not None else _current_context())
+    if isinstance(value, Expr):
+        # A point's index as a value (x * (t + 1)): x's dtype when numeric, else int64.
+        numeric = like is not None and (
+            np.issubdtype(like.dtype, np.floating) or like.dtype.kind in "iu"
+        )
+        dtype = like.dtype if like is not None and numeric else np.dtype("int64")
+        return RecurrentTensor(apply("full", shape=(), value=value, dtype=dtype), ctx)
     arr = np.asarray(value)
     if arr.dtype == np.float64:
         float_like = like is not None and np.issubdtype(like.dtype, np.floating)

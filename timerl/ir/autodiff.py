@@ -30,11 +30,13 @@ from timerl.symbolic import (
     Dim,
     Expr,
     Slice,
+    always_le0,
     max_,
     min_,
     pieces,
     simplify,
 )
+from timerl.symbolic.expr import And, Cmp, DivMod
 
 
 def _ap(prim: str, *views: View, **attrs) -> View:
@@ -183,15 +185,22 @@ def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
     else:
         gop = g.op
     where = f"the read of {x.label}[{', '.join(map(str, index))}] by {c.where()}"
+    # C's points that read x's point, per dim of C, in x's coordinates: a point (shifts), a
+    # range summed over (dims x lacks, floor division, any other index: masked), or a moving
+    # range whose elements sit on a diagonal (slices that follow C's point).
     read: dict[Dim, Expr | Slice] = {}
+    summed: set[Dim] = set()
+    masks: list[tuple[Dim, Expr, Dim]] = []  # (C dim, C's index, x dim it must equal)
     conds: list[Condition] = []
+    pins: dict[Dim, Expr] = {}  # x dims read at one fixed point: x dim -> that point
     select: Expr | None = None  # position of d inside a slice's leading axis
-    diag: tuple[Dim, tuple[Expr, int]] | None = (
-        None  # x dim, (first offset, step) of a moving slice
-    )
+    diag: tuple[Dim, Expr, int] | None = None  # C dim, (first offset, step) of a moving slice
     n_slices = sum(isinstance(i, Slice) for i in index)
     if n_slices > 1:
-        raise ProgramError(f"autodiff: {where} gathers several temporal slices at once")
+        raise ProgramError(
+            f"autodiff: {where} gathers several temporal slices at once; its gradient is not "
+            "supported: read the slices one after another (e.g. sum one, then slice the result)"
+        )
     for d, idx in zip(x.domain, index, strict=True):
         if isinstance(idx, Slice):
             cdims = _cdims(idx.start, c) | _cdims(idx.stop, c)
@@ -200,7 +209,10 @@ def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
                 conds += [idx.start <= d, d < idx.stop]
                 continue
             if len(cdims) > 1:
-                raise ProgramError(f"autodiff: {where}: slice bounds mix several dims")
+                raise ProgramError(
+                    f"autodiff: {where}: slice bounds mix several dims; its gradient is not "
+                    "supported"
+                )
             (cd,) = cdims
             if cd in read:
                 raise ProgramError(f"autodiff: {where}: dim {cd.name} is used twice")
@@ -218,74 +230,191 @@ def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
                 conds.append(idx.start <= d)
             read[cd] = Slice(lo, hi)
             # element of C's point c_j = lo + j that holds d: d - start(c_j)
-            diag = (d, (d - lo - a, -1) if a is not None else (d - idx.start, 0))
+            diag = (cd, d - lo - a, -1) if a is not None else (cd, d - idx.start, 0)
             continue
         cdims = _cdims(idx, c)
         if not cdims:
             conds.append(d.eq(idx))
+            pins[d] = idx
             continue
         if len(cdims) > 1:
-            raise ProgramError(f"autodiff: {where}: index {idx} mixes several dims")
+            raise ProgramError(
+                f"autodiff: {where}: index {idx} mixes several dims; its gradient is not "
+                "supported (read through an index of one dim, e.g. a tensor over both dims)"
+            )
         (cd,) = cdims
-        k = _offset(idx, cd, where)
-        if cd in read or k is None:
-            raise ProgramError(f"autodiff: {where}: index {idx} is not invertible")
-        back = d - k
-        read[cd] = back
-        conds += [back >= 0, back < cd.bound]
-    free = [cd for cd in c.domain if cd not in read]
-    for cd in free:
-        read[cd] = Slice(Const(0), cd.bound)
-    full_index = tuple(read[cd] for cd in c.domain)
+        if cd in read:
+            raise ProgramError(f"autodiff: {where}: dim {cd.name} is used twice")
+        k = _shift(idx, cd)
+        if k is not None:
+            back = d - k
+            read[cd] = back
+            conds += [back >= 0, back < cd.bound]
+            continue
+        span = _floordiv_span(idx, cd, d)
+        if span is not None:  # x's point d is read by a run of C's points: sum them
+            first, stop = span
+            lo, hi = max_(first, 0), min_(stop, cd.bound)
+            # where x's point is read by no point of C the run is empty, never negative
+            read[cd] = Slice(lo, hi if always_le0(lo - hi) else max_(lo, hi))
+            conds += [first < cd.bound, stop > 0]
+        else:  # any other index (t % k, 2 * t): sum C's points whose index is d
+            read[cd] = Slice(Const(0), cd.bound)
+            masks.append((cd, idx, d))
+        summed.add(cd)
+    for cd in c.domain:
+        if cd not in read:
+            read[cd] = _summed_range(cd, cond, pins)
+            summed.add(cd)
     valid: Condition = TRUE
     for k in conds:
         valid = valid & k
     # Dropping what holds everywhere (t < T at a point of t) also keeps a dynamic bound out
     # of gradient ops that run inside its own ``until`` loop, where it is not known yet.
     valid = simplify(valid)
-    x_shape = x.shape
     if diag is not None:
-        if free:
-            raise ProgramError(f"autodiff: {where}: a moving slice with other summed dims")
-        _, (first, step) = diag
-        cd = next(cd for cd in c.domain if isinstance(read[cd], Slice))
-        sl = read[cd]
-        assert isinstance(sl, Slice)
-        n = sl.stop - sl.start
-        out = Op(
-            prim="diag_gather",
-            domain=x.domain,
-            shape=(n,) + tuple(x_shape),
-            dtype=g.dtype,
-            inputs=[Edge(gop, full_index)],
-            attrs={
-                "first": first,
-                "step": step,
-                "shape": (n,) + tuple(x_shape),
-                "dtype": g.dtype,
-                "valid": valid,
-            },
-            name=f"dgather({c.label})",
-        )
-        return apply("sum", View.of(out), axes=(0,), keepdims=False)
+        return _diagonal(c, x, gop, read, summed, masks, diag, valid, g.dtype, where)
+    full_index = tuple(read[cd] for cd in c.domain)
     view = View(gop, full_index)
-    if valid != TRUE:
-        shape = view.shape
-        guarded = Op(
-            prim="merge",
-            domain=x.domain,
-            shape=shape,
-            dtype=g.dtype,
-            inputs=[Edge(gop, full_index, valid), _zero_scalar(g.dtype).edge()],
-            attrs={"shape": shape, "dtype": g.dtype},
-            name=f"guard({c.label})",
-        )
-        view = View.of(guarded)
-    if free:
-        view = apply("sum", view, axes=tuple(range(len(free))), keepdims=False)
+    if valid != TRUE and select is None:
+        view = _guarded(view, valid, x.domain, f"guard({c.label})")
+    view = _sum_gathered(view, c.domain, full_index, masks)
     if select is not None:
+        # Select first, guard after: where the read did not apply, d - start may lie outside
+        # the slice (u[0:2] has no element for the gradient at t = 2).
         view = _select_element(view, select)
+        if valid != TRUE:
+            view = _guarded(view, valid, x.domain, f"guard({c.label})")
     return view
+
+
+def _guarded(view: View, valid: Condition, domain: tuple[Dim, ...], name: str) -> View:
+    """``view`` where ``valid`` holds, zeros elsewhere (its ops then run only where valid)."""
+    shape = view.shape
+    op = Op(
+        prim="merge",
+        domain=domain,
+        shape=shape,
+        dtype=view.dtype,
+        inputs=[view.edge(valid), _zero_scalar(view.dtype).edge()],
+        attrs={"shape": shape, "dtype": view.dtype},
+        name=name,
+    )
+    return View.of(op)
+
+
+def _sum_gathered(
+    view: View, cdomain: tuple[Dim, ...], index: tuple, masks: list[tuple[Dim, Expr, Dim]]
+) -> View:
+    """Sum the axes ``index`` gathered (one per slice, in order), keeping only the points a
+    mask allows: C's point ``p`` on dim ``cd`` counts where ``idx(p) == d``."""
+    axes = [cd for cd, i in zip(cdomain, index, strict=True) if isinstance(i, Slice)]
+    rank = len(view.shape)
+    for cd, idx, d in masks:
+        where = apply("full", shape=(), value=idx, dtype=np.dtype("int64"))  # over (cd,)
+        over = View(where.op, tuple(Slice(Const(0), cd.bound) for _ in where.op.domain))
+        here = apply("full", shape=(), value=d, dtype=np.dtype("int64"))
+        hit = apply("cast", apply("eq", over, here), dtype=view.dtype)
+        shape = [Const(1)] * rank
+        shape[axes.index(cd)] = cd.bound
+        view = apply("mul", view, apply("reshape", hit, shape=tuple(shape)))
+    if axes:
+        view = apply("sum", view, axes=tuple(range(len(axes))), keepdims=False)
+    return view
+
+
+def _diagonal(
+    c: Op,
+    x: Op,
+    gop: Op,
+    read: dict[Dim, Expr | Slice],
+    summed: set[Dim],
+    masks: list[tuple[Dim, Expr, Dim]],
+    diag: tuple[Dim, Expr, int],
+    valid: Condition,
+    dtype: np.dtype,
+    where: str,
+) -> View:
+    """The transpose of a moving slice: from each C point whose slice covered x's point, the
+    element it put there. Dims summed over are summed first, into an op over C's other dims
+    and the x dims their ranges use."""
+    dcd, first, step = diag
+    src: Op = gop
+    src_index = tuple(read[cd] for cd in c.domain)
+    if summed:
+        kept = [cd for cd in c.domain if cd not in summed]
+        uses: set[Dim] = set()
+        for cd in summed:
+            uses |= {s for s in read[cd].symbols() if isinstance(s, Dim)}
+        if uses & set(kept):
+            raise ProgramError(
+                f"autodiff: {where}: the dims summed over depend on the dims of the moving "
+                "slice; its gradient is not supported"
+            )
+        stage_index = tuple(read[cd] if cd in summed else cd for cd in c.domain)
+        partial = _sum_gathered(View(gop, stage_index), c.domain, stage_index, masks)
+        if not partial.is_identity:
+            partial = apply("identity", partial)
+        src = partial.op
+        src_index = tuple(read[dim] if dim in kept else dim for dim in src.domain)
+    sl = read[dcd]
+    assert isinstance(sl, Slice)
+    n = sl.stop - sl.start
+    shape = (n,) + tuple(x.shape)
+    out = Op(
+        prim="diag_gather",
+        domain=x.domain,
+        shape=shape,
+        dtype=dtype,
+        inputs=[Edge(src, src_index)],
+        attrs={"first": first, "step": step, "shape": shape, "dtype": dtype},
+        name=f"dgather({c.label})",
+    )
+    view = apply("sum", View.of(out), axes=(0,), keepdims=False)
+    if valid != TRUE:
+        # Guard after the gather: where the read did not apply its range may not exist.
+        view = _guarded(view, valid, x.domain, f"guard({c.label})")
+    return view
+
+
+def _summed_range(cd: Dim, cond: Condition, pins: dict[Dim, Expr]) -> Slice:
+    """The points of C's dim ``cd`` to sum over: the whole dim, narrowed to where ``cond``
+    (the condition g was masked with) can hold. Bounds that equal x's pinned point on the
+    same dim are written relative to x's point (``i`` rather than ``I - 1`` where only
+    ``i = I - 1`` is read), which lets the scheduler see the gradient's direction."""
+    lows: list[Expr] = [Const(0)]
+    highs: list[Expr] = [cd.bound - 1]
+    parts = cond.parts if isinstance(cond, And) else (cond,)
+    for part in parts:
+        if not isinstance(part, Cmp) or part.op == "!=":
+            continue
+        terms, _ = part.diff.linear()
+        coef = terms.get(cd)
+        rest = part.diff - cd * coef if coef in (1, -1) else None
+        if rest is None or any(isinstance(s, Dim) for s in rest.symbols()):
+            continue
+        # coef * cd + rest OP 0
+        edge = -rest if coef == 1 else rest
+        strict = 1 if part.op == "<" else 0
+        if part.op == "==" or coef == 1:
+            highs.append(edge - strict)
+        if part.op == "==" or coef == -1:
+            lows.append(edge + strict)
+    pin = pins.get(cd)
+    if pin is not None:
+
+        def relative(e: Expr) -> Expr:
+            diff = e - pin
+            return cd + diff.value if isinstance(diff, Const) else e
+
+        lows, highs = [relative(e) for e in lows], [relative(e) for e in highs]
+        lows.append(Const(0))
+        highs.append(cd.bound - 1)
+    lo, hi = max_(*lows), min_(*highs)
+    stop = hi + 1
+    if not always_le0(lo - stop):
+        stop = max_(lo, stop)  # an empty range where the condition cannot hold
+    return Slice(lo, stop)
 
 
 def _select_element(view: View, index: Expr) -> View:
@@ -307,13 +436,45 @@ def _cdims(e: Expr, c: Op) -> set[Dim]:
     return {s for s in e.symbols() if isinstance(s, Dim) and s in c.domain}
 
 
+def _shift(e: Expr, cd: Dim) -> Expr | None:
+    """``k`` when ``e == cd + k`` with ``k`` free of ``cd``, else None."""
+    terms, _ = e.linear()
+    if terms.get(cd) != 1:
+        return None
+    rest = e - cd
+    return None if cd in rest.symbols() else rest
+
+
+def _floordiv_span(e: Expr, cd: Dim, d: Dim) -> tuple[Expr, Expr] | None:
+    """For ``e == (cd + b) // k + r`` (b, r free of ``cd``): the run ``[first, stop)`` of
+    ``cd`` values where ``e`` equals x's point ``d``; None for any other form."""
+    terms, const = e.linear()
+    atom = next((a for a in terms if cd in a.symbols()), None)
+    if (
+        not isinstance(atom, DivMod)
+        or atom.kind != "//"
+        or terms[atom] != 1
+        or any(cd in a.symbols() for a in terms if a is not atom)
+    ):
+        return None
+    b = _shift(atom.arg, cd)
+    if b is None:
+        return None
+    r = e - atom
+    first = (d - r) * atom.divisor - b
+    return first, first + atom.divisor
+
+
 def _offset(e: Expr, cd: Dim, where: str) -> Expr | None:
     """``k`` when ``e == cd + k`` (k free of C's dim), None when ``e`` does not use ``cd``."""
     if cd not in e.symbols():
         return None
     terms, _ = e.linear()
     if terms.get(cd) != 1:
-        raise ProgramError(f"autodiff: {where}: index {e} must move one step per step of {cd.name}")
+        raise ProgramError(
+            f"autodiff: {where}: slice bound {e} must move one step per step of {cd.name}; "
+            "its gradient is not supported"
+        )
     rest = e - cd
     if cd in rest.symbols():
         raise ProgramError(f"autodiff: {where}: index {e} is not affine in {cd.name}")

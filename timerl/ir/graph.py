@@ -103,7 +103,10 @@ class View:
         }
         lead = tuple(i.size for i in self.index if isinstance(i, Slice))
         own = tuple(s.substitute(points) for s in self.op.shape)
-        if lead and any(s.symbols() & set(self.op.domain) for s in self.op.shape):
+        sliced = {
+            d for d, i in zip(self.op.domain, self.index, strict=True) if isinstance(i, Slice)
+        }
+        if lead and any(s.symbols() & sliced for s in self.op.shape):
             raise ProgramError(
                 f"cannot gather a slice of {self.op.where()}: its shape {self.op.shape} changes "
                 "from point to point"

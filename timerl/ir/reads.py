@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from timerl.ir.graph import Op
 from timerl.ir.validate import exclusive_conditions
 from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, simplify
+from timerl.symbolic.expr import And
 
 MAX_ROUNDS = 100
 WIDEN_AFTER = 6
@@ -52,7 +53,13 @@ def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Cond
         moved[d] = d - diff.value
     out = cond.substitute(moved) if moved else cond
     if any(isinstance(s, Dim) and s not in moved for s in out.symbols()):
-        out = TRUE  # the reader's condition is about dims the read does not map: keep it all
+        # The reader's condition is also about dims the read does not map: keep the parts
+        # of it that are not (a superset of the points read, so still sound).
+        parts = out.parts if isinstance(out, And) else (out,)
+        out = TRUE
+        for part in parts:
+            if all(not isinstance(s, Dim) or s in moved for s in part.symbols()):
+                out = out & part
     for d, back in moved.items():
         if back is not d:
             out = out & (back >= 0) & (back < d.bound)
@@ -102,7 +109,7 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
             part = seen.get(key)
             if part is None:
                 part = seen[key] = read_points(reader, edge.index, op, guard[reader.id] & cond)
-            g = g | part  # both already simplified
+            g = simplify(g | part)  # absorbs disjuncts one another implies
             if g == TRUE or _atoms(g) > MAX_ATOMS:
                 g = TRUE
                 break

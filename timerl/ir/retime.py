@@ -48,59 +48,101 @@ def retime(view: View, target: Op) -> View:
     instead, so no computation is duplicated for nothing.
     """
     memo: dict[tuple, Op] = {}
-    reaches: dict[int, bool] = {}
+    reaching = _reaching(view.op, target)
 
     def leads_to_target(op: Op) -> bool:
-        stack, order = [op], []
-        while stack:
-            o = stack.pop()
-            if o.id in reaches:
-                continue
-            reaches[o.id] = False  # provisional, breaks cycles
-            order.append(o)
-            if o is target:
-                continue
-            if o.prim != "detach":
-                stack.extend(e.src for e in o.inputs if e.src.id not in reaches)
-        for o in reversed(order):
-            reaches[o.id] = o is target or (
-                o.prim != "detach" and any(reaches.get(e.src.id, False) for e in o.inputs)
-            )
-        return reaches[op.id]
+        return op.id in reaching
 
     if not _reads_ahead(view, target, leads_to_target):
         return view
     return _retime(view, memo, leads_to_target)
 
 
-def _reads_ahead(view: View, target: Op, wanted) -> bool:
-    """Whether the expression reads ``target`` ahead of its own point, against the shift.
+def _reaching(start: Op, target: Op) -> set[int]:
+    """Ids of the ops reachable from ``start`` (not through ``detach``) that reach ``target``.
 
-    ``f[t + 2] = f[t + 1] + f[t]`` does (``t + 1`` from the sum at ``t``); ``h[t + 1] =
-    tanh(W @ h[t])`` does not, and is left alone: its ops keep their natural domain.
+    Found backwards from ``target`` over the reversed edges of the explored part: a depth-first
+    post-order is no topological order on a cyclic graph, and would miss ops whose only path to
+    ``target`` runs through an op still being explored.
+    """
+    readers: dict[int, list[Op]] = {}
+    seen: set[int] = set()
+    stack = [start]
+    while stack:
+        op = stack.pop()
+        if op.id in seen:
+            continue
+        seen.add(op.id)
+        if op is target or op.prim == "detach":
+            continue
+        for e in op.inputs:
+            readers.setdefault(e.src.id, []).append(op)
+            stack.append(e.src)
+    if target.id not in seen:
+        return set()
+    out = {target.id}
+    stack = [target]
+    while stack:
+        op = stack.pop()
+        for r in readers.get(op.id, []):
+            if r.id not in out:
+                out.add(r.id)
+                stack.append(r)
+    return out
+
+
+def _reads_ahead(view: View, target: Op, wanted) -> bool:
+    """Whether the expression reads anything ahead of its own point, against the shift.
+
+    ``f[t + 2] = f[t + 1] + f[t]`` does (``t + 1`` from the sum at ``t``), and so does
+    ``b[t + 1] = b[t] + a[t + 1]``: read from the sum at ``t``, ``a[t + 1]`` looks like a read of
+    the future, which with ``a`` reading ``b`` (now or once ``a`` is defined) makes a cycle
+    with both directions. ``h[t + 1] =
+    tanh(W @ h[t])`` does not, and is left alone: its ops keep their natural domain. Only the
+    ops that retiming would clone are looked through; what they read is read at the shifted
+    index either way.
     """
     shifts = _shifts(view)
     if shifts is None:
         return False
     back = {d: e - d for d, e in shifts.items()}  # negative: defines p from the value at p - k
     seen: set[int] = set()
+    open_memo: dict[int, bool] = {}
     stack = [view.op]
     while stack:
         op = stack.pop()
-        if op.id in seen or op is target or not wanted(op):
+        if op.id in seen or op is target or not wanted(op) or not _clonable(op):
             continue
         seen.add(op.id)
         for e in op.inputs:
-            if e.src is target:
-                for d, idx in zip(target.domain, e.index, strict=True):
-                    if d not in back or not isinstance(back[d], Const) or back[d].value == 0:
-                        continue
-                    lo, hi = (idx.start, idx.stop - 1) if isinstance(idx, Slice) else (idx, idx)
-                    ahead = not always_le0(hi - d) if back[d].value < 0 else not always_le0(d - lo)
-                    if ahead:
-                        return True
-            else:
-                stack.append(e.src)
+            for d, idx in zip(e.src.domain, e.index, strict=True):
+                k = back.get(d)
+                if not isinstance(k, Const) or k.value == 0:
+                    continue
+                lo, hi = (idx.start, idx.stop - 1) if isinstance(idx, Slice) else (idx, idx)
+                ahead = not always_le0(hi - d) if k.value < 0 else not always_le0(d - lo)
+                if ahead and _may_join_a_cycle(e.src, target, open_memo):
+                    return True
+            stack.append(e.src)
+    return False
+
+
+def _may_join_a_cycle(op: Op, target: Op, memo: dict[int, bool]) -> bool:
+    """Whether ``op`` reads ``target`` or a tensor still open to definitions (a placeholder
+    other than ``from_numpy``'s), through anything but ``detach``: only then can a read of
+    it ahead of the point end up in a cycle with ``target``. Data read ahead (``u[t + 1]`` of
+    an array) is read at the shifted index as it is."""
+    stack, seen = [op], set()
+    while stack:
+        o = stack.pop()
+        if o.id in seen or o.prim == "detach":
+            continue
+        if memo.get(o.id) or o is target or (o.prim == "merge" and not o.attrs.get("sealed")):
+            memo[op.id] = True
+            return True
+        seen.add(o.id)
+        stack.extend(e.src for e in o.inputs)
+    memo[op.id] = False
     return False
 
 

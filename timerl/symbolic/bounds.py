@@ -9,6 +9,8 @@ dependence-direction analysis needs; min/max are handled by choosing arms, mod b
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from timerl.symbolic.expr import (
     FALSE,
     TRUE,
@@ -24,6 +26,7 @@ from timerl.symbolic.expr import (
     Not,
     Or,
     Symbol,
+    _sort_key,
 )
 
 
@@ -41,7 +44,12 @@ def _linear_le0(terms: dict[Expr, int], const: int) -> bool:
                 rest = {a: c for a, c in terms.items() if a is not atom}
                 worst = atom.divisor - 1 if coef > 0 else 0
                 return _linear_le0(rest, const + coef * worst)
-            return False  # floor division: no exact affine bound; answer conservatively
+            # arg // k lies in [(arg - k + 1) / k, arg / k]: scale by k and use the end that
+            # bounds coef * (arg // k) from above (sound, and exact enough for t // 2 <= t).
+            k = atom.divisor
+            rest = {a: c * k for a, c in terms.items() if a is not atom}
+            arg = atom.arg if coef > 0 else atom.arg - (k - 1)
+            return _linear_le0(*_merge(rest, const * k, arg, coef))
     pairs: dict[Symbol, list[int]] = {}
     for atom, coef in terms.items():
         if isinstance(atom, Dim):
@@ -96,12 +104,188 @@ def simplify(cond: Condition) -> Condition:
             return FALSE if always_lt0(d) or always_lt0(-d) else cond
         return TRUE if always_lt0(d) or always_lt0(-d) else cond
     if isinstance(cond, And):
-        return And.make(simplify(p) for p in cond.parts)
+        return _tighten(And.make(simplify(p) for p in cond.parts))
     if isinstance(cond, Or):
-        return Or.make(simplify(p) for p in cond.parts)
+        return _absorb(Or.make(simplify(p) for p in cond.parts))
     if isinstance(cond, Not):
-        return Not.make(simplify(cond.part))
+        part = cond.part
+        if isinstance(part, Or):  # De Morgan, so the negated comparisons fold with the rest
+            return simplify(And.make(Not.make(p) for p in part.parts))
+        if isinstance(part, And):
+            return simplify(Or.make(Not.make(p) for p in part.parts))
+        return Not.make(simplify(part))
     return cond
+
+
+# --- conjunctions as intervals ------------------------------------------------------------------
+# A comparison ``L + c OP 0`` bounds the linear form ``L`` (constant-free, first coefficient
+# positive): ``t >= 1`` and ``t != 0`` are both facts about ``t``, and ``t >= 1`` implies the
+# other. Guards built by unions around a recurrence pile such facts up; folding them into one
+# interval per form keeps guards small and exact.
+
+
+@dataclass
+class _Range:
+    lo: int | None = None
+    hi: int | None = None
+    out: set[int] = field(default_factory=set)
+    atoms: int = 0
+
+    def contains(self, other: _Range) -> bool:
+        """Every value ``other`` allows, this allows too."""
+        if self.lo is not None and (other.lo is None or other.lo < self.lo):
+            return False
+        if self.hi is not None and (other.hi is None or other.hi > self.hi):
+            return False
+        return all(
+            (other.lo is not None and v < other.lo)
+            or (other.hi is not None and v > other.hi)
+            or v in other.out
+            for v in self.out
+        )
+
+
+def _form(cmp: Cmp) -> tuple[Expr, str, int] | None:
+    """``cmp`` as (L, kind, value): ``L <= v``, ``L >= v``, ``L == v`` or ``L != v``."""
+    terms, const = cmp.diff.linear()
+    if not terms:
+        return None
+    first = min(terms, key=_sort_key)
+    sign = 1 if terms[first] > 0 else -1
+    form = Const(0)
+    for atom, coef in terms.items():
+        form = form + atom * (coef * sign)
+    value = -const * sign  # sign * (L' + const) OP 0  <=>  L OP' value
+    strict = 1 if cmp.op == "<" else 0
+    if cmp.op in ("==", "!="):
+        return form, cmp.op, value
+    if sign > 0:  # L - value OP 0: an upper bound
+        return form, "<=", value - strict
+    return form, ">=", value + strict  # -(L - value) OP 0: a lower bound
+
+
+def _ranges(cond: Condition) -> tuple[dict[Expr, _Range], list[Condition]]:
+    parts = cond.parts if isinstance(cond, And) else (cond,)
+    ranges: dict[Expr, _Range] = {}
+    others: list[Condition] = []
+    for part in parts:
+        form = _form(part) if isinstance(part, Cmp) else None
+        if form is None:
+            others.append(part)
+            continue
+        key, kind, v = form
+        r = ranges.setdefault(key, _Range())
+        r.atoms += 1
+        if kind in ("<=", "=="):
+            r.hi = v if r.hi is None else min(r.hi, v)
+        if kind in (">=", "=="):
+            r.lo = v if r.lo is None else max(r.lo, v)
+        if kind == "!=":
+            r.out.add(v)
+    return ranges, others
+
+
+def _tighten(cond: Condition) -> Condition:
+    """Fold the comparisons of a conjunction on the same linear form into one interval."""
+    if not isinstance(cond, And):
+        return cond
+    ranges, others = _ranges(cond)
+    if all(r.atoms < 2 for r in ranges.values()):
+        return cond
+    parts = list(others)
+    for part in cond.parts:
+        form = _form(part) if isinstance(part, Cmp) else None
+        if form is not None and ranges[form[0]].atoms < 2:
+            parts.append(part)
+    for key, r in ranges.items():
+        if r.atoms < 2:
+            continue
+        while r.lo is not None and r.lo in r.out:
+            r.lo += 1
+        while r.hi is not None and r.hi in r.out:
+            r.hi -= 1
+        if r.lo is not None and r.hi is not None and r.lo > r.hi:
+            return FALSE
+        if r.lo is not None and r.lo == r.hi:
+            parts.append(simplify(key.eq(r.lo)))
+            continue
+        if r.lo is not None:
+            parts.append(simplify(key >= r.lo))
+        if r.hi is not None:
+            parts.append(simplify(key <= r.hi))
+        for v in sorted(r.out):
+            if (r.lo is None or v > r.lo) and (r.hi is None or v < r.hi):
+                parts.append(simplify(key.ne(v)))
+    return And.make(parts)
+
+
+def _implies(a: Condition, b: Condition) -> bool:
+    """True when ``a`` implies ``b`` as conjunctions of interval facts (False when unsure)."""
+    ra, oa = _ranges(a)
+    rb, ob = _ranges(b)
+    if any(o not in oa for o in ob):
+        return False
+    return all(key in ra and r.contains(ra[key]) for key, r in rb.items())
+
+
+def _union_intervals(parts: tuple[Condition, ...]) -> list[Condition] | None:
+    """Disjuncts that are each one interval of the same form, joined where they touch:
+    ``(t == 0) | (t == 1) | (t >= 2)`` is ``t >= 0``. None when nothing was joined."""
+    spans: dict[Expr, list[list]] = {}
+    rest: list[Condition] = []
+    for part in parts:
+        ranges, others = _ranges(part)
+        if others or len(ranges) != 1:
+            rest.append(part)
+            continue
+        ((key, r),) = ranges.items()
+        if r.out:
+            rest.append(part)
+            continue
+        spans.setdefault(key, []).append([r.lo, r.hi])
+    joined = False
+    out = list(rest)
+    inf = float("inf")
+    for key, items in spans.items():
+        items.sort(key=lambda s: -inf if s[0] is None else s[0])
+        merged: list[list] = []
+        for lo, hi in items:
+            if merged:
+                last = merged[-1]
+                if last[1] is None or (lo is not None and lo <= last[1] + 1):
+                    last[1] = None if hi is None or last[1] is None else max(last[1], hi)
+                    joined = True
+                    continue
+            merged.append([lo, hi])
+        for lo, hi in merged:
+            cond: Condition = TRUE
+            if lo is not None and lo == hi:
+                cond = key.eq(lo)
+            else:
+                if lo is not None:
+                    cond = cond & (key >= lo)
+                if hi is not None:
+                    cond = cond & (key <= hi)
+            out.append(simplify(cond))
+    return out if joined else None
+
+
+def _absorb(cond: Condition) -> Condition:
+    """Drop the disjuncts that imply another one: ``(t >= 2) | (t >= 1)`` is ``t >= 1``."""
+    if not isinstance(cond, Or):
+        return cond
+    joined = _union_intervals(cond.parts)
+    if joined is not None:
+        cond = Or.make(joined)
+        if not isinstance(cond, Or):
+            return cond
+    kept: list[Condition] = []
+    for part in cond.parts:
+        if any(_implies(part, other) for other in kept):
+            continue
+        kept = [other for other in kept if not _implies(other, part)]
+        kept.append(part)
+    return Or.make(kept)
 
 
 def pieces(e: Expr) -> list[tuple[Condition, Expr]]:

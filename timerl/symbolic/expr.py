@@ -31,22 +31,28 @@ class Expr:
 
     # --- construction -------------------------------------------------------------------------
     def __add__(self, other: ExprLike) -> Expr:
-        return _add(self, as_expr(other), 1)
+        other = _operand(self, "+", other)
+        return other if other is NotImplemented else _add(self, other, 1)
 
     def __radd__(self, other: ExprLike) -> Expr:
-        return _add(as_expr(other), self, 1)
+        other = _operand(self, "+", other)
+        return other if other is NotImplemented else _add(other, self, 1)
 
     def __sub__(self, other: ExprLike) -> Expr:
-        return _add(self, as_expr(other), -1)
+        other = _operand(self, "-", other)
+        return other if other is NotImplemented else _add(self, other, -1)
 
     def __rsub__(self, other: ExprLike) -> Expr:
-        return _add(as_expr(other), self, -1)
+        other = _operand(self, "-", other)
+        return other if other is NotImplemented else _add(other, self, -1)
 
     def __neg__(self) -> Expr:
         return _scale(self, -1)
 
     def __mul__(self, other: ExprLike) -> Expr:
-        other = as_expr(other)
+        other = _operand(self, "*", other)
+        if other is NotImplemented:
+            return other
         if isinstance(other, Const):
             return _scale(self, other.value)
         if isinstance(self, Const):
@@ -57,6 +63,16 @@ class Expr:
         )
 
     __rmul__ = __mul__
+
+    def __truediv__(self, other: object) -> Expr:
+        if _operand(self, "/", other) is NotImplemented:
+            return NotImplemented
+        raise IndexExprError(
+            f"{self} / {other!r}: index expressions are integers; use {self} // {other!r} for "
+            "an index, or make a tensor of the index first (see tl.full) to divide values"
+        )
+
+    __rtruediv__ = __truediv__
 
     def __floordiv__(self, other: int) -> Expr:
         return floordiv(self, other)
@@ -111,6 +127,26 @@ class Expr:
             f"the truth value of index expression {self} is unknown until it is evaluated; "
             "use a timerl condition (t < T) where a branch is meant"
         )
+
+
+def _operand(expr: Expr, op: str, value: object) -> Expr:
+    """The other operand of index arithmetic; NotImplemented for a tensor (so ``t + x`` is the
+    tensor's addition), a timerl error for a float: an index is an integer."""
+    if isinstance(value, Expr):
+        return value
+    numpy_float = type(value).__module__ == "numpy" and getattr(
+        getattr(value, "dtype", None), "kind", None
+    ) in ("f", "c")
+    if isinstance(value, (float, complex)) or numpy_float:
+        raise IndexExprError(
+            f"{expr} {op} {value!r}: {expr} is an integer index expression (a point of its "
+            "dims), not a value. To compute with a point's index as a value, combine it with a "
+            f"tensor (x * {expr}, x + {expr}: the index becomes a value of x's dtype), or make "
+            f"it a tensor first: tl.full((), {expr}, dtype='float32') {op} {value!r}"
+        )
+    if isinstance(value, bool) or not (isinstance(value, int) or hasattr(value, "__index__")):
+        return NotImplemented  # type: ignore[return-value]
+    return Const(int(value))  # type: ignore[arg-type]
 
 
 def as_expr(value: ExprLike) -> Expr:
@@ -371,7 +407,8 @@ class DivMod(Expr):
         return floordiv(sub, self.divisor) if self.kind == "//" else mod(sub, self.divisor)
 
     def __repr__(self) -> str:
-        return f"({self.arg} {self.kind} {self.divisor})"
+        arg = f"({self.arg})" if isinstance(self.arg, Affine) else str(self.arg)
+        return f"({arg} {self.kind} {self.divisor})"
 
     __str__ = __repr__
 

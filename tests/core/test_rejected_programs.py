@@ -1,0 +1,432 @@
+"""Valid programs the compiler used to reject (or crash on), checked end to end.
+
+Each test builds the program in timerl, runs it on the backend under test and compares its
+values with a plain numpy loop written here, and its gradients with central finite differences
+of that loop's loss (float64 throughout, so the differences are accurate to ~1e-8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+from core_helpers import close, ctx_it, ctx_t
+
+import timerl as tl
+
+
+def _arr(*shape: int, seed: int) -> np.ndarray:
+    return np.random.RandomState(seed).randn(*shape)
+
+
+def _fd_grads(
+    loss: Callable[..., float], arrays: Sequence[np.ndarray], eps: float = 1e-6
+) -> list[np.ndarray]:
+    """d loss(*arrays) / d each array, by central differences."""
+    grads = []
+    for k, a in enumerate(arrays):
+        g = np.zeros_like(a)
+        for pos in np.ndindex(a.shape):
+            args = [b.copy() for b in arrays]
+            args[k][pos] += eps
+            up = loss(*args)
+            args[k][pos] -= 2 * eps
+            down = loss(*args)
+            g[pos] = (up - down) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def _check_grads(got: Sequence[np.ndarray], loss, arrays) -> None:
+    for g, want in zip(got, _fd_grads(loss, arrays), strict=True):
+        close(g, want, rtol=1e-6, atol=1e-7)
+
+
+# --- 1. two-step forward recurrence -------------------------------------------------------------
+
+
+def _two_step_ref(ab, u, w, nonlinear):
+    n = len(w)
+    x = np.zeros(n)
+    x[0], x[1] = ab[0], ab[1]
+    for k in range(2, n):
+        x[k] = x[k - 1] * 0.5 + x[k - 2] * 0.25
+        if nonlinear:
+            x[k] = np.tanh(x[k] + u[k])
+    return x, float((x * x * w).sum())
+
+
+@pytest.mark.parametrize("nonlinear", [False, True], ids=["linear", "with_input"])
+def test_two_step_recurrence(nonlinear, backend):
+    n = 7
+    ab, u, w = np.array([0.8, -1.3]), _arr(n, seed=1), _arr(n, seed=2)
+    ctx, t, T = ctx_t()
+    with ctx:
+        AB = tl.from_numpy(ab, requires_grad=True, dtype="float64")
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        W = tl.from_numpy(w, domain=(t,), dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), "float64", domain=(t,))
+        x[0] = AB[0]
+        x[1] = AB[1]
+        if nonlinear:
+            x[t + 2] = (x[t + 1] * 0.5 + x[t] * 0.25 + U[t + 2]).tanh()
+        else:
+            x[t + 2] = x[t + 1] * 0.5 + x[t] * 0.25
+        (x * x * W).sum().backward()
+        xv, gab, gu = tl.evaluate([x, AB.grad, U.grad], backend=backend)
+    close(xv, _two_step_ref(ab, u, w, nonlinear)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gab, gu], lambda a, b: _two_step_ref(a, b, w, nonlinear)[1], [ab, u])
+    if not nonlinear:
+        assert not np.any(gu)  # u is not read: its gradient is exactly zero
+
+
+# --- 2. coupled recurrences ---------------------------------------------------------------------
+
+
+def _coupled_ref(u, w):
+    n = len(u)
+    a, b = np.zeros(n), np.zeros(n)
+    a[0], b[0] = u[0], 1.0
+    for k in range(1, n):
+        a[k] = 0.5 * a[k - 1] + b[k - 1]
+        b[k] = 0.5 * b[k - 1] + a[k] + np.sin(u[k])
+    return a, b, float((a * b * w).sum())
+
+
+@pytest.mark.parametrize("order", ["a_first", "b_first"])
+def test_coupled_recurrences_reading_the_new_point(order, backend):
+    n = 6
+    u, w = _arr(n, seed=3), _arr(n, seed=4) * 0.1
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        W = tl.from_numpy(w, domain=(t,), dtype="float64")
+        a = tl.RecurrentTensor.placeholder((), "float64", domain=(t,), name="a")
+        b = tl.RecurrentTensor.placeholder((), "float64", domain=(t,), name="b")
+
+        def define_a():
+            a[0] = U[0]
+            a[t + 1] = 0.5 * a[t] + b[t]
+
+        def define_b():
+            b[0] = 1.0
+            b[t + 1] = 0.5 * b[t] + a[t + 1] + U[t + 1].sin()
+
+        # b reads a[t + 1], the point a is defining at the same step: defined before or after
+        # a, the pair must run as one forward loop
+        for define in (define_a, define_b) if order == "a_first" else (define_b, define_a):
+            define()
+        (a * b * W).sum().backward()
+        av, bv, gu = tl.evaluate([a, b, U.grad], backend=backend)
+    ra, rb, _ = _coupled_ref(u, w)
+    close(av, ra, rtol=1e-12, atol=1e-12)
+    close(bv, rb, rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda x: _coupled_ref(x, w)[2], [u])
+
+
+# --- 3. max / min over a partial temporal slice -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["max_prefix", "min_suffix"])
+def test_reduction_over_a_partial_slice(kind, backend):
+    u = np.array([[1.0, -2.0, 0.5], [3.0, 0.25, -1.0], [2.0, 1.5, 4.0]])  # distinct: no ties
+
+    def ref(x):
+        part = x[0:2].max(0) if kind == "max_prefix" else x[1:3].min(0)
+        return part, float(part.sum())
+
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        w = U[0:2].max(0) if kind == "max_prefix" else U[1:3].min(0)
+        w.backward()
+        wv, gu = tl.evaluate([w, U.grad], backend=backend)
+    close(wv, ref(u)[0])
+    _check_grads([gu], lambda x: ref(x)[1], [u])
+    excluded = 2 if kind == "max_prefix" else 0
+    assert not np.any(gu[excluded])  # the point outside the slice gets no gradient
+
+
+# --- 4. a branch's shifted-and-sliced read, guarded by an earlier branch ------------------------
+
+
+def _branch_ref(u):
+    n_i, n_t = u.shape
+    y = np.zeros((n_i, n_t))
+    for i in range(n_i - 1):
+        for t in range(n_t):
+            y[i, t] = u[i + 1, t : min(t + 1, n_t)].sum(0)
+    return y, float((y**2).sum())
+
+
+def test_shifted_slice_under_a_branch_condition(backend):
+    u = _arr(4, 5, seed=5)
+    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    with ctx:
+        U = tl.from_numpy(u, domain=(i, t), requires_grad=True, dtype="float64")
+        y = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        y[i.eq(I - 1)] = 0.0
+        y[True] = U[i + 1, t : tl.min(t + 1, T)].sum(0)
+        (y**2).sum().backward()
+        yv, gu = tl.evaluate([y, U.grad], backend=backend)
+    close(yv, _branch_ref(u)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda x: _branch_ref(x)[1], [u])
+
+
+# --- 5. a recurrence over t reading the clamped neighbour and a suffix over i -------------------
+
+
+def _neighbour_ref(u, n_t):
+    n_i = len(u)
+    x = np.zeros((n_i, n_t))
+    x[:, 0] = 0.5
+    for t in range(n_t - 1):
+        for i in range(n_i):
+            inner = x[i, t] * 0.5 + u[i + 1 :].sum(0) * u[i]
+            x[i, t + 1] = np.tanh(inner) + x[min(i + 1, n_i - 1), t] * 0.25
+    return x, float((x * x).sum())
+
+
+def test_clamped_neighbour_and_suffix_gradient(backend):
+    u, n_t = _arr(4, seed=6), 5
+    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    with ctx:
+        U = tl.from_numpy(u, domain=(i,), requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        x[i, 0] = 0.5
+        x[i, t + 1] = (x[i, t] * 0.5 + U[i + 1 : I].sum(0) * U[i]).tanh() + x[
+            tl.min(i + 1, I - 1), t
+        ] * 0.25
+        (x * x).sum().backward()
+        xv, gu = tl.evaluate([x, U.grad], bounds={T: n_t}, backend=backend)
+    close(xv, _neighbour_ref(u, n_t)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: _neighbour_ref(a, n_t)[1], [u])
+
+
+# --- 6. slices of tensors defined through clamped or modular reads ------------------------------
+
+
+def _derived_index(kind: str, t, T):
+    if kind == "clamp_low":
+        return tl.max(t - 1, 0)
+    if kind == "clamp_high":
+        return tl.min(t + 2, T - 1)
+    return t % 3
+
+
+def _np_index(kind: str, k: int, n: int) -> int:
+    if kind == "clamp_low":
+        return max(k - 1, 0)
+    if kind == "clamp_high":
+        return min(k + 2, n - 1)
+    return k % 3
+
+
+def _prefix_ref(u, c, kind):
+    n = len(u)
+    lag = np.array([u[_np_index(kind, k, n)] for k in range(n)])
+    s = np.array([lag[0 : k + 1].sum(0) for k in range(n)])
+    return s, float((s * s * c).sum())
+
+
+@pytest.mark.parametrize("kind", ["clamp_low", "clamp_high", "mod"])
+def test_slice_of_a_clamped_or_modular_read(kind, backend):
+    n = 7
+    u, c = _arr(n, 2, seed=7), _arr(n, 2, seed=8)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        C = tl.from_numpy(c, domain=(t,), dtype="float64")
+        lag = U[_derived_index(kind, t, T)]
+        s = lag[0 : t + 1].sum(0)
+        (s * s * C).sum().backward()
+        sv, gu = tl.evaluate([s, U.grad], backend=backend)
+    close(sv, _prefix_ref(u, c, kind)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: _prefix_ref(a, c, kind)[1], [u])
+
+
+# --- 7. gradients of reads backward() used to refuse ------------------------------------------
+
+
+def _div_mod_ref(u, c, reads):
+    n = len(c)
+    y = np.array([np.prod([u[f(k)] for f in reads]) for k in range(n)])
+    return y, float((y * y * c).sum())
+
+
+DIV_MOD_READS = {
+    "floordiv": ((lambda t: t // 2), (lambda k: k // 2)),
+    "floordiv_offset": ((lambda t: (t + 1) // 3 + 1), (lambda k: (k + 1) // 3 + 1)),
+    "mod": ((lambda t: t % 3), (lambda k: k % 3)),
+    "floordiv_times_mod": (None, None),
+}
+
+
+@pytest.mark.parametrize("kind", list(DIV_MOD_READS))
+def test_floordiv_and_mod_read_gradients(kind, backend):
+    n = 8
+    u, c = _arr(n, seed=9), _arr(n, seed=10)
+    if kind == "floordiv_times_mod":
+        tl_reads = [lambda t: t // 2, lambda t: t % 3]
+        np_reads = [lambda k: k // 2, lambda k: k % 3]
+    else:
+        tl_reads, np_reads = [DIV_MOD_READS[kind][0]], [DIV_MOD_READS[kind][1]]
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        C = tl.from_numpy(c, domain=(t,), dtype="float64")
+        y = U[tl_reads[0](t)]
+        for read in tl_reads[1:]:
+            y = y * U[read(t)]
+        (y * y * C).sum().backward()
+        yv, gu = tl.evaluate([y, U.grad], backend=backend)
+    close(yv, _div_mod_ref(u, c, np_reads)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: _div_mod_ref(a, c, np_reads)[1], [u])
+
+
+RECURRENCE_READS = {
+    "next": ((lambda t, T: t + 1), (lambda k, n: k + 1)),
+    "clamped_next": ((lambda t, T: tl.min(t + 1, T - 1)), (lambda k, n: min(k + 1, n - 1))),
+    "last": ((lambda t, T: T - 1), (lambda k, n: n - 1)),
+    "floordiv": ((lambda t, T: t // 2), (lambda k, n: k // 2)),
+    "floordiv_offset": ((lambda t, T: (t + 1) // 2), (lambda k, n: (k + 1) // 2)),
+    "mod": ((lambda t, T: t % 3), (lambda k, n: k % 3)),
+}
+
+
+@pytest.mark.parametrize("through", ["data", "placeholder"])
+@pytest.mark.parametrize("kind", list(RECURRENCE_READS))
+def test_recurrence_reading_an_input_through_an_index(kind, through, backend):
+    """h[t + 1] = tanh(h[t] + v[read(t)]): the read's gradient (a scatter-add for floor
+    division and modulo) runs inside the gradient's own loop. Through a placeholder the
+    definition is retimed, and the guards must stay exact for the gradient to compile."""
+    n = 7
+    u, h0 = _arr(n, seed=11), 0.3
+    tl_read, np_read = RECURRENCE_READS[kind]
+
+    def ref(a):
+        h = np.zeros(n)
+        h[0] = h0
+        for k in range(n - 1):
+            h[k + 1] = np.tanh(h[k] + 2.0 * a[np_read(k, n)])
+        return h, float((h * h).sum())
+
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        if through == "data":
+            v = U * 2.0
+        else:
+            v = tl.RecurrentTensor.placeholder((), "float64", domain=(t,))
+            v[True] = U * 2.0
+        h = tl.RecurrentTensor.placeholder((), "float64", domain=(t,))
+        h[0] = h0
+        h[t + 1] = (h[t] + v[tl_read(t, T)]).tanh()
+        (h * h).sum().backward()
+        hv, gu = tl.evaluate([h, U.grad], backend=backend)
+    close(hv, ref(u)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: ref(a)[1], [u])
+
+
+def _moving_clamped_ref(h):
+    n_i, n_t = h.shape
+    y = np.array([[h[0 : i + 1, max(t - 1, 0)].sum(0) for t in range(n_t)] for i in range(n_i)])
+    return y, float((y * y).sum())
+
+
+def test_moving_slice_with_a_clamped_read_on_another_dim(backend):
+    h = _arr(3, 5, seed=12)
+    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    with ctx:
+        H = tl.from_numpy(h, domain=(i, t), requires_grad=True, dtype="float64")
+        y = H[0 : i + 1, tl.max(t - 1, 0)].sum(0)
+        (y * y).sum().backward()
+        yv, gh = tl.evaluate([y, H.grad], backend=backend)
+    close(yv, _moving_clamped_ref(h)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gh], lambda a: _moving_clamped_ref(a)[1], [h])
+
+
+# --- a point's index as a value -----------------------------------------------------------------
+
+
+def test_index_times_tensor_is_a_value_of_its_dtype(backend):
+    ctx, t, T = ctx_t()
+    with ctx:
+        u = tl.from_numpy(np.arange(1.0, 5.0), domain=(t,))
+        y = u * (t + 1) + (T - t)
+        assert y.dtype == np.float32
+        got = tl.evaluate(y, backend=backend)
+    k = np.arange(4.0)
+    close(got, np.arange(1.0, 5.0) * (k + 1) + (4 - k))
+
+
+def test_index_plus_float_names_the_way_to_use_an_index_as_a_value():
+    ctx, t, T = ctx_t()
+    with pytest.raises(tl.TimerlError, match=r"t \+ 1.0.*tl\.full\(\(\), t"):
+        t + 1.0  # noqa: B018
+    with pytest.raises(tl.TimerlError, match="integer index expression"):
+        0.5 * (T - t)  # noqa: B018
+    with pytest.raises(tl.TimerlError, match=r"t // 2"):
+        t / 2  # noqa: B018
+
+
+# --- found by differential fuzzing ------------------------------------------------------------
+
+
+def _pinned_select_ref(u):
+    n_i, n_t = u.shape[:2]
+    a, b = np.zeros((n_i, n_t)), np.zeros((n_i, n_t))
+    for i in range(n_i):
+        a[i, 0] = u[i, 0].sum(-1)
+        b[i, 0] = u[0, 0:1, 0].sum(0)
+        for t in range(n_t - 1):
+            a[i, t + 1] = b[i, t]
+            b[i, t + 1] = a[i, t + 1]
+    return a, b, float((b * b).sum())
+
+
+def test_coupled_pair_reading_a_partial_slice_at_a_fixed_outer_point(backend):
+    """u[0, 0:1, 0]: the slice's gradient is selected where i == 0 and t < 1 only; the select
+    must not run where either fails (it raised a raw IndexError at t = 1)."""
+    u = _arr(2, 3, 2, seed=13)
+    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    with ctx:
+        U = tl.from_numpy(u, domain=(i, t), requires_grad=True, dtype="float64")
+        a = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        b = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        a[i, 0] = U[i, 0].sum(-1)
+        a[i, t + 1] = b[i, t]
+        b[i, 0] = U[0, 0:1, 0].sum(0)
+        b[i, t + 1] = a[i, t + 1]
+        (b * b).sum().backward()
+        av, bv, gu = tl.evaluate([a, b, U.grad], backend=backend)
+    ra, rb, _ = _pinned_select_ref(u)
+    close(av, ra, rtol=1e-12, atol=1e-12)
+    close(bv, rb, rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda x: _pinned_select_ref(x)[2], [u])
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_two_step_recurrence_whose_step_may_never_apply(n, backend):
+    """With T = 2 the x[t + 2] branch applies nowhere: its ops must not run at all."""
+    u = _arr(n, 2, seed=14)
+
+    def ref(a):
+        x = np.zeros((n, 2))
+        x[0], x[1] = a[0], a[1]
+        for k in range(2, n):
+            x[k] = np.tanh(x[k - 1])
+        return x, float((x * x).sum())
+
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((2,), "float64", domain=(t,))
+        x[0] = U[0]
+        x[1] = U[1]
+        x[t + 2] = x[t + 1].tanh()
+        (x * x).sum().backward()
+        xv, gu = tl.evaluate([x, U.grad], backend=backend)
+    close(xv, ref(u)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: ref(a)[1], [u])
