@@ -15,7 +15,7 @@ from timerl.compiler.spec import VALIDATION_SIZE, freeze  # noqa: F401 (re-expor
 from timerl.errors import ProgramError
 from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
-from timerl.runtime.backends import make_backend
+from timerl.runtime.backend import make_backend
 from timerl.runtime.executor import Executor, RunStats
 from timerl.schedule.program import Schedule
 from timerl.symbolic import Bound
