@@ -32,8 +32,9 @@ def _shifts(view: View) -> dict[Dim, Expr] | None:
 
 
 def _clonable(op: Op) -> bool:
+    t = prims.get(op.prim).traits
     return (
-        op.prim not in ("merge", "udf", "const", "detach")
+        not (t.piecewise or t.host or t.constant or t.stops_gradient)
         and not op.effect
         and bool(op.inputs)
         and op.domain != ()
@@ -60,11 +61,12 @@ def retime(view: View, target: Op) -> View:
             order.append(o)
             if o is target:
                 continue
-            if o.prim != "detach":
+            if not prims.get(o.prim).traits.stops_gradient:
                 stack.extend(e.src for e in o.inputs if e.src.id not in reaches)
         for o in reversed(order):
             reaches[o.id] = o is target or (
-                o.prim != "detach" and any(reaches.get(e.src.id, False) for e in o.inputs)
+                not prims.get(o.prim).traits.stops_gradient
+                and any(reaches.get(e.src.id, False) for e in o.inputs)
             )
         return reaches[op.id]
 
