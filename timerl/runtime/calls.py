@@ -43,18 +43,17 @@ def host_call(op: Op, backend: Backend) -> Callable[..., Any]:
     """Call the user function of a host op on numpy arrays, returning backend arrays."""
     to_np, as_native, fn = backend.to_numpy, backend.asarray, op.attrs["fn"]
 
-    def call(*xs: Any) -> Any:
-        out = fn(*[to_np(x) for x in xs])
+    def native(out: Any) -> Any:
         if isinstance(out, tuple):
             return tuple(as_native(np.asarray(o)) for o in out)
         return None if out is None else as_native(np.asarray(out))
 
+    def call(*xs: Any) -> Any:
+        return native(fn(*[to_np(x) for x in xs]))
+
     def call_at(*xs: Any) -> Any:
         *args, point = xs
-        out = fn(*[to_np(x) for x in args], point)
-        if isinstance(out, tuple):
-            return tuple(as_native(np.asarray(o)) for o in out)
-        return None if out is None else as_native(np.asarray(out))
+        return native(fn(*[to_np(x) for x in args], point))
 
     return call_at if op.attrs.get("pass_point", False) else call
 
