@@ -145,10 +145,12 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
     """Time the vector envs' ``step``/``reset`` and (optionally) every backend kernel.
 
     Patches classes for the duration only: the envs' base class (every env's udf calls
-    ``vec.step``/``vec.reset``) and the backends' ``impl``, whose returned kernels are wrapped.
+    ``vec.step``/``vec.reset``) and the backends' ``lowering``, whose returned kernels are
+    wrapped.
     """
+    from timerl.errors import BackendError
     from timerl.rl.envs import VectorEnv
-    from timerl.runtime import backends
+    from timerl.runtime.backend import BACKENDS, backend_class
 
     timers = _Timers()
     saved: list[tuple[type, str, Any]] = []
@@ -169,8 +171,8 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
 
         return wrapper
 
-    def timed_impl(original: Any) -> Any:
-        def impl(self: Any, prim: str) -> Any:
+    def timed_lowering(original: Any) -> Any:
+        def lowering(self: Any, prim: str) -> Any:
             kernel = original(self, prim)
 
             def timed_kernel(*args: Any, **kwargs: Any) -> Any:
@@ -183,14 +185,18 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
 
             return timed_kernel
 
-        return impl
+        return lowering
 
     patch(VectorEnv, "step", timed_env)
     patch(VectorEnv, "reset", timed_env)
     if kernels:
-        for cls in backends.BACKENDS.values():
-            if "impl" in cls.__dict__:
-                patch(cls, "impl", timed_impl)
+        for name in BACKENDS:
+            try:
+                cls = backend_class(name)
+            except BackendError:  # not installed: nothing of it runs
+                continue
+            if "lowering" in cls.__dict__:
+                patch(cls, "lowering", timed_lowering)
     try:
         yield timers
     finally:

@@ -150,10 +150,10 @@ def test_timerl_runner_returns_and_profile():
     assert prof["top_kernels"] and prof["kernel_calls"] > 0
     # the patches are gone afterwards
     from timerl.rl.envs import VectorEnv
-    from timerl.runtime.backends import NumpyBackend
+    from timerl.runtime.numpy_backend import NumpyBackend
 
     assert VectorEnv.step.__qualname__ == "VectorEnv.step"
-    assert NumpyBackend.impl.__qualname__ == "NumpyBackend.impl"
+    assert NumpyBackend.lowering.__qualname__ == "NumpyBackend.lowering"
 
 
 def test_cli_forwards_to_bench(capsys):

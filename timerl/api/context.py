@@ -15,12 +15,13 @@ from timerl.api.tensor import RecurrentTensor, branch_condition, lift
 from timerl.compiler.pipeline import compile as compile_program
 from timerl.compiler.spec import freeze
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
+from timerl.ir import prims
 from timerl.ir.autodiff import depends_differentiably
 from timerl.ir.build import apply, ordered, user_site
 from timerl.ir.graph import Edge, Op, View
 from timerl.ir.retime import retime
 from timerl.ir.shapes import broadcast
-from timerl.runtime.backends import make_backend
+from timerl.runtime.backend import make_backend
 from timerl.symbolic import Bound, Dim, Expr, Slice
 
 
@@ -61,7 +62,11 @@ class Context(Scope):
 
     def _define(self, target: RecurrentTensor, key: Any, value: Any) -> None:
         op = target.op
-        if op.prim != "merge" or not target.view.is_identity or op.attrs.get("sealed"):
+        if (
+            not prims.get(op.prim).traits.piecewise
+            or not target.view.is_identity
+            or op.attrs.get("sealed")
+        ):
             raise ProgramError(
                 f"cannot assign into {target.name}: only tensors made with "
                 "RecurrentTensor.placeholder(...) are defined by assignment"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from timerl.api.tensor import RecurrentTensor, full
 from timerl.errors import ProgramError
+from timerl.ir import prims
 from timerl.symbolic import Dim
 
 LearningRate = float | Callable[..., "RecurrentTensor | float"]
@@ -29,7 +30,7 @@ class Optimizer:
         if not self.params:
             raise ProgramError("optimizer: no parameters given")
         for p in self.params:
-            if not p.requires_grad or p.op.prim != "merge":
+            if not p.requires_grad or not prims.get(p.op.prim).traits.piecewise:
                 raise ProgramError(
                     f"optimizer: {p.name} must be a placeholder made with requires_grad=True"
                 )

@@ -14,7 +14,7 @@ from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
 from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
-from timerl.runtime.backends import Backend
+from timerl.runtime.backend import Backend
 from timerl.runtime.executor import Executor, RunStats
 from timerl.schedule.program import Schedule
 

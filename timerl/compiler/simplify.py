@@ -74,7 +74,7 @@ def constant_value(op: Op) -> np.ndarray | None:
     attrs = {k: v for k, v in op.attrs.items() if k not in _HIDDEN}
     if not all(_static(v) for v in attrs.values()):
         return None
-    value = np.asarray(prims.get(op.prim).numpy(**_plain(attrs)))
+    value = np.asarray(prims.get(op.prim).impl(**_plain(attrs)))
     return value if value.size <= FOLD_LIMIT else None
 
 
@@ -118,7 +118,7 @@ def fold_constants(op: Op, lookup: Lookup) -> Op | None:
     attrs = {k: v for k, v in op.attrs.items() if k not in _HIDDEN}
     if not all(_static(v) for v in attrs.values()):
         return None
-    out = prims.get(op.prim).numpy(*values, **_plain(attrs))
+    out = prims.get(op.prim).impl(*values, **_plain(attrs))
     if isinstance(out, tuple):
         return None
     out = np.asarray(out)
@@ -217,7 +217,7 @@ def simplify(spec: ProgramSpec) -> ProgramSpec:
             new = rule(op, lookup)
             if new is not None:
                 lookup.replaced[op.id] = new
-                if new.prim == "const" and not new.inputs:
+                if prims.get(new.prim).traits.constant and not new.inputs:
                     created[new.id] = new
                 break
     if not lookup.replaced:

@@ -57,7 +57,7 @@ def depends_differentiably(value: Op, on: Op, through_not: frozenset[int] = froz
         op = stack.pop()
         if op is on:
             return True
-        if op.id in seen or not (op.prim == "merge" or _differentiable(op)):
+        if op.id in seen or not (prims.get(op.prim).traits.piecewise or _differentiable(op)):
             continue
         seen.add(op.id)
         stack.extend(e.src for e in op.inputs)
@@ -126,7 +126,7 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
         rule = prims.get(c.prim)
         g = View.of(grad_ops[c.id])
         parts = rule.vjp(_ap, c, ins, View.of(c), g)
-        conds = exclusive_conditions(c) if c.prim == "merge" else [e.cond for e in c.inputs]
+        conds = exclusive_conditions(c) if rule.traits.piecewise else [e.cond for e in c.inputs]
         live = needed[c.id]
         for edge, part, cond in zip(c.inputs, parts, conds, strict=True):
             if part is None or edge.src.id not in relevant:
@@ -422,7 +422,7 @@ def _select_element(view: View, index: Expr) -> View:
     broadcast: its elements are all the same, so take one without the index (and without
     ``T``, which inside its own ``until`` loop is not known yet)."""
     op = view.op
-    if view.is_identity and op.prim == "expand":
+    if view.is_identity and prims.get(op.prim).traits.broadcast:
         base = View(op.inputs[0].src, op.inputs[0].index)
         shape = tuple(op.shape)
         if len(base.shape) < len(shape):

@@ -1,16 +1,17 @@
-"""The primitive op registry: one entry per primitive holds everything about it.
+"""The primitive op registry: one entry per primitive holds what the primitive *means*.
 
-An entry has the shape/dtype inference rule, the backward (VJP) rule, whether the op is
-elementwise (what vectorisation needs), and its lowering to each backend. Adding an op touches
-this file only. Backward rules build new ops through the ``ap`` callback (``ir.build.apply``),
-so this module needs nothing from the rest of the IR.
+An entry has the shape/dtype inference rule, the backward (VJP) rule, typed traits (what passes
+and executors may rely on), a cost estimate, and ``impl``: the numpy reference semantics, which
+constant folding evaluates and the numpy backend runs. How another backend computes a primitive
+is that backend's business: its lowerings live in its own module (``runtime/torch_lowering.py``),
+so this module imports no array library but numpy. Backward rules build new ops through the
+``ap`` callback (``ir.build.apply``), so this module needs nothing from the rest of the IR.
 
 Composite ops (softmax, losses, distributions) are built from these in ``api/``.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,19 +26,6 @@ Shape = tuple[Expr, ...]
 Infer = Callable[[list[Shape], list[np.dtype], dict[str, Any]], tuple[Shape, np.dtype]]
 
 
-class _Lazy:
-    """A module imported on first use, so the numpy-only install never imports torch."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(importlib.import_module(self._name), attr)
-
-
-torch = _Lazy("torch")
-
-
 @dataclass(frozen=True)
 class Traits:
     """What passes, executors and exporters may rely on, so none of them tests a name.
@@ -45,8 +33,10 @@ class Traits:
     ``mergeable`` ops may be merged with a duplicate and folded when their inputs are
     constant; ``view`` ops may return (part of) an input's buffer, so they allocate nothing of
     their own; ``piecewise`` ops pick one input per point by the edges' conditions (the
-    program's tensors); ``host`` ops call user Python; ``constant`` ops hold a value fixed
-    when the program is built.
+    program's tensors); ``host`` ops call user Python (the function in their ``fn`` attr, on
+    numpy arrays, outside any backend); ``constant`` ops hold a value fixed when the program is
+    built; ``broadcast`` ops repeat their input along new or unit axes, so every element along
+    those axes is the same.
     """
 
     elementwise: bool = False
@@ -57,6 +47,7 @@ class Traits:
     host: bool = False
     constant: bool = False
     stops_gradient: bool = False
+    broadcast: bool = False
 
     @property
     def mergeable(self) -> bool:
@@ -72,11 +63,11 @@ def _flops(out_size: int, in_sizes: list[int], attrs: dict[str, Any]) -> float:
 class Prim:
     name: str
     infer: Infer
-    numpy: Callable[..., Any]
-    torch: Callable[..., Any] | None = None
+    impl: Callable[..., Any]  # reference semantics (numpy): what constant folding evaluates
     vjp: Callable[..., list[Any]] | None = None
     elementwise: bool = False
     point_attrs: tuple[str, ...] = ()  # attrs that are index expressions, evaluated per point
+    array_attrs: tuple[str, ...] = ()  # array-valued attrs, made the backend's arrays once
     keyed: bool = False  # pure random op: receives a counter-based key (seed, op, point)
     differentiable: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -148,23 +139,22 @@ def _c(ap, value: float, like):
     return ap("full", shape=(), value=value, dtype=like.dtype)
 
 
-def _unary(name, np_fn, torch_fn, vjp=None, infer=_float_same):
-    register(Prim(name, infer, np_fn, torch_fn, vjp, elementwise=True))
+def _unary(name, np_fn, vjp=None, infer=_float_same):
+    register(Prim(name, infer, np_fn, vjp, elementwise=True))
 
 
-def _binary_op(name, np_fn, torch_fn, vjp=None, infer=_binary):
-    register(Prim(name, infer, np_fn, torch_fn, vjp, elementwise=True))
+def _binary_op(name, np_fn, vjp=None, infer=_binary):
+    register(Prim(name, infer, np_fn, vjp, elementwise=True))
 
 
 # --- elementwise unary -----------------------------------------------------------------------
 
-_unary("neg", np.negative, lambda x: -x, lambda ap, op, i, o, g: [ap("neg", g)], _same)
-_unary("exp", np.exp, lambda x: torch.exp(x), lambda ap, op, i, o, g: [ap("mul", g, o)])
-_unary("log", np.log, lambda x: torch.log(x), lambda ap, op, i, o, g: [ap("div", g, i[0])])
+_unary("neg", np.negative, lambda ap, op, i, o, g: [ap("neg", g)], _same)
+_unary("exp", np.exp, lambda ap, op, i, o, g: [ap("mul", g, o)])
+_unary("log", np.log, lambda ap, op, i, o, g: [ap("div", g, i[0])])
 _unary(
     "tanh",
     np.tanh,
-    lambda x: torch.tanh(x),
     lambda ap, op, i, o, g: [ap("mul", g, ap("sub", _c(ap, 1.0, o), ap("mul", o, o)))],
 )
 _unary(
@@ -172,34 +162,28 @@ _unary(
     lambda x: np.where(
         x >= 0, 1 / (1 + np.exp(-np.abs(x))), 1 - 1 / (1 + np.exp(-np.abs(x)))
     ).astype(x.dtype),
-    lambda x: torch.sigmoid(x),
     lambda ap, op, i, o, g: [ap("mul", g, ap("mul", o, ap("sub", _c(ap, 1.0, o), o)))],
 )
 _unary(
     "sqrt",
     np.sqrt,
-    lambda x: torch.sqrt(x),
     lambda ap, op, i, o, g: [ap("div", g, ap("mul", _c(ap, 2.0, o), o))],
 )
 _unary(
     "abs",
     np.abs,
-    lambda x: torch.abs(x),
     lambda ap, op, i, o, g: [ap("mul", g, ap("sign", i[0]))],
     _same,
 )
-_unary("sign", np.sign, lambda x: torch.sign(x), lambda ap, op, i, o, g: [None], _same)
-_unary(
-    "sin", np.sin, lambda x: torch.sin(x), lambda ap, op, i, o, g: [ap("mul", g, ap("cos", i[0]))]
-)
+_unary("sign", np.sign, lambda ap, op, i, o, g: [None], _same)
+_unary("sin", np.sin, lambda ap, op, i, o, g: [ap("mul", g, ap("cos", i[0]))])
 _unary(
     "cos",
     np.cos,
-    lambda x: torch.cos(x),
     lambda ap, op, i, o, g: [ap("neg", ap("mul", g, ap("sin", i[0])))],
 )
-_unary("logical_not", np.logical_not, lambda x: torch.logical_not(x), None, _bool_same)
-_unary("floor", np.floor, lambda x: torch.floor(x), lambda ap, op, i, o, g: [None], _same)
+_unary("logical_not", np.logical_not, None, _bool_same)
+_unary("floor", np.floor, lambda ap, op, i, o, g: [None], _same)
 
 # --- elementwise binary ----------------------------------------------------------------------
 
@@ -254,32 +238,31 @@ def _np_div(a, b):
     )
 
 
-_binary_op("add", np.add, lambda a, b: a + b, _vjp_add)
-_binary_op("sub", np.subtract, lambda a, b: a - b, _vjp_sub)
-_binary_op("mul", np.multiply, lambda a, b: a * b, _vjp_mul)
+_binary_op("add", np.add, _vjp_add)
+_binary_op("sub", np.subtract, _vjp_sub)
+_binary_op("mul", np.multiply, _vjp_mul)
 _binary_op(
     "div",
     _np_div,
-    lambda a, b: a / b,
     _vjp_div,
     lambda s, d, a: (broadcast(*s), np.result_type(promote(*d), np.float32)),
 )
-_binary_op("pow", np.power, lambda a, b: torch.pow(a, b), _vjp_pow)
-_binary_op("floordiv", np.floor_divide, lambda a, b: torch.div(a, b, rounding_mode="floor"))
-_binary_op("mod", np.mod, lambda a, b: torch.remainder(a, b))
-_binary_op("maximum", np.maximum, lambda a, b: torch.maximum(a, b), _vjp_extremum("ge"))
-_binary_op("minimum", np.minimum, lambda a, b: torch.minimum(a, b), _vjp_extremum("le"))
-for _name, _np, _tf in [
-    ("lt", np.less, lambda a, b: a < b),
-    ("le", np.less_equal, lambda a, b: a <= b),
-    ("gt", np.greater, lambda a, b: a > b),
-    ("ge", np.greater_equal, lambda a, b: a >= b),
-    ("eq", np.equal, lambda a, b: a == b),
-    ("ne", np.not_equal, lambda a, b: a != b),
-    ("logical_and", np.logical_and, lambda a, b: torch.logical_and(a, b)),
-    ("logical_or", np.logical_or, lambda a, b: torch.logical_or(a, b)),
+_binary_op("pow", np.power, _vjp_pow)
+_binary_op("floordiv", np.floor_divide)
+_binary_op("mod", np.mod)
+_binary_op("maximum", np.maximum, _vjp_extremum("ge"))
+_binary_op("minimum", np.minimum, _vjp_extremum("le"))
+for _name, _np in [
+    ("lt", np.less),
+    ("le", np.less_equal),
+    ("gt", np.greater),
+    ("ge", np.greater_equal),
+    ("eq", np.equal),
+    ("ne", np.not_equal),
+    ("logical_and", np.logical_and),
+    ("logical_or", np.logical_or),
 ]:
-    _binary_op(_name, _np, _tf, None, _compare)
+    _binary_op(_name, _np, None, _compare)
 
 
 def _infer_where(shapes, dtypes, attrs):
@@ -302,7 +285,6 @@ register(
         "where",
         _infer_where,
         lambda c, a, b: np.where(c, a, b).astype(np.result_type(a, b)),
-        lambda c, a, b: torch.where(c, a, b),
         _vjp_where,
         elementwise=True,
     )
@@ -313,16 +295,11 @@ def _infer_cast(shapes, dtypes, attrs):
     return shapes[0], np.dtype(attrs["dtype"])
 
 
-def _torch_dtype(dtype: Any) -> Any:
-    return getattr(torch, np.dtype(dtype).name if np.dtype(dtype) != np.dtype(bool) else "bool")
-
-
 register(
     Prim(
         "cast",
         _infer_cast,
         lambda x, dtype: np.asarray(x).astype(dtype),
-        lambda x, dtype: x.to(_torch_dtype(dtype)),
         lambda ap, op, i, o, g: (
             [ap("cast", g, dtype=i[0].dtype)] if np.issubdtype(i[0].dtype, np.floating) else [None]
         ),
@@ -334,7 +311,6 @@ for _name in ("identity", "detach"):
         Prim(
             _name,
             _same,
-            lambda x: x,
             lambda x: x,
             (lambda ap, op, i, o, g: [g]) if _name == "identity" else None,
             elementwise=True,
@@ -394,20 +370,8 @@ def _np_reduce(fn):
     return run
 
 
-def _torch_reduce(kind):
-    def run(x, axes=None, keepdims=False, _sum=False):
-        axes = tuple(range(x.dim())) if axes is None else tuple(axes)
-        if not axes:
-            return x
-        if kind == "sum":
-            return torch.sum(x, dim=axes, keepdim=keepdims)
-        return torch.amax(x, dim=axes, keepdim=keepdims)
-
-    return run
-
-
-register(Prim("sum", _infer_reduce, _np_reduce(np.sum), _torch_reduce("sum"), _vjp_sum))
-register(Prim("max", _infer_reduce, _np_reduce(np.max), _torch_reduce("max"), _vjp_max))
+register(Prim("sum", _infer_reduce, _np_reduce(np.sum), _vjp_sum))
+register(Prim("max", _infer_reduce, _np_reduce(np.max), _vjp_max))
 
 
 def _infer_argmax(shapes, dtypes, attrs):
@@ -423,7 +387,6 @@ register(
         "argmax",
         _infer_argmax,
         lambda x, axis, keepdims=False: np.argmax(x, axis=axis, keepdims=keepdims),
-        lambda x, axis, keepdims=False: torch.argmax(x, dim=axis, keepdim=keepdims),
         differentiable=False,
     )
 )
@@ -440,7 +403,6 @@ register(
         "reshape",
         _infer_reshape,
         lambda x, shape: np.reshape(x, shape),
-        lambda x, shape: torch.reshape(x, shape),
         lambda ap, op, i, o, g: [ap("reshape", g, shape=i[0].shape)],
         point_attrs=("shape",),
     )
@@ -459,7 +421,6 @@ register(
         "permute",
         _infer_permute,
         lambda x, perm: np.transpose(x, perm),
-        lambda x, perm: x.permute(*perm),
         lambda ap, op, i, o, g: [ap("permute", g, perm=tuple(np.argsort(op.attrs["perm"])))],
     )
 )
@@ -477,7 +438,6 @@ register(
         "expand",
         _infer_expand,
         lambda x, shape: np.broadcast_to(x, shape),
-        lambda x, shape: x.expand(tuple(shape)) if len(shape) else x.reshape(()),
         lambda ap, op, i, o, g: [_unbroadcast(ap, g, i[0].shape)],
         point_attrs=("shape",),
     )
@@ -519,18 +479,11 @@ def _infer_getitem(shapes, dtypes, attrs):
     return _key_shape(shapes[0], attrs["key"]), dtypes[0]
 
 
-def _torch_getitem_grad(g, key, shape):
-    out = torch.zeros(tuple(shape), dtype=g.dtype, device=g.device)
-    out[key] += g
-    return out
-
-
 register(
     Prim(
         "getitem",
         _infer_getitem,
         lambda x, key: np.asarray(x[key]),
-        lambda x, key: x[key],
         lambda ap, op, i, o, g: [ap("getitem_grad", g, key=op.attrs["key"], shape=i[0].shape)],
     )
 )
@@ -539,7 +492,6 @@ register(
         "getitem_grad",
         lambda s, d, a: (tuple(as_expr(x) for x in a["shape"]), d[0]),
         lambda g, key, shape: _np_zeros_put(g, key, shape),
-        _torch_getitem_grad,
         lambda ap, op, i, o, g: [ap("getitem", g, key=op.attrs["key"])],
         point_attrs=("shape",),
     )
@@ -570,7 +522,6 @@ register(
         "narrow",
         _infer_narrow,
         _np_narrow,
-        lambda x, axis, start, length: x.narrow(axis, start, length),
         lambda ap, op, i, o, g: [
             ap(
                 "pad_axis",
@@ -601,20 +552,11 @@ def _np_pad_axis(x, axis, before, size):
     return out
 
 
-def _torch_pad_axis(x, axis, before, size):
-    shape = list(x.shape)
-    shape[axis] = size
-    out = torch.zeros(shape, dtype=x.dtype, device=x.device)
-    out.narrow(axis, before, x.shape[axis]).copy_(x)
-    return out
-
-
 register(
     Prim(
         "pad_axis",
         _infer_pad_axis,
         _np_pad_axis,
-        _torch_pad_axis,
         lambda ap, op, i, o, g: [
             ap(
                 "narrow",
@@ -660,7 +602,6 @@ register(
         "cat",
         _infer_cat,
         lambda *xs, axis: np.concatenate(xs, axis=axis),
-        lambda *xs, axis: torch.cat(xs, dim=axis),
         _vjp_cat,
     )
 )
@@ -689,7 +630,7 @@ def _vjp_matmul(ap, op, i, o, g):
     return [_unbroadcast(ap, ga, a.shape), _unbroadcast(ap, gb, b.shape)]
 
 
-register(Prim("matmul", _infer_matmul, np.matmul, lambda a, b: torch.matmul(a, b), _vjp_matmul))
+register(Prim("matmul", _infer_matmul, np.matmul, _vjp_matmul))
 
 
 def _infer_gather(shapes, dtypes, attrs):
@@ -714,7 +655,6 @@ register(
         "gather",
         _infer_gather,
         lambda x, idx, axis: np.take_along_axis(x, idx, axis=axis),
-        lambda x, idx, axis: torch.gather(x, axis, idx),
         lambda ap, op, i, o, g: [
             ap("scatter_add", g, i[1], axis=op.attrs["axis"], shape=i[0].shape),
             None,
@@ -726,9 +666,6 @@ register(
         "scatter_add",
         lambda s, d, a: (tuple(as_expr(x) for x in a["shape"]), d[0]),
         _np_scatter_add,
-        lambda src, idx, axis, shape: torch.zeros(
-            tuple(shape), dtype=src.dtype, device=src.device
-        ).scatter_add(axis, idx, src),
         lambda ap, op, i, o, g: [ap("gather", g, i[1], axis=op.attrs["axis"]), None],
         point_attrs=("shape",),
     )
@@ -746,7 +683,6 @@ register(
         "select_at",
         _infer_select_at,
         lambda x, index: x[index],
-        lambda x, index: x[index],
         lambda ap, op, i, o, g: [ap("place_at", g, index=op.attrs["index"], size=i[0].shape[0])],
         point_attrs=("index",),
     )
@@ -759,18 +695,11 @@ def _np_place_at(x, index, size):
     return out
 
 
-def _torch_place_at(x, index, size):
-    out = torch.zeros((size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
-    out[index] = x
-    return out
-
-
 register(
     Prim(
         "place_at",
         lambda s, d, a: ((as_expr(a["size"]),) + s[0], d[0]),
         _np_place_at,
-        _torch_place_at,
         lambda ap, op, i, o, g: [ap("select_at", g, index=op.attrs["index"])],
         point_attrs=("index", "size"),
     )
@@ -787,22 +716,11 @@ def _np_diag_gather(xs, first, step, shape, dtype, valid=True):
     return np.stack([x[k] if 0 <= k < len(x) else zero for x, k in picks])
 
 
-def _torch_diag_gather(xs, first, step, shape, dtype, valid=True):
-    if len(xs) == 0 or not valid:
-        return torch.zeros(
-            (0 if valid else shape[0],) + tuple(shape[1:]), dtype=_torch_dtype(dtype)
-        )
-    zero = torch.zeros(tuple(shape[1:]), dtype=_torch_dtype(dtype))
-    picks = ((x, first + step * j) for j, x in enumerate(xs))
-    return torch.stack([x[k] if 0 <= k < len(x) else zero for x, k in picks])
-
-
 register(
     Prim(
         "diag_gather",
         _declared,
         _np_diag_gather,
-        _torch_diag_gather,
         None,
         point_attrs=("first", "shape", "valid"),
         extra={"ragged": True},
@@ -816,16 +734,11 @@ def _np_full(shape, value, dtype):
     return np.full(shape, value, dtype=dtype)
 
 
-def _torch_full(shape, value, dtype):
-    return torch.full(tuple(shape), value, dtype=_torch_dtype(dtype))
-
-
 register(
     Prim(
         "full",
         _declared,
         _np_full,
-        _torch_full,
         None,
         point_attrs=("shape", "value"),
         differentiable=False,
@@ -836,8 +749,8 @@ register(
         "const",
         lambda s, d, a: (tuple(Const(int(n)) for n in a["value"].shape), a["value"].dtype),
         lambda value: value,
-        lambda value: torch.as_tensor(value),
         None,
+        array_attrs=("value",),
         differentiable=False,
     )
 )
@@ -863,7 +776,6 @@ for _name, _fn in (("uniform", _np_uniform), ("normal", _np_normal)):
             _name,
             _declared,
             _fn,
-            (lambda f: lambda shape, dtype, key: torch.as_tensor(f(shape, dtype, key)))(_fn),
             None,
             point_attrs=("shape", "key_at"),
             keyed=True,
@@ -873,12 +785,11 @@ for _name, _fn in (("uniform", _np_uniform), ("normal", _np_normal)):
 
 # --- user functions and piecewise definitions (run by the executor itself) -------------------
 
-register(Prim("udf", _declared, lambda *xs, fn, **_: fn(*xs), None, None, differentiable=False))
+register(Prim("udf", _declared, lambda *xs, fn, **_: fn(*xs), None, differentiable=False))
 register(
     Prim(
         "tuple_get",
         _declared,
-        lambda x, item, **_: x[item],
         lambda x, item, **_: x[item],
         None,
         differentiable=False,
@@ -892,12 +803,11 @@ def _vjp_each(ap, op, i, o, g):
 
 # merge: the value of the first branch whose condition holds (the executor picks it); its
 # backward sends the gradient to every branch, and autodiff restricts each to where it won.
-register(Prim("merge", _declared, lambda *xs: xs[0], lambda *xs: xs[0], _vjp_each))
+register(Prim("merge", _declared, lambda *xs: xs[0], _vjp_each))
 register(
     Prim(
         "add_n",
         _declared,
-        lambda *xs, **_: sum(xs[1:], xs[0]),
         lambda *xs, **_: sum(xs[1:], xs[0]),
         _vjp_each,
     )
@@ -922,21 +832,11 @@ def _np_index_add(src, idx, axis, size):
     return out
 
 
-def _torch_index_add(src, idx, axis, size):
-    shape = list(src.shape[:axis]) + [size] + list(src.shape[axis + idx.dim() :])
-    out = torch.zeros(shape, dtype=src.dtype, device=src.device)
-    flat = src.reshape(list(src.shape[:axis]) + [-1] + list(src.shape[axis + idx.dim() :]))
-    return out.index_add(axis, idx.reshape(-1), flat)
-
-
 register(
     Prim(
         "take",
         _infer_take,
         lambda x, idx, axis: np.take(x, idx, axis=axis),
-        lambda x, idx, axis: torch.index_select(x, axis, idx.reshape(-1)).reshape(
-            tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1 :])
-        ),
         lambda ap, op, i, o, g: [
             ap("index_add", g, i[1], axis=op.attrs["axis"], size=i[0].shape[op.attrs["axis"]]),
             None,
@@ -959,7 +859,6 @@ register(
         "index_add",
         _infer_index_add,
         _np_index_add,
-        _torch_index_add,
         lambda ap, op, i, o, g: [ap("take", g, i[1], axis=op.attrs["axis"]), None],
         point_attrs=("size",),
     )
@@ -972,18 +871,11 @@ def _np_cumsum(x, axis, reverse=False):
     return np.cumsum(x, axis=axis)
 
 
-def _torch_cumsum(x, axis, reverse=False):
-    if reverse:
-        return torch.flip(torch.cumsum(torch.flip(x, (axis,)), dim=axis), (axis,))
-    return torch.cumsum(x, dim=axis)
-
-
 register(
     Prim(
         "cumsum",
         lambda s, d, a: (s[0], d[0]),
         _np_cumsum,
-        _torch_cumsum,
         lambda ap, op, i, o, g: [
             ap("cumsum", g, axis=op.attrs["axis"], reverse=not op.attrs.get("reverse", False))
         ],
@@ -994,7 +886,6 @@ register(
         "argsort",
         lambda s, d, a: (s[0], np.dtype("int64")),
         lambda x, axis: np.argsort(x, axis=axis, kind="stable"),
-        lambda x, axis: torch.argsort(x, dim=axis, stable=True),
         differentiable=False,
     )
 )
@@ -1003,7 +894,6 @@ register(
         "iota",
         lambda s, d, a: ((as_expr(a["length"]),), np.dtype(a.get("dtype", "int64"))),
         lambda length, dtype="int64": np.arange(length, dtype=dtype),
-        lambda length, dtype="int64": torch.arange(length, dtype=_torch_dtype(dtype)),
         point_attrs=("length",),
         differentiable=False,
     )
@@ -1036,3 +926,4 @@ _declare(("detach",), stops_gradient=True)
 _declare(("merge",), piecewise=True)
 _declare(("udf",), host=True)
 _declare(("const", "full", "iota"), constant=True)
+_declare(("expand",), broadcast=True)

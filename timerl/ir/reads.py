@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
+from timerl.ir import prims
 from timerl.ir.graph import Op
 from timerl.ir.validate import exclusive_conditions
 from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, simplify
@@ -77,7 +78,7 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
     for reader in ops:
         conds = (
             exclusive_conditions(reader)
-            if reader.prim == "merge"
+            if prims.get(reader.prim).traits.piecewise
             else [e.cond for e in reader.inputs]
         )
         for edge, cond in zip(reader.inputs, conds, strict=True):
@@ -118,7 +119,7 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
         changes[op.id] += 1
         # Every cycle passes through a piecewise op; one whose guard keeps changing follows
         # a shift around the cycle: widen it to every point (always sound).
-        if op.prim == "merge" and changes[op.id] > WIDEN_AFTER:
+        if prims.get(op.prim).traits.piecewise and changes[op.id] > WIDEN_AFTER:
             g = TRUE
         guard[op.id] = g
         for e in op.inputs:

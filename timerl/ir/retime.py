@@ -32,8 +32,9 @@ def _shifts(view: View) -> dict[Dim, Expr] | None:
 
 
 def _clonable(op: Op) -> bool:
+    t = prims.get(op.prim).traits
     return (
-        op.prim not in ("merge", "udf", "const", "detach")
+        not (t.piecewise or t.host or t.constant or t.stops_gradient)
         and not op.effect
         and bool(op.inputs)
         and op.domain != ()
@@ -73,7 +74,7 @@ def _reaching(start: Op, target: Op) -> set[int]:
         if op.id in seen:
             continue
         seen.add(op.id)
-        if op is target or op.prim == "detach":
+        if op is target or prims.get(op.prim).traits.stops_gradient:
             continue
         for e in op.inputs:
             readers.setdefault(e.src.id, []).append(op)
@@ -135,9 +136,13 @@ def _may_join_a_cycle(op: Op, target: Op, memo: dict[int, bool]) -> bool:
     stack, seen = [op], set()
     while stack:
         o = stack.pop()
-        if o.id in seen or o.prim == "detach":
+        if o.id in seen or prims.get(o.prim).traits.stops_gradient:
             continue
-        if memo.get(o.id) or o is target or (o.prim == "merge" and not o.attrs.get("sealed")):
+        if (
+            memo.get(o.id)
+            or o is target
+            or (prims.get(o.prim).traits.piecewise and not o.attrs.get("sealed"))
+        ):
             memo[op.id] = True
             return True
         seen.add(o.id)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from timerl.errors import BoundError, OutOfRangeError, ProgramError, UndefinedPointError
+from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.symbolic import FALSE, Bound, Condition, Dim, Expr, Slice, vevaluate
 
@@ -110,7 +111,7 @@ def validate(ops: list[Op], bounds: Mapping[Bound, int]) -> None:
         env = _grid(op.domain, bounds)
         n = len(env[op.domain[0]]) if op.domain else 1
         conds = [e.cond for e in op.inputs]
-        if op.prim == "merge":
+        if prims.get(op.prim).traits.piecewise:
             if not op.inputs:
                 raise UndefinedPointError(
                     f"{op.where()} is declared but never defined: assign it, e.g. x[0] = ..."

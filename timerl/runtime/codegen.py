@@ -23,6 +23,7 @@ import numpy as np
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
+from timerl.runtime.calls import gather_points, prepare_call
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
@@ -30,7 +31,7 @@ UNBOUNDED = 2**62
 
 
 def _static_nbytes(op: Op) -> int | None:
-    if op.prim == "udf" or not all(isinstance(s, Const) for s in op.shape):
+    if prims.get(op.prim).traits.host or not all(isinstance(s, Const) for s in op.shape):
         return None
     return int(np.prod([s.value for s in op.shape], dtype=np.int64)) * op.dtype.itemsize
 
@@ -100,7 +101,7 @@ class CodeGen:
                 frees.setdefault(s.op.id, []).append(s)
         out = set()
         for op in self.ops.values():
-            if op.id in self.keep or op.prim == "udf" or not readers[op.id]:
+            if op.id in self.keep or prims.get(op.prim).traits.host or not readers[op.id]:
                 continue
             same = all(
                 all(i is d for i, d in zip(e.index, op.domain, strict=True)) for e in readers[op.id]
@@ -147,12 +148,10 @@ class CodeGen:
         def empty(shape_after: tuple, elem=elem) -> Any:
             return [] if elem is None else backend.zeros(shape_after + elem, dtype)
 
-        from timerl.runtime.executor import _gather
-
         gather = self.const(
             "GATHER",
             functools.partial(
-                _gather,
+                gather_points,
                 stack=backend.stack,
                 missing=_missing(src.label),
                 empty=empty,
@@ -173,7 +172,7 @@ class CodeGen:
         if op.guard != TRUE:
             self.emit(depth, f"if {self.names.src(op.guard)}:")
             body_depth += 1
-        if op.prim == "merge":
+        if prims.get(op.prim).traits.piecewise:
             self.merge(op, body_depth, var)
         else:
             self.call(op, body_depth, var, point)
@@ -196,56 +195,27 @@ class CodeGen:
         self.emit(depth, f"{var} = {bc}({var}, {shape_src}, {dt})")
 
     def call(self, op: Op, depth: int, var: str, point: str) -> None:
-        rule = prims.get(op.prim)
+        call = prepare_call(op, self.backend, self.seed)
         args = [self.read_src(e) for e in op.inputs]
-        if op.prim == "udf":
-            fn = self.const("UDF", self._udf(op))
-            extra = f", {point}" if op.attrs.get("pass_point") else ""
-            self.emit(depth, f"{var} = {fn}({', '.join(args)}{extra})")
-            return
-        hidden = set(rule.point_attrs) | {"stream", "adopt_domain", "pass_point"}
-        static = {k: v for k, v in op.attrs.items() if k not in hidden}
-        if op.prim == "const":
-            static = {"value": self.backend.asarray(op.attrs["value"])}
-        kernel = self.backend.kernel(op)
-        fn = self.const("K", functools.partial(kernel, **static) if static else kernel)
+        fn = self.const("K", call.fn)
+        if call.pass_point:
+            args.append(point)
         kwargs = []
-        for name in rule.point_attrs:
-            if name not in op.attrs:
-                continue
-            value = op.attrs[name]
+        for name, value in call.point_attrs:
             if isinstance(value, (tuple, list)):
                 kwargs.append(f"{name}={self.key_src([self._attr_src(v) for v in value])}")
             else:
                 kwargs.append(f"{name}={self._attr_src(value)}")
-        if rule.keyed:
-            at = op.attrs.get("key_at")
-            stream = op.attrs.get("stream", op.id)
-            coords = (
-                [self.names.src(k) for k in at]
-                if at is not None
-                else [self.names.of(d) for d in op.domain]
-            )
-            kwargs = [k for k in kwargs if not k.startswith("key_at=")]
-            kwargs.append(f"key={self.key_src([str(self.seed), str(stream), *coords])}")
+        if call.key is not None:
+            (seed, stream), coords = call.key
+            items = [str(seed), str(stream), *(self._attr_src(c) for c in coords)]
+            kwargs.append(f"key={self.key_src(items)}")
         self.emit(depth, f"{var} = {fn}({', '.join(args + kwargs)})")
 
     def _attr_src(self, value: Any) -> str:
         if isinstance(value, (Expr, Condition)):
             return self.names.src(value)
         return self.const("A", value)
-
-    def _udf(self, op: Op) -> Callable[..., Any]:
-        to_np, fn, as_native = self.backend.to_numpy, op.attrs["fn"], self.backend.asarray
-
-        def call(*xs: Any) -> Any:
-            args = [to_np(x) for x in xs]
-            out = fn(*args)
-            if isinstance(out, tuple):
-                return tuple(as_native(np.asarray(o)) for o in out)
-            return None if out is None else as_native(np.asarray(out))
-
-        return call
 
     def free(self, stmt: Free, depth: int) -> None:
         self._free(stmt, depth)

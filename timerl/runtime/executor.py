@@ -20,7 +20,8 @@ from timerl.errors import BoundError, TimerlError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.ir.validate import exclusive_conditions
-from timerl.runtime.backends import Backend
+from timerl.runtime.backend import Backend
+from timerl.runtime.calls import gather_points, prepare_call
 from timerl.runtime.codegen import CodeGen
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
@@ -112,6 +113,7 @@ class Executor:
         self._generated: dict[bool, Callable] = {}
         self.source = ""
         self.backend = backend
+        backend.check(ops)  # a missing lowering fails here, naming the op, not mid-run
         self.bounds = dict(bounds)
         self.dynamic = dict(dynamic)  # bound -> cap (None: no cap)
         self.seed = seed
@@ -183,7 +185,7 @@ class Executor:
                 else:
                     axes.append((vals[k],))
                     k += 1
-            return _gather(store, axes, kinds, stack, missing, empty)
+            return gather_points(store, axes, kinds, stack, missing, empty)
 
         return read_slices
 
@@ -206,7 +208,7 @@ class Executor:
         dims = op.domain
         point_of = (lambda env: tuple(env[d] for d in dims)) if dims else (lambda env: ())
         readers = [self._reader(e) for e in op.inputs]
-        if op.prim == "merge":
+        if prims.get(op.prim).traits.piecewise:
             conds = _compile(exclusive_conditions(op))
             shape_fn = _compile(list(op.shape))
             dtype = op.dtype
@@ -225,15 +227,11 @@ class Executor:
                 meter.add(backend.nbytes(value))
 
             return run_merge
-        rule = prims.get(op.prim)
-        kernel = backend.kernel(op) if op.prim != "udf" else None
-        hidden = set(rule.point_attrs) | {"stream", "adopt_domain", "pass_point"}
-        static_attrs = {k: v for k, v in op.attrs.items() if k not in hidden}
-        point_names = [k for k in rule.point_attrs if k in op.attrs]
-        point_items: list[Expr] = []
+        call = prepare_call(op, backend, self.seed)
+        kernel = call.fn
         layout: list[tuple[str, int, bool]] = []  # name, count, is_tuple
-        for name in point_names:
-            value = op.attrs[name]
+        point_items: list[Expr | Condition] = []
+        for name, value in call.point_attrs:
             if isinstance(value, (tuple, list)):
                 layout.append((name, len(value), True))
                 point_items.extend(_as_expr(v) for v in value)
@@ -241,42 +239,26 @@ class Executor:
                 layout.append((name, 1, False))
                 point_items.append(_as_expr(value))
         point_fn = _compile(point_items) if layout else None
-        keyed = rule.keyed
-        seed = self.seed
-        # the stream number is fixed when the op is built, so rebuilding a program (to resume
-        # from a checkpoint) draws the same numbers at the same points
-        stream = op.attrs.get("stream", op.id)
-        if op.prim == "const":
-            static_attrs = {"value": backend.asarray(op.attrs["value"])}
-        udf_point = op.prim == "udf" and op.attrs.get("pass_point", False)
-        if op.prim == "udf":
-            static_attrs = {}
-            to_np, fn, as_native = backend.to_numpy, op.attrs["fn"], backend.asarray
-
-            def kernel(*xs: Any, _point: tuple | None = None) -> Any:
-                args = [to_np(x) for x in xs]
-                out = fn(*args, _point) if udf_point else fn(*args)
-                if isinstance(out, tuple):
-                    return tuple(as_native(np.asarray(o)) for o in out)
-                return None if out is None else as_native(np.asarray(out))
+        key_fn = _compile([_as_expr(c) for c in call.key[1]]) if call.key is not None else None
+        key_prefix = call.key[0] if call.key is not None else ()
+        udf_point = call.pass_point
+        no_attrs: dict[str, Any] = {}
 
         def run(env: dict) -> None:
             args = [r(env) for r in readers]
-            attrs = static_attrs
+            attrs = no_attrs
             point = point_of(env)
             if point_fn is not None:
                 vals = point_fn(env)
-                attrs = dict(static_attrs)
+                attrs = {}
                 k = 0
                 for name, count, is_tuple in layout:
                     attrs[name] = tuple(vals[k : k + count]) if is_tuple else vals[k]
                     k += count
-            if keyed:
-                if attrs is static_attrs:
-                    attrs = dict(static_attrs)
-                at = attrs.pop("key_at", point)
-                attrs["key"] = (seed, stream) + tuple(at)
-            value = kernel(*args, _point=point) if udf_point else kernel(*args, **attrs)
+            if key_fn is not None:
+                attrs = dict(attrs)
+                attrs["key"] = key_prefix + tuple(key_fn(env))
+            value = kernel(*args, point) if udf_point else kernel(*args, **attrs)
             store[point] = value
             meter.add(backend.nbytes(value))
 
@@ -479,33 +461,6 @@ class _Literal(Expr):
             if not isinstance(self.value, (bool, np.bool_))
             else repr(bool(self.value))
         )
-
-
-def _gather(
-    store: dict, axes: list, kinds: list[bool], stack: Callable, missing: Callable, empty: Callable
-) -> Any:
-    """Stack the points of a (multi-)slice read; ragged shapes stay a list."""
-
-    def rec(prefix: tuple, level: int) -> Any:
-        if level == len(axes):
-            try:
-                return store[prefix]
-            except KeyError:
-                return missing(prefix)
-        if not kinds[level]:
-            return rec(prefix + (axes[level][0],), level + 1)
-        items = [rec(prefix + (p,), level + 1) for p in axes[level]]
-        if not items:
-            rest = tuple(
-                len(a) for a, k in zip(axes[level + 1 :], kinds[level + 1 :], strict=True) if k
-            )
-            return empty((0,) + rest)
-        shapes = {tuple(getattr(x, "shape", ())) for x in items if not isinstance(x, list)}
-        if len(shapes) == 1 and not any(isinstance(x, list) for x in items):
-            return stack(items)
-        return items
-
-    return rec((), 0)
 
 
 __all__ = ["Executor", "MemoryMeter", "RunStats", "TimerlError"]

@@ -1,0 +1,107 @@
+"""Backends are found by name, load their array library only when asked for, and refuse a
+primitive they cannot lower before anything runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from timerl.errors import BackendError
+from timerl.runtime.backend import BACKENDS, Backend, backend_class, make_backend
+from timerl.runtime.numpy_backend import NumpyBackend
+
+
+def test_unknown_backend_names_the_choices():
+    with pytest.raises(
+        BackendError, match=r"unknown backend 'jx'; choose one of \['numpy', 'torch'\]"
+    ):
+        make_backend("jx")
+
+
+def test_a_missing_extra_is_named(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    with pytest.raises(
+        BackendError, match=r"backend 'torch' needs .*pip install 'timerl\[torch\]'"
+    ):
+        make_backend("torch")
+    assert isinstance(make_backend("numpy"), NumpyBackend)
+
+
+def test_numpy_backend_runs_on_cpu_only():
+    with pytest.raises(BackendError, match="cpu only, not 'cuda'"):
+        make_backend("numpy", device="cuda")
+
+
+def test_every_backend_class_is_a_backend_of_its_name():
+    for name in BACKENDS:
+        cls = backend_class(name)
+        assert cls.name == name and issubclass(cls, Backend)
+
+
+def test_a_numpy_program_never_imports_torch():
+    code = (
+        "import sys, timerl as tl\n"
+        "ctx = tl.Context(dims=('t',))\n"
+        "(t,), (T,) = ctx.dims, ctx.bounds\n"
+        "with ctx:\n"
+        "    x = tl.RecurrentTensor.placeholder((2,), domain=(t,))\n"
+        "    x[0] = tl.zeros((2,))\n"
+        "    x[t + 1] = (x[t] + tl.rand((2,), like=x)).tanh()\n"
+        "p = ctx.compile(bounds={T: 4}, outputs=[x], backend='numpy')\n"
+        "p.run(); p.run(compiled=False)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def _tanh_program(seen: list):
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,), name="x")
+        x[0] = tl.zeros(())
+        x[t + 1] = (x[t] + 1.0).tanh()
+        tl.sink(x, lambda v, p: seen.append(p))
+    return ctx, {T: 3}, x
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_missing_lowering_fails_before_running_naming_op_and_line(monkeypatch, compiled):
+    pytest.importorskip("torch")
+    from timerl.runtime import torch_lowering
+
+    monkeypatch.delitem(torch_lowering.LOWERINGS, "tanh")
+    seen: list = []
+    ctx, bounds, _ = _tanh_program(seen)
+    prog = ctx.compile(bounds=bounds, backend="torch")
+    with pytest.raises(BackendError, match=r"'tanh' has no torch lowering; .*test_backend\.py:\d+"):
+        prog.executor(compiled)
+    assert seen == []
+
+
+def test_torch_casts_where_its_promotion_differs_from_the_declared_dtype():
+    pytest.importorskip("torch")
+    values = {}
+    for backend in ("numpy", "torch"):
+        ctx = tl.Context(dims=("t",))
+        (t,), (T,) = ctx.dims, ctx.bounds
+        with ctx:
+            x = tl.RecurrentTensor.placeholder((3,), dtype="int64", domain=(t,))
+            x[0] = tl.arange(3) + 1
+            x[t + 1] = x[t] * 2
+            y = x / (x + 1)  # int64 / int64: float64 in the IR (numpy's rule), float32 in torch
+        prog = ctx.compile(bounds={T: 3}, outputs=[y], backend=backend)
+        prog.run()
+        values[backend] = np.asarray(prog.value(y))
+    assert values["numpy"].dtype == values["torch"].dtype == np.float64
+    # torch divides in float32 before the cast: equal to float32 precision
+    np.testing.assert_allclose(values["numpy"], values["torch"], rtol=1e-6)

@@ -1,0 +1,116 @@
+"""How an op is called at a point, decided once for both executors.
+
+The interpreter (``executor.py``) and the code generator (``codegen.py``) differ only in how
+they evaluate index expressions (compiled lambdas over an environment vs inlined source). What
+they call, with which attributes bound up front, which attributes are evaluated per point, and
+the key a random op draws from, is decided here, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from timerl.ir import prims
+from timerl.ir.graph import Op
+from timerl.runtime.backend import Backend
+
+# Attributes that describe the op to the compiler, never passed to a kernel.
+META_ATTRS = frozenset({"stream", "adopt_domain", "pass_point"})
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """``fn(*inputs, **point_attrs, key=...)`` computes the op at one point.
+
+    ``point_attrs`` are ``(name, value)`` with ``value`` an index expression, a literal, or a
+    tuple of those, evaluated at each point. ``key`` is ``None`` or, for a random op, the
+    ``(seed, stream)`` prefix and the coordinates (expressions) that complete its key.
+    ``pass_point``: a host op that receives the point as its last argument.
+    """
+
+    fn: Callable[..., Any]
+    point_attrs: tuple[tuple[str, Any], ...]
+    key: tuple[tuple[int, int], tuple[Any, ...]] | None
+    pass_point: bool
+
+
+def host_call(op: Op, backend: Backend) -> Callable[..., Any]:
+    """Call the user function of a host op on numpy arrays, returning backend arrays."""
+    to_np, as_native, fn = backend.to_numpy, backend.asarray, op.attrs["fn"]
+
+    def native(out: Any) -> Any:
+        if isinstance(out, tuple):
+            return tuple(as_native(np.asarray(o)) for o in out)
+        return None if out is None else as_native(np.asarray(out))
+
+    def call(*xs: Any) -> Any:
+        return native(fn(*[to_np(x) for x in xs]))
+
+    def call_at(*xs: Any) -> Any:
+        *args, point = xs
+        return native(fn(*[to_np(x) for x in args], point))
+
+    return call_at if op.attrs.get("pass_point", False) else call
+
+
+def prepare_call(op: Op, backend: Backend, seed: int) -> OpCall:
+    """The kernel with static attributes bound, and what is left to evaluate per point."""
+    rule = prims.get(op.prim)
+    traits = rule.traits
+    if traits.piecewise:
+        raise ValueError(f"{op.where()} is piecewise: the executor picks its branch, not a kernel")
+    if traits.host:
+        return OpCall(host_call(op, backend), (), None, bool(op.attrs.get("pass_point", False)))
+    per_point = set(rule.point_attrs)
+    static = {
+        k: backend.asarray(v) if k in rule.array_attrs else v
+        for k, v in op.attrs.items()
+        if k not in per_point and k not in META_ATTRS
+    }
+    kernel = backend.kernel(op)
+    fn = functools.partial(kernel, **static) if static else kernel
+    point_attrs = tuple(
+        (name, op.attrs[name])
+        for name in rule.point_attrs
+        if name in op.attrs and not (traits.random and name == "key_at")
+    )
+    key = None
+    if traits.random:
+        # the stream number is fixed when the op is built, so rebuilding a program (to resume
+        # from a checkpoint) draws the same numbers at the same points
+        stream = op.attrs.get("stream", op.id)
+        coords = op.attrs.get("key_at")
+        key = ((seed, stream), tuple(op.domain) if coords is None else tuple(coords))
+    return OpCall(fn, point_attrs, key, False)
+
+
+def gather_points(
+    store: dict, axes: list, kinds: list[bool], stack: Callable, missing: Callable, empty: Callable
+) -> Any:
+    """Stack the points of a (multi-)slice read; ragged shapes stay a list."""
+
+    def rec(prefix: tuple, level: int) -> Any:
+        if level == len(axes):
+            try:
+                return store[prefix]
+            except KeyError:
+                return missing(prefix)
+        if not kinds[level]:
+            return rec(prefix + (axes[level][0],), level + 1)
+        items = [rec(prefix + (p,), level + 1) for p in axes[level]]
+        if not items:
+            rest = tuple(
+                len(a) for a, k in zip(axes[level + 1 :], kinds[level + 1 :], strict=True) if k
+            )
+            return empty((0,) + rest)
+        shapes = {tuple(getattr(x, "shape", ())) for x in items if not isinstance(x, list)}
+        if len(shapes) == 1 and not any(isinstance(x, list) for x in items):
+            return stack(items)
+        return items
+
+    return rec((), 0)

@@ -1,0 +1,65 @@
+"""The numpy backend: runs each primitive's reference ``impl``.
+
+It is the reference every other configuration is tested against, so it has no lowerings of
+its own: the semantics in ``timerl.ir.prims`` are what it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import BackendError
+from timerl.ir import prims
+from timerl.runtime.backend import Backend
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+
+    def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
+        if device != "cpu":
+            raise BackendError(f"the numpy backend runs on the cpu only, not {device!r}")
+        super().__init__(device, threads)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        if self.threads is None:
+            yield
+            return
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=self.threads):
+            yield
+
+    def has_lowering(self, prim: str) -> bool:
+        return prim in prims.REGISTRY
+
+    def lowering(self, prim: str) -> Callable[..., Any]:
+        return prims.get(prim).impl
+
+    def asarray(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+    def stack(self, values: list[Any]) -> np.ndarray:
+        return np.stack(values)
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def nbytes(self, value: Any) -> int:
+        if isinstance(value, (tuple, list)):
+            return sum(self.nbytes(v) for v in value)
+        return int(getattr(value, "nbytes", 0))
+
+    def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        value = np.asarray(value)
+        if value.shape != shape:
+            value = np.broadcast_to(value, shape)
+        return value.astype(dtype, copy=False)

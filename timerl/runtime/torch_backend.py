@@ -1,0 +1,98 @@
+"""The torch backend: primitives lowered by ``torch_lowering``'s table, on cpu or cuda."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from timerl.errors import BackendError
+from timerl.ir import prims
+from timerl.ir.graph import Op
+from timerl.runtime.backend import Backend
+from timerl.runtime.torch_lowering import LOWERINGS, torch_dtype
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BackendError(f"device {device!r} asked for, but CUDA is not available")
+        super().__init__(device, threads)
+        self._dev = torch.device(device)
+
+    def has_lowering(self, prim: str) -> bool:
+        return prim in LOWERINGS
+
+    def lowering(self, prim: str) -> Callable[..., Any]:
+        try:
+            return LOWERINGS[prim]
+        except KeyError:
+            raise BackendError(f"primitive {prim!r} has no torch lowering") from None
+
+    def kernel(self, op: Op) -> Callable[..., Any]:
+        """Torch promotes mixed dtypes differently from the numpy rules the IR declares
+        (int64 + float32 -> float32, int64 / 2 -> float32, not float64): cast where they differ.
+        Only ops with an operand of another dtype pay for the check."""
+        fn = super().kernel(op)
+        if not prims.get(op.prim).traits.elementwise or all(
+            e.src.dtype == op.dtype for e in op.inputs
+        ):
+            return fn
+        want = torch_dtype(op.dtype)
+
+        def cast(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            return out if out.dtype == want else out.to(want)
+
+        return cast
+
+    def asarray(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(self._dev)
+        return torch.as_tensor(np.asarray(value), device=self._dev)
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu().numpy()
+        return np.asarray(value)
+
+    def stack(self, values: list[Any]) -> Any:
+        return torch.stack(values)
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return torch.zeros(shape, dtype=torch_dtype(dtype), device=self._dev)
+
+    def nbytes(self, value: Any) -> int:
+        if isinstance(value, (tuple, list)):
+            return sum(self.nbytes(v) for v in value)
+        if isinstance(value, torch.Tensor):
+            return value.element_size() * value.nelement()
+        return int(getattr(value, "nbytes", 0))
+
+    def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        value = self.asarray(value)
+        if tuple(value.shape) != shape:
+            value = value.expand(*shape)
+        want = torch_dtype(dtype)
+        return value if value.dtype == want else value.to(want)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        before = torch.get_num_threads()
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        try:
+            with torch.device(self._dev), torch.no_grad():
+                yield
+        finally:
+            torch.set_num_threads(before)
+
+    def device_peak_bytes(self) -> int | None:
+        if self._dev.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self._dev))
+        return None

@@ -1,0 +1,208 @@
+"""The torch backend's lowering of every primitive, kept apart from the primitives' semantics.
+
+``timerl.ir.prims`` defines what an op means (inference, VJP, traits, the numpy reference
+``impl``); this module says how torch computes it. Each entry takes the op's inputs as tensors
+and its attributes as keywords, like the reference, and must agree with it value for value
+(``tests/ir/test_prims.py`` checks that). Importing this module imports torch, so only the torch
+backend does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from timerl.ir.prims import REGISTRY
+
+LOWERINGS: dict[str, Callable[..., Any]] = {}
+
+
+def register_lowering(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Declare torch's computation of primitive ``name``; one lowering per primitive."""
+    if name not in REGISTRY:
+        raise KeyError(f"no primitive {name!r} to lower")
+    if name in LOWERINGS:
+        raise KeyError(f"primitive {name!r} already has a torch lowering")
+    LOWERINGS[name] = fn
+    return fn
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype of a numpy dtype (numpy calls its boolean ``bool_``, torch ``bool``)."""
+    dt = np.dtype(dtype)
+    return getattr(torch, "bool" if dt == np.dtype(bool) else dt.name)
+
+
+# --- elementwise -------------------------------------------------------------------------------
+
+for _name, _fn in [
+    ("neg", lambda x: -x),
+    ("exp", torch.exp),
+    ("log", torch.log),
+    ("tanh", torch.tanh),
+    ("sigmoid", torch.sigmoid),
+    ("sqrt", torch.sqrt),
+    ("abs", torch.abs),
+    ("sign", torch.sign),
+    ("sin", torch.sin),
+    ("cos", torch.cos),
+    ("logical_not", torch.logical_not),
+    ("floor", torch.floor),
+    ("add", lambda a, b: a + b),
+    ("sub", lambda a, b: a - b),
+    ("mul", lambda a, b: a * b),
+    ("div", lambda a, b: a / b),
+    ("pow", torch.pow),
+    ("floordiv", lambda a, b: torch.div(a, b, rounding_mode="floor")),
+    ("mod", torch.remainder),
+    ("maximum", torch.maximum),
+    ("minimum", torch.minimum),
+    ("lt", lambda a, b: a < b),
+    ("le", lambda a, b: a <= b),
+    ("gt", lambda a, b: a > b),
+    ("ge", lambda a, b: a >= b),
+    ("eq", lambda a, b: a == b),
+    ("ne", lambda a, b: a != b),
+    ("logical_and", torch.logical_and),
+    ("logical_or", torch.logical_or),
+    ("where", torch.where),
+    ("identity", lambda x: x),
+    ("detach", lambda x: x),
+]:
+    register_lowering(_name, _fn)
+
+register_lowering("cast", lambda x, dtype: x.to(torch_dtype(dtype)))
+
+# --- reductions --------------------------------------------------------------------------------
+
+
+def _reduce(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(x: Any, axes: Any = None, keepdims: bool = False, _sum: bool = False) -> Any:
+        axes = tuple(range(x.dim())) if axes is None else tuple(axes)
+        if not axes:
+            return x
+        return fn(x, dim=axes, keepdim=keepdims)
+
+    return run
+
+
+register_lowering("sum", _reduce(torch.sum))
+register_lowering("max", _reduce(torch.amax))
+register_lowering(
+    "argmax", lambda x, axis, keepdims=False: torch.argmax(x, dim=axis, keepdim=keepdims)
+)
+
+# --- movement and indexing ---------------------------------------------------------------------
+
+register_lowering("reshape", lambda x, shape: torch.reshape(x, shape))
+register_lowering("permute", lambda x, perm: x.permute(*perm))
+register_lowering(
+    "expand", lambda x, shape: x.expand(tuple(shape)) if len(shape) else x.reshape(())
+)
+register_lowering("getitem", lambda x, key: x[key])
+
+
+def _getitem_grad(g: Any, key: Any, shape: Any) -> Any:
+    out = torch.zeros(tuple(shape), dtype=g.dtype, device=g.device)
+    out[key] += g
+    return out
+
+
+register_lowering("getitem_grad", _getitem_grad)
+register_lowering("narrow", lambda x, axis, start, length: x.narrow(axis, start, length))
+
+
+def _pad_axis(x: Any, axis: int, before: int, size: int) -> Any:
+    shape = list(x.shape)
+    shape[axis] = size
+    out = torch.zeros(shape, dtype=x.dtype, device=x.device)
+    out.narrow(axis, before, x.shape[axis]).copy_(x)
+    return out
+
+
+register_lowering("pad_axis", _pad_axis)
+register_lowering("cat", lambda *xs, axis: torch.cat(xs, dim=axis))
+register_lowering("matmul", torch.matmul)
+register_lowering("gather", lambda x, idx, axis: torch.gather(x, axis, idx))
+register_lowering(
+    "scatter_add",
+    lambda src, idx, axis, shape: torch.zeros(
+        tuple(shape), dtype=src.dtype, device=src.device
+    ).scatter_add(axis, idx, src),
+)
+register_lowering("select_at", lambda x, index: x[index])
+
+
+def _place_at(x: Any, index: int, size: int) -> Any:
+    out = torch.zeros((size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
+    out[index] = x
+    return out
+
+
+register_lowering("place_at", _place_at)
+
+
+def _diag_gather(xs: Any, first: int, step: int, shape: Any, dtype: Any, valid: bool = True) -> Any:
+    # positions outside x come from points where the read did not apply (see the reference)
+    if len(xs) == 0 or not valid:
+        return torch.zeros((0 if valid else shape[0],) + tuple(shape[1:]), dtype=torch_dtype(dtype))
+    zero = torch.zeros(tuple(shape[1:]), dtype=torch_dtype(dtype))
+    picks = ((x, first + step * j) for j, x in enumerate(xs))
+    return torch.stack([x[k] if 0 <= k < len(x) else zero for x, k in picks])
+
+
+register_lowering("diag_gather", _diag_gather)
+
+
+def _take(x: Any, idx: Any, axis: int) -> Any:
+    flat = torch.index_select(x, axis, idx.reshape(-1))
+    return flat.reshape(tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1 :]))
+
+
+def _index_add(src: Any, idx: Any, axis: int, size: int) -> Any:
+    rest = list(src.shape[axis + idx.dim() :])
+    out = torch.zeros(list(src.shape[:axis]) + [size] + rest, dtype=src.dtype, device=src.device)
+    flat = src.reshape(list(src.shape[:axis]) + [-1] + rest)
+    return out.index_add(axis, idx.reshape(-1), flat)
+
+
+def _cumsum(x: Any, axis: int, reverse: bool = False) -> Any:
+    if reverse:
+        return torch.flip(torch.cumsum(torch.flip(x, (axis,)), dim=axis), (axis,))
+    return torch.cumsum(x, dim=axis)
+
+
+register_lowering("take", _take)
+register_lowering("index_add", _index_add)
+register_lowering("cumsum", _cumsum)
+register_lowering("argsort", lambda x, axis: torch.argsort(x, dim=axis, stable=True))
+
+# --- sources -----------------------------------------------------------------------------------
+
+register_lowering(
+    "full", lambda shape, value, dtype: torch.full(tuple(shape), value, dtype=torch_dtype(dtype))
+)
+register_lowering("const", lambda value: torch.as_tensor(value))
+register_lowering(
+    "iota",
+    lambda length, dtype="int64": torch.arange(length, dtype=torch_dtype(dtype)),
+)
+
+
+# Random values are the reference's, drawn from the counter-based key: the same numbers on
+# every backend, so a program's results do not depend on where it runs.
+def _keyed(reference: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda shape, dtype, key: torch.as_tensor(reference(shape, dtype, key))
+
+
+register_lowering("uniform", _keyed(REGISTRY["uniform"].impl))
+register_lowering("normal", _keyed(REGISTRY["normal"].impl))
+
+# --- structure ---------------------------------------------------------------------------------
+
+register_lowering("tuple_get", lambda x, item, **_: x[item])
+register_lowering("merge", lambda *xs: xs[0])
+register_lowering("add_n", lambda *xs, **_: sum(xs[1:], xs[0]))
