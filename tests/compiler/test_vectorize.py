@@ -256,6 +256,23 @@ def test_cost_cap_declines_large_batches(monkeypatch):
     assert "exceeds 16 bytes" in _reason(prog, "y")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_defined_only_where_needed_are_not_gathered(backend):
+    # the branch's input reads u[t + 1]: it exists only for t < T - 1, so batching the
+    # branch (which would read it over the whole range) is declined
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        u = tl.from_numpy(_rand(2, 5, 3, seed=22), domain=(i, t))
+        ahead = (u[i, t + 1] * 2.0).named("ahead")
+        branch = (ahead + 1.0).named("branch")
+        z = RecurrentTensor.placeholder((3,), domain=(i, t), name="z")
+        z[t.eq(big_t - 1)] = tl.zeros((3,))
+        z[True] = branch
+        total = (z * 3.0)[i, 0:big_t].sum()
+    prog = _both([total], {}, backend)
+    assert "not defined at every point" in _reason(prog, "branch")
+
+
 def test_partial_range_reader_is_declined():
     ctx, t, big_t = ctx_t()
     with ctx:
@@ -307,3 +324,27 @@ def test_ppo_batches_the_critic_and_log_probabilities():
     algo = ppo(num_envs=2, num_steps=4, epochs=1, minibatches=1, hidden=(8,))
     prog = algo.ctx.compile(bounds={"I": 2, **algo.bounds})
     assert _vectorised(prog, "value") and _vectorised(prog, "logp")
+
+
+def _ppo_metrics(algo_name, backend):
+    from timerl.rl import algos
+
+    build = getattr(algos, algo_name)
+    extra = {"epochs": 2, "minibatches": 2} if algo_name == "ppo" else {}
+    algo = build(num_envs=2, num_steps=8, hidden=(8,), **extra)
+    outputs = list(algo.metrics.values())
+    prog = algo.ctx.compile(bounds={"I": 3, **algo.bounds}, outputs=outputs, backend=backend)
+    prog.run()
+    return prog, [prog.value(m) for m in outputs]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", ["ppo", "reinforce"])
+def test_training_programs_match_the_point_by_point_schedule(algo, backend, monkeypatch):
+    prog, got = _ppo_metrics(algo, backend)
+    assert _notes(prog)
+    monkeypatch.setenv(vec.DISABLE_ENV, "1")
+    plain, want = _ppo_metrics(algo, backend)
+    assert not _notes(plain)
+    for g, w in zip(got, want, strict=True):
+        close(g, w, rtol=1e-4, atol=1e-5)

@@ -51,6 +51,7 @@ from timerl.compiler.spec import ProgramSpec
 from timerl.errors import TimerlError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, consumers
+from timerl.ir.validate import validate
 from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
 from timerl.symbolic.bounds import always_lt0
 
@@ -268,7 +269,7 @@ def _carried(edge: Edge, dim: Dim) -> bool:
     """The edge reads an earlier/later point of an outer dim (``i - 1``): it is no part of a
     cycle through ``dim`` within one point of the outer dims."""
     for d, idx in zip(edge.src.domain, edge.index, strict=True):
-        if d is dim or isinstance(idx, Slice):
+        if d is dim or idx is d or isinstance(idx, Slice) or d not in idx.symbols():
             continue
         if always_lt0(idx - d) or always_lt0(d - idx):
             return True
@@ -300,6 +301,49 @@ def _point_bytes(op: Op, bounds: dict) -> int | None:
     except (KeyError, TimerlError):
         return None
     return n * op.dtype.itemsize
+
+
+def _in_range(op: Op, e: Edge, bounds: dict) -> bool:
+    """The edge reads inside its source's domain at every point of the op (cheap cases)."""
+    for d, idx in zip(e.src.domain, e.index, strict=True):
+        if idx is d and d in op.domain or _is_full(idx, d):
+            continue
+        if any(isinstance(x, Dim) for x in idx.symbols()):
+            return False  # depends on the point: leave it to the exact check
+        lo, hi = (idx.start, idx.stop - 1) if isinstance(idx, Slice) else (idx, idx)
+        try:
+            if not 0 <= lo.evaluate(bounds) <= hi.evaluate(bounds) < bounds[d.bound]:
+                return False
+        except KeyError:
+            return False
+    return True
+
+
+def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
+    """Ops that can be computed at every point of their domain (every read in range, every
+    piecewise op defined), their inputs included. A batched op reads its inputs over the
+    whole range although point by point only some points may have been needed (a branch
+    that reads ``u[t + 1]`` exists only for ``t < T - 1``): only total inputs are gathered."""
+    bad: list[Op] = []
+    for op in ops:
+        if op.prim != "merge" and all(_in_range(op, e, bounds) for e in op.inputs):
+            continue
+        try:  # guards are not set yet: this checks every point of the domain
+            validate([op], bounds)
+        except TimerlError:
+            bad.append(op)
+    readers = consumers(ops)
+    out = {op.id for op in ops}
+    while bad:
+        op = bad.pop()
+        if op.id in out:
+            out.discard(op.id)
+            # a piecewise op reads each branch only where its condition holds (h[t + 1] =
+            # f(u[t + 1]) reads f(..)[t - 1] for t >= 1): its own check above stands for it.
+            # Approximate: were a branch undefined at a point the condition selects, the
+            # validation after domain conditions would report it at compile time.
+            bad.extend(r for r, _ in readers[op.id] if not prims.get(r.prim).traits.piecewise)
+    return out
 
 
 def _operands(op: Op, dim: Dim) -> tuple[bool, ...]:
@@ -381,6 +425,15 @@ def _reader_ok(x: Op, reader: Op, edge: Edge, chosen: dict[int, Any]) -> str | N
     return None  # a point: the reader reads a select_at view of the batch
 
 
+def _gathered_total(x: Op, chosen: dict[int, Any], total: set[int]) -> list[str]:
+    dim = x.domain[-1]
+    for e, batched in zip(x.inputs, chosen[x.id][1], strict=True):
+        whole = e.src.id in chosen and e.src.domain[-1] is dim
+        if batched and not whole and e.src.id not in total:
+            return [f"{e.src.label} is not defined at every point of the range it would read"]
+    return []
+
+
 def _whole_chain(x: Op, chosen: dict[int, Any]) -> list[str]:
     """Along the outermost dim only chains that start from values fixed before the loop are
     batched: gathering a value its loop computes would split that loop in two, and iteration
@@ -411,13 +464,17 @@ def plan(spec: ProgramSpec) -> tuple[dict[int, tuple[Batched, tuple[bool, ...]]]
         except Decline as e:
             why[op.id] = str(e)
     outer = spec.dims[0] if spec.dims else None
+    total = _total(spec.ops, spec.check_bounds) if chosen else set()
     changed = True
     while changed:  # a reader that is dropped may drop what it reads
         changed = False
         for op in ops:
             if op.id not in chosen:
                 continue
-            reasons = (_reader_ok(op, r, e, chosen) for r, e in readers[op.id])
+            reasons = itertools.chain(
+                _gathered_total(op, chosen, total),
+                (_reader_ok(op, r, e, chosen) for r, e in readers[op.id]),
+            )
             if op.domain[-1] is outer:
                 reasons = itertools.chain(_whole_chain(op, chosen), reasons)
             for reason in reasons:
