@@ -338,11 +338,15 @@ def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
         op = bad.pop()
         if op.id in out:
             out.discard(op.id)
-            # a piecewise op reads each branch only where its condition holds (h[t + 1] =
-            # f(u[t + 1]) reads f(..)[t - 1] for t >= 1): its own check above stands for it.
-            # Approximate: were a branch undefined at a point the condition selects, the
-            # validation after domain conditions would report it at compile time.
-            bad.extend(r for r, _ in readers[op.id] if not prims.get(r.prim).traits.piecewise)
+            # a piecewise op reads a conditional branch only where the condition holds
+            # (``h[t + 1] = f(u[t + 1])`` reads f's op at t - 1 for t >= 1, never at T - 1
+            # where f reads past the end), so such a read is taken as defined: the branch's
+            # condition is what the program wrote to keep the read in range
+            bad.extend(
+                r
+                for r, e in readers[op.id]
+                if not (prims.get(r.prim).traits.piecewise and e.cond != TRUE)
+            )
     return out
 
 
@@ -502,6 +506,7 @@ class _Rewriter:
         self.chosen = chosen
         self.new: dict[int, Op] = {}
         self.extra: list[Op] = []
+        self.views: dict[tuple, Op] = {}  # one select_at view per (op, point) read
         for op in spec.ops:
             if op.id in chosen:
                 dim = op.domain[-1]
@@ -546,7 +551,10 @@ class _Rewriter:
             target = self.new[src.id]
             if reader.id in self.chosen and reader.domain[-1] is sdim and idx is sdim:
                 return Edge(target, rest, e.cond), True
-            if not _is_full(idx, sdim):  # a point that does not move with sdim: a view
+            key = (src.id, rest, idx)
+            if not _is_full(idx, sdim) and key in self.views:
+                target, rest = self.views[key], self.views[key].domain
+            elif not _is_full(idx, sdim):  # a point that does not move with sdim: a view
                 view = Op(
                     prim="select_at",
                     domain=self._dims((*rest, idx)),
@@ -558,6 +566,7 @@ class _Rewriter:
                     site=src.site,
                 )
                 self.extra.append(view)
+                self.views[key] = view
                 target, rest = view, view.domain
             src_new, index = target, rest
         else:
