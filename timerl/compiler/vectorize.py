@@ -365,6 +365,8 @@ def _operands(op: Op, dim: Dim) -> tuple[bool, ...]:
             continue
         if e.index[k] is not dim:
             raise Decline(f"it reads {e!r} (a dependence between points of {dim.name})")
+        if any(_mentions(s, dim) for s in e.src.shape):
+            raise Decline(f"the shape of {e.src.label} changes along {dim.name}")
         if any(isinstance(i, Slice) for i in e.index[:k]):
             raise Decline(f"it reads {e!r}: a temporal slice before {dim.name}'s axis")
         batched.append(True)
@@ -576,8 +578,28 @@ class _Rewriter:
             k = _pos(src_new, dim)
             if k is not None and index[k] is dim:
                 full = Slice(Const(0), dim.bound)
-                return Edge(src_new, (*index[:k], full, *index[k + 1 :]), e.cond), True
+                return self._gather(src_new, (*index[:k], full, *index[k + 1 :]), e.cond), True
         return Edge(src_new, tuple(index), e.cond), False
+
+    def _gather(self, src: Op, index: tuple, cond: Any) -> Edge:
+        """A read of ``src`` over the whole range, stacked once however many batched ops read
+        it (an identity op: a view of the executor's one gather)."""
+        key = (src.id, index)
+        if key not in self.views:
+            dims = self._dims(index)
+            view = View(src, index)
+            self.views[key] = Op(
+                prim="identity",
+                domain=dims,
+                shape=view.shape,
+                dtype=src.dtype,
+                inputs=[Edge(src, index)],
+                name=f"stack({src.label})",
+                site=src.site,
+            )
+            self.extra.append(self.views[key])
+        gathered = self.views[key]
+        return Edge(gathered, gathered.domain, cond)
 
     def wire(self) -> list[Op]:
         for op in self.spec.ops:
