@@ -19,6 +19,8 @@ from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
 from timerl.compiler.simplify import simplify
 from timerl.compiler.spec import ProgramSpec
+from timerl.compiler.vectorize import enabled as vectorize_enabled
+from timerl.compiler.vectorize import vectorize
 from timerl.ir.validate import check_not_empty, validate
 from timerl.schedule.liveness import add_frees
 from timerl.schedule.order import order_blocks
@@ -71,6 +73,8 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
         # hoisting first: what it moves out of every loop is often constant, and then folds
         rewrite("loop-invariant hoisting", hoist_invariants, "hoisted")
         rewrite("simplification", simplify, "ops removed by folding and identities")
+        if vectorize_enabled():
+            rewrite("vectorisation", lambda s: vectorize(s, report.notes))
     rewrite("domain conditions", add_guards)
     report.timed("validation", lambda: validate(list(spec.ops), spec.check_bounds))
     ops = list(spec.ops)

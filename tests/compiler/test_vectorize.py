@@ -1,0 +1,350 @@
+"""Vectorisation: batched ops give the unoptimised reference's values, and decline what they must."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from core_helpers import BACKENDS, close, ctx_it, ctx_t
+
+import timerl as tl
+from timerl.api.tensor import RecurrentTensor
+from timerl.compiler import vectorize as vec
+from timerl.compiler.pipeline import compile as compile_program
+from timerl.compiler.spec import freeze
+from timerl.ir.build import apply
+from timerl.ir.graph import walk
+
+
+def _rand(*shape, seed=0):
+    return np.random.RandomState(seed).randn(*shape).astype(np.float32)
+
+
+def _both(outputs, bounds, backend):
+    """Values with every optimisation, the reference's values, and the optimised program."""
+    ctx = outputs[0].ctx
+    prog = ctx.compile(outputs=outputs, bounds=bounds, backend=backend)
+    prog.run()
+    got = [prog.value(o) for o in outputs]
+    want = tl.evaluate(outputs, bounds=bounds, backend=backend, optimize=False)
+    for g, w in zip(got, want, strict=True):
+        close(g, w, rtol=1e-4, atol=1e-5)
+    return prog
+
+
+def _notes(prog, kind="vectorised"):
+    return [n for n in prog.report.notes if n.startswith(kind + " ")]
+
+
+def _vectorised(prog, name):
+    return any(n.startswith(f"vectorised {name} over") for n in prog.report.notes)
+
+
+def _reason(prog, name):
+    for n in prog.report.notes:
+        if n.startswith(f"not vectorised {name} over"):
+            return n.split(": ", 1)[1]
+    raise AssertionError(f"no note for {name}: {prog.report.notes}")
+
+
+def _domains(prog):
+    return {op.name: op.domain for op in prog.compiled.spec.ops if op.name}
+
+
+# --- chains and readers --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chain_over_t_runs_once_per_iteration(backend):
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        w = tl.from_numpy(_rand(3, 4, seed=1))
+        x = tl.from_numpy(_rand(2, 5, 2, 3, seed=2), domain=(i, t))
+        h = (x @ w).tanh().named("h")
+        y = (h * 2.0 + 1.0).named("y")
+        total = y[i, 0:big_t].sum().named("total")
+        last = (y[i, big_t - 1] * 3.0).named("last")
+    prog = _both([total, last], {}, backend)
+    assert _vectorised(prog, "h") and _vectorised(prog, "y")
+    dom = _domains(prog)
+    assert dom["h"] == (i,) and dom["y"] == (i,)  # computed once per i, not per (i, t)
+    assert "vectorised h over t" in prog.explain()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recurrence_stays_in_its_loop_and_its_readers_are_batched(backend):
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        u = tl.from_numpy(_rand(2, 6, 3, seed=3), domain=(i, t))
+        w = tl.from_numpy(_rand(3, 3, seed=4) * 0.5)
+        h = RecurrentTensor.placeholder((1, 3), domain=(i, t), name="state")
+        h[i, 0] = tl.zeros((1, 3))
+        h[i, t + 1] = (h @ w + u[i, t + 1].reshape(1, 3)).tanh()
+        out = (h * h).named("sq")
+        total = out[i, 0:big_t].sum(0)
+    prog = _both([total], {}, backend)
+    assert "recurrence over t" in _reason(prog, "state")
+    assert _vectorised(prog, "sq")
+
+
+def test_outermost_dim_batches_only_whole_chains():
+    # gathering a value the outer loop computes would split that loop (hooks need one)
+    ctx, t, big_t = ctx_t()
+    with ctx:
+        h = RecurrentTensor.placeholder((), domain=(t,), name="state")
+        h[0] = 1.0
+        h[t + 1] = h * 0.5
+        sq = (h * h).named("sq")
+        u = tl.from_numpy(_rand(5, seed=20), domain=(t,))
+        v = (u * 2.0).named("v")
+        total = sq[0:big_t].sum(0) + v[0:big_t].sum(0)
+    prog = _both([total], {}, "numpy")
+    assert "outermost dim" in _reason(prog, "sq")
+    assert _vectorised(prog, "v")
+    assert prog.executor().outer_loop().dim is t  # still one loop over t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_point_reader_inside_a_later_loop_reads_a_view(backend):
+    # the critic-in-GAE pattern: value is read at t + 1 by a backward recurrence's input
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        obs = tl.from_numpy(_rand(2, 7, 4, seed=5), domain=(i, t))
+        w = tl.from_numpy(_rand(4, 1, seed=6))
+        value = (obs.reshape(1, 4) @ w).reshape(()).named("value")
+        nxt = RecurrentTensor.placeholder((), domain=(i, t), name="next_value")
+        nxt[t.eq(big_t - 1)] = value * 0.0
+        nxt[True] = value[i, t + 1]
+        ret = RecurrentTensor.placeholder((), domain=(i, t), name="ret")
+        ret[t.eq(big_t - 1)] = nxt
+        ret[True] = value + 0.9 * nxt + 0.5 * ret[i, t + 1]
+        total = ret[i, 0:big_t].sum()
+    prog = _both([total], {}, backend)
+    assert _vectorised(prog, "value")
+    assert "recurrence" in _reason(prog, "ret")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_flow_through_vectorised_ops(backend):
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        w = tl.from_numpy(_rand(3, 2, seed=7), requires_grad=True)
+        x = tl.from_numpy(_rand(2, 6, 4, 3, seed=8), domain=(i, t))
+        h = (x @ w).tanh().named("h")
+        logits = h - h.max(-1, keepdim=True)
+        lp = (logits - logits.exp().sum(-1, keepdim=True).log()).named("logp")
+        loss = lp[i, 0:big_t].mean()
+        loss.backward(inputs=[w])
+        grad = w.grad
+    prog = _both([loss, grad], {}, backend)
+    assert _vectorised(prog, "h") and _vectorised(prog, "logp")
+    # the backward pass over t is batched too
+    assert sum(" grad(" in n for n in _notes(prog)) >= 3
+
+
+def test_vectorising_leaves_the_input_spec_alone():
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 4, 3, seed=9), domain=(i, t))
+        y = (x * 2.0).exp()
+        total = y[i, 0:big_t].sum()
+    static, dynamic = ctx.resolve_bounds({})
+    spec = freeze([], [total.op], ctx.dims, ctx._until, static, dynamic)
+    before = [(op.id, op.prim, op.domain, tuple(e.index for e in op.inputs)) for op in spec.ops]
+    out = vec.vectorize(spec)
+    assert out is not spec
+    after = [(op.id, op.prim, op.domain, tuple(e.index for e in op.inputs)) for op in spec.ops]
+    assert before == after
+    assert {op.id for op in walk([total.op])} <= {op.id for op in spec.ops}
+
+
+# --- batching rules, each against the reference --------------------------------------------------
+
+RULE_CASES = {
+    "sum_negative_axis": lambda x: x.sum(-1),
+    "sum_axis_keepdim": lambda x: x.sum(0, keepdim=True),
+    "sum_all": lambda x: x.sum(),
+    "max": lambda x: x.max(1),
+    "argmax": lambda x: x.argmax(1).float(),
+    "cumsum": lambda x: x.cumsum(1),
+    "argsort": lambda x: x.argsort(0).float(),
+    "reshape": lambda x: x.reshape(6),
+    "permute": lambda x: x.permute(1, 0),
+    "expand": lambda x: x.sum(0, keepdim=True).expand(4, 3),
+    "getitem": lambda x: x[(*x.domain, slice(1, None), slice(None, None, 2))],
+    "getitem_int": lambda x: x[(*x.domain, Ellipsis, 2)],
+    "narrow": lambda x: x.narrow(1, 1, 2),
+    "cast": lambda x: (x > 0.0).float(),
+    "where": lambda x: tl.where(x > 0.0, x, x * 0.1),
+    "matmul_right": lambda x: tl.from_numpy(_rand(4, 2, seed=11)) @ x,
+    "matmul_left": lambda x: x.permute(1, 0) @ tl.from_numpy(_rand(2, 5, seed=12)),
+    "scalar_times_vector": lambda x: x.sum() * tl.from_numpy(_rand(3, seed=13)),
+    "cat": lambda x: tl.cat([x, x * 2.0], 0),
+    "gather": lambda x: x.gather(1, (x > 0.0).long()),
+    "take": lambda x: x.take(tl.from_numpy(np.array([1, 0, 1])), 0),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", sorted(RULE_CASES))
+def test_batching_rule_matches_reference(case, backend):
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 5, 2, 3, seed=10), domain=(i, t))
+        y = RULE_CASES[case](x).named("y")
+        z = (y * 1.5).named("z")
+        out = z[i, 0:big_t]
+    prog = _both([out], {}, backend)
+    assert _vectorised(prog, "y"), prog.report.notes
+    assert _vectorised(prog, "z")
+
+
+# --- what is declined ----------------------------------------------------------------------------
+
+
+def test_dynamic_bound_is_declined_and_values_hold():
+    ctx, t, big_t = ctx_t()
+    with ctx:
+        x = RecurrentTensor.placeholder((), dtype="float64", domain=(t,), name="x")
+        x[0] = 1.0
+        x[t + 1] = x * 1.5
+        ctx.until(t, x > 10.0)
+        y = (x * 2.0).exp().named("y")
+        total = y[0:big_t].sum(0)
+    prog = _both([total], {big_t: 100}, "numpy")
+    assert "ctx.until" in _reason(prog, "y")
+
+
+def test_user_function_is_never_vectorised():
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 4, 3, seed=14), domain=(i, t))
+        view = apply("udf", x.view, fn=lambda a: a * 2.0, shape=(3,), dtype=np.dtype("float32"))
+        view.op.name = "twice"
+        y = RecurrentTensor(view, ctx)
+        total = (y + 1.0)[i, 0:big_t].sum()
+    prog = _both([total], {}, "numpy")
+    assert _reason(prog, "twice") == "it is a user function"
+
+
+def test_random_and_effects_are_declined():
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 3, 3, seed=21), domain=(i, t))
+        noise = tl.rand((3,), like=x).named("noise")
+        y = (noise * x).named("y")
+        seen = []
+        tl.sink(y, lambda value, point: seen.append((point["i"], point["t"], value.sum())))
+        total = y[i, 0:big_t].sum()
+    prog = _both([total], {}, "numpy")
+    assert _reason(prog, "noise") == "it is random"
+    assert _vectorised(prog, "y")  # the sink reads a view of its batch, point by point
+    seen.clear()
+    prog.run()
+    want = tl.evaluate([y], optimize=False)[0].sum(-1)
+    assert [(p, q) for p, q, _ in seen] == [(p, q) for p in range(2) for q in range(3)]
+    close([v for _, _, v in seen], want.reshape(-1))
+
+
+def test_cost_cap_declines_large_batches(monkeypatch):
+    monkeypatch.setattr(vec, "MAX_BATCH_BYTES", 16)
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 5, 3, seed=15), domain=(i, t))
+        y = (x * 2.0).named("y")
+        total = y[i, 0:big_t].sum()
+    prog = _both([total], {}, "numpy")
+    assert "exceeds 16 bytes" in _reason(prog, "y")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_defined_only_where_needed_are_not_gathered(backend):
+    # the branch's input reads u[t + 1]: it exists only for t < T - 1, so batching the
+    # branch (which would read it over the whole range) is declined
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        u = tl.from_numpy(_rand(2, 5, 3, seed=22), domain=(i, t))
+        ahead = (u[i, t + 1] * 2.0).named("ahead")
+        branch = (ahead + 1.0).named("branch")
+        z = RecurrentTensor.placeholder((3,), domain=(i, t), name="z")
+        z[t.eq(big_t - 1)] = tl.zeros((3,))
+        z[True] = branch
+        total = (z * 3.0)[i, 0:big_t].sum()
+    prog = _both([total], {}, backend)
+    assert "not defined at every point" in _reason(prog, "branch")
+
+
+def test_partial_range_reader_is_declined():
+    ctx, t, big_t = ctx_t()
+    with ctx:
+        x = tl.from_numpy(_rand(6, 2, seed=16), domain=(t,))
+        y = (x * 2.0).named("y")
+        prefix = y[0 : t + 1].sum(0).named("prefix")
+    prog = _both([prefix], {}, "numpy")
+    assert "a part of the range" in _reason(prog, "y")
+
+
+def test_outputs_keep_their_layout():
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 3, 2, seed=17), domain=(i, t))
+        y = (x * 2.0).named("y")
+    prog = _both([y], {}, "numpy")
+    assert "output" in _reason(prog, "y")
+
+
+def test_switch_turns_the_pass_off(monkeypatch):
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 3, 2, seed=18), domain=(i, t))
+        total = (x * 2.0)[i, 0:big_t].sum()
+    monkeypatch.setenv(vec.DISABLE_ENV, "1")
+    prog = ctx.compile(outputs=[total])
+    assert not _notes(prog) and not _notes(prog, "not vectorised")
+    monkeypatch.delenv(vec.DISABLE_ENV)
+    assert _notes(ctx.compile(outputs=[total]))
+
+
+def test_pipeline_without_optimisation_does_not_vectorise():
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 3, 2, seed=19), domain=(i, t))
+        total = (x * 2.0)[i, 0:big_t].sum()
+    static, dynamic = ctx.resolve_bounds({})
+    spec = freeze([], [total.op], ctx.dims, ctx._until, static, dynamic)
+    assert not any(n.startswith("vectorised") for n in compile_program(spec, False).report.notes)
+    assert any(n.startswith("vectorised") for n in compile_program(spec).report.notes)
+
+
+# --- PPO ------------------------------------------------------------------------------------------
+
+
+def test_ppo_batches_the_critic_and_log_probabilities():
+    from timerl.rl.algos import ppo
+
+    algo = ppo(num_envs=2, num_steps=4, epochs=1, minibatches=1, hidden=(8,))
+    prog = algo.ctx.compile(bounds={"I": 2, **algo.bounds})
+    assert _vectorised(prog, "value") and _vectorised(prog, "logp")
+
+
+def _ppo_metrics(algo_name, backend):
+    from timerl.rl import algos
+
+    build = getattr(algos, algo_name)
+    extra = {"epochs": 2, "minibatches": 2} if algo_name == "ppo" else {}
+    algo = build(num_envs=2, num_steps=8, hidden=(8,), **extra)
+    outputs = list(algo.metrics.values())
+    prog = algo.ctx.compile(bounds={"I": 3, **algo.bounds}, outputs=outputs, backend=backend)
+    prog.run()
+    return prog, [prog.value(m) for m in outputs]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", ["ppo", "reinforce"])
+def test_training_programs_match_the_point_by_point_schedule(algo, backend, monkeypatch):
+    prog, got = _ppo_metrics(algo, backend)
+    assert _notes(prog)
+    monkeypatch.setenv(vec.DISABLE_ENV, "1")
+    plain, want = _ppo_metrics(algo, backend)
+    assert not _notes(plain)
+    for g, w in zip(got, want, strict=True):
+        close(g, w, rtol=1e-4, atol=1e-5)

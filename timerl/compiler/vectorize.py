@@ -1,0 +1,646 @@
+"""Vectorisation: an op whose points along a dim do not depend on each other runs once, batched.
+
+``X[.., t] = f(a[.., t], w)`` computed point by point inside the loop over ``t`` becomes
+``XB[..] = f_batched(a[.., 0:T], w)``: an op without ``t`` in its domain whose value has a new
+leading axis of size ``T``. It runs once, after ``a`` is complete, instead of ``T`` times.
+
+An op X over ``t`` (``t`` the innermost dim of its domain) is vectorised when:
+
+- it is pure (no effect, host call or random key; a piecewise definition only with one
+  unconditional branch) and its primitive has a batching rule below that accepts its
+  operands (a user function never has one);
+- every input is read at ``t`` itself or at an index that does not mention ``t`` (a read at
+  ``t - 1`` is a recurrence), with no condition, and no temporal slice before ``t``'s axis;
+- its attributes and shape do not change with ``t``, and ``T`` is a static bound (a dim
+  ended by ``ctx.until`` has no length before its loop ends);
+- it is on no dependence cycle through ``t`` (cycles carried by an outer dim, such as the
+  parameters' ``i - 1``, do not count). Then nothing inside the loop that computes its
+  inputs needs it before that loop ends, so XB can run between that loop and its readers;
+- each reader reads it through the whole range ``X[.., 0:T]`` (and then reads XB directly,
+  with no gather of T points), is itself vectorised along ``t`` (and reads XB as a batched
+  operand), or reads one point (``X[.., T - 1]``, or ``X[.., t + 1]`` from a later loop such
+  as GAE's): it reads a ``select_at`` view of XB, which allocates nothing. A read of part of
+  the range (``X[0:t + 1]``) is declined;
+- along the program's outermost dim (the training iteration) only whole chains are batched,
+  whose batched inputs are batched too: gathering a value that loop computes would split it
+  in two, and iteration hooks and resuming need the one loop that carries the training state.
+
+Cost rule: the batch must fit ``MAX_BATCH_BYTES`` (``T`` x the bytes of one point of X). A
+point-by-point op keeps one point live at a time where its readers allow; a batch keeps ``T``
+at once, so the cap bounds what vectorisation may add to peak memory and leaves the rest of
+a memory budget to the program. A larger batch is declined and stays in its loop.
+
+Batching rules are a table keyed by primitive (one table per transformation, as in JAX):
+each gets the op, which operands are batched and their per-point shapes, and returns the
+batched primitive and attributes, or declines with a reason. ``prog.explain()`` lists every
+vectorised op and each op over a dim that was not vectorised, with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from timerl.compiler.spec import ProgramSpec
+from timerl.errors import TimerlError
+from timerl.ir import prims
+from timerl.ir.graph import Edge, Op, View, consumers
+from timerl.ir.validate import validate
+from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
+from timerl.symbolic.bounds import always_lt0
+
+MAX_BATCH_BYTES = 64 << 20  # T x bytes of one point of an op: larger batches stay in the loop
+DISABLE_ENV = "TIMERL_NO_VECTORIZE"  # set to 1 to compare against the point-by-point schedule
+
+
+def enabled() -> bool:
+    """Whether the pass runs (``TIMERL_NO_VECTORIZE=1`` turns it off, for measuring)."""
+    return os.environ.get(DISABLE_ENV, "") in ("", "0")
+
+
+class Decline(Exception):
+    """A batching rule (or a check) cannot show the batched op has the same value."""
+
+
+Shape = tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Batched:
+    """A batching rule's answer: the batched op's primitive and attributes. Batched operands
+    of rank below ``operand_rank`` get singleton axes after the batch axis first, so operands
+    without the batch axis broadcast against the others as they did point by point."""
+
+    prim: str
+    attrs: dict[str, Any]
+    operand_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What a rule sees: the op, which inputs are batched, their per-point shapes, the dim."""
+
+    op: Op
+    batched: tuple[bool, ...]
+    shapes: tuple[Shape, ...]
+    dim: Dim
+    size: int
+
+
+BatchRule = Callable[[Batch], Batched]
+
+
+def _shift(axis: int) -> int:
+    """A non-negative axis moves past the batch axis; a negative one counts from the end."""
+    return axis + 1 if axis >= 0 else axis
+
+
+def _point_rank(b: Batch) -> int:
+    return len(b.op.shape)
+
+
+def _elementwise(b: Batch) -> Batched:
+    attrs = dict(b.op.attrs)
+    if "shape" in attrs:  # add_n declares its shape
+        attrs["shape"] = (Const(b.size), *attrs["shape"])
+    return Batched(b.op.prim, attrs, operand_rank=_point_rank(b))
+
+
+def _reduce(b: Batch) -> Batched:
+    attrs = dict(b.op.attrs)
+    rank = len(b.shapes[0])
+    axes = attrs.get("axes")
+    attrs["axes"] = tuple(range(1, rank + 1)) if axes is None else tuple(_shift(a) for a in axes)
+    return Batched(b.op.prim, attrs)
+
+
+def _one_axis(b: Batch) -> Batched:
+    attrs = dict(b.op.attrs)
+    attrs["axis"] = _shift(attrs["axis"])
+    return Batched(b.op.prim, attrs)
+
+
+def _all_batched(b: Batch) -> None:
+    if not all(b.batched):
+        raise Decline("an operand is the same at every point (would need an explicit broadcast)")
+
+
+def _one_axis_all_batched(b: Batch) -> Batched:
+    _all_batched(b)
+    return _one_axis(b)
+
+
+def _take(b: Batch) -> Batched:
+    if b.batched[1]:
+        raise Decline("its index tensor changes along the dim")
+    return _one_axis(b)
+
+
+def _new_shape(b: Batch) -> Batched:
+    attrs = dict(b.op.attrs)
+    attrs["shape"] = (Const(b.size), *attrs["shape"])
+    return Batched(b.op.prim, attrs)
+
+
+def _expand(b: Batch) -> Batched:
+    out = _new_shape(b)
+    return Batched(out.prim, out.attrs, operand_rank=_point_rank(b))
+
+
+def _permute(b: Batch) -> Batched:
+    attrs = dict(b.op.attrs)
+    attrs["perm"] = (0, *(int(p) + 1 for p in attrs["perm"]))
+    return Batched(b.op.prim, attrs)
+
+
+def _static_key(key: Any) -> tuple:
+    key = key if isinstance(key, tuple) else (key,)
+    for k in key:
+        if not (k is None or k is Ellipsis or isinstance(k, (int, slice))):
+            raise Decline(f"index {k!r} is not static")
+    return key
+
+
+def _getitem(b: Batch) -> Batched:
+    attrs = dict(b.op.attrs)
+    attrs["key"] = (slice(None), *_static_key(attrs["key"]))
+    return Batched(b.op.prim, attrs)
+
+
+def _getitem_grad(b: Batch) -> Batched:
+    out = _getitem(b)
+    out.attrs["shape"] = (Const(b.size), *out.attrs["shape"])
+    return out
+
+
+def _matmul(b: Batch) -> Batched:
+    # point by point both operands have rank >= 2 (the primitive requires it), so with the
+    # batched ones padded to the result's rank, numpy/torch batch broadcasting puts the batch
+    # axis first and leaves the per-point product unchanged
+    if any(len(s) < 2 for s in b.shapes):
+        raise Decline("matmul of a vector: broadcasting would not keep the batch axis first")
+    return Batched("matmul", dict(b.op.attrs), operand_rank=_point_rank(b))
+
+
+def _select_at(b: Batch) -> Batched:
+    """``g[t]`` for every ``t`` of a value over ``0:T`` is the value itself (the transpose of
+    a whole-range read, as autodiff builds it)."""
+    index = b.op.attrs["index"]
+    if b.batched[0] or not (isinstance(index, Expr) and index is b.dim):
+        raise Decline("it selects a point other than its own along the dim")
+    lead = b.shapes[0][0]
+    if not (lead == Const(b.size) or lead is b.dim.bound):
+        raise Decline(f"it selects from an axis of size {lead}, not {b.dim.bound.name}")
+    return Batched("identity", {})
+
+
+def _merge_one(b: Batch) -> Batched:
+    """A piecewise definition with one unconditional branch is that branch, broadcast."""
+    if len(b.op.inputs) != 1 or b.op.inputs[0].cond != TRUE:
+        raise Decline("it is a piecewise definition")
+    if b.op.inputs[0].src.dtype != b.op.dtype:
+        raise Decline("its branch has another dtype")
+    shape = (Const(b.size), *b.op.shape)
+    return Batched("expand", {"shape": shape}, operand_rank=_point_rank(b))
+
+
+RULES: dict[str, BatchRule] = {
+    "sum": _reduce,
+    "max": _reduce,
+    "argmax": _one_axis,
+    "cumsum": _one_axis,
+    "argsort": _one_axis,
+    "narrow": _one_axis,
+    "pad_axis": _one_axis,
+    "cat": _one_axis_all_batched,
+    "gather": _one_axis_all_batched,
+    "take": _take,
+    "reshape": _new_shape,
+    "expand": _expand,
+    "permute": _permute,
+    "getitem": _getitem,
+    "getitem_grad": _getitem_grad,
+    "matmul": _matmul,
+    "add_n": _elementwise,
+    "select_at": _select_at,
+    "merge": _merge_one,
+}
+# attributes a rule reads per point and so may mention the dim itself
+_DIM_ATTRS: dict[str, tuple[str, ...]] = {"select_at": ("index",)}
+_HIDDEN = {"stream", "adopt_domain", "pass_point"}
+
+
+def batch_rule(prim: str) -> BatchRule | None:
+    """The primitive's batching rule: its own entry, or the elementwise one."""
+    if prim in RULES:
+        return RULES[prim]
+    entry = prims.get(prim)
+    if entry.traits.elementwise and not (entry.traits.random or entry.traits.constant):
+        return _elementwise
+    return None
+
+
+# --- analysis ----------------------------------------------------------------------------------
+
+
+def _mentions(item: Any, dim: Dim) -> bool:
+    if isinstance(item, (Expr, Slice)):
+        return dim in item.symbols()
+    if isinstance(item, (tuple, list)):
+        return any(_mentions(x, dim) for x in item)
+    return False
+
+
+def _pos(op: Op, dim: Dim) -> int | None:
+    return op.domain.index(dim) if dim in op.domain else None
+
+
+def _is_full(index: Any, dim: Dim) -> bool:
+    return isinstance(index, Slice) and index.start == Const(0) and index.stop is dim.bound
+
+
+def _carried(edge: Edge, dim: Dim) -> bool:
+    """The edge reads an earlier/later point of an outer dim (``i - 1``): it is no part of a
+    cycle through ``dim`` within one point of the outer dims."""
+    for d, idx in zip(edge.src.domain, edge.index, strict=True):
+        if d is dim or idx is d or isinstance(idx, Slice) or d not in idx.symbols():
+            continue
+        if always_lt0(idx - d) or always_lt0(d - idx):
+            return True
+    return False
+
+
+def _cyclic(ops: Sequence[Op], dim: Dim) -> set[int]:
+    """Ops on a dependence cycle through ``dim`` (ops over ``dim``, edges not carried)."""
+    inside = {op.id for op in ops if dim in op.domain}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(inside)
+    for op in ops:
+        if op.id not in inside:
+            continue
+        for e in op.inputs:
+            if e.src.id in inside and not _carried(e, dim):
+                graph.add_edge(e.src.id, op.id)
+    out: set[int] = set()
+    for comp in nx.strongly_connected_components(graph):
+        if len(comp) > 1:
+            out |= comp
+    out |= {u for u, v in graph.edges if u == v}
+    return out
+
+
+def _point_bytes(op: Op, bounds: dict) -> int | None:
+    try:
+        n = int(np.prod([int(s.evaluate(bounds)) for s in op.shape], dtype=np.int64))
+    except (KeyError, TimerlError):
+        return None
+    return n * op.dtype.itemsize
+
+
+def _in_range(op: Op, e: Edge, bounds: dict) -> bool:
+    """The edge reads inside its source's domain at every point of the op (cheap cases)."""
+    for d, idx in zip(e.src.domain, e.index, strict=True):
+        if idx is d and d in op.domain or _is_full(idx, d):
+            continue
+        if any(isinstance(x, Dim) for x in idx.symbols()):
+            return False  # depends on the point: leave it to the exact check
+        lo, hi = (idx.start, idx.stop - 1) if isinstance(idx, Slice) else (idx, idx)
+        try:
+            if not 0 <= lo.evaluate(bounds) <= hi.evaluate(bounds) < bounds[d.bound]:
+                return False
+        except KeyError:
+            return False
+    return True
+
+
+def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
+    """Ops that can be computed at every point of their domain (every read in range, every
+    piecewise op defined), their inputs included. A batched op reads its inputs over the
+    whole range although point by point only some points may have been needed (a branch
+    that reads ``u[t + 1]`` exists only for ``t < T - 1``): only total inputs are gathered."""
+    bad: list[Op] = []
+    for op in ops:
+        if op.prim != "merge" and all(_in_range(op, e, bounds) for e in op.inputs):
+            continue
+        try:  # guards are not set yet: this checks every point of the domain
+            validate([op], bounds)
+        except TimerlError:
+            bad.append(op)
+    readers = consumers(ops)
+    out = {op.id for op in ops}
+    while bad:
+        op = bad.pop()
+        if op.id in out:
+            out.discard(op.id)
+            # a piecewise op reads a conditional branch only where the condition holds
+            # (``h[t + 1] = f(u[t + 1])`` reads f's op at t - 1 for t >= 1, never at T - 1
+            # where f reads past the end), so such a read is taken as defined: the branch's
+            # condition is what the program wrote to keep the read in range
+            bad.extend(
+                r
+                for r, e in readers[op.id]
+                if not (prims.get(r.prim).traits.piecewise and e.cond != TRUE)
+            )
+    return out
+
+
+def _operands(op: Op, dim: Dim) -> tuple[bool, ...]:
+    """Which inputs change along ``dim`` (read at ``dim`` itself); Decline otherwise."""
+    batched = []
+    for e in op.inputs:
+        if e.cond != TRUE:
+            raise Decline(f"it reads {e.src.label} under a condition")
+        k = _pos(e.src, dim)
+        for j, idx in enumerate(e.index):
+            if j != k and _mentions(idx, dim):
+                raise Decline(f"it reads {e!r}: another dim's index mentions {dim.name}")
+        if k is None or not _mentions(e.index[k], dim):
+            batched.append(False)
+            continue
+        if e.index[k] is not dim:
+            raise Decline(f"it reads {e!r} (a dependence between points of {dim.name})")
+        if any(_mentions(s, dim) for s in e.src.shape):
+            raise Decline(f"the shape of {e.src.label} changes along {dim.name}")
+        if any(isinstance(i, Slice) for i in e.index[:k]):
+            raise Decline(f"it reads {e!r}: a temporal slice before {dim.name}'s axis")
+        batched.append(True)
+    return tuple(batched)
+
+
+def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[bool, ...]]:
+    """The op's batched form along its innermost dim, or Decline with the reason."""
+    dim = op.domain[-1]
+    traits = prims.get(op.prim).traits
+    if op.id in roots:
+        raise Decline("it is an output, effect or stop condition of the program")
+    one_branch = traits.piecewise and len(op.inputs) == 1 and op.inputs[0].cond == TRUE
+    if (
+        op.effect
+        or traits.host
+        or traits.random
+        or traits.constant
+        or (traits.piecewise and not one_branch)
+    ):
+        kind = "a side effect" if op.effect else ("a user function" if traits.host else None)
+        kind = kind or ("random" if traits.random else None)
+        kind = kind or ("a piecewise definition" if traits.piecewise else "a constant")
+        raise Decline(f"it is {kind}")
+    rule = batch_rule(op.prim)
+    if rule is None:
+        raise Decline(f"primitive {op.prim} has no batching rule")
+    if dim.bound not in spec.static:
+        raise Decline(f"{dim.bound.name} is known only when its loop ends (ctx.until)")
+    free = _DIM_ATTRS.get(op.prim, ())
+    for name, value in op.attrs.items():
+        if name not in _HIDDEN and name not in free and _mentions(value, dim):
+            raise Decline(f"its attribute {name} changes with {dim.name}")
+    if any(_mentions(s, dim) for s in op.shape):
+        raise Decline(f"its shape changes with {dim.name}")
+    size = spec.static[dim.bound]
+    nbytes = _point_bytes(op, spec.check_bounds)
+    if nbytes is None:
+        raise Decline("its shape is not static")
+    if nbytes * size > MAX_BATCH_BYTES:
+        raise Decline(f"the batch ({nbytes * size} bytes) exceeds {MAX_BATCH_BYTES} bytes")
+    batched = _operands(op, dim)
+    shapes = tuple(View(e.src, e.index).shape for e in op.inputs)
+    answer = rule(Batch(op, batched, shapes, dim, size))
+    if not any(batched) and answer.prim != "identity":
+        raise Decline(f"no input changes along {dim.name}")
+    return answer, batched
+
+
+def _reader_ok(x: Op, reader: Op, edge: Edge, chosen: dict[int, Any]) -> str | None:
+    """None when ``reader`` can read X's batched form; else why not."""
+    dim = x.domain[-1]
+    idx = edge.index[-1]
+    if _is_full(idx, dim):
+        return None
+    if isinstance(idx, Slice):
+        return f"{reader.label} reads {edge!r}, a part of the range of {dim.name}"
+    if reader.id in chosen and reader.domain[-1] is dim and idx is dim:
+        return None
+    if any(isinstance(i, Slice) for i in edge.index):
+        return f"{reader.label} reads {edge!r}: a point of {dim.name} inside a temporal slice"
+    return None  # a point: the reader reads a select_at view of the batch
+
+
+def _gathered_total(x: Op, chosen: dict[int, Any], total: set[int]) -> list[str]:
+    dim = x.domain[-1]
+    for e, batched in zip(x.inputs, chosen[x.id][1], strict=True):
+        whole = e.src.id in chosen and e.src.domain[-1] is dim
+        if batched and not whole and e.src.id not in total:
+            return [f"{e.src.label} is not defined at every point of the range it would read"]
+    return []
+
+
+def _whole_chain(x: Op, chosen: dict[int, Any]) -> list[str]:
+    """Along the outermost dim only chains that start from values fixed before the loop are
+    batched: gathering a value its loop computes would split that loop in two, and iteration
+    hooks and resuming need the one loop that carries the training state."""
+    dim = x.domain[-1]
+    for e, batched in zip(x.inputs, chosen[x.id][1], strict=True):
+        if batched and (e.src.id not in chosen or e.src.domain[-1] is not dim):
+            return [f"it reads {e!r}, computed in the loop over {dim.name} (the outermost dim)"]
+    return []
+
+
+def plan(spec: ProgramSpec) -> tuple[dict[int, tuple[Batched, tuple[bool, ...]]], list[str]]:
+    """The ops to vectorise (id -> batched form) and one note per op considered."""
+    roots = {r.id for r in spec.roots}
+    readers = consumers(spec.ops)
+    ops = [op for op in spec.ops if op.domain]
+    cyclic: dict[Dim, set[int]] = {}
+    chosen: dict[int, tuple[Batched, tuple[bool, ...]]] = {}
+    why: dict[int, str] = {}
+    for op in ops:
+        dim = op.domain[-1]
+        if dim not in cyclic:
+            cyclic[dim] = _cyclic(spec.ops, dim)
+        try:
+            if op.id in cyclic[dim]:
+                raise Decline(f"it is on a recurrence over {dim.name}")
+            chosen[op.id] = _local(op, spec, roots)
+        except Decline as e:
+            why[op.id] = str(e)
+    outer = spec.dims[0] if spec.dims else None
+    total = _total(spec.ops, spec.check_bounds) if chosen else set()
+    changed = True
+    while changed:  # a reader that is dropped may drop what it reads
+        changed = False
+        for op in ops:
+            if op.id not in chosen:
+                continue
+            reasons = itertools.chain(
+                _gathered_total(op, chosen, total),
+                (_reader_ok(op, r, e, chosen) for r, e in readers[op.id]),
+            )
+            if op.domain[-1] is outer:
+                reasons = itertools.chain(_whole_chain(op, chosen), reasons)
+            for reason in reasons:
+                if reason is not None:
+                    del chosen[op.id]
+                    why[op.id] = reason
+                    changed = True
+                    break
+    notes = []
+    for op in ops:
+        dim = op.domain[-1]
+        if op.id in chosen:
+            notes.append(f"vectorised {op.label} over {dim.name} ({op.prim})")
+        else:
+            notes.append(f"not vectorised {op.label} over {dim.name}: {why[op.id]}")
+    return chosen, notes
+
+
+# --- rewriting ---------------------------------------------------------------------------------
+
+
+class _Rewriter:
+    def __init__(self, spec: ProgramSpec, chosen: dict[int, tuple[Batched, tuple[bool, ...]]]):
+        self.spec = spec
+        self.chosen = chosen
+        self.new: dict[int, Op] = {}
+        self.extra: list[Op] = []
+        self.views: dict[tuple, Op] = {}  # one select_at view per (op, point) read
+        for op in spec.ops:
+            if op.id in chosen:
+                dim = op.domain[-1]
+                batched = chosen[op.id][0]
+                size = Const(spec.static[dim.bound])
+                self.new[op.id] = Op(
+                    prim=batched.prim,
+                    domain=op.domain[:-1],
+                    shape=(size, *op.shape),
+                    dtype=op.dtype,
+                    attrs=batched.attrs,
+                    name=op.name,
+                    site=op.site,
+                    id=op.id,
+                )
+            else:
+                self.new[op.id] = Op(
+                    prim=op.prim,
+                    domain=op.domain,
+                    shape=op.shape,
+                    dtype=op.dtype,
+                    attrs=dict(op.attrs),
+                    name=op.name,
+                    site=op.site,
+                    effect=op.effect,
+                    id=op.id,
+                    guard=op.guard,
+                )
+
+    def _dims(self, index: Sequence[Any]) -> tuple[Dim, ...]:
+        used: set[Dim] = set()
+        for i in index:
+            used.update(s for s in i.symbols() if isinstance(s, Dim))
+        return tuple(d for d in self.spec.dims if d in used)
+
+    def edge(self, reader: Op, e: Edge) -> tuple[Edge, bool]:
+        """The reader's edge in the rewritten graph, and whether it carries the batch axis."""
+        src, index = e.src, e.index
+        if src.id in self.chosen:
+            sdim = src.domain[-1]
+            idx, rest = index[-1], tuple(index[:-1])
+            target = self.new[src.id]
+            if reader.id in self.chosen and reader.domain[-1] is sdim and idx is sdim:
+                return Edge(target, rest, e.cond), True
+            key = (src.id, rest, idx)
+            if not _is_full(idx, sdim) and key in self.views:
+                target, rest = self.views[key], self.views[key].domain
+            elif not _is_full(idx, sdim):  # a point that does not move with sdim: a view
+                view = Op(
+                    prim="select_at",
+                    domain=self._dims((*rest, idx)),
+                    shape=src.shape,
+                    dtype=src.dtype,
+                    inputs=[Edge(target, rest)],
+                    attrs={"index": idx},
+                    name=f"{src.label}@",
+                    site=src.site,
+                )
+                self.extra.append(view)
+                self.views[key] = view
+                target, rest = view, view.domain
+            src_new, index = target, rest
+        else:
+            src_new = self.new[src.id]
+        if reader.id in self.chosen:
+            dim = reader.domain[-1]
+            k = _pos(src_new, dim)
+            if k is not None and index[k] is dim:
+                full = Slice(Const(0), dim.bound)
+                return self._gather(src_new, (*index[:k], full, *index[k + 1 :]), e.cond), True
+        return Edge(src_new, tuple(index), e.cond), False
+
+    def _gather(self, src: Op, index: tuple, cond: Any) -> Edge:
+        """A read of ``src`` over the whole range, stacked once however many batched ops read
+        it (an identity op: a view of the executor's one gather)."""
+        key = (src.id, index)
+        if key not in self.views:
+            dims = self._dims(index)
+            view = View(src, index)
+            self.views[key] = Op(
+                prim="identity",
+                domain=dims,
+                shape=view.shape,
+                dtype=src.dtype,
+                inputs=[Edge(src, index)],
+                name=f"stack({src.label})",
+                site=src.site,
+            )
+            self.extra.append(self.views[key])
+        gathered = self.views[key]
+        return Edge(gathered, gathered.domain, cond)
+
+    def wire(self) -> list[Op]:
+        for op in self.spec.ops:
+            new = self.new[op.id]
+            if op.id not in self.chosen:
+                new.inputs = [self.edge(op, e)[0] for e in op.inputs]
+                continue
+            batched = self.chosen[op.id][0]
+            rank = batched.operand_rank
+            inputs = []
+            for e in op.inputs:
+                edge, is_batched = self.edge(op, e)
+                point = View(e.src, e.index).shape
+                if is_batched and rank is not None and len(point) < rank:
+                    edge = self._pad(new, edge, point, rank)
+                inputs.append(edge)
+            new.inputs = inputs
+        return [self.new[op.id] for op in self.spec.ops] + self.extra
+
+    def _pad(self, reader: Op, edge: Edge, point: Shape, rank: int) -> Edge:
+        """A batched operand with singleton axes after the batch axis, up to ``rank``."""
+        size = reader.shape[0]
+        shape = (size, *([Const(1)] * (rank - len(point))), *point)
+        pad = Op(
+            prim="reshape",
+            domain=reader.domain,
+            shape=shape,
+            dtype=edge.src.dtype,
+            inputs=[edge],
+            attrs={"shape": shape},
+            name=f"{edge.src.label}+1",
+        )
+        self.extra.append(pad)
+        return Edge(pad, tuple(reader.domain))
+
+
+def vectorize(spec: ProgramSpec, notes: list[str] | None = None) -> ProgramSpec:
+    """The program with each op that qualifies (module docstring) run as one batched op."""
+    chosen, lines = plan(spec)
+    if notes is not None:
+        notes.extend(lines)
+    if not chosen:
+        return spec
+    return spec.with_ops(_Rewriter(spec, chosen).wire())
