@@ -60,6 +60,7 @@ FLAGS: tuple[str, ...] = (
     "coupled",  # a[t + 1] = f(a[t], b[t]); b[t + 1] = g(b[t], a[t + 1])
     "carry",  # h[0, 0] = ..; h[i + 1, 0] = h[i, T - 1]; h[i, t + 1] = f(h[i, t])
     "outer_rec",  # a recurrence over i in an (i, t) context
+    "cross_read",  # x[i, t + 1] = f(x[tl.min(i + 1, I - 1), t], x[0:I, t].sum(0), ..)
 )
 
 DIM_BOUND = {"t": "T", "i": "I"}
@@ -305,6 +306,18 @@ class Expr:
     def leaves(self) -> set[str]:
         raise NotImplementedError
 
+    def flags(self) -> set[str]:
+        """The generator flags this expression exercises."""
+        out: set[str] = set()
+        for f in self.__dataclass_fields__:
+            child = getattr(self, f)
+            if isinstance(child, Expr):
+                out |= child.flags()
+        return out | self.own_flags()
+
+    def own_flags(self) -> set[str]:
+        return set()
+
 
 @dataclass
 class Read(Expr):
@@ -376,6 +389,16 @@ class Read(Expr):
     def leaves(self) -> set[str]:
         return {self.src.name}
 
+    def own_flags(self) -> set[str]:
+        out = {SPEC_FLAG.get(s.kind, s.kind) for s in self.specs} - {None}
+        if self.spatial is not None:
+            out.add("spatial_index")
+        if self.nslices and self.src.kind != "input":
+            out.add("derived_slice")
+        if self.nslices and self.reduce in ("max", "min"):
+            out.add("reduce_max")
+        return out
+
 
 @dataclass
 class Unary(Expr):
@@ -422,6 +445,9 @@ class Unary(Expr):
     def leaves(self) -> set[str]:
         return self.x.leaves()
 
+    def own_flags(self) -> set[str]:
+        return {"exp"} if self.op == "exp" else set()
+
 
 def _bshape(a: tuple, b: tuple) -> tuple:
     return a if len(a) >= len(b) else b
@@ -467,6 +493,9 @@ class Binary(Expr):
     def leaves(self) -> set[str]:
         return self.a.leaves() | self.b.leaves()
 
+    def own_flags(self) -> set[str]:
+        return {"maximum"} if self.op == "maximum" else set()
+
 
 @dataclass
 class Where(Expr):
@@ -491,6 +520,9 @@ class Where(Expr):
 
     def leaves(self) -> set[str]:
         return self.c.leaves() | self.a.leaves() | self.b.leaves()
+
+    def own_flags(self) -> set[str]:
+        return {"where"}
 
 
 @dataclass
@@ -538,6 +570,9 @@ class SpatialReduce(Expr):
 
     def leaves(self) -> set[str]:
         return self.x.leaves()
+
+    def own_flags(self) -> set[str]:
+        return {"spatial_reduce"}
 
 
 # --------------------------------------------------------------------------- tensors
@@ -672,6 +707,8 @@ class Reference:
         self.memo: dict[tuple, Any] = {}
 
     def value(self, t: TensorDef, point: tuple) -> Any:
+        if not all(0 <= p < self.n[d] for d, p in zip(t.domain, point, strict=True)):
+            raise IndexError(f"generator bug: {t.name} read at {point}, outside its domain")
         key = (t.name, point)
         if key in self.memo:
             return self.memo[key]
@@ -709,7 +746,6 @@ class Program:
     n: dict[str, int]
     tensors: list[TensorDef]
     grad: bool = False
-    used: frozenset = frozenset()  # the generator flags this program exercises
 
     def __repr__(self) -> str:
         return f"<program using {', '.join(sorted(self.used)) or 'no flagged construct'}>"
@@ -727,8 +763,18 @@ class Program:
         return self.outputs[-1]
 
     @property
-    def constructs(self) -> list[str]:
-        return sorted({t.construct for t in self.outputs})
+    def used(self) -> frozenset[str]:
+        """The generator flags whose constructs appear in this program."""
+        out = {t.construct for t in self.outputs} - {"derived"}
+        if len(self.dims) == 2:
+            out.add("two_dims")
+        if any(t.shape for t in self.tensors):
+            out.add("spatial")
+        for t in self.tensors:
+            exprs = ([t.expr] if t.expr is not None else []) + [e for _, e in t.branches]
+            for e in exprs:
+                out |= e.flags()
+        return frozenset(out)
 
     # -- timerl
     def build(self, tl: Any) -> tuple[Any, Builder, Any]:
@@ -872,11 +918,6 @@ class Generator:
         self.on = flags
         self.grad = grad
         self.counter = 0
-        self.used: set[str] = set()
-
-    def use(self, flag: str | None) -> None:
-        if flag:
-            self.used.add(flag)
 
     def flag(self, name: str) -> bool:
         return name in self.on
@@ -887,13 +928,6 @@ class Generator:
 
     # -- reads
     def spec(self, d: str, scope: Scope, slices: bool) -> Spec:
-        s = self._spec(d, scope, slices)
-        self.use(SPEC_FLAG.get(s.kind, s.kind))
-        if d == "i":
-            self.use("two_dims")
-        return s
-
-    def _spec(self, d: str, scope: Scope, slices: bool) -> Spec:
         ch = self.ch
         n = self.n[d]
         options: list[Spec] = []
@@ -944,17 +978,11 @@ class Generator:
         if src.shape and self.flag("spatial_index") and want != src.shape and ch.chance(20):
             spatial = ch.int(0, src.shape[0] - 1)
         reduce = "sum"
-        if spatial is not None:
-            self.use("spatial_index")
-        if src.kind != "input" and any(s.is_slice for s in specs):
-            self.use("derived_slice")
         if any(s.is_slice for s in specs):
             ops = ["sum", "mean"] + (["max", "min"] if self.flag("reduce_max") else [])
             if any(s.kind == "after" for s in specs):
                 ops = ["sum"]  # an empty slice has no mean, max or min
             reduce = ch.pick(ops)
-            if reduce in ("max", "min"):
-                self.use("reduce_max")
         return Read(src, specs, spatial, reduce)
 
     def leaf(self, scope: Scope, pool: list[TensorDef], selfreads: list[Read]) -> Expr:
@@ -972,20 +1000,15 @@ class Generator:
         if self.flag("spatial_reduce") and self.S:
             kinds.append("sreduce")
         kind = ch.pick(kinds)
-        self.use({"where": "where", "sreduce": "spatial_reduce"}.get(kind))
         sub = lambda: self.expr(scope, pool, depth - 1, selfreads)  # noqa: E731
         if kind == "unary":
             ops = ["tanh", "neg", "square", "sigmoid", "sin"] + (
                 ["exp"] if self.flag("exp") else []
             )
-            op = ch.pick(ops)
-            self.use("exp" if op == "exp" else None)
-            return Unary(op, sub())
+            return Unary(ch.pick(ops), sub())
         if kind == "binary":
             ops = ["add", "mul", "sub"] + (["maximum"] if self.flag("maximum") else [])
-            op = ch.pick(ops)
-            self.use("maximum" if op == "maximum" else None)
-            return Binary(op, sub(), sub())
+            return Binary(ch.pick(ops), sub(), sub())
         if kind == "affine":
             return Affine(sub(), ch.pick([0.5, -1.5, 2.0, 0.25]), ch.pick([0.0, 1.0, -0.5]))
         if kind == "where":
@@ -1044,14 +1067,8 @@ class Generator:
         if two:
             stages += [s for s in ("carry", "outer_rec") if self.flag(s)]
         for _ in range(ch.int(1, max_stages)):
-            kind = ch.pick(stages)
-            self.use(kind if kind != "derived" else None)
-            tensors += self.stage(kind, dims, tensors)
-        if self.S:
-            self.use("spatial")
-        if two:
-            self.use("two_dims")
-        return Program(dims, self.n, tensors, grad=self.grad, used=frozenset(self.used))
+            tensors += self.stage(ch.pick(stages), dims, tensors)
+        return Program(dims, self.n, tensors, grad=self.grad)
 
     def full_scope(self, dims: tuple) -> Scope:
         return Scope({d: 0 for d in dims}, {d: 0 for d in dims})
@@ -1090,14 +1107,19 @@ class Generator:
             branches: list = []
             conds = [Cond("eqlast", "t"), Cond("eq0", "t"), Cond("lt", "t", ch.int(1, 3))]
             if len(dims) == 2:
-                conds += [Cond("eqlast", "i"), Cond("sum_eq", "t", ch.int(0, 4))]
-            for _ in range(ch.int(1, 2)):
+                conds += [Cond("eqlast", "i"), Cond("eq0", "i"), Cond("sum_eq", "t", ch.int(0, 4))]
+            chosen = [ch.pick(conds) for _ in range(ch.int(1, 2))] + [Cond("true")]
+            guard = self.full_scope(dims)
+            for c in chosen:
                 branches.append(
-                    (ch.pick(conds), self.fit(self.expr(full, pool, depth, []), shape, full, pool))
+                    (c, self.fit(self.expr(guard, pool, depth, []), shape, guard, pool))
                 )
-            branches.append(
-                (Cond("true"), self.fit(self.expr(full, pool, depth, []), shape, full, pool))
-            )
+                # later branches run only where this condition fails: reads may shift there
+                guard = Scope(dict(guard.lo), dict(guard.hi))
+                if self.flag("shift") and c.kind == "eqlast":
+                    guard.hi[c.d] = max(guard.hi[c.d], 1)
+                elif self.flag("shift") and c.kind in ("eq0", "lt"):
+                    guard.lo[c.d] = max(guard.lo[c.d], c.k if c.kind == "lt" else 1)
             return [TensorDef(self.fresh("p"), dims, shape, branches=branches, construct=kind)]
         # recurrences along dim d (t, or i for "outer_rec"); other dims run free
         d = "i" if kind == "outer_rec" else "t"
@@ -1123,9 +1145,23 @@ class Generator:
             return self.fit(self.expr(sc, pool, depth, []), shape, sc, pool)
 
         if kind in ("fwd", "outer_rec"):
+            reads = [selfread(x)]
+            if len(dims) == 2 and self.flag("cross_read"):
+                # the previous step of the recurrence is complete along the other dim
+                other = "t" if d == "i" else "i"
+                for spec in (Spec("clamp_hi", 1), Spec("clamp_lo", 1), Spec("last")):
+                    reads.append(selfread(x, **{other: spec}))
+                for spec in (Spec("full"), Spec("prefix")):
+                    reads.append(
+                        Read(
+                            x,
+                            tuple(spec if e == other else Spec("cur") for e in dims),
+                            reduce=ch.pick(["sum", "mean", "max"]),
+                        )
+                    )
             x.branches = [
                 (write(**{d: Spec("const", 0)}), base(scope(fixed=(d,)))),
-                (write(**{d: Spec("shift", 1)}), body(scope(hi=1), [selfread(x)])),
+                (write(**{d: Spec("shift", 1)}), body(scope(hi=1), reads)),
             ]
         elif kind == "fwd_cond":
             x.branches = [
