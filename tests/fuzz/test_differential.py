@@ -144,3 +144,46 @@ def test_printed_reproducer_is_the_checked_program(seed):
     assert len(scope["result"]) == len(program.outputs)
     for t, got in zip(program.outputs, scope["result"], strict=True):
         np.testing.assert_allclose(got, want[t.name], rtol=1e-7, atol=1e-9)
+
+
+def _small_program(grad: bool = False) -> Program:
+    from programs import RandomChooser
+
+    return generate(RandomChooser(3), PLAIN, grad=grad, max_stages=1, two=False)
+
+
+def test_a_wrong_value_fails_the_check(monkeypatch):
+    """The comparison is live: a reference that disagrees by 1e-5 is reported with the program."""
+    program = _small_program()
+    check(program)  # agrees as generated
+    right = program.reference_values()
+    name = program.outputs[0].name
+    wrong = {k: v + (1e-5 if k == name else 0.0) for k, v in right.items()}
+    monkeypatch.setattr(program, "reference_values", lambda: wrong)
+    with pytest.raises(Finding, match=f"value mismatch: {name} on numpy") as info:
+        check(program)
+    assert "tl.evaluate(" in str(info.value)  # the reproducer is printed
+
+
+def test_a_wrong_gradient_fails_the_check(monkeypatch):
+    program = _small_program(grad=True)
+    check(program)
+    right = program.reference_grads()
+    wrong = {k: v * 1.001 + 1e-6 for k, v in right.items()}
+    monkeypatch.setattr(program, "reference_grads", lambda: wrong)
+    with pytest.raises(Finding, match="gradient mismatch"):
+        check(program)
+
+
+def test_a_rejected_valid_program_fails_the_check(monkeypatch):
+    """Any timerl error on a generated program is a failure, never a skip."""
+    import timerl as tl
+
+    program = _small_program()
+
+    def reject(*args, **kwargs):
+        raise tl.CycleError("no loop order")
+
+    monkeypatch.setattr(tl, "evaluate", reject)
+    with pytest.raises(Finding, match="rejected by evaluate"):
+        check(program)
