@@ -43,7 +43,7 @@ COMPANIONS = {
     "cross_read": {"fwd"},
     "derived_slice": {"prefix", "suffix"},
     "reduce_max": {"prefix", "full"},
-    "alias": {"clamp", "prefix"},
+    "alias": {"clamp", "mod", "prefix", "derived_slice"},
 }
 
 
