@@ -1,7 +1,7 @@
 """timerl: deep RL programs as recurrent tensors, compiled and scheduled as a whole."""
 
 from timerl.api import distributions, nn, optim
-from timerl.api.context import Context, from_numpy
+from timerl.api.context import Context, evaluate, from_numpy
 from timerl.api.functional import (
     arange,
     cat,
@@ -21,7 +21,7 @@ from timerl.api.functional import (
     where,
     zeros,
 )
-from timerl.api.program import Program, evaluate
+from timerl.api.program import Program
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import (
     BackendError,

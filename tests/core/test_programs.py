@@ -1069,7 +1069,7 @@ def test_explain_shows_passes_loops_and_frees():
         tl.sink(x.sum(), lambda value, point: None)
     prog = ctx.compile(bounds={T: 5})
     text = prog.explain()
-    assert "validate" in text and "schedule" in text
+    assert "validation" in text and "scheduling" in text
     assert "for t" in text and "state" in text and "free" in text
     assert "state" in prog.render()
 

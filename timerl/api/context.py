@@ -3,38 +3,28 @@
 from __future__ import annotations
 
 import itertools
-import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from timerl.api.program import Program
+from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
+from timerl.compiler.pipeline import compile as compile_program
+from timerl.compiler.spec import freeze
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
 from timerl.ir.autodiff import depends_differentiably
 from timerl.ir.build import apply, ordered, user_site
 from timerl.ir.graph import Edge, Op, View
 from timerl.ir.retime import retime
 from timerl.ir.shapes import broadcast
+from timerl.runtime.backends import make_backend
 from timerl.symbolic import Bound, Dim, Expr, Slice
 
-_local = threading.local()
 
-
-def _stack() -> list[Context]:
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return _local.stack
-
-
-def current() -> Context:
-    stack = _stack()
-    if not stack:
-        raise ProgramError("no active timerl context: build tensors inside `with tl.Context(...):`")
-    return stack[-1]
-
-
-class Context:
+class Context(Scope):
     """The dims of a program (outer first) and everything defined over them."""
 
     def __init__(self, dims: Sequence[str] = ("t",)) -> None:
@@ -56,13 +46,8 @@ class Context:
         """A number identifying a random op by creation order, stable across rebuilds."""
         return next(self._streams)
 
-    # --- scoping ------------------------------------------------------------------------------
     def __enter__(self) -> Context:
-        _stack().append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _stack().remove(self)
+        return super().__enter__()
 
     def __repr__(self) -> str:
         return f"Context(dims=({', '.join(d.name for d in self.dims)}))"
@@ -201,11 +186,39 @@ class Context:
         seed: int = 0,
         outputs: Sequence[RecurrentTensor] = (),
         memory_budget: int | None = None,
+        optimize: bool = True,
     ) -> Any:
-        """Compile the program (its sinks, side effects and ``outputs``) for these bounds."""
-        from timerl.api.program import Program
+        """Compile the program (its sinks, side effects and ``outputs``) for these bounds.
 
-        return Program.build(self, bounds, backend, device, seed, outputs, memory_budget)
+        ``optimize=False`` keeps only the passes correctness needs and interprets the schedule:
+        the reference that optimised programs are tested against."""
+        return self._compile(bounds, backend, device, seed, outputs, memory_budget, optimize)
+
+    def _compile(
+        self,
+        bounds: Mapping[Bound | str, int] | None,
+        backend: str,
+        device: str,
+        seed: int,
+        outputs: Sequence[RecurrentTensor],
+        memory_budget: int | None,
+        optimize: bool,
+        effects: bool = True,
+    ) -> Program:
+        start = time.perf_counter()
+        static, dynamic = self.resolve_bounds(bounds)
+        asked = [materialize(t) for t in outputs]
+        roots = list(self._roots) if effects else list(self._until.values())
+        spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
+        return Program(
+            compile_program(spec, optimize=optimize),
+            make_backend(backend, device),
+            seed=seed,
+            memory_budget=memory_budget,
+            optimize=optimize,
+            output_ids={id(t.view): op.id for t, op in zip(outputs, asked, strict=True)},
+            started=start,
+        )
 
 
 def materialize(t: RecurrentTensor) -> Op:
@@ -252,3 +265,28 @@ def from_numpy(
 
 def index_of(view: View, dim: Dim) -> Expr | Slice:
     return view.index[view.op.domain.index(dim)]
+
+
+def evaluate(
+    tensors: Sequence[RecurrentTensor] | RecurrentTensor,
+    bounds: Mapping[Bound | str, int] | None = None,
+    backend: str = "numpy",
+    device: str = "cpu",
+    seed: int = 0,
+    optimize: bool = True,
+) -> list[Any] | Any:
+    """Compile and run just what ``tensors`` need; return their values as numpy.
+
+    ``optimize=False`` runs the unoptimised reference (only the passes correctness needs,
+    interpreted statement by statement)."""
+    single = isinstance(tensors, RecurrentTensor)
+    items = [tensors] if single else list(tensors)
+    if not items:
+        raise ProgramError("evaluate: no tensors given")
+    ctx = items[0].ctx
+    if not isinstance(ctx, Context):
+        raise ProgramError("evaluate: tensors must belong to a tl.Context")
+    prog = ctx._compile(bounds, backend, device, seed, items, None, optimize, effects=False)
+    prog.run()
+    values = [prog.value(t) for t in items]
+    return values[0] if single else values

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from timerl.api.context import current
+from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor, cat, lift, stack, where
 from timerl.api.tensor import full as _full
 from timerl.api.tensor import maximum as _maximum

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from timerl.api.context import current
+from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import ProgramError
 from timerl.symbolic import Dim

@@ -3,91 +3,85 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
-from timerl.compiler.pipeline import CompileReport, run_pipeline
+from timerl.compiler.pipeline import Compiled, CompileReport
+from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
 from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
-from timerl.runtime.backends import make_backend
+from timerl.runtime.backends import Backend
 from timerl.runtime.executor import Executor, RunStats
-from timerl.schedule.liveness import add_frees
-from timerl.schedule.order import order_blocks
-from timerl.schedule.scheduler import schedule as build_schedule
-from timerl.symbolic import Bound
-
-if TYPE_CHECKING:
-    from timerl.api.context import Context
-
-VALIDATION_SIZE = 16  # bound used to validate a dynamic dim that has no cap
+from timerl.schedule.program import Schedule
 
 
 class Program:
-    def __init__(self) -> None:
-        raise TypeError("use ctx.compile(...) to build a Program")
+    """A compiled program: the compiler's value (graph, schedule, report) and a backend.
 
-    @classmethod
-    def build(
-        cls,
-        ctx: Context,
-        bounds: Mapping[Any, int] | None,
-        backend: str,
-        device: str,
-        seed: int,
-        outputs: Sequence[RecurrentTensor],
-        memory_budget: int | None,
-        effects: bool = True,
-    ) -> Program:
-        from timerl.api.context import materialize
+    Built by ``ctx.compile``; it only runs and reports, all decisions are in ``compiled``.
+    """
 
-        start = time.perf_counter()
-        self = object.__new__(cls)
-        self.ctx = ctx
-        self.backend = make_backend(backend, device)
+    def __init__(
+        self,
+        compiled: Compiled,
+        backend: Backend,
+        seed: int = 0,
+        memory_budget: int | None = None,
+        optimize: bool = True,
+        output_ids: Mapping[int, int] | None = None,
+        started: float | None = None,
+    ) -> None:
+        self.compiled = compiled
+        self.backend = backend
         self.seed = seed
         self.memory_budget = memory_budget
-        self.static, self.dynamic = ctx.resolve_bounds(bounds)
-        self.outputs = [materialize(t) for t in outputs]
-        self._out_by_view = {id(t.view): op for t, op in zip(outputs, self.outputs, strict=True)}
-        roots = (list(ctx._roots) if effects else list(ctx._until.values())) + self.outputs
-        check = dict(self.static)
-        for b, cap in self.dynamic.items():
-            check[b] = cap if cap is not None else VALIDATION_SIZE
-        self.report = CompileReport()
-        self.ops: list[Op] = run_pipeline(roots, check, self.report)
-        sched = self.report.timed(
-            "schedule", lambda: build_schedule(self.ops, ctx.dims, ctx._until)
-        )
-        keep = {op.id for op in self.outputs} | {op.id for op in ctx._until.values()}
-        self.keep = keep
-        sched, reordered = self.report.timed(  # type: ignore[misc]
-            "op order (graphopt)", lambda: order_blocks(sched, self.ops, check, keep)
-        )
-        if reordered:
-            self.report.notes.append(f"{reordered} loop-body blocks reordered for peak memory")
-        self.schedule = self.report.timed(
-            "memory statements", lambda: add_frees(sched, self.ops, keep)
-        )
-        self.compile_seconds = time.perf_counter() - start
+        self.optimize = optimize
+        self.static = dict(compiled.spec.static)
+        self.dynamic = dict(compiled.spec.dynamic)
+        self._out_by_view = dict(output_ids or {})
+        self.compile_seconds = time.perf_counter() - started if started else 0.0
         self._last: Executor | None = None
-        return self
+
+    # the compiled value, under the names the executor and tools use
+    @property
+    def ops(self) -> list[Op]:
+        return list(self.compiled.spec.ops)
+
+    @property
+    def outputs(self) -> list[Op]:
+        return list(self.compiled.spec.outputs)
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.compiled.schedule
+
+    @property
+    def report(self) -> CompileReport:
+        return self.compiled.report
+
+    @property
+    def keep(self) -> set[int]:
+        return self.compiled.spec.keep
 
     # --- running ------------------------------------------------------------------------------
-    def run(self, compiled: bool = True) -> Program:
+    def run(self, compiled: bool | None = None) -> Program:
         """Execute the whole schedule once (sinks fire, outputs are kept)."""
         self.executor(compiled).run()
         return self
 
-    def executor(self, compiled: bool = True) -> Executor:
+    def executor(self, compiled: bool | None = None) -> Executor:
         """A fresh executor for this program (for iteration hooks, snapshots and resuming).
 
         ``compiled=False`` interprets the schedule statement by statement: the reference the
-        generated code is tested against.
+        generated code is tested against. By default an optimised program runs generated code
+        and an unoptimised one (``optimize=False``) is interpreted.
         """
+        if compiled is None:
+            compiled = self.optimize
         self._last = Executor(
             self.schedule,
             self.ops,
@@ -119,11 +113,12 @@ class Program:
 
     def value(self, tensor: RecurrentTensor) -> Any:
         """An output's values as numpy: domain dims leading; a nested list where ragged."""
-        op = self._out_by_view.get(id(tensor.view))
-        if op is None:
+        op_id = self._out_by_view.get(id(tensor.view))
+        if op_id is None:
             raise ProgramError(
                 f"{tensor.name} is not an output of this program: pass outputs=[...]"
             )
+        op = next(o for o in self.outputs if o.id == op_id)
         return _assemble(op, self._executor(), self.backend)
 
     def stats(self) -> dict[str, Any]:
@@ -145,12 +140,20 @@ class Program:
             out["device_peak_bytes"] = device_peak
         return out
 
-    def explain(self) -> str:
-        """The pipeline's decisions: pass timings, notes and the schedule with memory statements."""
+    def explain(self, full: bool = False) -> str:
+        """The pipeline's decisions: pass timings, notes and the schedule.
+
+        By default the schedule is summarised (loops, and per run of statements the user's
+        tensors computed there); ``full=True`` lists every statement and memory statement.
+        """
         lines = ["compile passes:"]
         lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
         lines += [f"  {note}" for note in self.report.notes]
-        lines += ["schedule:", self.schedule.dump()]
+        if full:
+            lines += ["schedule:", self.schedule.dump()]
+        else:
+            lines += ["schedule (summary; explain(full=True) lists every statement):"]
+            lines += ["  " + line for line in self.schedule.summary().splitlines()]
         return "\n".join(lines)
 
     def render(self) -> str:
@@ -186,22 +189,3 @@ def _assemble(op: Op, ex: Executor, backend) -> Any:
         return items
 
     return rec((), 0)
-
-
-def evaluate(
-    tensors: Sequence[RecurrentTensor] | RecurrentTensor,
-    bounds: Mapping[Bound | str, int] | None = None,
-    backend: str = "numpy",
-    device: str = "cpu",
-    seed: int = 0,
-) -> list[Any] | Any:
-    """Compile and run just what ``tensors`` need; return their values as numpy."""
-    single = isinstance(tensors, RecurrentTensor)
-    items = [tensors] if single else list(tensors)
-    if not items:
-        raise ProgramError("evaluate: no tensors given")
-    ctx = items[0].ctx
-    prog = Program.build(ctx, bounds, backend, device, seed, items, None, effects=False)
-    prog.run()
-    values = [_assemble(op, prog._executor(), prog.backend) for op in prog.outputs]
-    return values[0] if single else values

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import numpy as np
 
+from timerl.api.scope import Scope, current
 from timerl.errors import ProgramError, ShapeError
 from timerl.ir.build import apply, ordered
 from timerl.ir.graph import Op, View
@@ -21,16 +22,11 @@ from timerl.symbolic import (
     as_expr,
 )
 
-if TYPE_CHECKING:
-    from timerl.api.context import Context
-
 TensorLike = Union["RecurrentTensor", float, int, bool, np.ndarray]
 DEFAULT_FLOAT = np.dtype("float32")
 
 
-def _current_context() -> Context:
-    from timerl.api.context import current
-
+def _current_context() -> Scope:
     return current()
 
 
@@ -44,7 +40,7 @@ class RecurrentTensor:
     __slots__ = ("view", "ctx", "requires_grad", "grad", "outer", "__weakref__")
     __array_priority__ = 1000  # so ``np.float32(2) * x`` calls our operator
 
-    def __init__(self, view: View, ctx: Context, requires_grad: bool = False) -> None:
+    def __init__(self, view: View, ctx: Scope, requires_grad: bool = False) -> None:
         self.view = view
         self.ctx = ctx
         self.requires_grad = requires_grad
@@ -589,7 +585,7 @@ def _compose(index: Expr | Slice, new: dict[Dim, Expr | Slice], name: str) -> Ex
 
 
 def lift(
-    value: TensorLike, like: RecurrentTensor | None = None, ctx: Context | None = None
+    value: TensorLike, like: RecurrentTensor | None = None, ctx: Scope | None = None
 ) -> RecurrentTensor:
     """A Python/numpy value as a constant tensor (scalars take a float operand's dtype)."""
     if isinstance(value, RecurrentTensor):
@@ -615,7 +611,7 @@ def full(
     shape: Sequence[int | Expr],
     value: float | Expr,
     dtype: Any = "float32",
-    ctx: Context | None = None,
+    ctx: Scope | None = None,
 ):
     ctx = ctx or _current_context()
     return RecurrentTensor(

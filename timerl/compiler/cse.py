@@ -4,13 +4,12 @@ Programs built from library pieces repeat work: PPO's actor and critic each flat
 observations (and their weight gradients each transpose that copy), a loss and its gradient
 rebuild the same ratio. Two ops are duplicates when they apply the same pure primitive, with
 the same attributes, over the same domain, to the same inputs read at the same indices under
-the same conditions. Hash-consing in creation order finds them; readers of a duplicate are
-redirected to the first op, and dead-code elimination then drops the duplicate. Recurrences
-(cycles through piecewise ops) can hide a duplicate until its inputs are merged, so the pass
-repeats until nothing changes.
+the same conditions. Hash-consing in creation order finds them, reading each input through
+the representative found so far; recurrences (cycles through piecewise ops) can hide a
+duplicate until its inputs are merged, so the pass repeats until nothing changes.
 
-Edges are rewritten in place: the program stays equivalent, and rebuilding the graph for every
-compile would cost more than the pass saves.
+The pass returns a redirect table (duplicate id -> representative); the pipeline copies the
+graph through it, so the user's graph is never rewritten.
 """
 
 from __future__ import annotations
@@ -18,17 +17,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
-from timerl.ir.graph import Edge, Op
+from timerl.ir.graph import Op, copy_graph, walk
 
 MAX_PASSES = 10
-# Never merged: state (piecewise ops are the program's tensors), impure or random ops.
-_NEVER = {"merge", "udf"}
 
 
-def _key(op: Op) -> tuple[Any, ...] | None:
+def _resolve(op: Op, rep: dict[int, Op]) -> Op:
+    while op.id in rep:
+        op = rep[op.id]
+    return op
+
+
+def _key(op: Op, rep: dict[int, Op]) -> tuple[Any, ...] | None:
     """What the op computes, as a hashable value; None when it must stay a distinct op."""
-    if op.effect or op.prim in _NEVER or prims.get(op.prim).keyed:
+    traits = prims.get(op.prim).traits
+    if op.effect or not traits.mergeable:
         return None
     key = (
         op.prim,
@@ -36,7 +41,7 @@ def _key(op: Op) -> tuple[Any, ...] | None:
         tuple(op.shape),
         op.dtype,
         tuple(sorted(op.attrs.items())),
-        tuple((e.src.id, tuple(e.index), e.cond) for e in op.inputs),
+        tuple((_resolve(e.src, rep).id, tuple(e.index), e.cond) for e in op.inputs),
     )
     try:
         hash(key)
@@ -45,26 +50,31 @@ def _key(op: Op) -> tuple[Any, ...] | None:
     return key
 
 
-def merge_duplicates(ops: list[Op], roots: Iterable[Op]) -> int:
-    """Redirect readers of duplicate ops to one representative; return how many were merged."""
+def find_duplicates(ops: list[Op], roots: Iterable[Op]) -> dict[int, Op]:
+    """Map each duplicate op's id to the op that replaces it (roots are never replaced)."""
     keep = {r.id for r in roots}
-    merged = 0
+    rep: dict[int, Op] = {}
     for _ in range(MAX_PASSES):
         table: dict[tuple[Any, ...], Op] = {}
-        rep: dict[int, Op] = {}
+        found = 0
         for op in ops:  # creation order: an op's inputs are usually seen before it
-            if any(e.src.id in rep for e in op.inputs):
-                op.inputs = [Edge(rep.get(e.src.id, e.src), e.index, e.cond) for e in op.inputs]
-            if op.id in keep:
+            if op.id in keep or op.id in rep:
                 continue
-            key = _key(op)
+            key = _key(op, rep)
             if key is None:
                 continue
             first = table.setdefault(key, op)
             if first is not op:
                 rep[op.id] = first
-        if not rep:
+                found += 1
+        if not found:
             break
-        merged += len(rep)
-        ops = [op for op in ops if op.id not in rep]
-    return merged
+    return rep
+
+
+def merge_duplicates(spec: ProgramSpec) -> ProgramSpec:
+    """The program with each duplicate replaced by its representative."""
+    rep = find_duplicates(list(spec.ops), spec.roots)
+    if not rep:
+        return spec
+    return spec.with_ops(walk(spec.with_ops(copy_graph(spec.ops, redirect=rep)).roots))

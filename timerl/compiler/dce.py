@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from timerl.compiler.spec import ProgramSpec
+from timerl.ir.graph import walk
 
-from timerl.ir.graph import Op, walk
 
-
-def live_ops(roots: Iterable[Op]) -> list[Op]:
-    """Ops reachable from the roots (outputs, sinks, side effects); everything else is dead."""
-    return walk(roots)
+def eliminate_dead_code(spec: ProgramSpec) -> ProgramSpec:
+    """Keep the ops reachable from the roots (outputs, sinks, side effects)."""
+    live = walk(spec.roots)
+    if len(live) == len(spec.ops):
+        return spec
+    return spec.with_ops(live)

@@ -8,15 +8,15 @@ some reader needs (``timerl.ir.reads.needed_points``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from timerl.ir.graph import Op
+from timerl.compiler.spec import ProgramSpec
+from timerl.ir.graph import copy_graph
 from timerl.ir.reads import needed_points
 from timerl.symbolic import TRUE
 
 
-def infer_guards(ops: list[Op], roots: Iterable[Op]) -> None:
-    """Set ``op.guard`` on every op (TRUE: all points of its domain); effects run everywhere."""
-    needed = needed_points(ops, roots)
-    for op in ops:
-        op.guard = needed[op.id] if op.effect is False else TRUE
+def add_guards(spec: ProgramSpec) -> ProgramSpec:
+    """A copy of the graph whose ops carry their guard (TRUE: all points; effects run
+    everywhere)."""
+    needed = needed_points(list(spec.ops), spec.roots)
+    guards = {op.id: needed[op.id] if op.effect is False else TRUE for op in spec.ops}
+    return spec.with_ops(copy_graph(spec.ops, guards=guards))

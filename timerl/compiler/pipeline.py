@@ -1,21 +1,31 @@
-"""The compiler pipeline over the PDG, readable top to bottom.
+"""The compiler: ``compile(spec) -> Compiled``, one list of passes read top to bottom.
 
-Each pass is ``ops -> ops`` (or a check) in its own module; the pipeline records per-pass
-timings for ``prog.explain()``.
+Every pass maps a ``ProgramSpec`` to a new one (or builds a side value such as the schedule)
+and never changes the ops it was given, so programs compiled from one context are independent
+values. Each pass is timed for ``prog.explain()``. ``optimize=False`` keeps only the passes
+that correctness needs: the unoptimised reference every optimisation is tested against.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from timerl.compiler.cse import merge_duplicates
-from timerl.compiler.dce import live_ops
-from timerl.compiler.guards import infer_guards
-from timerl.ir.graph import Op
+from timerl.compiler.dce import eliminate_dead_code
+from timerl.compiler.guards import add_guards
+from timerl.compiler.hoist import hoist_invariants
+from timerl.compiler.simplify import simplify
+from timerl.compiler.spec import ProgramSpec
 from timerl.ir.validate import check_not_empty, validate
-from timerl.symbolic import Bound
+from timerl.schedule.liveness import add_frees
+from timerl.schedule.order import order_blocks
+from timerl.schedule.program import Schedule
+from timerl.schedule.scheduler import schedule
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -23,23 +33,54 @@ class CompileReport:
     timings: list[tuple[str, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def timed(self, name: str, fn: Callable[[], object]) -> object:
+    def timed(self, name: str, fn: Callable[[], T]) -> T:
         start = time.perf_counter()
         out = fn()
         self.timings.append((name, time.perf_counter() - start))
         return out
 
 
-def run_pipeline(
-    roots: Sequence[Op], check_bounds: Mapping[Bound, int], report: CompileReport
-) -> list[Op]:
-    ops: list[Op] = report.timed("dead code elimination", lambda: live_ops(roots))  # type: ignore[assignment]
-    check_not_empty(ops)
-    merged = report.timed("duplicate code elimination", lambda: merge_duplicates(ops, roots))
-    if merged:
-        ops = live_ops(roots)
-        report.notes.append(f"{merged} duplicate ops merged")
-    report.timed("domain conditions", lambda: infer_guards(ops, roots))
-    report.timed("validate", lambda: validate(ops, check_bounds))
-    report.notes.append(f"{len(ops)} ops after dead code elimination")
-    return ops
+@dataclass(frozen=True)
+class Compiled:
+    """The compiled program: its final graph, schedule (with memory statements) and report."""
+
+    spec: ProgramSpec
+    schedule: Schedule
+    report: CompileReport
+
+
+def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
+    report = CompileReport()
+    given = len(spec.ops)
+
+    def rewrite(name: str, fn: Callable[[ProgramSpec], ProgramSpec], what: str = "") -> None:
+        nonlocal spec
+        before = {op.id: op.domain for op in spec.ops}
+        spec = report.timed(name, lambda: fn(spec))
+        if what == "hoisted":
+            moved = sum(1 for op in spec.ops if op.domain != before.get(op.id, op.domain))
+            if moved:
+                report.notes.append(f"{moved} ops hoisted out of loops they do not depend on")
+        elif what and len(spec.ops) != len(before):
+            report.notes.append(f"{len(before) - len(spec.ops)} {what}")
+
+    rewrite("dead code", eliminate_dead_code, "dead ops removed")
+    check_not_empty(list(spec.ops))
+    if optimize:
+        rewrite("duplicate code", merge_duplicates, "duplicate ops merged")
+        # hoisting first: what it moves out of every loop is often constant, and then folds
+        rewrite("loop-invariant hoisting", hoist_invariants, "hoisted")
+        rewrite("simplification", simplify, "ops removed by folding and identities")
+    rewrite("domain conditions", add_guards)
+    report.timed("validation", lambda: validate(list(spec.ops), spec.check_bounds))
+    ops = list(spec.ops)
+    sched = report.timed("scheduling", lambda: schedule(ops, spec.dims, spec.until))
+    if optimize:
+        sched, reordered = report.timed(
+            "op order (graphopt)", lambda: order_blocks(sched, ops, spec.check_bounds, spec.keep)
+        )
+        if reordered:
+            report.notes.append(f"op order: {reordered} loop-body blocks reordered for peak memory")
+    sched = report.timed("memory statements", lambda: add_frees(sched, ops, spec.keep))
+    report.notes.append(f"{given} ops given, {len(ops)} compiled")
+    return Compiled(spec, sched, report)

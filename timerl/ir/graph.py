@@ -158,3 +158,60 @@ def iter_edges(ops: Iterable[Op]) -> Iterator[tuple[Op, Edge]]:
     for op in ops:
         for e in op.inputs:
             yield op, e
+
+
+def copy_graph(
+    ops: Iterable[Op],
+    redirect: dict[int, Op] | None = None,
+    guards: dict[int, Condition] | None = None,
+    domains: dict[int, tuple[Dim, ...]] | None = None,
+) -> list[Op]:
+    """A private copy of ``ops`` (same ids), so a pass can change it without touching the
+    graph the user's context or another compiled program holds.
+
+    ``redirect`` maps an op id to the op its readers read instead (merged duplicates, folded
+    constants); redirected ops are dropped. ``guards`` gives copied ops their domain condition.
+    ``domains`` gives ops a smaller domain (hoisted out of loops): edges reading such an op
+    drop their index for the dims it lost.
+    Ops are created first and wired second, because recurrences make the graph cyclic.
+    """
+    redirect = redirect or {}
+    guards = guards or {}
+    domains = domains or {}
+    kept = [op for op in ops if op.id not in redirect]
+    new: dict[int, Op] = {}
+    for op in kept:
+        new[op.id] = Op(
+            prim=op.prim,
+            domain=domains.get(op.id, op.domain),
+            shape=op.shape,
+            dtype=op.dtype,
+            attrs=dict(op.attrs),
+            name=op.name,
+            site=op.site,
+            effect=op.effect,
+            id=op.id,
+            guard=guards.get(op.id, op.guard),
+        )
+
+    def target(src: Op) -> Op:
+        seen = 0
+        while src.id in redirect:  # a chain of redirects ends at a kept op
+            src = redirect[src.id]
+            seen += 1
+            if seen > len(redirect):
+                raise ProgramError("internal error: cyclic redirect between ops")
+        return new.get(src.id, src)
+
+    def reindex(old: Op, src: Op, index: tuple[Index, ...]) -> tuple[Index, ...]:
+        if src.domain == old.domain:
+            return index
+        return tuple(i for d, i in zip(old.domain, index, strict=True) if d in src.domain)
+
+    for op in kept:
+        new[op.id].inputs = [
+            Edge(dst, reindex(e.src, dst, e.index), e.cond)
+            for e in op.inputs
+            for dst in (target(e.src),)
+        ]
+    return list(new.values())

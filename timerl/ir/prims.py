@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,36 @@ torch = _Lazy("torch")
 
 
 @dataclass(frozen=True)
+class Traits:
+    """What passes, executors and exporters may rely on, so none of them tests a name.
+
+    ``mergeable`` ops may be merged with a duplicate and folded when their inputs are
+    constant; ``view`` ops may return (part of) an input's buffer, so they allocate nothing of
+    their own; ``piecewise`` ops pick one input per point by the edges' conditions (the
+    program's tensors); ``host`` ops call user Python; ``constant`` ops hold a value fixed
+    when the program is built.
+    """
+
+    elementwise: bool = False
+    reduction: bool = False
+    view: bool = False
+    random: bool = False
+    piecewise: bool = False
+    host: bool = False
+    constant: bool = False
+    stops_gradient: bool = False
+
+    @property
+    def mergeable(self) -> bool:
+        return not (self.random or self.piecewise or self.host)
+
+
+def _flops(out_size: int, in_sizes: list[int], attrs: dict[str, Any]) -> float:
+    """Default cost: one operation per output element."""
+    return float(out_size)
+
+
+@dataclass(frozen=True)
 class Prim:
     name: str
     infer: Infer
@@ -50,6 +80,9 @@ class Prim:
     keyed: bool = False  # pure random op: receives a counter-based key (seed, op, point)
     differentiable: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    traits: Traits = Traits()
+    # cost estimate in elementary operations, from element counts (used to order and place)
+    cost: Callable[[int, list[int], dict[str, Any]], float] = _flops
 
 
 REGISTRY: dict[str, Prim] = {}
@@ -975,3 +1008,31 @@ register(
         differentiable=False,
     )
 )
+
+
+# --- traits ------------------------------------------------------------------------------------
+
+
+def _declare(names: tuple[str, ...], cost: Callable | None = None, **flags: bool) -> None:
+    for name in names:
+        prim = REGISTRY[name]
+        traits = replace(prim.traits, **flags)
+        REGISTRY[name] = replace(prim, traits=traits, cost=cost or prim.cost)
+
+
+for _p in list(REGISTRY.values()):
+    _declare((_p.name,), elementwise=_p.elementwise, random=_p.keyed)
+_declare(("sum", "max", "argmax"), reduction=True, cost=lambda o, i, a: float(i[0]))
+_declare(("cumsum",), cost=lambda o, i, a: float(i[0]))
+_declare(("argsort",), cost=lambda o, i, a: float(i[0]) * max(np.log2(max(i[0], 2)), 1.0))
+# matmul: 2 m n k operations; out = m n (batched), the first input m k
+_declare(("matmul",), cost=lambda o, i, a: 2.0 * o * (i[0] * i[1] / max(o, 1)) ** 0.5)
+_declare(
+    ("reshape", "permute", "expand", "identity", "detach", "select_at", "narrow", "tuple_get"),
+    view=True,
+    cost=lambda o, i, a: 0.0,
+)
+_declare(("detach",), stops_gradient=True)
+_declare(("merge",), piecewise=True)
+_declare(("udf",), host=True)
+_declare(("const", "full", "iota"), constant=True)

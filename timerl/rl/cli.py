@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="ppo, reinforce, or a Python file defining build() -> (ctx, bounds, outputs)",
     )
     s.add_argument("--dot", default=None, help="write the PDG as graphviz dot to this file")
+    s.add_argument(
+        "--full", action="store_true", help="list every statement of the schedule, not a summary"
+    )
     s.set_defaults(func=_show)
 
 
@@ -123,7 +126,7 @@ def _show(args: argparse.Namespace) -> int:
             raise ProgramError(f"{path} must define build() -> (ctx, bounds, outputs)")
         ctx, bounds, outputs = scope["build"]()
         prog = ctx.compile(bounds=bounds, outputs=outputs)
-    print(prog.explain())
+    print(prog.explain(full=args.full))
     if args.dot:
         Path(args.dot).write_text(prog.render())
         print(f"PDG written to {args.dot}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from timerl.api.context import current
+from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor
 from timerl.ir.build import apply
 from timerl.ir.graph import View

@@ -57,6 +57,42 @@ class Schedule:
     def loops(self) -> list[Loop]:
         return [s for s in self.statements() if isinstance(s, Loop)]
 
+    def summary(self, names: int = 10) -> str:
+        """The schedule's shape: each loop, and for each run of statements between loops how
+        many ops it computes, which of the user's tensors they are, and how many frees.
+
+        Short enough to read for a whole training program; ``dump`` has every statement.
+        """
+        lines: list[str] = []
+
+        def flush(run: list[Stmt], pad: str) -> None:
+            ops = [s.op for s in run if isinstance(s, Compute)]
+            frees = sum(1 for s in run if isinstance(s, Free))
+            if not ops and not frees:
+                return
+            user = list(dict.fromkeys(o.name for o in ops if o.name and "#" not in o.name))
+            shown = ", ".join(user[:names]) + (
+                f", ... ({len(user) - names} more)" if len(user) > names else ""
+            )
+            what = f": {shown}" if shown else ""
+            lines.append(f"{pad}{len(ops)} ops, {frees} frees{what}")
+
+        def visit(body: list[Stmt], depth: int) -> None:
+            pad = "  " * depth
+            run: list[Stmt] = []
+            for s in body:
+                if isinstance(s, Loop):
+                    flush(run, pad)
+                    run = []
+                    lines.append(f"{pad}{_loop_header(s)}")
+                    visit(s.body, depth + 1)
+                else:
+                    run.append(s)
+            flush(run, pad)
+
+        visit(self.body, 0)
+        return "\n".join(lines)
+
     def dump(self) -> str:
         """The schedule as indented pseudo-code."""
         lines: list[str] = []
@@ -65,10 +101,7 @@ class Schedule:
             pad = "  " * depth
             for s in body:
                 if isinstance(s, Loop):
-                    d = s.dim
-                    rng = f"0 .. {d.bound.name}-1" if s.forward else f"{d.bound.name}-1 .. 0"
-                    extra = f" until {s.until.label}" if s.until is not None else ""
-                    lines.append(f"{pad}for {d.name} in {rng}{extra}:")
+                    lines.append(f"{pad}{_loop_header(s)}")
                     visit(s.body, depth + 1)
                 elif isinstance(s, Compute):
                     op = s.op
@@ -82,3 +115,10 @@ class Schedule:
 
         visit(self.body, 0)
         return "\n".join(lines)
+
+
+def _loop_header(loop: Loop) -> str:
+    d = loop.dim
+    rng = f"0 .. {d.bound.name}-1" if loop.forward else f"{d.bound.name}-1 .. 0"
+    extra = f" until {loop.until.label}" if loop.until is not None else ""
+    return f"for {d.name} in {rng}{extra}:"
