@@ -43,9 +43,9 @@ class Config:
         return f"{self.backend}{'' if self.optimize else ', optimize=False'}"
 
 
-def configs(torch_too: bool) -> list[Config]:
+def configs(torch_too: bool, unoptimised: bool = True) -> list[Config]:
     out = [Config("numpy")]
-    if HAS_OPTIMIZE_FLAG:
+    if HAS_OPTIMIZE_FLAG and unoptimised:
         out.append(Config("numpy", optimize=False))
     if torch_too:
         out.append(Config("torch"))
@@ -103,11 +103,15 @@ def run_config(program: Program, cfg: Config) -> list:
         raise Finding(f"raw exception in evaluate ({cfg})", _short(exc), program) from exc
 
 
-def check(program: Program, torch_too: bool = False) -> None:
-    """Raise ``Finding`` unless every configuration matches the reference value for value."""
+def check(program: Program, torch_too: bool = False, unoptimised: bool = True) -> None:
+    """Raise ``Finding`` unless every configuration matches the reference value for value.
+
+    Always the numpy backend with every optimisation on; ``unoptimised`` adds the
+    ``optimize=False`` reference where timerl has it, ``torch_too`` the torch backend.
+    """
     want = program.reference_values()
     grads = program.reference_grads() if program.grad else {}
-    for cfg in configs(torch_too):
+    for cfg in configs(torch_too, unoptimised):
         got = run_config(program, cfg)
         outs = program.outputs
         for t, g in zip(outs, got[: len(outs)], strict=True):

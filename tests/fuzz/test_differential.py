@@ -33,11 +33,11 @@ KEEP_GOING = os.environ.get("TIMERL_FUZZ_KEEP_GOING", "") == "1"
 # share of the programs each test runs, and what they are: (share, gradients, (i, t) dims,
 # most stages per program); values are cheaper than gradients
 TESTS = {
-    "values_t": (0.30, False, False, 3),
-    "values_it": (0.25, False, True, 3),
-    "values_small": (0.15, False, None, 1),
-    "grads_t": (0.18, True, False, 2),
-    "grads_it": (0.12, True, True, 2),
+    "values_t": (0.35, False, False, 3),
+    "values_it": (0.28, False, True, 3),
+    "values_small": (0.17, False, None, 1),
+    "grads_t": (0.12, True, False, 2),
+    "grads_it": (0.08, True, True, 2),
 }
 assert abs(sum(share for share, *_ in TESTS.values()) - 1.0) < 1e-9
 
@@ -47,12 +47,18 @@ def examples(name: str) -> int:
 
 
 @st.composite
-def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Program, bool]:
-    """A program with every construct enabled; the flag says whether to run torch too."""
+def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Program, bool, bool]:
+    """A program with every construct enabled, and whether to run torch and optimize=False too.
+
+    Every program runs on numpy with every optimisation on. The torch backend (a fifth of the
+    programs) and, for gradient programs, the ``optimize=False`` reference (a third; all value
+    programs) are drawn, to keep 2,000 programs within two minutes on two cores.
+    """
     ch = DrawChooser(draw)
     program = generate(ch, frozenset(FLAGS), grad=grad, max_stages=max_stages, two=two)
-    torch_too = ch.chance(25)
-    return program, torch_too
+    torch_too = ch.chance(20)
+    unoptimised = not grad or ch.chance(34)
+    return program, torch_too, unoptimised
 
 
 def fuzz(name: str) -> None:
@@ -70,11 +76,11 @@ def fuzz(name: str) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(programs(grad, two, max_stages))
-    def each(case: tuple[Program, bool]) -> None:
-        program, torch_too = case
+    def each(case: tuple[Program, bool, bool]) -> None:
+        program, torch_too, unoptimised = case
         note(program.source())
         try:
-            check(program, torch_too=torch_too)
+            check(program, torch_too=torch_too, unoptimised=unoptimised)
         except Finding as f:
             if not KEEP_GOING:
                 raise
