@@ -127,7 +127,10 @@ _SIGNATURE_RULES = [
     (r"cannot slice through index .*", "cannot slice through index <expr>"),
     (r"\(defined at [^)]*\)", ""),
     (r"\(at [^)]*\)", ""),
-    (r"(reads both earlier and later points: )(grad|vjp)?.*", r"\1\2..."),
+    (
+        r"(reads both earlier and later points: |with and without dim \w+: )(grad|vjp)?.*",
+        r"\1\2...",
+    ),
     (r"\b(u|y|p|x|a|b|lag)\d+\b", "<tensor>"),
     (r"[a-z_]+#\d+", "<op>"),
     (r"-?\d+(\.\d+)?(e-?\d+)?", "N"),

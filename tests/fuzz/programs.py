@@ -839,6 +839,8 @@ class Program:
         z = ref.whole(self.loss_of)
         total = (z * z).sum()
         names = list(leaves)
+        if not total.requires_grad:  # the loss reads no input (constant indices into nothing)
+            return {k: np.zeros_like(v.detach().numpy()) for k, v in leaves.items()}
         grads = torch.autograd.grad(total, [leaves[k] for k in names], allow_unused=True)
         return {
             k: (np.zeros_like(leaves[k].detach().numpy()) if g is None else g.numpy())
