@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format venv clean
+.PHONY: demo test fuzz lint format venv clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 	$(BIN)/ruff check timerl tests bench examples
 	$(BIN)/ruff format --check timerl tests bench examples
 	$(BIN)/python -m pytest -n 2 tests
+
+# the differential fuzzer at 20,000 programs (the default suite runs 2,000)
+fuzz: $(STAMP)
+	TIMERL_FUZZ_EXAMPLES=20000 $(BIN)/python -m pytest -n 2 tests/fuzz
 
 lint: $(STAMP)
 	$(BIN)/ruff check timerl tests bench examples

@@ -1,0 +1,147 @@
+"""Run one generated program through timerl and compare every value with the reference."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+from programs import Program
+
+import timerl as tl
+
+# `optimize=False` (the unoptimised numpy reference) where this timerl offers it
+HAS_OPTIMIZE_FLAG = "optimize" in inspect.signature(tl.evaluate).parameters
+
+RTOL = 1e-7
+ATOL = 1e-9
+
+
+class Finding(AssertionError):
+    """A valid program timerl rejected, crashed on, or computed differently from the reference."""
+
+    def __init__(self, kind: str, detail: str, program: Program) -> None:
+        self.kind = kind
+        self.detail = detail
+        self.program = program
+        super().__init__(
+            f"{kind}: {detail}\nconstructs used: {', '.join(sorted(program.used))}\n"
+            f"--- reproducer ---\n{program.source()}\n------------------"
+        )
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way of running the program: a backend, with or without the optimising passes."""
+
+    backend: str = "numpy"
+    optimize: bool = True
+
+    def __str__(self) -> str:
+        return f"{self.backend}{'' if self.optimize else ', optimize=False'}"
+
+
+def configs(torch_too: bool, unoptimised: bool = True) -> list[Config]:
+    out = [Config("numpy")]
+    if HAS_OPTIMIZE_FLAG and unoptimised:
+        out.append(Config("numpy", optimize=False))
+    if torch_too:
+        out.append(Config("torch"))
+    return out
+
+
+def _in_generator(exc: BaseException) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and "/tests/fuzz/" in frames[-1].filename
+
+
+def _short(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = (
+        f" (at {frames[-1].filename.split('/timerl/')[-1]}:{frames[-1].lineno})" if frames else ""
+    )
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _compare(kind: str, name: str, got: object, want: np.ndarray, program: Program, cfg: Config):
+    got_arr = np.asarray(got, dtype=np.float64) if not isinstance(got, list) else None
+    if got_arr is None or got_arr.shape != want.shape:
+        shape = got_arr.shape if got_arr is not None else "a ragged list"
+        raise Finding(kind, f"{name} on {cfg}: shape {shape}, want {want.shape}", program)
+    if not np.allclose(got_arr, want, rtol=RTOL, atol=ATOL, equal_nan=False):
+        bad = np.argwhere(~np.isclose(got_arr, want, rtol=RTOL, atol=ATOL))
+        at = tuple(int(v) for v in bad[0])
+        raise Finding(
+            kind,
+            f"{name} on {cfg} at {at}: timerl {got_arr[at]!r}, reference {want[at]!r}"
+            f" ({len(bad)} of {want.size} differ)",
+            program,
+        )
+
+
+def run_config(program: Program, cfg: Config) -> list:
+    """Build the program afresh and evaluate its outputs (and input gradients) on ``cfg``."""
+    try:
+        _ctx, b, _loss = program.build(tl)
+    except tl.TimerlError as exc:
+        raise Finding("rejected while building", _short(exc), program) from exc
+    except Exception as exc:
+        if _in_generator(exc):
+            raise  # a bug of the generator, not of timerl
+        raise Finding("raw exception while building", _short(exc), program) from exc
+    wanted = [b.tensors[t.name] for t in program.outputs]
+    if program.grad:
+        wanted += [b.tensors[t.name].grad for t in program.inputs]
+    kwargs = {} if cfg.optimize else {"optimize": False}
+    try:
+        return tl.evaluate(wanted, bounds=program.bounds(b), backend=cfg.backend, **kwargs)
+    except tl.TimerlError as exc:
+        raise Finding(f"rejected by evaluate ({cfg})", _short(exc), program) from exc
+    except Exception as exc:
+        raise Finding(f"raw exception in evaluate ({cfg})", _short(exc), program) from exc
+
+
+def check(program: Program, torch_too: bool = False, unoptimised: bool = True) -> None:
+    """Raise ``Finding`` unless every configuration matches the reference value for value.
+
+    Always the numpy backend with every optimisation on; ``unoptimised`` adds the
+    ``optimize=False`` reference where timerl has it, ``torch_too`` the torch backend.
+    """
+    want = program.reference_values()
+    grads = program.reference_grads() if program.grad else {}
+    for cfg in configs(torch_too, unoptimised):
+        got = run_config(program, cfg)
+        outs = program.outputs
+        for t, g in zip(outs, got[: len(outs)], strict=True):
+            _compare("value mismatch", t.name, g, want[t.name], program, cfg)
+        for t, g in zip(program.inputs if program.grad else [], got[len(outs) :], strict=True):
+            _compare("gradient mismatch", f"{t.name}.grad", g, grads[t.name], program, cfg)
+
+
+# how a timerl error message is reduced to the kind of failure it reports
+_SIGNATURE_RULES = [
+    (r"the read of .*? by [^:]*?(\(defined at [^)]*\))?(:| gathers)", r"a read\2"),
+    (r"index \(?[^()]*?(\([^()]*\))?[^()]*?\)? must move", "index <expr> must move"),
+    (r"cannot slice through index .*", "cannot slice through index <expr>"),
+    (r"\(defined at [^)]*\)", ""),
+    (r"\(at [^)]*\)", ""),
+    (
+        r"(reads both earlier and later points: |with and without dim \w+: )(grad|vjp)?.*",
+        r"\1\2...",
+    ),
+    (r"\b(u|y|p|x|a|b|lag)\d+\b", "<tensor>"),
+    (r"[a-z_]+#\d+", "<op>"),
+    (r"-?\d+(\.\d+)?(e-?\d+)?", "N"),
+]
+
+
+def signature(f: Finding) -> str:
+    """The kind of failure: the error with names, numbers and places taken out."""
+    if f.kind.endswith("mismatch"):
+        return f.kind
+    text = f.detail
+    for pattern, repl in _SIGNATURE_RULES:
+        text = re.sub(pattern, repl, text)
+    return f"{f.kind} | {' '.join(text.split())}"[:200]

@@ -1,0 +1,195 @@
+"""Differential fuzzing: random valid recurrence programs, timerl against a plain evaluator.
+
+Each example is a program from ``programs.generate`` with every construct enabled. timerl must
+build and compile it (any ``TimerlError`` on these valid programs is a failure, as is a raw
+Python exception) and give, value for value, what ``programs.Reference`` computes point by
+point; gradient examples also compare every input's ``.grad`` with torch autograd through the
+same reference. A failure prints the shrunk program as runnable timerl source.
+
+``TIMERL_FUZZ_EXAMPLES`` sets the total number of programs (default 2,000, split over the tests
+below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
+and fails at the end with each distinct failure (unshrunk) instead of stopping at the first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, note, seed, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import Finding, check, signature  # noqa: E402
+from programs import FLAGS, DrawChooser, Program, generate  # noqa: E402
+
+TOTAL = int(os.environ.get("TIMERL_FUZZ_EXAMPLES", "2000"))
+# run every program and fail once at the end, listing each distinct failure (no shrinking)
+KEEP_GOING = os.environ.get("TIMERL_FUZZ_KEEP_GOING", "") == "1"
+
+# share of the programs each test runs, and what they are: (share, gradients, (i, t) dims,
+# most stages per program); values are cheaper than gradients
+TESTS = {
+    "values_t": (0.35, False, False, 3),
+    "values_it": (0.28, False, True, 3),
+    "values_small": (0.17, False, None, 1),
+    "grads_t": (0.12, True, False, 2),
+    "grads_it": (0.08, True, True, 2),
+}
+assert abs(sum(share for share, *_ in TESTS.values()) - 1.0) < 1e-9
+
+
+def examples(name: str) -> int:
+    return max(1, round(TOTAL * TESTS[name][0]))
+
+
+@st.composite
+def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Program, bool, bool]:
+    """A program with every construct enabled, and whether to run torch and optimize=False too.
+
+    Every program runs on numpy with every optimisation on. The torch backend (a fifth of the
+    programs) and, for gradient programs, the ``optimize=False`` reference (a third; all value
+    programs) are drawn, to keep 2,000 programs within two minutes on two cores.
+    """
+    ch = DrawChooser(draw)
+    program = generate(ch, frozenset(FLAGS), grad=grad, max_stages=max_stages, two=two)
+    torch_too = ch.chance(20)
+    unoptimised = not grad or ch.chance(34)
+    return program, torch_too, unoptimised
+
+
+def fuzz(name: str) -> None:
+    """Check ``examples(name)`` programs; the first failure is shrunk and printed."""
+    _, grad, two, max_stages = TESTS[name]
+    findings: list[Finding] = []
+
+    @seed(zlib.crc32(name.encode()))
+    @settings(
+        max_examples=examples(name),
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate] if KEEP_GOING else [Phase.generate, Phase.shrink],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(programs(grad, two, max_stages))
+    def each(case: tuple[Program, bool, bool]) -> None:
+        program, torch_too, unoptimised = case
+        note(program.source())
+        try:
+            check(program, torch_too=torch_too, unoptimised=unoptimised)
+        except Finding as f:
+            if not KEEP_GOING:
+                raise
+            findings.append(f)
+
+    each()
+    if findings:
+        groups: dict[str, list[Finding]] = {}
+        for f in findings:
+            groups.setdefault(signature(f), []).append(f)
+        text = [f"{len(findings)} of {examples(name)} programs failed, {len(groups)} ways:"]
+        for sig, fs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            text.append(f"\n[{len(fs)}x] {sig}\n{min(fs, key=lambda f: len(str(f)))}")
+        pytest.fail("\n".join(text), pytrace=False)
+
+
+def test_values_t():
+    fuzz("values_t")
+
+
+def test_values_it():
+    fuzz("values_it")
+
+
+def test_values_small():
+    """One construct at a time, so a rejected construct is found in its smallest form."""
+    fuzz("values_small")
+
+
+def test_gradients_t():
+    fuzz("grads_t")
+
+
+def test_gradients_it():
+    fuzz("grads_it")
+
+
+def test_the_reference_is_independent_of_timerl():
+    """The reference evaluator must not use timerl: a bug shared by both would hide itself."""
+    import ast
+    import inspect
+
+    import programs as module
+
+    tree = ast.parse(inspect.getsource(module))
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "numpy" in imported  # the walk sees the imports
+    assert not any(name and name.split(".")[0] == "timerl" for name in imported)
+
+
+# constructs timerl has supported for long: enough to check the printed reproducers
+PLAIN = frozenset({"spatial", "clamp", "prefix", "suffix", "full", "const_index", "fwd"})
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_printed_reproducer_is_the_checked_program(seed):
+    """Running the printed source gives the reference's values (arrays print exactly)."""
+    import numpy as np
+    from programs import RandomChooser
+
+    program = generate(RandomChooser(seed), PLAIN, max_stages=2, two=False)
+    source = program.source().replace("print(tl.evaluate(", "result = (tl.evaluate(")
+    scope: dict = {}
+    exec(compile(source, "<reproducer>", "exec"), scope)
+    want = program.reference_values()
+    assert len(scope["result"]) == len(program.outputs)
+    for t, got in zip(program.outputs, scope["result"], strict=True):
+        np.testing.assert_allclose(got, want[t.name], rtol=1e-7, atol=1e-9)
+
+
+def _small_program(grad: bool = False) -> Program:
+    from programs import RandomChooser
+
+    return generate(RandomChooser(3), PLAIN, grad=grad, max_stages=1, two=False)
+
+
+def test_a_wrong_value_fails_the_check(monkeypatch):
+    """The comparison is live: a reference that disagrees by 1e-5 is reported with the program."""
+    program = _small_program()
+    check(program)  # agrees as generated
+    right = program.reference_values()
+    name = program.outputs[0].name
+    wrong = {k: v + (1e-5 if k == name else 0.0) for k, v in right.items()}
+    monkeypatch.setattr(program, "reference_values", lambda: wrong)
+    with pytest.raises(Finding, match=f"value mismatch: {name} on numpy") as info:
+        check(program)
+    assert "tl.evaluate(" in str(info.value)  # the reproducer is printed
+
+
+def test_a_wrong_gradient_fails_the_check(monkeypatch):
+    program = _small_program(grad=True)
+    check(program)
+    right = program.reference_grads()
+    wrong = {k: v * 1.001 + 1e-6 for k, v in right.items()}
+    monkeypatch.setattr(program, "reference_grads", lambda: wrong)
+    with pytest.raises(Finding, match="gradient mismatch"):
+        check(program)
+
+
+def test_a_rejected_valid_program_fails_the_check(monkeypatch):
+    """Any timerl error on a generated program is a failure, never a skip."""
+    import timerl as tl
+
+    program = _small_program()
+
+    def reject(*args, **kwargs):
+        raise tl.CycleError("no loop order")
+
+    monkeypatch.setattr(tl, "evaluate", reject)
+    with pytest.raises(Finding, match="rejected by evaluate"):
+        check(program)
