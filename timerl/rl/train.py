@@ -102,7 +102,7 @@ class TrainResult:
             f"{self.env_steps:,} env steps{resumed}",
             f"  mean return (last 10 iterations): {self.mean_return_last10:.1f}",
             f"  env steps/s: {self.steps_per_second:,.0f}   compile: {self.compile_seconds:.2f} s"
-            f"   run: {self.run_seconds:.1f} s   peak memory: {self.peak_bytes / 2**20:.1f} MiB",
+            f"   run: {self.run_seconds:.1f} s   peak memory: {_size(self.peak_bytes)}",
         ]
         if self.log_dir is not None:
             logs = str(Path(self.log_dir) / METRICS)
@@ -113,6 +113,13 @@ class TrainResult:
                 best = f" (best: {self.best_checkpoint})" if self.best_checkpoint else ""
                 lines.append(f"  checkpoint: {self.checkpoint}{best}")
         return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    """Bytes for people: small programs peak at a few KiB, which "0.0 MiB" would hide."""
+    if n < 2**20:
+        return f"{n / 2**10:.1f} KiB"
+    return f"{n / 2**20:.1f} MiB"
 
 
 def make_config(algo: str, config: dict[str, Any]) -> AlgoConfig:
