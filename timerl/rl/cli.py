@@ -187,7 +187,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     x.add_argument("run_dir", type=Path, help="a --log-dir of timerl train")
     x.add_argument("--format", choices=["torch", "onnx"], default="torch")
     x.add_argument(
-        "--out", type=Path, default=None, help="output file (default: RUN_DIR/policy.pt|.onnx)"
+        "--out",
+        type=Path,
+        default=None,
+        help="output file (default: RUN_DIR/policy.pt2 or RUN_DIR/policy.onnx)",
     )
     x.add_argument("--checkpoint", default="latest", help="'latest', 'best', or a file")
     x.set_defaults(func=_export)
