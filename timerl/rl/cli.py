@@ -25,8 +25,34 @@ DEFAULT_ENV = "CartPole-v1"
 DEFAULT_STEPS = 500_000
 
 
+# what the common config fields mean (a field without an entry still gets its flag)
+FIELD_HELP = {
+    "num_envs": "parallel environments",
+    "num_steps": "rollout steps per environment per iteration",
+    "lr": "learning rate",
+    "anneal_lr": "decay the learning rate linearly to 0 over the run (true/false)",
+    "gamma": "discount factor",
+    "max_grad_norm": "clip gradients to this global norm",
+    "gae_lambda": "GAE lambda",
+    "epochs": "passes over each iteration's batch",
+    "minibatches": "minibatches per epoch",
+    "clip": "PPO probability-ratio clip",
+    "vf_coef": "value-loss weight",
+    "ent_coef": "entropy-bonus weight (None: 0.01 for discrete actions, 0 for continuous)",
+    "norm_adv": "normalise advantages per minibatch (true/false)",
+    "baseline": "subtract a learned value baseline (true/false)",
+}
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every flag's default; keeps descriptions' line breaks."""
+    """Shows every flag's default (flags whose default depends on the algorithm or the run
+    say so in their own help); keeps descriptions' line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default:" in text or action.default is None:
+            return text
+        return super()._get_help_string(action)
 
 
 def _bool(text: str) -> bool:
@@ -74,24 +100,37 @@ def _algo_choices() -> list[str]:
     return sorted(ALGOS)
 
 
+def _env_defaults_text() -> str:
+    from timerl.rl import algos
+
+    per_env = getattr(algos, "ENV_DEFAULTS", {})
+    parts = [
+        f"{algo} on {env}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+        for algo, envs in sorted(per_env.items())
+        for env, values in envs.items()
+        if values
+    ]
+    return "; environments with their own defaults: " + "; ".join(parts) if parts else ""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     algos = _algo_choices()
     p = sub.add_parser(
         "train",
         help="train an agent with a DRL algorithm written as recurrent tensors",
         formatter_class=_Formatter,
-        description="Hyper-parameter flags override the algorithm's defaults for the "
-        "environment (listed per algorithm below; some environments have their own, see "
-        "timerl/rl/algos.py). On --resume, a flag that differs from the checkpoint's "
-        "setting is an error; --steps may grow to train further.",
+        description="Hyper-parameter flags override the algorithm's defaults (listed per "
+        "algorithm below)" + _env_defaults_text() + ". On --resume, a flag that differs from "
+        "the checkpoint's setting is an error; --steps may grow to train further.",
     )
-    p.add_argument("algo", choices=algos)
+    p.add_argument("algo", choices=algos, help="algorithm")
     p.add_argument("--env", default=None, help=f"environment id (default: {DEFAULT_ENV})")
     p.add_argument(
         "--env-kwargs",
         type=json.loads,
         default=None,
-        help="JSON keyword arguments for the environment, e.g. '{\"obs_shape\": [3, 64, 64]}'",
+        help="JSON keyword arguments for the environment, e.g. '{\"obs_shape\": [3, 64, 64]}' "
+        "(default: none)",
     )
     p.add_argument(
         "--steps",
@@ -100,12 +139,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"total env steps (default: {DEFAULT_STEPS:,}; on --resume: the run's own)",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
-    p.add_argument("--backend", default="numpy", choices=["numpy", "torch"])
+    p.add_argument("--backend", default="numpy", choices=["numpy", "torch"], help="array backend")
     p.add_argument("--device", default="cpu", help="device for the torch backend")
     p.add_argument(
         "--log-dir",
         default=None,
-        help="run directory: metrics.csv, TensorBoard logs (tb/), config.json, checkpoints/",
+        help="run directory: metrics.csv, TensorBoard logs (tb/), config.json, checkpoints/ "
+        "(default: none, nothing is written)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --log-dir")
     p.add_argument(
@@ -147,12 +187,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         shown = ", ".join(f"{a} {d}" for a, d in defaults.items())
         missing = [a for a in algos if a not in defaults]
         note = f"; not for {', '.join(missing)}" if missing else ""
+        what = FIELD_HELP.get(name, name.replace("_", " "))
         p.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             type=kind,
             default=None,
-            help=f"(default: {shown}{note})",
+            help=f"{what} (default: {shown}{note})",
         )
     p.set_defaults(func=_train)
 
@@ -175,7 +216,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("--seed", type=int, default=1000, help="seed of the evaluation episodes")
     e.add_argument(
-        "--video", type=Path, default=None, help="write the first episode as a GIF (needs Pillow)"
+        "--video",
+        type=Path,
+        default=None,
+        help="write the first episode as a GIF (needs Pillow; default: none)",
     )
     e.set_defaults(func=_eval)
 
