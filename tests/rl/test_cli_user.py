@@ -257,3 +257,36 @@ def test_version_and_defaults_in_help(capsys):
         "--overwrite",
     ):
         assert expected in text, expected
+
+
+def test_a_terminal_gets_a_progress_bar_instead_of_lines(tmp_path):
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120")
+    argv = [*_argv(tmp_path, 256, "--log-every", "1")]
+    argv.remove("--no-progress")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "timerl.cli", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=child_fd,
+        stderr=child_fd,
+    )
+    os.close(child_fd)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main_fd, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=300)
+    os.close(main_fd)
+    text = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "train" in text and "steps/s" in text and "256/256" in text
+    assert "iteration 1/" not in text  # no plain lines on a terminal
+    assert "mean return" in text
