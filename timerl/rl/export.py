@@ -49,10 +49,12 @@ def torch_module(spec: PolicySpec) -> Any:
             layers.append(acts[spec.activation]())
     low = torch.as_tensor(spec.low if spec.low is not None else np.zeros(1), dtype=torch.float32)
     high = torch.as_tensor(spec.high if spec.high is not None else np.zeros(1), dtype=torch.float32)
-    return _Policy(nn.Sequential(*layers), spec.kind, spec.obs_dim, low, high, spec.low is not None)
+    policy = _policy_class()
+    return policy(nn.Sequential(*layers), spec.kind, spec.obs_dim, low, high, spec.low is not None)
 
 
 def _policy_class() -> Any:
+    """Defined on first use: torch is an optional dependency."""
     torch = _torch()
 
     class Policy(torch.nn.Module):
@@ -87,10 +89,6 @@ def _policy_class() -> Any:
             return y
 
     return Policy
-
-
-def _Policy(*args: Any) -> Any:  # noqa: N802 - a class made on first use (torch is optional)
-    return _policy_class()(*args)
 
 
 def export_run(

@@ -190,8 +190,9 @@ def _prepare_log_dir(log_path: Path, overwrite: bool) -> None:
     if not ours and not others:
         return
     if not overwrite:
+        held = ", ".join(sorted(p.name for p in [*ours, *others])[:5])
         raise CheckpointError(
-            f"--log-dir {log_path} is not empty (holds {', '.join(sorted(p.name for p in [*ours, *others])[:5])}); "
+            f"--log-dir {log_path} is not empty (holds {held}); "
             "pass --resume to continue that run, --overwrite to replace it, or choose another "
             "--log-dir"
         )
