@@ -44,6 +44,7 @@ from timerl.rl.checkpoint import (
     load_checkpoint,
     named_state,
 )
+from timerl.rl.tblog import ScalarWriter, tensorboard_available
 
 METRICS = "metrics.csv"
 CONFIG = "config.json"
@@ -448,16 +449,6 @@ def _version() -> str:
     return __version__
 
 
-def tensorboard_available() -> bool:
-    """TensorBoard event files need the ``tensorboard`` package (the ``train`` extra)."""
-    import importlib.util
-
-    return (
-        importlib.util.find_spec("tensorboard") is not None
-        and importlib.util.find_spec("torch") is not None
-    )
-
-
 class _MetricsLog:
     """Per-iteration metrics as CSV, and TensorBoard scalars beside it when installed."""
 
@@ -496,11 +487,8 @@ class _MetricsLog:
                 f"metrics go to {path} only"
             )
             return
-        from torch.utils.tensorboard import SummaryWriter
-
-        # purge_step drops events a crashed run logged after its checkpoint
         purge = None if resume_at is None else (resume_at + 1) * steps_per_iteration
-        self.tb = SummaryWriter(str(log_dir / TENSORBOARD), purge_step=purge)
+        self.tb = ScalarWriter(log_dir / TENSORBOARD, purge_step=purge)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is None:
@@ -508,9 +496,8 @@ class _MetricsLog:
         self.csv.writerow(record)
         self.file.flush()
         if self.tb is not None:
-            for k, v in record.items():
-                if k not in ("iteration", "env_steps"):
-                    self.tb.add_scalar(k, v, record["env_steps"])
+            scalars = {k: v for k, v in record.items() if k not in ("iteration", "env_steps")}
+            self.tb.add_scalars(scalars, record["env_steps"])
             self.tb.flush()
 
     def close(self) -> None:
