@@ -125,3 +125,14 @@ def test_without_tensorboard_a_one_line_notice_and_csv_only(tmp_path, monkeypatc
     assert "timerl[train]" in notes[0]
     assert not (tmp_path / "tb").exists() and (tmp_path / "metrics.csv").exists()
     assert not res.tensorboard
+
+
+def test_parameters_that_are_never_updated_are_noted_not_fatal(tmp_path):
+    """REINFORCE without a baseline leaves the critic untrained: it is no carried state."""
+    notes = []
+    cfg = {"num_envs": 2, "num_steps": 16, "hidden": [8], "baseline": False}
+    train("reinforce", cfg, iterations=2, log_dir=tmp_path, progress=False, echo=notes.append)
+    assert [n for n in notes if "critic.0.weight" in n and "not carried" in n]
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path))
+    assert "actor.0.weight" in ckpt.params and "critic.0.weight" not in ckpt.params
+    assert set(ckpt.header["param_names"]) == set(ckpt.params)

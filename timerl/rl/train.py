@@ -305,17 +305,21 @@ def train(
     begin = time.perf_counter()
     env = program.env
     param_names = [p.name for p in program.params]
+    warned: list[bool] = []
 
     def save(i: int) -> None:
         nonlocal last_good, saved_path
         assert keeper is not None and log_path is not None
         snapshot = ex.snapshot()
         named = named_state(list(ex.ops.values()), prog.static, snapshot, i)
+        # A parameter the program never updates is not carried from iteration to iteration:
+        # resuming does not need it, but eval and export will not find it by name.
         missing = [n for n in param_names if n not in named]
-        if missing:
-            raise CheckpointError(
-                f"iteration {i}: parameters {missing[:3]} are not in the carried state; "
-                "cannot checkpoint them"
+        if missing and not warned:
+            warned.append(True)
+            echo(
+                f"note: parameters {', '.join(missing[:3])} are not carried state and are not "
+                "stored by name in checkpoints"
             )
         header = {
             "algo": algo,
@@ -330,7 +334,7 @@ def train(
             "metrics_rows": i + 1,
             "seconds": history[-1]["seconds"] if history else seconds_before,
             "history": list(history),
-            "param_names": param_names,
+            "param_names": [n for n in param_names if n in named],
         }
         tail = [h["episodic_return"] for h in history[-10:]]
         tail = [r for r in tail if math.isfinite(r)]
@@ -339,7 +343,7 @@ def train(
             i,
             score,
             header=header,
-            params={n: named[n] for n in param_names},
+            params={n: named[n] for n in param_names if n in named},
             state={n: v for n, v in named.items() if n not in param_names},
             snapshot=snapshot,
             env_state=env.state_dict(),
