@@ -205,3 +205,46 @@ def test_export_onnx_acts_like_timerl_or_names_the_extra(run, tmp_path, capsys):
 def test_a_checkpoint_without_an_acting_network_is_a_clear_error():
     with pytest.raises(CheckpointError, match="no acting network.*encoder.0.weight"):
         policy_spec({"encoder.0.weight": np.zeros((4, 2))}, make_env("CartPole-v1"))
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "sigmoid"])
+def test_activation_is_read_off_the_program_and_used_to_act(activation):
+    """A relu actor (as DQN/SAC-style programs use) acts with relu, found in the graph."""
+    from timerl.rl.evaluation import infer_activations
+
+    obs = np.random.default_rng(3).standard_normal((6, 4)).astype(np.float32)
+    ctx = tl.Context(dims=("i",))
+    (i,) = ctx.dims
+    with ctx:
+        net = tl.nn.MLP([4, 8, 8, 2], activation=activation, domain=(i,), seed=2, name="actor")
+        out = net.at(i)(tl.from_numpy(obs))
+        params = net.parameters()
+        (out**2.0).mean().backward(inputs=params)
+        tl.optim.SGD(params, lr=0.1).step()
+        seen = {}
+        tl.sink(out, lambda v, pt: seen.__setitem__(pt["i"], v))
+        for p in params:
+            tl.sink(p, lambda v, pt, n=p.name: seen.__setitem__((pt["i"], n), v))
+    prog = ctx.compile(bounds={"I": 2})
+    prog.run()
+    found = infer_activations(prog.ops)
+    assert found == {"actor": activation}
+    weights = {p.name: seen[(1, p.name)] for p in params}
+    spec = policy_spec(weights, make_env("CartPole-v1"), found)
+    np.testing.assert_allclose(spec.forward(obs), seen[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_squashed_gaussian_acts_within_the_action_bounds():
+    """Output twice the action size: tanh(mean) scaled to [low, high] (Pendulum: [-2, 2])."""
+    rng = np.random.default_rng(4)
+    params = {"actor.0.weight": rng.standard_normal((3, 2)).astype(np.float32) * 3}
+    env = make_env("Pendulum-v1")
+    spec = policy_spec(params, env)
+    assert spec.kind == "squashed"
+    obs = rng.standard_normal((50, 3)).astype(np.float32)
+    mean = (obs @ params["actor.0.weight"])[:, :1]
+    expected = 2.0 * np.tanh(mean)
+    np.testing.assert_allclose(spec.act(obs, deterministic=True), expected, rtol=1e-5, atol=1e-6)
+    sampled = spec.act(obs, deterministic=False, rng=rng)
+    assert sampled.shape == (50, 1) and np.all(np.abs(sampled) <= 2.0)
+    assert not np.allclose(sampled, 2.0 * np.tanh(mean))

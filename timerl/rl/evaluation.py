@@ -10,7 +10,11 @@ What the network's output means follows from the environment and its size:
 - continuous actions, output of the action size: a Gaussian mean, with the state-independent
   ``policy.log_std`` parameter as its spread when present;
 - continuous actions, output twice the action size: mean and log-std of a tanh-squashed
-  Gaussian (SAC-style), scaled to the action bounds.
+  Gaussian (SAC-style), scaled to the action bounds; the log-std output is squashed into
+  [LOG_STD_MIN, LOG_STD_MAX] with tanh.
+
+The activation between layers is read off the compiled program at training time and stored in
+the checkpoint's header (``activations``).
 
 Inference runs in numpy: evaluation needs no compiler and no program.
 """
@@ -32,6 +36,10 @@ from timerl.rl.checkpoint import load_checkpoint as _load
 # networks that choose actions, in the order they are looked for
 ACTING_NETS = ("actor", "policy", "pi", "q", "q_net", "qnet")
 GREEDY_NETS = ("q", "q_net", "qnet")
+# a squashed Gaussian's log-std output is itself squashed into this range (the SAC convention)
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+# the compiled op that feeds a hidden layer's matmul, per activation of tl.nn.MLP
+ACTIVATION_PRIMS = {"tanh": "tanh", "maximum": "relu", "sigmoid": "sigmoid"}
 ACTIVATIONS = {
     "tanh": np.tanh,
     "relu": lambda x: np.maximum(x, 0.0),
@@ -101,7 +109,9 @@ class PolicySpec:
                 return out
             return out + np.exp(self.log_std) * rng.standard_normal(out.shape).astype(np.float32)
         half = out.shape[-1] // 2
-        mean, log_std = out[..., :half], out[..., half:]
+        mean = out[..., :half]
+        squashed = (np.tanh(out[..., half:]) + 1.0) * 0.5
+        log_std = LOG_STD_MIN + squashed * (LOG_STD_MAX - LOG_STD_MIN)
         u = mean if deterministic else mean + np.exp(log_std) * rng.standard_normal(mean.shape)
         return self._scale(np.tanh(u))
 
@@ -111,8 +121,26 @@ class PolicySpec:
         return self.low + (y + 1.0) * 0.5 * (self.high - self.low)
 
 
-def policy_spec(params: dict[str, np.ndarray], env: Any, activation: str = "tanh") -> PolicySpec:
-    """The acting network among ``params`` for ``env`` (a timerl VectorEnv or Env)."""
+def infer_activations(ops: list[Any]) -> dict[str, str]:
+    """Each MLP's activation, read off a compiled program: the op its second layer's matmul
+    multiplies ``<net>.1.weight`` with. Programs do not otherwise record it."""
+    pattern = re.compile(r"^(.+)\.1\.weight(@.*)?$")
+    found: dict[str, str] = {}
+    for op in ops:
+        if op.prim != "matmul" or len(op.inputs) != 2:
+            continue
+        a, b = (e.src for e in op.inputs)
+        m = pattern.match(b.name or "") if b.prim == "merge" else None
+        if m and m.group(1) not in found and a.prim in ACTIVATION_PRIMS:
+            found[m.group(1)] = ACTIVATION_PRIMS[a.prim]
+    return found
+
+
+def policy_spec(
+    params: dict[str, np.ndarray], env: Any, activation: str | dict[str, str] = "tanh"
+) -> PolicySpec:
+    """The acting network among ``params`` for ``env`` (a timerl VectorEnv or Env);
+    ``activation``: one for every net, or per net name (missing ones: tanh)."""
     vec = getattr(env, "vec", env)
     for net in ACTING_NETS:
         layers = _layers(params, net)
@@ -124,6 +152,8 @@ def policy_spec(params: dict[str, np.ndarray], env: Any, activation: str = "tanh
             f"<net>.<k>.weight with <net> one of {', '.join(ACTING_NETS)}; "
             f"it has {', '.join(sorted(params)[:8])}"
         )
+    if isinstance(activation, dict):
+        activation = activation.get(net, "tanh")
     if activation not in ACTIVATIONS:
         raise CheckpointError(f"unknown activation {activation!r} in the run's config")
     weights = [w for w, _ in layers]
@@ -164,6 +194,11 @@ def _layers(params: dict[str, np.ndarray], net: str) -> list[tuple[np.ndarray, A
     if ks != list(range(len(ks))):
         raise CheckpointError(f"{net}: layers {ks} are not numbered 0..{len(ks) - 1}")
     return [(params[f"{net}.{k}.weight"], params.get(f"{net}.{k}.bias")) for k in ks]
+
+
+def checkpoint_activations(header: dict[str, Any]) -> dict[str, str] | str:
+    """The activations recorded at training time (or the config's, or tanh)."""
+    return header.get("activations") or header["config"].get("activation", "tanh")
 
 
 def _make_env(header: dict[str, Any], seed: int, **extra: Any) -> Any:
@@ -216,9 +251,8 @@ def evaluate_run(
         raise CheckpointError(f"--episodes must be at least 1, got {episodes}")
     ckpt = load_run_checkpoint(run_dir, checkpoint)
     header = ckpt.header
-    activation = header["config"].get("activation", "tanh")
     env = _make_env(header, seed)
-    spec = policy_spec(ckpt.params, env, activation)
+    spec = policy_spec(ckpt.params, env, checkpoint_activations(header))
     rng = np.random.default_rng(seed)
     returns = run_episodes(env, spec, episodes, deterministic, rng, max_steps)
     env.close()

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import BackendError, CheckpointError
-from timerl.rl.evaluation import PolicySpec, _make_env, load_run_checkpoint, policy_spec
+from timerl.rl.evaluation import (
+    PolicySpec,
+    _make_env,
+    checkpoint_activations,
+    load_run_checkpoint,
+    policy_spec,
+)
 
 FORMATS = {"torch": ".pt2", "onnx": ".onnx"}
 
@@ -102,7 +108,7 @@ def export_run(
         raise CheckpointError(f"unknown export format {fmt!r}; choose one of {sorted(FORMATS)}")
     ckpt = load_run_checkpoint(run_dir, checkpoint)
     env = _make_env(ckpt.header, seed=0)
-    spec = policy_spec(ckpt.params, env, ckpt.header["config"].get("activation", "tanh"))
+    spec = policy_spec(ckpt.params, env, checkpoint_activations(ckpt.header))
     example = env.reset()
     env.close()
     path = Path(out) if out is not None else Path(run_dir) / f"policy{FORMATS[fmt]}"

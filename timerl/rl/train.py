@@ -44,6 +44,7 @@ from timerl.rl.checkpoint import (
     load_checkpoint,
     named_state,
 )
+from timerl.rl.evaluation import infer_activations
 from timerl.rl.tblog import ScalarWriter, tensorboard_available
 
 METRICS = "metrics.csv"
@@ -305,6 +306,7 @@ def train(
     begin = time.perf_counter()
     env = program.env
     param_names = [p.name for p in program.params]
+    activations = infer_activations(prog.ops)
     warned: list[bool] = []
 
     def save(i: int) -> None:
@@ -335,6 +337,7 @@ def train(
             "seconds": history[-1]["seconds"] if history else seconds_before,
             "history": list(history),
             "param_names": [n for n in param_names if n in named],
+            "activations": activations,
         }
         tail = [h["episodic_return"] for h in history[-10:]]
         tail = [r for r in tail if math.isfinite(r)]
