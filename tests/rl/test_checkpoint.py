@@ -136,3 +136,10 @@ def test_parameters_that_are_never_updated_are_noted_not_fatal(tmp_path):
     ckpt = load_checkpoint(latest_checkpoint(tmp_path))
     assert "actor.0.weight" in ckpt.params and "critic.0.weight" not in ckpt.params
     assert set(ckpt.header["param_names"]) == set(ckpt.params)
+
+
+def test_run_directories_may_be_given_as_strings(run):
+    log, _, _ = run
+    assert load_checkpoint(latest_checkpoint(str(log))).iteration == 5
+    assert [i for i, _ in checkpoint_files(str(log))] == [4, 5]
+    assert load_checkpoint(str(log)).iteration == 5  # a directory: its latest checkpoint

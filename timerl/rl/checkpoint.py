@@ -225,11 +225,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(header, arrays, path)
 
 
-def checkpoint_dir(run_dir: Path) -> Path:
-    return run_dir / DIRNAME
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / DIRNAME
 
 
-def checkpoint_files(run_dir: Path) -> list[tuple[int, Path]]:
+def checkpoint_files(run_dir: str | Path) -> list[tuple[int, Path]]:
     """The numbered checkpoints of a run, oldest first."""
     folder = checkpoint_dir(run_dir)
     if not folder.is_dir():
@@ -242,7 +242,9 @@ def checkpoint_files(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
+def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The newest numbered checkpoint of a run directory."""
+    run_dir = Path(run_dir)
     files = checkpoint_files(run_dir)
     if not files:
         legacy = run_dir / "checkpoint.pkl"
