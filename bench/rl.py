@@ -800,7 +800,13 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
             with open(out / "profile.json", "w") as fh:
                 json.dump(profiles, fh, indent=1, default=str)
         (out / "table.md").write_text(text + "\n")
-        paths = plot(rows, out)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            paths = []
+            print("note: matplotlib is not installed (pip install 'timerl[train]'): no plots")
+        else:
+            paths = plot(rows, out)
         print(f"wrote {out / 'results.csv'}, {out / 'table.md'} and {len(paths)} plot(s)")
     print(f"total {time.perf_counter() - began:.0f} s")
     return 0

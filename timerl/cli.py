@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from timerl.errors import TimerlError
 
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+
 
 def build_parser() -> argparse.ArgumentParser:
+    from timerl import __version__
+
     parser = argparse.ArgumentParser(prog="timerl", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"timerl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     from timerl import bench_cli
     from timerl.graphopt import cli as graphopt_cli
@@ -21,14 +29,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _silence_stdout() -> None:
+    """After the reader of our stdout went away (``| head``), later writes and the flush at
+    exit must not raise again: point stdout at /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (tests capture it)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except TimerlError as err:
         print(f"timerl: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
+    except KeyboardInterrupt as err:
+        detail = str(err) or "interrupted"
+        print(f"timerl: {detail}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

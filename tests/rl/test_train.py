@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import pickle
 import signal
 import threading
 
@@ -14,7 +13,8 @@ import numpy as np
 import pytest
 
 from timerl.errors import CheckpointError, EnvError, NumericalError
-from timerl.rl.train import CHECKPOINT, METRICS, load_checkpoint, train
+from timerl.rl.checkpoint import latest_checkpoint, load_checkpoint
+from timerl.rl.train import METRICS, train
 
 CFG = {
     "env_id": "CartPole-v1",
@@ -78,6 +78,28 @@ def _comparable(rows):
     return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
 
 
+def _ckpt(log_dir):
+    return load_checkpoint(latest_checkpoint(log_dir))
+
+
+def _rewrite_header(src, dst, **changes):
+    """A copy of checkpoint ``src`` at ``dst`` with header entries replaced."""
+    import json
+
+    with np.load(src, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    header = json.loads(bytes(arrays["__header__"]).decode())
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            header[key].update(value)
+        else:
+            header[key] = value
+    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(dst, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
 def _assert_same_stores(a, b):
     assert a.keys() == b.keys()
     for k in a:
@@ -112,13 +134,18 @@ def test_full_run_writes_metrics_and_checkpoint(full_run):
     assert [int(r["env_steps"]) for r in rows] == [(k + 1) * 4 * 32 for k in range(N)]
     for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "reward_mean"):
         assert all(math.isfinite(float(r[key])) for r in rows), key
-    ckpt = load_checkpoint(log / CHECKPOINT)
-    assert ckpt["algo"] == "ppo" and ckpt["iteration"] == N - 1 and ckpt["iterations"] == N
-    assert ckpt["config"]["num_steps"] == 32
+    ckpt = _ckpt(log)
+    assert ckpt.header["algo"] == "ppo" and ckpt.iteration == N - 1
+    assert ckpt.header["iterations"] == N
+    assert ckpt.header["config"]["num_steps"] == 32
+    # the trained weights are in the last checkpoint, by name (they were lost before)
+    assert {"actor.0.weight", "critic.0.weight"} <= set(ckpt.params)
+    assert ckpt.params["actor.0.weight"].shape == (4, 16)
+    assert any(name.startswith("adam_m(") for name in ckpt.state)
     assert res.iterations == N and res.env_steps == N * 128
     assert len(res.returns) == N
     assert res.compile_seconds > 0 and res.peak_bytes > 0 and res.steps_per_second > 0
-    assert not (log / (CHECKPOINT.rsplit(".", 1)[0] + ".tmp")).exists()
+    assert not [p for p in (log / "checkpoints").iterdir() if p.name.endswith(".tmp")]
 
 
 def _interrupted_then_resumed(log_dir, stop_at):
@@ -132,7 +159,7 @@ def _interrupted_then_resumed(log_dir, stop_at):
             progress=False,
             on_iteration=_stop_at(stop_at),
         )
-    assert load_checkpoint(log_dir / CHECKPOINT)["iteration"] == N // 2 - 1
+    assert _ckpt(log_dir).iteration == N // 2 - 1
     return train("ppo", None, log_dir=log_dir, resume=True, checkpoint_every=N // 2, progress=False)
 
 
@@ -140,23 +167,21 @@ def test_resume_is_bit_for_bit(full_run, tmp_path):
     """Stopped right after the checkpoint of iteration N/2 - 1, then resumed to N."""
     full_log, full = full_run
     res = _interrupted_then_resumed(tmp_path, N // 2 - 1)
-    a = load_checkpoint(full_log / CHECKPOINT)
-    b = load_checkpoint(tmp_path / CHECKPOINT)
-    assert b["iteration"] == N - 1
-    _assert_same_stores(a["stores"], b["stores"])
+    a = _ckpt(full_log)
+    b = _ckpt(tmp_path)
+    assert b.iteration == N - 1
+    _assert_same_stores(a.snapshot(), b.snapshot())
+    _assert_same_stores({0: a.params}, {0: b.params})
     assert res.returns == full.returns
     assert _comparable(_rows(tmp_path)) == _comparable(_rows(full_log))
-    assert b["history"] is not None and len(b["history"]) == N
+    assert len(b.header["history"]) == N
 
 
 def test_resume_after_a_crash_between_checkpoints_is_bit_for_bit(full_run, tmp_path):
     """A crash in iteration N/2 (after its metrics row, before its checkpoint)."""
     full_log, full = full_run
     res = _interrupted_then_resumed(tmp_path, N // 2)
-    _assert_same_stores(
-        load_checkpoint(full_log / CHECKPOINT)["stores"],
-        load_checkpoint(tmp_path / CHECKPOINT)["stores"],
-    )
+    _assert_same_stores(_ckpt(full_log).snapshot(), _ckpt(tmp_path).snapshot())
     assert res.returns == full.returns
     # the rows of each iteration (the last written wins) equal the uninterrupted run's
     by_iter = {r["iteration"]: r for r in _comparable(_rows(tmp_path))}
@@ -185,13 +210,10 @@ def test_ctrl_c_checkpoints_and_resume_is_bit_for_bit(full_run, tmp_path):
             on_iteration=interrupt,
         )
     # the handler lets the running iteration finish and checkpoints it
-    assert load_checkpoint(tmp_path / CHECKPOINT)["iteration"] in (1, 2)
+    assert _ckpt(tmp_path).iteration in (1, 2)
     assert signal.getsignal(signal.SIGINT) is before
     res = train("ppo", None, log_dir=tmp_path, resume=True, checkpoint_every=100, progress=False)
-    _assert_same_stores(
-        load_checkpoint(full_log / CHECKPOINT)["stores"],
-        load_checkpoint(tmp_path / CHECKPOINT)["stores"],
-    )
+    _assert_same_stores(_ckpt(full_log).snapshot(), _ckpt(tmp_path).snapshot())
     assert res.returns == full.returns
     assert _comparable(_rows(tmp_path)) == _comparable(_rows(full_log))
 
@@ -203,23 +225,40 @@ def test_resume_without_checkpoint(tmp_path):
         train("ppo", None, resume=True, progress=False)
 
 
-@pytest.mark.parametrize("garbage", [b"", b"not a pickle at all", b"\x80\x05\x95garbage"])
+def _first_checkpoint_path(log_dir):
+    return log_dir / "checkpoints" / "ckpt-0000000.npz"
+
+
+@pytest.mark.parametrize("garbage", [b"", b"not a checkpoint at all", b"PK\x03\x04garbage"])
 def test_corrupt_checkpoint(tmp_path, garbage):
-    (tmp_path / CHECKPOINT).write_bytes(garbage)
-    with pytest.raises(CheckpointError, match="corrupt"):
+    path = _first_checkpoint_path(tmp_path)
+    path.parent.mkdir()
+    path.write_bytes(garbage)
+    with pytest.raises(CheckpointError, match=f"{path.name} is corrupt"):
         train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
 
 
 def test_truncated_checkpoint(full_run, tmp_path):
-    data = (full_run[0] / CHECKPOINT).read_bytes()
-    (tmp_path / CHECKPOINT).write_bytes(data[: len(data) // 2])
+    data = latest_checkpoint(full_run[0]).read_bytes()
+    path = _first_checkpoint_path(tmp_path)
+    path.parent.mkdir()
+    path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="corrupt"):
         train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
 
 
-def test_pickle_that_is_not_a_checkpoint(tmp_path):
-    (tmp_path / CHECKPOINT).write_bytes(pickle.dumps({"hello": 1}))
-    with pytest.raises(CheckpointError, match="not a timerl checkpoint"):
+def test_npz_that_is_not_a_checkpoint(tmp_path):
+    path = _first_checkpoint_path(tmp_path)
+    path.parent.mkdir()
+    with open(path, "wb") as fh:
+        np.savez(fh, weights=np.zeros(3))
+    with pytest.raises(CheckpointError, match=f"{path.name} is not a timerl checkpoint"):
+        train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
+
+
+def test_an_old_pickle_checkpoint_is_refused_not_loaded(tmp_path):
+    (tmp_path / "checkpoint.pkl").write_bytes(b"\x80\x05K\x01.")
+    with pytest.raises(CheckpointError, match="checkpoint.pkl is a pickle"):
         train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
 
 
@@ -232,10 +271,8 @@ def test_checkpoint_of_another_algorithm(tmp_path):
 
 def test_checkpoint_of_a_different_program(full_run, tmp_path):
     """A checkpoint whose configuration no longer builds the program it was taken from."""
-    ckpt = load_checkpoint(full_run[0] / CHECKPOINT)
-    ckpt["config"]["num_steps"] = 16
-    ckpt["iteration"] = 1
-    (tmp_path / CHECKPOINT).write_bytes(pickle.dumps(ckpt))
+    src = latest_checkpoint(full_run[0])
+    _rewrite_header(src, _first_checkpoint_path(tmp_path), config={"num_steps": 16}, iteration=1)
     with pytest.raises(CheckpointError, match="different program"):
         train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
 
@@ -274,12 +311,11 @@ def test_nan_raises_and_keeps_the_last_good_checkpoint(tmp_path):
     msg = str(info.value)
     assert "iteration 2" in msg and "reward_mean" in msg and "loss" in msg
     assert "iteration 1" in msg  # the checkpoint kept
-    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
-    assert ckpt["iteration"] == 1
-    for points in ckpt["stores"].values():
-        for value in points.values():
-            if np.issubdtype(np.asarray(value).dtype, np.floating):
-                assert np.all(np.isfinite(value))
+    ckpt = _ckpt(tmp_path)
+    assert ckpt.iteration == 1
+    for value in ckpt.arrays.values():
+        if np.issubdtype(value.dtype, np.floating):
+            assert np.all(np.isfinite(value))
     assert [int(r["iteration"]) for r in _rows(tmp_path)] == [0, 1]
 
 
@@ -289,7 +325,7 @@ def test_infinite_lr_raises_at_the_first_iteration(tmp_path):
     with pytest.raises(NumericalError, match="iteration 0:.*loss") as info:
         train("ppo", cfg, iterations=2, log_dir=tmp_path, checkpoint_every=1, progress=False)
     assert "was none" in str(info.value)
-    assert not (tmp_path / CHECKPOINT).exists()
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
 def test_unknown_hyper_parameter():
@@ -314,8 +350,8 @@ def test_cli_train_prints_a_summary(tmp_path, capsys):
     assert "compile" in out
     assert "peak memory" in out
     assert len(_rows(tmp_path)) == 2048 // (4 * 64)
-    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
-    assert ckpt["config"]["num_envs"] == 4 and ckpt["config"]["num_steps"] == 64
+    ckpt = _ckpt(tmp_path)
+    assert ckpt.header["config"]["num_envs"] == 4 and ckpt.header["config"]["num_steps"] == 64
 
 
 def test_cli_reports_errors(capsys):

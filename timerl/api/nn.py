@@ -162,6 +162,13 @@ class MLP(Module):
     ) -> None:
         if len(sizes) < 2:
             raise ProgramError(f"MLP needs at least input and output sizes, got {list(sizes)}")
+        for k, size in enumerate(sizes):
+            # bool is an int subclass, and numpy integers are not ints: check both explicitly
+            if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+                raise ProgramError(
+                    f"MLP {name!r}: sizes[{k}] must be a positive int, got {size!r} "
+                    f"(sizes={list(sizes)})"
+                )
         if activation not in ACTIVATIONS:
             raise ProgramError(
                 f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"

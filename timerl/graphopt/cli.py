@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from timerl.errors import GraphError
+from timerl.errors import GraphError, TimerlError
 
 
 def register(sub: Any) -> None:
@@ -73,10 +73,23 @@ def _problem(args: argparse.Namespace, graph: Any) -> Any:
     return Problem(graph, args.objective, cluster)
 
 
+def _require_ortools() -> None:
+    """The exact method is a CP-SAT model: fail before loading anything when it is missing."""
+    try:
+        from ortools.sat.python import cp_model  # noqa: F401
+    except ImportError:
+        raise TimerlError(
+            "--method exact needs OR-Tools, which is not installed: "
+            "pip install 'timerl[graphopt]' (or pip install ortools)"
+        ) from None
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
     from timerl.graphopt.evaluate import optimize
     from timerl.graphopt.graph import Graph
 
+    if args.method == "exact":
+        _require_ortools()
     graph = Graph.load(args.graph)
     problem = _problem(args, graph)
     result = optimize(

@@ -3,17 +3,25 @@
 The whole training run is one program whose outer loop is the iteration dim. After every
 iteration the executor's stores hold exactly the state the next iteration reads (parameters,
 optimiser moments, the last observation: liveness has freed the rest), so a checkpoint is that
-snapshot plus the environments' state. Resuming rebuilds the same program, restores both and
-starts the loop at the next iteration; random numbers are a pure function of (seed, stream,
-point), so the resumed run is bit-for-bit the uninterrupted one.
+snapshot plus the environments' state. The program is compiled for one iteration more than it
+runs, so even after the last iteration that state is still live (and checkpointed): nothing
+reads past the bound, and liveness would otherwise free the trained weights.
+
+Resuming rebuilds the same program, restores both and starts the loop at the next iteration;
+random numbers are a pure function of (seed, stream, point), so the resumed run is bit-for-bit
+the uninterrupted one. Resuming to more env steps than the run was started with continues it:
+the program is the same apart from its iteration bound (a learning-rate schedule that reads
+the bound then anneals over the new length).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
 import os
-import pickle
+import shutil
 import signal
 import threading
 import time
@@ -28,10 +36,42 @@ from timerl.api.functional import sink
 from timerl.api.tensor import stack
 from timerl.errors import CheckpointError, NumericalError, ProgramError
 from timerl.rl.algos import ALGOS, AlgoConfig, AlgoProgram, default_config
+from timerl.rl.checkpoint import (
+    DIRNAME,
+    Checkpoint,
+    CheckpointKeeper,
+    latest_checkpoint,
+    load_checkpoint,
+    named_state,
+)
+from timerl.rl.evaluation import infer_activations
+from timerl.rl.tblog import ScalarWriter, tensorboard_available
 
-CHECKPOINT = "checkpoint.pkl"
 METRICS = "metrics.csv"
-FORMAT = 1
+CONFIG = "config.json"
+TENSORBOARD = "tb"
+# what a run writes into its --log-dir (and --overwrite removes)
+RUN_FILES = (METRICS, CONFIG, TENSORBOARD, DIRNAME, "checkpoint.pkl")
+
+__all__ = [
+    "CONFIG",
+    "METRICS",
+    "TrainResult",
+    "TrainingInterrupted",
+    "build",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "make_config",
+    "train",
+]
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: the running iteration finished and was checkpointed."""
+
+
+class _Done(Exception):
+    """Raised after the last iteration: the program runs one bound past it (see the module doc)."""
 
 
 @dataclass
@@ -47,15 +87,41 @@ class TrainResult:
     run_seconds: float = 0.0
     peak_bytes: int = 0
     log_dir: str | None = None
+    steps_this_run: int = 0
+    first_iteration: int = 0
+    checkpoint: str | None = None
+    best_checkpoint: str | None = None
+    tensorboard: bool = False
 
     def summary(self) -> str:
-        return (
-            f"{self.algo} on {self.env_id}: {self.iterations} iterations, "
-            f"{self.env_steps:,} env steps\n"
-            f"  mean return (last 10 iterations): {self.mean_return_last10:.1f}\n"
-            f"  env steps/s: {self.steps_per_second:,.0f}   compile: {self.compile_seconds:.2f} s   "
-            f"run: {self.run_seconds:.1f} s   peak memory: {self.peak_bytes / 2**20:.1f} MiB"
+        resumed = (
+            f" (resumed at iteration {self.first_iteration}: {self.steps_this_run:,} steps now)"
+            if self.first_iteration
+            else ""
         )
+        lines = [
+            f"{self.algo} on {self.env_id}: {self.iterations} iterations, "
+            f"{self.env_steps:,} env steps{resumed}",
+            f"  mean return (last 10 iterations): {self.mean_return_last10:.1f}",
+            f"  env steps/s: {self.steps_per_second:,.0f}   compile: {self.compile_seconds:.2f} s"
+            f"   run: {self.run_seconds:.1f} s   peak memory: {_size(self.peak_bytes)}",
+        ]
+        if self.log_dir is not None:
+            logs = str(Path(self.log_dir) / METRICS)
+            if self.tensorboard:
+                logs += f" and TensorBoard {Path(self.log_dir) / TENSORBOARD}"
+            lines.append(f"  metrics: {logs}")
+            if self.checkpoint:
+                best = f" (best: {self.best_checkpoint})" if self.best_checkpoint else ""
+                lines.append(f"  checkpoint: {self.checkpoint}{best}")
+        return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    """Bytes for people: small programs peak at a few KiB, which "0.0 MiB" would hide."""
+    if n < 2**20:
+        return f"{n / 2**10:.1f} KiB"
+    return f"{n / 2**20:.1f} MiB"
 
 
 def make_config(algo: str, config: dict[str, Any]) -> AlgoConfig:
@@ -76,28 +142,26 @@ def build(algo: str, config: dict[str, Any]) -> AlgoProgram:
     return ALGOS[algo][0](cfg)
 
 
+def _normal(value: Any) -> Any:
+    """Settings as JSON stores them (tuples as lists) so a resumed config compares equal."""
+    return json.loads(json.dumps(value))
+
+
 def _check_same_config(
-    algo: str,
-    config: dict[str, Any] | None,
-    iterations: int | None,
-    ckpt: dict[str, Any],
-    log_path: Path,
+    algo: str, config: dict[str, Any] | None, saved: dict[str, Any], log_path: Path
 ) -> None:
     """A resumed run continues the checkpoint's run: any setting the caller gives must match.
 
     Silently preferring the checkpoint would train something other than what was asked for.
     """
-    diffs = []
-    if config is not None:
-        given = make_config(algo, config).to_dict()
-        saved = ckpt["config"]
-        diffs = [
-            f"{k}={given[k]!r} (checkpoint: {saved.get(k)!r})"
-            for k in config
-            if given[k] != saved.get(k)
-        ]
-    if iterations is not None and iterations != ckpt["iterations"]:
-        diffs.append(f"iterations={iterations} (checkpoint: {ckpt['iterations']})")
+    if not config:
+        return
+    given = _normal(make_config(algo, {**saved, **config}).to_dict())
+    diffs = [
+        f"{k}={given[k]!r} (checkpoint: {saved.get(k)!r})"
+        for k in config
+        if given[k] != saved.get(k)
+    ]
     if diffs:
         raise CheckpointError(
             f"cannot resume the run in {log_path} with a different config: {', '.join(diffs)}; "
@@ -105,27 +169,44 @@ def _check_same_config(
         )
 
 
-def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write to a temporary file and rename: a crash never leaves a half-written checkpoint."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
-        pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def structure_fingerprint(prog: Any, exclude: str = "I") -> str:
+    """A hash of the compiled program without the iteration bound: resuming to more iterations
+    restores into the same structure."""
+    text = "\n".join(
+        f"{op.prim}|{[d.name for d in op.domain]}|{op.shape}|{op.dtype}|"
+        f"{[(e.src.prim, str(e.index)) for e in op.inputs]}"
+        for op in prog.ops
+    )
+    text += "\n" + repr(sorted((b.name, v) for b, v in prog.static.items() if b.name != exclude))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        with open(path, "rb") as fh:
-            data = pickle.load(fh)  # noqa: S301 - our own file format
-    except Exception as err:  # any unpickling failure means the file is unusable
-        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable: {err}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a timerl checkpoint (format {FORMAT})")
-    return data
+def _prepare_log_dir(log_path: Path, overwrite: bool) -> None:
+    """A new run never silently replaces another one's metrics and checkpoints."""
+    if not log_path.exists():
+        return
+    if not log_path.is_dir():
+        raise CheckpointError(f"--log-dir {log_path} exists and is not a directory")
+    ours = [log_path / name for name in RUN_FILES if (log_path / name).exists()]
+    others = [p for p in log_path.iterdir() if p not in ours]
+    if not ours and not others:
+        return
+    if not overwrite:
+        held = ", ".join(sorted(p.name for p in [*ours, *others])[:5])
+        raise CheckpointError(
+            f"--log-dir {log_path} is not empty (holds {held}); "
+            "pass --resume to continue that run, --overwrite to replace it, or choose another "
+            "--log-dir"
+        )
+    for p in ours:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _echo(line: str) -> None:
+    print(line, flush=True)
 
 
 def train(
@@ -138,71 +219,142 @@ def train(
     device: str = "cpu",
     log_dir: str | Path | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     checkpoint_every: int = 10,
+    keep_checkpoints: int = 3,
     progress: bool = True,
+    log_every: int = 0,
+    echo: Callable[[str], None] = _echo,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Train ``algo`` ("ppo" or "reinforce"); see ``timerl train --help`` for the options."""
+    """Train ``algo`` (any entry of ``ALGOS``); see ``timerl train --help`` for the options.
+
+    ``config`` holds only the settings to override; on ``resume`` they must equal the
+    checkpoint's. ``iterations`` or ``total_steps`` set the length; on ``resume`` a larger
+    value continues the run further. ``log_every``: without a progress bar, print one line
+    every that many iterations (0: never).
+    """
+    if checkpoint_every < 1:
+        raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
     log_path = Path(log_dir) if log_dir is not None else None
-    ckpt = None
+    ckpt: Checkpoint | None = None
     if resume:
         if log_path is None:
             raise CheckpointError("--resume needs the --log-dir of the run to continue")
-        ckpt = load_checkpoint(log_path / CHECKPOINT)
-        if ckpt["algo"] != algo:
-            raise CheckpointError(f"checkpoint in {log_path} is for {ckpt['algo']!r}, not {algo!r}")
-        _check_same_config(algo, config, iterations, ckpt, log_path)
-        config = ckpt["config"]
-        iterations = ckpt["iterations"]
+        ckpt = load_checkpoint(latest_checkpoint(log_path))
+        saved = ckpt.header
+        if saved["algo"] != algo:
+            raise CheckpointError(f"checkpoint {ckpt.path} is for {saved['algo']!r}, not {algo!r}")
+        _check_same_config(algo, config, saved["config"], log_path)
+        config = saved["config"]
+    elif log_path is not None:
+        _prepare_log_dir(log_path, overwrite)
     program = build(algo, dict(config or {}))
     cfg: AlgoConfig = program.config
     per_iter = program.steps_per_iteration
+    start = 0 if ckpt is None else ckpt.iteration + 1
     if iterations is None:
-        iterations = max(1, math.ceil((total_steps or 100_000) / per_iter))
+        if total_steps is not None:
+            iterations = max(1, math.ceil(total_steps / per_iter))
+        elif ckpt is not None:
+            iterations = int(ckpt.header["iterations"])
+        else:
+            iterations = max(1, math.ceil(100_000 / per_iter))
+    if ckpt is not None and iterations <= start:
+        raise CheckpointError(
+            f"the run in {log_path} already has {start} iterations ({start * per_iter:,} env "
+            f"steps); pass a larger --steps (more than {start * per_iter:,}) to train further"
+        )
     names = list(program.metrics)
     seen: dict[int, np.ndarray] = {}
     with program.ctx:
         row = stack([program.metrics[k].float() for k in names])
         sink(row, lambda value, point: seen.__setitem__(point["i"], value))
-    bounds = {"I": iterations, **program.bounds}
+    bounds = {"I": iterations + 1, **program.bounds}
     prog = program.ctx.compile(bounds=bounds, backend=backend, device=device, seed=cfg.seed)
     ex = prog.executor()
-    fingerprint = prog.fingerprint()
-    start = 0
+    fingerprint = structure_fingerprint(prog)
     history: list[dict[str, Any]] = []
+    seconds_before = 0.0
     if ckpt is not None:
-        if ckpt["fingerprint"] != fingerprint:
+        if ckpt.header["fingerprint"] != fingerprint:
             raise CheckpointError(
-                f"checkpoint in {log_path} was written by a different program "
+                f"checkpoint {ckpt.path} was written by a different program "
                 "(configuration or timerl version changed)"
             )
-        ex.restore(ckpt["stores"])
-        start = ckpt["iteration"] + 1
-        history = list(ckpt["history"])
+        ex.restore(ckpt.snapshot())
+        history = list(ckpt.header["history"])
+        seconds_before = float(ckpt.header.get("seconds", 0.0))
+    keeper = None
     if log_path is not None:
         log_path.mkdir(parents=True, exist_ok=True)
-    writer = _MetricsLog(log_path, names, resume_at=start if ckpt is not None else None)
+        best = ckpt.header.get("best_score") if ckpt is not None else None
+        keeper = CheckpointKeeper(log_path, keep_checkpoints, best)
+        if ckpt is None:
+            config_doc = {"algo": algo, "config": cfg.to_dict(), "backend": backend}
+            (log_path / CONFIG).write_text(json.dumps(config_doc, indent=1) + "\n")
+    writer = _MetricsLog(
+        log_path,
+        names,
+        resume_at=start if ckpt is not None else None,
+        echo=echo,
+        steps_per_iteration=per_iter,
+    )
     bar = _Progress(iterations * per_iter, enabled=progress, done=start * per_iter)
-    last_good: dict[str, Any] | None = ckpt
+    last_good: int | None = None if ckpt is None else ckpt.iteration
+    saved_path: Path | None = ckpt.path if ckpt is not None else None
     ex.prepare(hooked=True)  # code generation is setup, not part of the first iteration
     begin = time.perf_counter()
     env = program.env
+    param_names = [p.name for p in program.params]
+    activations = infer_activations(prog.ops)
+    warned: list[bool] = []
 
-    def payload(i: int) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
+    def save(i: int) -> None:
+        nonlocal last_good, saved_path
+        assert keeper is not None and log_path is not None
+        snapshot = ex.snapshot()
+        named = named_state(list(ex.ops.values()), prog.static, snapshot, i)
+        # A parameter the program never updates is not carried from iteration to iteration:
+        # resuming does not need it, but eval and export will not find it by name.
+        missing = [n for n in param_names if n not in named]
+        if missing and not warned:
+            warned.append(True)
+            echo(
+                f"note: parameters {', '.join(missing[:3])} are not carried state and are not "
+                "stored by name in checkpoints"
+            )
+        header = {
             "algo": algo,
             "config": cfg.to_dict(),
+            "backend": backend,
             "iterations": iterations,
             "iteration": i,
+            "env_steps": (i + 1) * per_iter,
             "fingerprint": fingerprint,
-            "stores": ex.snapshot(),
-            "env_state": env.state_dict(),
+            "timerl_version": _version(),
+            "rng": {"seed": cfg.seed, "next_iteration": i + 1},
+            "metrics_rows": i + 1,
+            "seconds": history[-1]["seconds"] if history else seconds_before,
             "history": list(history),
+            "param_names": [n for n in param_names if n in named],
+            "activations": activations,
         }
+        tail = [h["episodic_return"] for h in history[-10:]]
+        tail = [r for r in tail if math.isfinite(r)]
+        score = float(np.mean(tail)) if tail else None
+        saved_path = keeper.save(
+            i,
+            score,
+            header=header,
+            params={n: named[n] for n in param_names if n in named},
+            state={n: v for n, v in named.items() if n not in param_names},
+            snapshot=snapshot,
+            env_state=env.state_dict(),
+        )
+        last_good = i
 
     def after(i: int) -> None:
-        nonlocal last_good
         values = seen.pop(i)
         episodes = env.vec.completed_returns()
         metrics = dict(zip(names, (float(v) for v in values), strict=True))
@@ -211,7 +363,7 @@ def train(
             raise NumericalError(
                 f"iteration {i}: {', '.join(bad)} is not finite "
                 f"({', '.join(f'{k}={metrics[k]}' for k in bad)}); the last good checkpoint "
-                + (f"(iteration {last_good['iteration']}) is kept" if last_good else "was none")
+                + (f"(iteration {last_good}) is kept" if last_good is not None else "was none")
             )
         prev = history[-1]["episodic_return"] if history else float("nan")
         record = {
@@ -219,24 +371,38 @@ def train(
             "env_steps": (i + 1) * per_iter,
             "episodic_return": float(np.mean(episodes)) if len(episodes) else prev,
             "episodes": len(episodes),
-            "seconds": time.perf_counter() - begin,
+            "seconds": seconds_before + time.perf_counter() - begin,
             **metrics,
         }
         history.append(record)
         writer.write(record)
         bar.update(per_iter, record)
-        due = (i + 1) % checkpoint_every == 0 or i + 1 == iterations or interrupted
-        if log_path is not None and due:
-            last_good = payload(i)
-            _write_atomic(log_path / CHECKPOINT, last_good)
+        last = i + 1 == iterations
+        if not progress and log_every and ((i + 1) % log_every == 0 or last):
+            ret = record["episodic_return"]
+            sps = (i + 1 - start) * per_iter / max(time.perf_counter() - begin, 1e-9)
+            echo(
+                f"iteration {i + 1}/{iterations}  env steps {(i + 1) * per_iter:,}  "
+                f"return {ret:.1f}  {sps:,.0f} steps/s"
+            )
+        due = (i + 1) % checkpoint_every == 0 or last or interrupted
+        if keeper is not None and due:
+            save(i)
         if interrupted:
-            raise KeyboardInterrupt(f"interrupted after iteration {i}; checkpoint saved")
+            saved = (
+                f"checkpoint saved to {saved_path}"
+                if keeper is not None
+                else "no --log-dir, so nothing was saved"
+            )
+            raise TrainingInterrupted(f"interrupted after iteration {i}, {saved}")
         if on_iteration is not None:
             on_iteration(record)
+        if last:
+            raise _Done
 
     def restore_env() -> None:
         if ckpt is not None:
-            env.load_state_dict(ckpt["env_state"])
+            env.load_state_dict(ckpt.env_state())
 
     interrupted = False
 
@@ -252,16 +418,19 @@ def train(
     try:
         with bar:
             ex.run(start=start, on_iteration=after, before_outer=restore_env)
+    except _Done:
+        pass
     finally:
         writer.close()
         if handler is not None:
             signal.signal(signal.SIGINT, handler)
-    env.close()
+        env.close()
     run_seconds = time.perf_counter() - begin
     returns = [h["episodic_return"] for h in history]
     tail = [r for r in returns[-10:] if math.isfinite(r)]
-    done_steps = len(history) * per_iter if ckpt is None else (iterations - start) * per_iter
+    done_steps = (iterations - start) * per_iter
     stats = prog.stats()
+    best_path = keeper.folder / "best.npz" if keeper is not None else None
     return TrainResult(
         algo=algo,
         env_id=cfg.env_id,
@@ -274,13 +443,31 @@ def train(
         run_seconds=run_seconds,
         peak_bytes=stats["peak_bytes"],
         log_dir=str(log_path) if log_path else None,
+        steps_this_run=done_steps,
+        first_iteration=start,
+        checkpoint=str(saved_path) if saved_path is not None else None,
+        best_checkpoint=str(best_path) if best_path is not None and best_path.exists() else None,
+        tensorboard=writer.tb is not None,
     )
 
 
-class _MetricsLog:
-    """Per-iteration metrics as CSV (and TensorBoard scalars when it is installed)."""
+def _version() -> str:
+    from timerl import __version__
 
-    def __init__(self, log_dir: Path | None, names: list[str], resume_at: int | None) -> None:
+    return __version__
+
+
+class _MetricsLog:
+    """Per-iteration metrics as CSV, and TensorBoard scalars beside it when installed."""
+
+    def __init__(
+        self,
+        log_dir: Path | None,
+        names: list[str],
+        resume_at: int | None,
+        echo: Callable[[str], None] = _echo,
+        steps_per_iteration: int = 1,
+    ) -> None:
         """``resume_at``: the first iteration a resumed run computes again; rows from it on
         (written after the checkpoint, before a crash) are dropped so each iteration is logged once.
         """
@@ -302,12 +489,14 @@ class _MetricsLog:
         os.replace(tmp, path)
         self.file = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
         self.csv = csv.DictWriter(self.file, fieldnames=cols)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(log_dir / "tb"))
-        except Exception:  # tensorboard is optional
-            self.tb = None
+        if not tensorboard_available():
+            echo(
+                "note: tensorboard is not installed (pip install 'timerl[train]'): "
+                f"metrics go to {path} only"
+            )
+            return
+        purge = None if resume_at is None else (resume_at + 1) * steps_per_iteration
+        self.tb = ScalarWriter(log_dir / TENSORBOARD, purge_step=purge)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is None:
@@ -315,9 +504,9 @@ class _MetricsLog:
         self.csv.writerow(record)
         self.file.flush()
         if self.tb is not None:
-            for k, v in record.items():
-                if k not in ("iteration", "env_steps"):
-                    self.tb.add_scalar(k, v, record["env_steps"])
+            scalars = {k: v for k, v in record.items() if k not in ("iteration", "env_steps")}
+            self.tb.add_scalars(scalars, record["env_steps"])
+            self.tb.flush()
 
     def close(self) -> None:
         if self.file is not None:
@@ -334,6 +523,7 @@ class _Progress:
         self.total, self.done = total, done
         self.progress = None
         if enabled:
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -349,6 +539,7 @@ class _Progress:
                 TextColumn("return {task.fields[ret]:>8}"),
                 TextColumn("{task.fields[sps]:>8} steps/s"),
                 TimeRemainingColumn(),
+                console=Console(stderr=True),
             )
             self.task = self.progress.add_task(
                 "train", total=total, completed=done, ret="-", sps="-"

@@ -1,0 +1,291 @@
+"""Training checkpoints as ``.npz`` arrays plus a JSON header: no pickle, ever.
+
+A checkpoint file holds
+- ``params/<name>``: each parameter after the checkpointed iteration's update, keyed by the
+  parameter's name (``actor.0.weight``): what ``timerl eval`` and ``timerl export`` read;
+- ``state/<name>``: every other named recurrence over the iteration dim (optimiser moments
+  such as ``adam_m(actor.0.weight)``), keyed the same way;
+- ``raw/<n>``: the executor's full carried state, which resuming restores bit for bit;
+- ``env/<n>``: the arrays of the environments' state;
+- ``__header__``: UTF-8 JSON with the format, algorithm, config, iteration, RNG and
+  metrics position, and where each array belongs.
+
+``numpy.load`` runs with ``allow_pickle=False``, so opening a file from someone else can only
+ever produce arrays and JSON, never run code. Writes go to a temporary file that is renamed,
+so a crash never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import CheckpointError
+
+FORMAT = 2
+KIND = "timerl-checkpoint"
+SUFFIX = ".npz"
+DIRNAME = "checkpoints"
+BEST = "best.npz"
+_PATTERN = re.compile(r"^ckpt-(\d+)\.npz$")
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the JSON header and the arrays by key."""
+
+    header: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def iteration(self) -> int:
+        return int(self.header["iteration"])
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The trained parameters by name (``actor.0.weight``)."""
+        return _prefixed(self.arrays, "params/")
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """Other named recurrent state (optimiser moments) by name."""
+        return _prefixed(self.arrays, "state/")
+
+    def snapshot(self) -> dict[int, dict[tuple, np.ndarray]]:
+        """The executor snapshot this checkpoint was taken from (see ``Executor.restore``)."""
+        out: dict[int, dict[tuple, np.ndarray]] = {}
+        for key, op_index, point in self.header["raw"]:
+            out.setdefault(int(op_index), {})[tuple(point)] = self.arrays[key]
+        return out
+
+    def env_state(self) -> Any:
+        return _decode(self.header["env_state"], self.arrays)
+
+
+def _prefixed(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+# --- env state: nested Python values with arrays ---------------------------------------------
+def _encode(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """A JSON tree for ``value``, its arrays moved into ``arrays`` under ``env/<n>``."""
+    if isinstance(value, np.ndarray):
+        key = f"env/{len([k for k in arrays if k.startswith('env/')])}"
+        arrays[key] = value
+        return {"__array__": key}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, arrays) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v, arrays) for v in value]
+    if isinstance(value, dict):
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise CheckpointError(f"cannot store state with non-string keys {bad[:3]}")
+        return {k: _encode(v, arrays) for k, v in value.items()}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise CheckpointError(f"cannot store a {type(value).__name__} in a checkpoint")
+
+
+def _decode(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    if isinstance(tree, list):
+        return [_decode(v, arrays) for v in tree]
+    if isinstance(tree, dict):
+        if set(tree) == {"__array__"}:
+            return arrays[tree["__array__"]].copy()
+        if set(tree) == {"__tuple__"}:
+            return tuple(_decode(v, arrays) for v in tree["__tuple__"])
+        return {k: _decode(v, arrays) for k, v in tree.items()}
+    return tree
+
+
+# --- the carried state by name ----------------------------------------------------------------
+def named_state(
+    ops: list[Any], static: Mapping[Any, int], snapshot: Mapping[int, Mapping[tuple, Any]], i: int
+) -> dict[str, np.ndarray]:
+    """Each named recurrence over the iteration dim alone, at point ``i + 1`` (after iteration
+    ``i``), read from a snapshot taken right after iteration ``i``.
+
+    The compiler keeps a parameter's merge op (``w[0] = init; w[i] = update[i - 1, ...]``) but
+    the carried value lives in its update's store; evaluating the merge's recurrent input index
+    at ``i + 1`` says which stored point that is. Works for any program, whatever its names.
+    """
+    position = {op.id: k for k, op in enumerate(ops)}
+    loops = [op.domain[0] for op in ops if op.domain]
+    if not loops:
+        return {}
+    outer = min(loops, key=lambda d: d.uid)
+    env = {**static, outer: i + 1}
+    out: dict[str, np.ndarray] = {}
+    for op in ops:
+        if not op.name or op.prim != "merge" or op.domain != (outer,) or op.name in out:
+            continue
+        for edge in op.inputs:
+            store = snapshot.get(position.get(edge.src.id, -1))
+            if not store or _false_at(edge.cond, env):
+                continue
+            try:
+                point = tuple(int(x.evaluate(env)) for x in edge.index)
+            except Exception:  # a slice or a symbol without value: not a carried point
+                continue
+            if point in store:
+                out[op.name] = np.asarray(store[point])
+                break
+    return out
+
+
+def _false_at(cond: Any, env: Mapping[Any, int]) -> bool:
+    try:
+        return not bool(cond.evaluate(env))
+    except Exception:
+        return False
+
+
+# --- files -------------------------------------------------------------------------------------
+def save_checkpoint(
+    path: Path,
+    header: dict[str, Any],
+    *,
+    params: Mapping[str, np.ndarray],
+    state: Mapping[str, np.ndarray],
+    snapshot: Mapping[int, Mapping[tuple, np.ndarray]],
+    env_state: Any,
+) -> None:
+    """Write one checkpoint file atomically (temporary file, fsync, rename)."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, value in params.items():
+        arrays[f"params/{name}"] = np.asarray(value)
+    for name, value in state.items():
+        arrays[f"state/{name}"] = np.asarray(value)
+    raw = []
+    for op_index, points in snapshot.items():
+        for point, value in points.items():
+            key = f"raw/{len(raw)}"
+            arrays[key] = np.asarray(value)
+            raw.append([key, int(op_index), [int(x) for x in point]])
+    head = {
+        **header,
+        "kind": KIND,
+        "format": FORMAT,
+        "raw": raw,
+        "env_state": _encode(env_state, arrays),
+    }
+    arrays["__header__"] = np.frombuffer(json.dumps(head).encode(), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint file; anything else (corrupt, truncated, foreign) is a CheckpointError."""
+    path = Path(path)
+    if path.is_dir():
+        path = latest_checkpoint(path)
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        data = path.read_bytes()
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as err:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or not a timerl checkpoint: {type(err).__name__}: {err}"
+        ) from None
+    raw_header = arrays.pop("__header__", None)
+    try:
+        header = json.loads(bytes(raw_header).decode()) if raw_header is not None else None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"checkpoint {path} has a corrupt header: {err}") from None
+    if not isinstance(header, dict) or header.get("kind") != KIND:
+        raise CheckpointError(f"{path} is not a timerl checkpoint (no timerl header)")
+    if header.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} has checkpoint format {header.get('format')}; this timerl reads format "
+            f"{FORMAT}"
+        )
+    missing = [key for key, _, _ in header.get("raw", []) if key not in arrays]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is corrupt: arrays {missing[:3]} are missing")
+    return Checkpoint(header, arrays, path)
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / DIRNAME
+
+
+def checkpoint_files(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """The numbered checkpoints of a run, oldest first."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    found = []
+    for entry in folder.iterdir():
+        m = _PATTERN.match(entry.name)
+        if m:
+            found.append((int(m.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The newest numbered checkpoint of a run directory."""
+    run_dir = Path(run_dir)
+    files = checkpoint_files(run_dir)
+    if not files:
+        legacy = run_dir / "checkpoint.pkl"
+        if legacy.exists():
+            raise CheckpointError(
+                f"{legacy} is a pickle checkpoint from an older timerl; pickles are never loaded "
+                "(they can run code): start a new run"
+            )
+        raise CheckpointError(f"no checkpoint in {checkpoint_dir(run_dir)}")
+    return files[-1][1]
+
+
+class CheckpointKeeper:
+    """Numbered checkpoints in ``RUN/checkpoints``: the last ``keep`` and the best by score."""
+
+    def __init__(self, run_dir: Path, keep: int = 3, best_score: float | None = None) -> None:
+        if keep < 1:
+            raise CheckpointError(f"--keep-checkpoints must be at least 1, got {keep}")
+        self.folder = checkpoint_dir(run_dir)
+        self.run_dir = run_dir
+        self.keep = keep
+        self.best_score = best_score
+
+    def path_for(self, iteration: int) -> Path:
+        return self.folder / f"ckpt-{iteration:07d}{SUFFIX}"
+
+    def save(self, iteration: int, score: float | None, **parts: Any) -> Path:
+        """Write iteration's checkpoint; copy it to ``best.npz`` when its score is the best."""
+        path = self.path_for(iteration)
+        better = score is not None and (self.best_score is None or score > self.best_score)
+        header = dict(parts.pop("header"))
+        if better:
+            header["best_score"] = score
+        else:
+            header["best_score"] = self.best_score
+        save_checkpoint(path, header, **parts)
+        if better:
+            self.best_score = score
+            tmp = self.folder / (BEST + ".tmp")
+            tmp.write_bytes(path.read_bytes())
+            os.replace(tmp, self.folder / BEST)
+        for _, old in checkpoint_files(self.run_dir)[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path

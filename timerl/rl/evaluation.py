@@ -1,0 +1,346 @@
+"""``timerl eval``: run a trained policy from a checkpoint and report its return.
+
+The policy is rebuilt from the checkpoint's parameters by name, so it works for any algorithm
+whose acting network follows the naming of ``tl.nn.MLP``: ``<net>.<k>.weight`` and
+``<net>.<k>.bias`` for layer ``k``, with ``<net>`` one of :data:`ACTING_NETS` (the first found).
+What the network's output means follows from the environment and its size:
+
+- discrete actions: logits (or Q-values); deterministic acting takes the argmax, stochastic
+  acting samples the softmax (Q-networks, named ``q``, always act greedily);
+- continuous actions, output of the action size: a Gaussian mean, with the state-independent
+  ``policy.log_std`` parameter as its spread when present;
+- continuous actions, output twice the action size: mean and log-std of a tanh-squashed
+  Gaussian (SAC-style), scaled to the action bounds; the log-std output is squashed into
+  [LOG_STD_MIN, LOG_STD_MAX] with tanh.
+
+The activation between layers is read off the compiled program at training time and stored in
+the checkpoint's header (``activations``).
+
+Inference runs in numpy: evaluation needs no compiler and no program.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import CheckpointError, EnvError
+from timerl.rl.checkpoint import BEST, Checkpoint, checkpoint_dir, latest_checkpoint
+from timerl.rl.checkpoint import load_checkpoint as _load
+
+# networks that choose actions, in the order they are looked for
+ACTING_NETS = ("actor", "policy", "pi", "q", "q_net", "qnet")
+GREEDY_NETS = ("q", "q_net", "qnet")
+# a squashed Gaussian's log-std output is itself squashed into this range (the SAC convention)
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+# the compiled op that feeds a hidden layer's matmul, per activation of tl.nn.MLP
+ACTIVATION_PRIMS = {"tanh": "tanh", "maximum": "relu", "sigmoid": "sigmoid"}
+ACTIVATIONS = {
+    "tanh": np.tanh,
+    "relu": lambda x: np.maximum(x, 0.0),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+}
+
+
+def load_run_checkpoint(run_dir: str | Path, which: str = "latest") -> Checkpoint:
+    """``which``: 'latest', 'best', or a checkpoint file path."""
+    run_dir = Path(run_dir)
+    if which == "latest":
+        if not run_dir.is_dir():
+            raise CheckpointError(f"no run directory {run_dir}")
+        return _load(latest_checkpoint(run_dir))
+    if which == "best":
+        path = checkpoint_dir(run_dir) / BEST
+        if not path.exists():
+            raise CheckpointError(
+                f"no {path}: a best checkpoint is written once an episode has finished"
+            )
+        return _load(path)
+    return _load(Path(which))
+
+
+@dataclass
+class PolicySpec:
+    """An MLP acting network read from named parameters: enough to act without timerl."""
+
+    net: str
+    weights: list[np.ndarray]
+    biases: list[np.ndarray | None]
+    activation: str
+    kind: str  # "categorical", "greedy", "gaussian" or "squashed"
+    obs_dim: int
+    log_std: np.ndarray | None = None
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+
+    def forward(self, obs: np.ndarray) -> np.ndarray:
+        """The network's raw output for a batch of observations."""
+        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), self.obs_dim)
+        act = ACTIVATIONS[self.activation]
+        n = len(self.weights)
+        for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            x = x @ w
+            if b is not None:
+                x = x + b
+            if k < n - 1:
+                x = act(x)
+        return x
+
+    def act(
+        self, obs: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None
+    ) -> np.ndarray:
+        """Actions for a batch of observations."""
+        out = self.forward(obs)
+        rng = rng or np.random.default_rng()
+        if self.kind == "greedy" or (self.kind == "categorical" and deterministic):
+            return out.argmax(-1)
+        if self.kind == "categorical":
+            z = out - out.max(-1, keepdims=True)
+            p = np.exp(z)
+            p /= p.sum(-1, keepdims=True)
+            return np.array([rng.choice(len(row), p=row) for row in p])
+        if self.kind == "gaussian":
+            if deterministic or self.log_std is None:
+                return out
+            return out + np.exp(self.log_std) * rng.standard_normal(out.shape).astype(np.float32)
+        half = out.shape[-1] // 2
+        mean = out[..., :half]
+        squashed = (np.tanh(out[..., half:]) + 1.0) * 0.5
+        log_std = LOG_STD_MIN + squashed * (LOG_STD_MAX - LOG_STD_MIN)
+        u = mean if deterministic else mean + np.exp(log_std) * rng.standard_normal(mean.shape)
+        return self._scale(np.tanh(u))
+
+    def _scale(self, y: np.ndarray) -> np.ndarray:
+        if self.low is None or self.high is None:
+            return y
+        return self.low + (y + 1.0) * 0.5 * (self.high - self.low)
+
+
+def infer_activations(ops: list[Any]) -> dict[str, str]:
+    """Each MLP's activation, read off a compiled program: the op its second layer's matmul
+    multiplies ``<net>.1.weight`` with. Programs do not otherwise record it."""
+    pattern = re.compile(r"^(.+)\.1\.weight(@.*)?$")
+    found: dict[str, str] = {}
+    for op in ops:
+        if op.prim != "matmul" or len(op.inputs) != 2:
+            continue
+        a, b = (e.src for e in op.inputs)
+        m = pattern.match(b.name or "") if b.prim == "merge" else None
+        if m and m.group(1) not in found and a.prim in ACTIVATION_PRIMS:
+            found[m.group(1)] = ACTIVATION_PRIMS[a.prim]
+    return found
+
+
+def policy_spec(
+    params: dict[str, np.ndarray], env: Any, activation: str | dict[str, str] = "tanh"
+) -> PolicySpec:
+    """The acting network among ``params`` for ``env`` (a timerl VectorEnv or Env);
+    ``activation``: one for every net, or per net name (missing ones: tanh)."""
+    vec = getattr(env, "vec", env)
+    for net in ACTING_NETS:
+        layers = _layers(params, net)
+        if layers:
+            break
+    else:
+        raise CheckpointError(
+            "found no acting network in the checkpoint: expected parameters named "
+            f"<net>.<k>.weight with <net> one of {', '.join(ACTING_NETS)}; "
+            f"it has {', '.join(sorted(params)[:8])}"
+        )
+    if isinstance(activation, dict):
+        activation = activation.get(net, "tanh")
+    if activation not in ACTIVATIONS:
+        raise CheckpointError(f"unknown activation {activation!r} in the run's config")
+    weights = [w for w, _ in layers]
+    biases = [b for _, b in layers]
+    obs_dim = int(np.prod(vec.obs_shape))
+    out = weights[-1].shape[-1]
+    if weights[0].shape[0] != obs_dim:
+        raise EnvError(
+            f"{vec.env_id}: observations have {obs_dim} features but {net}.0.weight takes "
+            f"{weights[0].shape[0]}"
+        )
+    low = high = log_std = None
+    if vec.discrete:
+        if out != vec.num_actions:
+            raise EnvError(f"{vec.env_id}: {vec.num_actions} actions, but {net} outputs {out}")
+        kind = "greedy" if net in GREEDY_NETS else "categorical"
+    else:
+        size = int(np.prod(vec.action_shape))
+        if out == size:
+            kind = "gaussian"
+            log_std = params.get("policy.log_std")
+        elif out == 2 * size:
+            kind = "squashed"
+            low, high = vec.action_low, vec.action_high
+        else:
+            raise EnvError(
+                f"{vec.env_id}: actions have {size} dims, but {net} outputs {out} "
+                f"(expected {size} or {2 * size})"
+            )
+    return PolicySpec(net, weights, biases, activation, kind, obs_dim, log_std, low, high)
+
+
+def _layers(params: dict[str, np.ndarray], net: str) -> list[tuple[np.ndarray, Any]]:
+    pattern = re.compile(rf"^{re.escape(net)}\.(\d+)\.weight$")
+    ks = sorted(int(m.group(1)) for name in params if (m := pattern.match(name)))
+    if not ks:
+        return []
+    if ks != list(range(len(ks))):
+        raise CheckpointError(f"{net}: layers {ks} are not numbered 0..{len(ks) - 1}")
+    return [(params[f"{net}.{k}.weight"], params.get(f"{net}.{k}.bias")) for k in ks]
+
+
+def checkpoint_activations(header: dict[str, Any]) -> dict[str, str] | str:
+    """The activations recorded at training time (or the config's, or tanh)."""
+    return header.get("activations") or header["config"].get("activation", "tanh")
+
+
+def _make_env(header: dict[str, Any], seed: int, **extra: Any) -> Any:
+    from timerl.rl.envs import make_env
+
+    cfg = header["config"]
+    return make_env(cfg["env_id"], num_envs=1, seed=seed, **cfg.get("env_kwargs", {}), **extra)
+
+
+@dataclass
+class EvalReport:
+    env_id: str
+    checkpoint: str
+    iteration: int
+    returns: list[float]
+    deterministic: bool
+    video: str | None = None
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.returns))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.returns))
+
+    def summary(self) -> str:
+        mode = "deterministic" if self.deterministic else "stochastic"
+        text = (
+            f"{self.env_id}: return {self.mean:.1f} ± {self.std:.1f} over {len(self.returns)} "
+            f"episodes ({mode} policy, {self.checkpoint}, after iteration {self.iteration})"
+        )
+        if self.video:
+            text += f"\nvideo of the first episode: {self.video}"
+        return text
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    *,
+    episodes: int = 10,
+    deterministic: bool = False,
+    checkpoint: str = "latest",
+    seed: int = 1000,
+    video: str | Path | None = None,
+    max_steps: int = 100_000,
+) -> EvalReport:
+    """Run ``episodes`` episodes of the trained policy; the first one can be saved as a GIF."""
+    if episodes < 1:
+        raise CheckpointError(f"--episodes must be at least 1, got {episodes}")
+    ckpt = load_run_checkpoint(run_dir, checkpoint)
+    header = ckpt.header
+    env = _make_env(header, seed)
+    spec = policy_spec(ckpt.params, env, checkpoint_activations(header))
+    rng = np.random.default_rng(seed)
+    returns = run_episodes(env, spec, episodes, deterministic, rng, max_steps)
+    env.close()
+    written = None
+    if video is not None:
+        written = str(_record(header, spec, deterministic, seed, Path(video), max_steps))
+    return EvalReport(
+        header["config"]["env_id"],
+        str(ckpt.path),
+        ckpt.iteration,
+        returns,
+        deterministic,
+        written,
+    )
+
+
+def run_episodes(
+    env: Any,
+    spec: PolicySpec,
+    episodes: int,
+    deterministic: bool,
+    rng: np.random.Generator,
+    max_steps: int = 100_000,
+) -> list[float]:
+    """Returns of ``episodes`` complete episodes on a one-env VectorEnv."""
+    obs = env.reset()
+    env.completed_returns()
+    returns: list[float] = []
+    steps = 0
+    while len(returns) < episodes:
+        obs, _, _ = env.step(spec.act(obs, deterministic, rng))
+        returns.extend(float(r) for r in env.completed_returns())
+        steps += 1
+        if steps > max_steps * episodes:
+            raise EnvError(f"{env.env_id}: no episode ended within {max_steps} steps")
+    return returns[:episodes]
+
+
+def _record(
+    header: dict[str, Any],
+    spec: PolicySpec,
+    deterministic: bool,
+    seed: int,
+    path: Path,
+    max_steps: int,
+) -> Path:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise CheckpointError(
+            "--video needs Pillow, which is not installed: pip install 'timerl[train]'"
+        ) from None
+    try:
+        env = _make_env(header, seed, render_mode="rgb_array")
+        sim = env._vec  # the gymnasium vector env behind timerl's
+    except Exception as err:
+        raise EnvError(
+            f"{header['config']['env_id']}: cannot render this environment for --video ({err})"
+        ) from None
+    rng = np.random.default_rng(seed)
+    obs = env.reset()
+
+    def frame() -> np.ndarray:
+        try:
+            return np.asarray(sim.envs[0].render())
+        except Exception as err:  # e.g. gymnasium's DependencyNotInstalled for pygame
+            env.close()
+            raise EnvError(
+                f"{header['config']['env_id']}: cannot render for --video: {err}"
+            ) from None
+
+    frames = [frame()]
+    for _ in range(max_steps):
+        obs, _, done = env.step(spec.act(obs, deterministic, rng))
+        if done[0]:
+            break
+        frames.append(frame())
+    env.close()
+    if frames[0].ndim != 3:
+        raise EnvError(f"{header['config']['env_id']}: render() gave no RGB frames")
+    images = [Image.fromarray(f.astype(np.uint8)) for f in frames]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fps = 30
+    images[0].save(
+        path,
+        save_all=True,
+        append_images=images[1:],
+        duration=max(1, math.floor(1000 / fps)),
+        loop=0,
+    )
+    return path
