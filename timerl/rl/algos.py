@@ -342,4 +342,12 @@ def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoPr
     )
 
 
-ALGOS = {"ppo": (ppo, PPOConfig), "reinforce": (reinforce, ReinforceConfig)}
+# The off-policy and actor-critic programs live in their own modules (they import the pieces
+# above, hence the imports at the bottom).
+from timerl.rl.dqn import DQNConfig, dqn  # noqa: E402
+
+ALGOS = {
+    "ppo": (ppo, PPOConfig),
+    "reinforce": (reinforce, ReinforceConfig),
+    "dqn": (dqn, DQNConfig),
+}

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help="train an agent with a DRL algorithm written as recurrent tensors"
     )
-    p.add_argument("algo", choices=["ppo", "reinforce"])
+    p.add_argument("algo", choices=["ppo", "reinforce", "a2c", "dqn", "sac"])
     p.add_argument(
         "--env", default="CartPole-v1", help="environment id (gymnasium or Synthetic-v0)"
     )
@@ -109,7 +109,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    if args.program in ("ppo", "reinforce"):
+    if args.program in ("ppo", "reinforce", "a2c", "dqn", "sac"):
         from timerl.rl.algos import ALGOS
 
         algo = ALGOS[args.program][0]()
