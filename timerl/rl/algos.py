@@ -344,10 +344,14 @@ def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoPr
 
 # The off-policy and actor-critic programs live in their own modules (they import the pieces
 # above, hence the imports at the bottom).
+from timerl.rl.a2c import A2CConfig, a2c  # noqa: E402
 from timerl.rl.dqn import DQNConfig, dqn  # noqa: E402
+from timerl.rl.sac import SACConfig, sac  # noqa: E402
 
 ALGOS = {
     "ppo": (ppo, PPOConfig),
     "reinforce": (reinforce, ReinforceConfig),
+    "a2c": (a2c, A2CConfig),
     "dqn": (dqn, DQNConfig),
+    "sac": (sac, SACConfig),
 }

@@ -33,7 +33,7 @@ class DQNConfig(AlgoConfig):
     num_envs: int = 8
     num_steps: int = 16
     lr: float = 1e-3
-    anneal_lr: bool = False
+    anneal_lr: bool = True  # a decaying step size keeps the learnt greedy policy from drifting
     hidden: tuple[int, ...] = (128, 128)
     max_grad_norm: float = 10.0
     buffer_size: int = 50_000
