@@ -45,9 +45,11 @@ class Normal:
         noise = randn(self.mean.view.shape, like=self.mean)
         return self.mean.detach() + self.std.detach() * noise
 
-    def rsample(self) -> RecurrentTensor:
-        """A sample that gradients flow through (the reparameterisation trick)."""
-        noise = randn(self.mean.view.shape, like=self.mean)
+    def rsample(self, noise: RecurrentTensor | None = None) -> RecurrentTensor:
+        """A sample that gradients flow through (the reparameterisation trick); ``noise``
+        (standard normal, the mean's shape) replaces the program's own draw when given."""
+        if noise is None:
+            noise = randn(self.mean.view.shape, like=self.mean)
         return self.mean + self.std * noise
 
     def log_prob(self, value: RecurrentTensor) -> RecurrentTensor:
@@ -80,10 +82,12 @@ class TanhNormal:
     def _squash(self, x: RecurrentTensor) -> RecurrentTensor:
         return x.tanh() * self.scale + self.center
 
-    def rsample_and_log_prob(self) -> tuple[RecurrentTensor, RecurrentTensor]:
+    def rsample_and_log_prob(
+        self, noise: RecurrentTensor | None = None
+    ) -> tuple[RecurrentTensor, RecurrentTensor]:
         """A reparameterised action and its elementwise log-density (sum it over the action
-        axis for a joint one)."""
-        x = self.base.rsample()
+        axis for a joint one); ``noise`` as in :meth:`Normal.rsample`."""
+        x = self.base.rsample(noise)
         y = x.tanh()
         action = y * self.scale + self.center
         # change of variables: d action / dx = scale * (1 - tanh(x)^2); the 1e-6 keeps the

@@ -45,7 +45,8 @@ class SACConfig(AlgoConfig):
     max_grad_norm: float | None = None  # type: ignore[assignment]
     buffer_size: int = 100_000
     batch_size: int = 128
-    updates_per_iteration: int = 32  # one per env step with the defaults above
+    # one update per 4 env steps: the update's cost is mostly per-op dispatch on a CPU
+    updates_per_iteration: int = 8
     tau: float = 0.005
     init_alpha: float = 1.0
     target_entropy: float | None = None  # -action_dim
@@ -120,18 +121,23 @@ def sac_losses(
     terminated: RecurrentTensor,
     gamma: float,
     target_entropy: float,
+    noise: tuple[RecurrentTensor, RecurrentTensor] | None = None,
 ) -> dict[str, RecurrentTensor]:
     """The three SAC objectives on one minibatch; each is wired so that summing them and
-    differentiating w.r.t. all parameters gives every network only its own gradient."""
+    differentiating w.r.t. all parameters gives every network only its own gradient.
+
+    ``noise``: the standard normal draws for the next-state and the current-state actions
+    (default: fresh ones from the program's random streams)."""
+    next_noise, pi_noise = noise if noise is not None else (None, None)
     alpha = log_alpha.exp().detach()
-    next_action, next_logp = actor.dist(next_obs).rsample_and_log_prob()
+    next_action, next_logp = actor.dist(next_obs).rsample_and_log_prob(next_noise)
     next_logp = next_logp.sum(-1)
     next_q = minimum(target1.q(next_obs, next_action), target2.q(next_obs, next_action))
     soft = next_q - alpha * next_logp
     y = (reward + (1.0 - terminated.float()) * gamma * soft).detach()
     e1, e2 = q1.q(obs, action) - y, q2.q(obs, action) - y
     q_loss = (e1 * e1).mean() + (e2 * e2).mean()
-    pi_action, logp = actor.dist(obs).rsample_and_log_prob()
+    pi_action, logp = actor.dist(obs).rsample_and_log_prob(pi_noise)
     logp = logp.sum(-1)
     # Q weights read detached: the actor's loss moves the actor only.
     d1, d2 = q1.detached(), q2.detached()
