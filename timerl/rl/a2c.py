@@ -60,7 +60,7 @@ def a2c(config: A2CConfig | None = None, **overrides: Any) -> AlgoProgram:
     for k, v in overrides.items():
         setattr(cfg, k, v)
     batch = cfg.num_envs * cfg.num_steps
-    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, **cfg.env_kwargs)
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
     ent_coef = cfg.ent_coef if cfg.ent_coef is not None else (0.01 if env.discrete else 0.0)
     ctx = Context(dims=("i", "t"))
     i, t = ctx.dims

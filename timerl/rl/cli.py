@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="JSON, e.g. '{\"obs_shape\": [3, 64, 64]}'",
     )
+    p.add_argument(
+        "--env-backend",
+        default=None,
+        choices=["gymnasium", "envpool"],
+        help="simulator for gymnasium-style ids (default gymnasium; envpool needs the extra)",
+    )
     p.add_argument("--steps", type=int, default=500_000, help="total env steps (default 500k)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="numpy", choices=["numpy", "torch"])
@@ -77,6 +83,8 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     cfg: dict[str, Any] = {"env_id": args.env, "seed": args.seed}
     if args.env_kwargs:
         cfg["env_kwargs"] = args.env_kwargs
+    if args.env_backend:
+        cfg["env_backend"] = args.env_backend
     if args.hidden:
         cfg["hidden"] = args.hidden
     if args.no_anneal_lr:

@@ -110,7 +110,7 @@ def dqn(config: DQNConfig | None = None, **overrides: Any) -> AlgoProgram:
         raise ProgramError(
             f"dqn: exploration_fraction must lie in (0, 1], got {cfg.exploration_fraction}"
         )
-    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, **cfg.env_kwargs)
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
     per_iter = cfg.num_envs * cfg.num_steps
     T, B = cfg.num_steps, cfg.num_envs
     ctx = Context(dims=("i", "t", "u"))

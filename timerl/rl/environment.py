@@ -117,6 +117,9 @@ class Env:
         self.vec.close()
 
 
-def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> Env:
-    """``tl.rl.make_env``: a seeded batch of environments usable inside a program."""
-    return Env(make_vector_env(env_id, num_envs=num_envs, seed=seed, **kwargs))
+def make_env(
+    env_id: str, num_envs: int = 1, seed: int = 0, backend: str = "gymnasium", **kwargs: Any
+) -> Env:
+    """``tl.rl.make_env``: a seeded batch of environments usable inside a program;
+    ``backend="envpool"`` simulates it with envpool (``pip install "timerl[envpool]"``)."""
+    return Env(make_vector_env(env_id, num_envs=num_envs, seed=seed, backend=backend, **kwargs))

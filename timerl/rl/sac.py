@@ -166,7 +166,7 @@ def sac(config: SACConfig | None = None, **overrides: Any) -> AlgoProgram:
             raise ProgramError(f"sac: {name} must be at least 1, got {getattr(cfg, name)}")
     if cfg.init_alpha <= 0:
         raise ProgramError(f"sac: init_alpha must be positive, got {cfg.init_alpha}")
-    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, **cfg.env_kwargs)
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
     if env.discrete or len(env.action_shape) != 1:
         env.close()
         raise EnvError(
