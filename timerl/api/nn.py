@@ -17,6 +17,7 @@ import numpy as np
 from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import ProgramError
+from timerl.ir.graph import View
 from timerl.symbolic import Dim
 
 
@@ -77,6 +78,39 @@ class Module:
             return q
 
         return self._map(inner)
+
+    def copy(self, prefix: str = "target") -> Module:
+        """Separate parameters over the same domain that start equal to these.
+
+        The usual target network of off-policy learners: it is never differentiated, and
+        :class:`timerl.api.optim.Polyak` moves it toward the original parameters.
+        """
+
+        def inner(p: RecurrentTensor) -> RecurrentTensor:
+            dom = p.op.domain
+            if not dom or p.outer is not None:
+                raise ProgramError(
+                    f"copy: {p.name} must run over the iteration dim alone, not "
+                    f"({', '.join(d.name for d in dom)})"
+                )
+            # Start from the same initial value, not from a read of p[0]: the copy is
+            # updated from p and p from a loss on the copy, so reading p here would tie the
+            # two recurrences into one cycle of ops.
+            init = p.op.inputs[0].src if p.op.inputs else None
+            if init is None or init.domain:
+                raise ProgramError(f"copy: {p.name} must start from a constant initial value")
+            q = RecurrentTensor.placeholder(
+                p.shape, p.dtype, dom, requires_grad=True, name=f"{prefix}.{p.name}"
+            )
+            q[tuple(0 for _ in dom)] = RecurrentTensor(View.of(init), p.ctx)
+            return q
+
+        return self._map(inner)
+
+    def detached(self) -> Module:
+        """This module with every parameter read through ``detach()``: a forward pass that
+        passes gradients to its input but never to its own weights (SAC's actor loss)."""
+        return self._map(lambda p: p.detach())
 
     def __call__(self, x: RecurrentTensor) -> RecurrentTensor:
         return self.forward(x)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from timerl.api.tensor import RecurrentTensor, full
+from timerl.api.tensor import RecurrentTensor, full, where
 from timerl.errors import ProgramError
 from timerl.ir import prims
 from timerl.symbolic import Dim
@@ -138,3 +138,48 @@ class Adam(Optimizer):
             self._advance(v, v_new)
             update = (m_new / corr1) / ((v_new / corr2).sqrt() + self.eps)
             self._advance(p, p.detach() - update * lr)
+
+
+class Polyak(Optimizer):
+    """Target parameters that trail sources: ``target <- (1 - tau) * target + tau * source``.
+
+    The update at a point reads the sources at that same point, i.e. before the optimiser's
+    update there, so targets lag the sources by one update (one iteration for targets over
+    ``(i,)``). ``every=k`` applies it only at every k-th step (``tau=1, every=k``: a hard copy
+    every k steps, as in DQN) and keeps the targets unchanged in between.
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[RecurrentTensor],
+        sources: Sequence[RecurrentTensor],
+        tau: float = 0.005,
+        every: int = 1,
+    ) -> None:
+        super().__init__(targets, lr=0.0)
+        self.sources = list(sources)
+        if len(self.sources) != len(self.params):
+            raise ProgramError(
+                f"Polyak: {len(self.params)} targets but {len(self.sources)} sources"
+            )
+        for p, s in zip(self.params, self.sources, strict=True):
+            if tuple(p.shape) != tuple(s.shape) or s.op.domain != p.op.domain:
+                raise ProgramError(
+                    f"Polyak: target {p.name} {tuple(p.shape)} over "
+                    f"({', '.join(d.name for d in p.op.domain)}) does not match source "
+                    f"{s.name} {tuple(s.shape)} over ({', '.join(d.name for d in s.op.domain)})"
+                )
+        if not 0.0 < tau <= 1.0:
+            raise ProgramError(f"Polyak: tau must lie in (0, 1], got {tau}")
+        if int(every) < 1:
+            raise ProgramError(f"Polyak: every must be at least 1, got {every}")
+        self.tau, self.every = float(tau), int(every)
+
+    def step(self) -> None:
+        due = None
+        if self.every > 1:
+            due = (self._steps() % float(self.every)) == 0.0
+        for p, s in zip(self.params, self.sources, strict=True):
+            old = p.detach()
+            new = old + (s.detach() - old) * self.tau if self.tau < 1.0 else s.detach()
+            self._advance(p, new if due is None else where(due, new, old))

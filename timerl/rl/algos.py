@@ -35,6 +35,7 @@ class AlgoConfig:
     max_grad_norm: float = 0.5
     seed: int = 0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_backend: str = "gymnasium"  # or "envpool"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -71,6 +72,12 @@ ENV_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
             "minibatches": 8,
             "lr": 1e-3,
             "gamma": 0.9,
+        },
+        # MuJoCo locomotion: a smaller step and more epochs over longer rollouts (CleanRL's
+        # continuous PPO: 2048 steps per iteration, 10 epochs, lr 3e-4).
+        **{
+            env_id: {"num_envs": 8, "num_steps": 256, "epochs": 10, "minibatches": 8, "lr": 3e-4}
+            for env_id in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5")
         },
     },
     "reinforce": {},
@@ -204,7 +211,7 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
     if cfg.minibatches < 1 or batch % cfg.minibatches:
         raise ProgramError(f"minibatches={cfg.minibatches} must divide the batch of {batch}")
     mb_size = batch // cfg.minibatches
-    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, **cfg.env_kwargs)
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
     ent_coef = cfg.ent_coef if cfg.ent_coef is not None else (0.01 if env.discrete else 0.0)
     ctx = Context(dims=("i", "t", "u"))
     i, t, u = ctx.dims
@@ -300,7 +307,7 @@ def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoPr
     for k, v in overrides.items():
         setattr(cfg, k, v)
     batch = cfg.num_envs * cfg.num_steps
-    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, **cfg.env_kwargs)
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
     ent_coef = cfg.ent_coef if cfg.ent_coef is not None else (0.01 if env.discrete else 0.0)
     ctx = Context(dims=("i", "t"))
     i, t = ctx.dims
@@ -340,6 +347,3 @@ def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoPr
     return AlgoProgram(
         "reinforce", ctx, env, cfg, metrics, {"T": cfg.num_steps}, policy.parameters()
     )
-
-
-ALGOS = {"ppo": (ppo, PPOConfig), "reinforce": (reinforce, ReinforceConfig)}

@@ -79,7 +79,7 @@ def _parse_type(annotation: str) -> Any:
 
 def hyper_flags() -> dict[str, tuple[Any, dict[str, Any]]]:
     """Config field -> (parser type, {algo: default}) over every algorithm in ALGOS."""
-    from timerl.rl.algos import ALGOS
+    from timerl.rl.registry import ALGOS
 
     out: dict[str, tuple[Any, dict[str, Any]]] = {}
     for algo, (_, cls) in sorted(ALGOS.items()):
@@ -95,7 +95,7 @@ def hyper_flags() -> dict[str, tuple[Any, dict[str, Any]]]:
 
 
 def _algo_choices() -> list[str]:
-    from timerl.rl.algos import ALGOS
+    from timerl.rl.registry import ALGOS
 
     return sorted(ALGOS)
 
@@ -272,7 +272,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def given_config(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the user typed (nothing else): what overrides defaults or must match."""
-    from timerl.rl.algos import ALGOS
+    from timerl.rl.registry import ALGOS
 
     fields = {f.name for f in dataclasses.fields(ALGOS[args.algo][1])}
     cfg: dict[str, Any] = {}
@@ -356,7 +356,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from timerl.rl.algos import ALGOS
+    from timerl.rl.registry import ALGOS
 
     if args.program in ALGOS:
         algo = ALGOS[args.program][0]()

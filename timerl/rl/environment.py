@@ -54,10 +54,14 @@ class Env:
         ctx.add_root(view.op)
         return RecurrentTensor(view, ctx)
 
-    def step(
-        self, action: RecurrentTensor
-    ) -> tuple[RecurrentTensor, RecurrentTensor, RecurrentTensor]:
-        """One step of every env: ``(next_obs, reward, done)``; ended episodes auto-reset."""
+    def step(self, action: RecurrentTensor, *, full: bool = False) -> tuple[RecurrentTensor, ...]:
+        """One step of every env: ``(next_obs, reward, done)``; ended episodes auto-reset.
+
+        ``full=True`` adds ``terminated`` (the episode really ended, so no bootstrapping) and
+        ``final_obs`` (the true next observation: the last one of an ended episode, where
+        ``next_obs`` already starts the next). Off-policy learners need both to bootstrap
+        correctly through time-limit truncations.
+        """
         ctx = current()
         vec = self.vec
         want = (self.num_envs, *self.action_shape)
@@ -68,9 +72,13 @@ class Env:
                 f"{vec.env_id}.step: actions must have shape {want}, got {tuple(action.shape)}"
             )
 
-        def step(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def step(a: np.ndarray) -> tuple[np.ndarray, ...]:
             obs, reward, done = vec.step(a)
-            return obs.astype(np.float32), reward.astype(np.float32), done.astype(bool)
+            out = (obs.astype(np.float32), reward.astype(np.float32), done.astype(bool))
+            if not full:
+                return out
+            final = obs if vec.final_obs is None else vec.final_obs
+            return (*out, vec.terminated.astype(bool), np.asarray(final, dtype=np.float32))
 
         call = apply(
             "udf",
@@ -82,18 +90,22 @@ class Env:
             name=f"{vec.env_id}.step",
         )
         ctx.add_root(call.op)
-        outs = []
-        for k, (shape, dtype, what) in enumerate(
-            [
-                (self.batch_obs_shape, "float32", "obs"),
-                ((self.num_envs,), "float32", "reward"),
-                ((self.num_envs,), bool, "done"),
+        parts = [
+            (self.batch_obs_shape, "float32", "obs"),
+            ((self.num_envs,), "float32", "reward"),
+            ((self.num_envs,), bool, "done"),
+        ]
+        if full:
+            parts += [
+                ((self.num_envs,), bool, "terminated"),
+                (self.batch_obs_shape, "float32", "final_obs"),
             ]
-        ):
+        outs = []
+        for k, (shape, dtype, what) in enumerate(parts):
             v: View = apply("tuple_get", call, item=k, shape=shape, dtype=np.dtype(dtype))
             v.op.name = f"{vec.env_id}.{what}"
             outs.append(RecurrentTensor(v, ctx))
-        return outs[0], outs[1], outs[2]
+        return tuple(outs)
 
     def state_dict(self) -> dict[str, Any]:
         return self.vec.state_dict()
@@ -105,6 +117,9 @@ class Env:
         self.vec.close()
 
 
-def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> Env:
-    """``tl.rl.make_env``: a seeded batch of environments usable inside a program."""
-    return Env(make_vector_env(env_id, num_envs=num_envs, seed=seed, **kwargs))
+def make_env(
+    env_id: str, num_envs: int = 1, seed: int = 0, backend: str = "gymnasium", **kwargs: Any
+) -> Env:
+    """``tl.rl.make_env``: a seeded batch of environments usable inside a program;
+    ``backend="envpool"`` simulates it with envpool (``pip install "timerl[envpool]"``)."""
+    return Env(make_vector_env(env_id, num_envs=num_envs, seed=seed, backend=backend, **kwargs))

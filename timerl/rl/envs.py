@@ -50,6 +50,13 @@ class GymVectorEnv(VectorEnv):
 
         try:
             probe = make_one()
+        except gym.error.DependencyNotInstalled as err:
+            hint = (
+                '; install MuJoCo with pip install "timerl[mujoco]"'
+                if "mujoco" in str(err).lower()
+                else ""
+            )
+            raise EnvError(f"{env_id}: gymnasium could not create it: {err}{hint}") from err
         except gym.error.Error as err:
             raise EnvError(f"{env_id}: gymnasium could not create it: {err}") from err
         except TypeError as err:
@@ -200,6 +207,95 @@ def _set_elapsed_steps(env: Any, value: int | None) -> bool:
     return False
 
 
+class EnvpoolVectorEnv(VectorEnv):
+    """An envpool id run as one C++ batch of ``num_envs`` envs (``env_backend="envpool"``).
+
+    envpool resets an ended episode on the *next* step, ignoring that step's action; to keep
+    the same-step contract, the ended envs are stepped once more at once (a reset) and their
+    first observations replace the returned ones, while ``final_obs`` keeps the last
+    observations of the ended episodes. Resuming restores episode statistics only: episodes
+    restart at the next :meth:`reset`.
+    """
+
+    def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> None:
+        try:
+            import envpool
+        except ModuleNotFoundError:
+            raise EnvError(
+                f'{env_id}: env backend "envpool" needs envpool; pip install "timerl[envpool]"'
+            ) from None
+        from gymnasium.spaces import Box, Discrete
+
+        super().__init__(env_id, num_envs, seed)
+        known = list(envpool.list_all_envs())
+        if env_id not in known:
+            close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise EnvError(f"unknown envpool environment id {env_id!r}{hint}")
+        try:
+            self._pool = envpool.make(
+                env_id, env_type="gymnasium", num_envs=self.num_envs, seed=self.seed, **kwargs
+            )
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise EnvError(f"{env_id}: envpool could not create it: {err}") from err
+        obs_space, act_space = self._pool.observation_space, self._pool.action_space
+        if not isinstance(obs_space, Box):
+            raise EnvError(
+                f"{env_id}: envpool observation space {obs_space} is not supported; use Box"
+            )
+        self.obs_shape = tuple(int(d) for d in obs_space.shape)
+        if isinstance(act_space, Discrete):
+            self.discrete = True
+            self.num_actions = int(act_space.n)
+            self.action_shape = ()
+            self.action_dtype = np.dtype(np.int64)
+            self.action_low = self.action_high = None
+        elif isinstance(act_space, Box):
+            self.discrete = False
+            self.num_actions = None
+            self.action_shape = tuple(int(d) for d in act_space.shape)
+            self.action_dtype = np.dtype(np.float32)
+            self.action_low = np.asarray(act_space.low, dtype=np.float32)
+            self.action_high = np.asarray(act_space.high, dtype=np.float32)
+        else:
+            raise EnvError(f"{env_id}: envpool action space {act_space} is not supported")
+
+    def _reset_batch(self) -> np.ndarray:
+        obs, _ = self._pool.reset()
+        return np.array(obs, dtype=np.float32)
+
+    def _step_batch(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        obs, reward, terminated, truncated, info = self._pool.step(actions)
+        order = np.asarray(info["env_id"])
+        obs = np.array(obs, dtype=np.float32)
+        if not np.array_equal(order, np.arange(self.num_envs)):
+            # results come back in env_id order of arrival; put them in env order
+            back = np.argsort(order)
+            obs, reward = obs[back], np.asarray(reward)[back]
+            terminated, truncated = np.asarray(terminated)[back], np.asarray(truncated)[back]
+        ended = np.flatnonzero(np.logical_or(terminated, truncated))
+        final_obs = None
+        if len(ended):
+            final_obs = obs.copy()
+            idle = np.zeros((len(ended), *self.action_shape), dtype=self.action_dtype)
+            first, *_, info2 = self._pool.step(idle, env_id=ended)
+            first = np.asarray(first, dtype=np.float32)
+            obs[np.asarray(info2["env_id"])] = first
+        return obs, reward, terminated, truncated, final_obs
+
+    def close(self) -> None:
+        """Release the envpool batch."""
+        close = getattr(self._pool, "close", None)
+        if close is not None:
+            close()
+        super().close()
+
+
+ENV_BACKENDS = ("gymnasium", "envpool")
+
+
 def available_env_ids() -> list[str]:
     """Ids :func:`make_env` accepts: timerl's native envs and every registered gymnasium id."""
     import gymnasium as gym
@@ -207,14 +303,23 @@ def available_env_ids() -> list[str]:
     return sorted(set(_NATIVE) | set(gym.registry))
 
 
-def make_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> VectorEnv:
+def make_env(
+    env_id: str, num_envs: int = 1, seed: int = 0, backend: str = "gymnasium", **kwargs: Any
+) -> VectorEnv:
     """Create ``num_envs`` seeded copies of ``env_id`` behind the :class:`VectorEnv` contract.
 
     The same ``(env_id, num_envs, seed, kwargs)`` gives the same trajectories for the same
-    actions. ``kwargs`` go to the env's constructor (``gymnasium.make`` for gymnasium ids).
+    actions. ``kwargs`` go to the env's constructor (``gymnasium.make`` for gymnasium ids,
+    ``envpool.make`` with ``backend="envpool"``).
     """
+    if backend not in ENV_BACKENDS:
+        raise EnvError(f"unknown env backend {backend!r}; choose one of {list(ENV_BACKENDS)}")
     if env_id in _NATIVE:
+        if backend != "gymnasium":
+            raise EnvError(f"{env_id} is a timerl env: env backend {backend!r} does not apply")
         return _NATIVE[env_id](num_envs=num_envs, seed=seed, **kwargs)
+    if backend == "envpool":
+        return EnvpoolVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
     import gymnasium as gym
 
     if env_id not in gym.registry:

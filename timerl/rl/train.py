@@ -35,7 +35,7 @@ import numpy as np
 from timerl.api.functional import sink
 from timerl.api.tensor import stack
 from timerl.errors import CheckpointError, NumericalError, ProgramError
-from timerl.rl.algos import ALGOS, AlgoConfig, AlgoProgram, default_config
+from timerl.rl.algos import AlgoConfig, AlgoProgram, default_config
 from timerl.rl.checkpoint import (
     DIRNAME,
     Checkpoint,
@@ -45,6 +45,7 @@ from timerl.rl.checkpoint import (
     named_state,
 )
 from timerl.rl.evaluation import infer_activations
+from timerl.rl.registry import ALGOS
 from timerl.rl.tblog import ScalarWriter, tensorboard_available
 
 METRICS = "metrics.csv"
