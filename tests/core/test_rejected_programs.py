@@ -430,3 +430,52 @@ def test_two_step_recurrence_whose_step_may_never_apply(n, backend):
         xv, gu = tl.evaluate([x, U.grad], backend=backend)
     close(xv, ref(u)[0], rtol=1e-12, atol=1e-12)
     _check_grads([gu], lambda a: ref(a)[1], [u])
+
+
+MULTI_SLICE_READS = {
+    # name: (timerl read of h over (i, t), numpy read at point (i, t) of h with shape (I, T, 2))
+    "fixed_and_after": (
+        lambda h, i, t, I, T: h[0:I, t + 1 : T].sum(0).sum(0),  # noqa: E741
+        lambda h, i, t: h[:, t + 1 :].sum((0, 1)),
+    ),
+    "prefix_and_prefix": (
+        lambda h, i, t, I, T: h[0 : i + 1, 0 : t + 1].sum(0).sum(0),  # noqa: E741
+        lambda h, i, t: h[: i + 1, : t + 1].sum((0, 1)),
+    ),
+    "slice_bounded_by_the_other_dim": (
+        lambda h, i, t, I, T: h[t:T, 0 : t + 1].sum(0).sum(0),  # noqa: E741
+        lambda h, i, t: h[t:, : t + 1].sum((0, 1)),
+    ),
+    "slice_and_point_on_one_dim": (
+        lambda h, i, t, I, T: h[t:T, t].sum(0) + h[t, t],  # noqa: E741
+        lambda h, i, t: h[t:, t].sum(0) + h[t, t],
+    ),
+    "window_and_suffix_max": (
+        lambda h, i, t, I, T: h[tl.max(i - 1, 0) : i + 1, t:T].max(1).sum(0),  # noqa: E741
+        lambda h, i, t: h[max(i - 1, 0) : i + 1, t:].max(1).sum(0),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(MULTI_SLICE_READS))
+def test_read_gathering_two_slices_at_once(kind, backend):
+    """Several slices (or a slice and a point) over one read: the gradient peels them one at
+    a time; on a square h, reads may use t on i's axis too."""
+    h = _arr(4, 4, 2, seed=15)
+    tl_read, np_read = MULTI_SLICE_READS[kind]
+
+    def ref(a):
+        n_i, n_t = a.shape[:2]
+        y = np.array([[np_read(a, i, t) for t in range(n_t)] for i in range(n_i)])
+        return y, float((np.tanh(y) * y).sum())
+
+    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    with ctx:
+        H = tl.from_numpy(h, domain=(i, t), requires_grad=True, dtype="float64")
+        y = tl_read(H, i, t, I, T)
+        if y.domain != (i, t):  # a read that drops a dim: broadcast it back over (i, t)
+            y = y * tl.from_numpy(np.ones(h.shape[:2]), domain=(i, t), dtype="float64")
+        (y.tanh() * y).sum().backward()
+        yv, gh = tl.evaluate([y, H.grad], backend=backend)
+    close(yv, ref(h)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gh], lambda a: ref(a)[1], [h])

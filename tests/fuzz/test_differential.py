@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import Finding, check, signature  # noqa: E402
+from harness import HAS_OPTIMIZE_FLAG, Finding, check, signature  # noqa: E402
 from programs import FLAGS, DrawChooser, Program, generate  # noqa: E402
 
 TOTAL = int(os.environ.get("TIMERL_FUZZ_EXAMPLES", "2000"))
@@ -193,3 +193,30 @@ def test_a_rejected_valid_program_fails_the_check(monkeypatch):
     monkeypatch.setattr(tl, "evaluate", reject)
     with pytest.raises(Finding, match="rejected by evaluate"):
         check(program)
+
+
+def test_gradient_of_a_slice_along_a_fixed_row():
+    """Found by the fuzzer: the gradient of ``u[1, t:T]`` must not reach row 0.
+
+    x[t] = sum_{k >= t} u[1, k], loss = sum_t x[t]^2, so d loss / d u[1, k] = 2 * sum_{t <= k} x[t]
+    and row 0 gets nothing, with or without the optimising passes.
+    """
+    import numpy as np
+
+    import timerl as tl
+
+    u = np.array([[0.19, 0.38], [0.83, -0.35]])
+    x = np.array([u[1, t:].sum() for t in range(2)])
+    want = np.zeros_like(u)
+    want[1] = [2 * x[: k + 1].sum() for k in range(2)]
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (_, big_t) = ctx.dims, ctx.bounds
+    with ctx:
+        u0 = tl.from_numpy(u, domain=(i, t), dtype="float64", requires_grad=True)
+        y = u0[1, t:big_t].sum(0)
+        (y * y).sum().backward()
+    modes = [{}, {"optimize": False}] if HAS_OPTIMIZE_FLAG else [{}]
+    for kwargs in modes:
+        np.testing.assert_allclose(
+            tl.evaluate(u0.grad, **kwargs), want, rtol=1e-12, err_msg=str(kwargs)
+        )

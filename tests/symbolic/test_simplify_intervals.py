@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from timerl.errors import IndexExprError
@@ -28,7 +28,7 @@ def _atom(kind: int, k: int):
 atoms = st.builds(_atom, st.integers(0, 5), st.integers(-1, 4))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(atoms, min_size=1, max_size=4), min_size=1, max_size=4))
 def test_simplify_keeps_the_meaning_of_unions_of_conjunctions(parts):
     cond = FALSE
@@ -42,7 +42,7 @@ def test_simplify_keeps_the_meaning_of_unions_of_conjunctions(parts):
         assert simple.evaluate(env) == cond.evaluate(env), (cond, simple, env)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(st.lists(atoms, min_size=1, max_size=3), st.booleans(), st.booleans()),

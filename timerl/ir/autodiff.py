@@ -133,7 +133,7 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
                 continue
             for where, index in _affine_pieces(edge.index):
                 piece = Edge(edge.src, index, edge.cond)
-                contribution = _transpose(c, piece, part, simplify(cond & live & where))
+                contribution = _transpose_read(c, piece, part, simplify(cond & live & where))
                 grad_ops[edge.src.id].inputs.append(contribution.edge())
     for gop in grad_ops.values():
         if not gop.inputs:
@@ -158,6 +158,52 @@ def _affine_pieces(index: tuple) -> list[tuple[Condition, tuple]]:
         both = [(simplify(w & v), (*prefix, i)) for w, prefix in out for v, i in options]
         out = [(where, idx) for where, idx in both if where != FALSE]
     return out
+
+
+def _transpose_read(c: Op, edge: Edge, g: View, cond: Condition) -> View:
+    """``_transpose`` for any number of temporal slices in one read.
+
+    ``u[0:I, t + 1:T]`` is read as ``w[t + 1:T]`` of an intermediate ``w[t'] = u[0:I, t']``
+    (its gathered axes swapped back into place): each step gathers one slice, whose transpose
+    ``_transpose`` knows. ``w`` exists only here, to carry the gradient between the steps.
+    """
+    slots = [k for k, idx in enumerate(edge.index) if isinstance(idx, Slice)]
+    if len(slots) <= 1:
+        return _transpose(c, edge, g, cond)
+    x = edge.src
+
+    def used_elsewhere(k: int) -> set[Dim]:
+        out: set[Dim] = set()
+        for pos, idx in enumerate(edge.index):
+            if pos != k:
+                out |= {s for s in idx.symbols() if isinstance(s, Dim)}
+        return out
+
+    # peel a slice whose dim no other index uses: w's domain holds that dim as x's own
+    k = next((k for k in reversed(slots) if x.domain[k] not in used_elsewhere(k)), None)
+    if k is None:
+        raise ProgramError(
+            f"autodiff: the read of {x.label}[{', '.join(map(str, edge.index))}] by "
+            f"{c.where()} slices dims that its other indices use; its gradient is not "
+            "supported: compute part of the read as a tensor of its own first"
+        )
+    d, others = x.domain[k], used_elsewhere(k)
+    inner = edge.index[:k] + (d,) + edge.index[k + 1 :]
+    w = Op(
+        prim="identity",
+        domain=tuple(sorted(others | {d}, key=lambda s: s.uid)),
+        shape=View(x, inner).shape,
+        dtype=x.dtype,
+        inputs=[Edge(x, inner)],
+        name=f"{x.label}[{', '.join(map(str, inner))}]",
+    )
+    outer = tuple(edge.index[k] if dim is d else dim for dim in w.domain)
+    # g's leading axes: one per slice, in x's dim order; w's read puts the peeled one first
+    n, j = len(slots), slots.index(k)
+    perm = (j, *(m for m in range(n) if m != j), *range(n, len(g.shape)))
+    g_w = apply("permute", g, perm=perm)
+    g_inner = _transpose(c, Edge(w, outer, edge.cond), g_w, cond)
+    return _transpose_read(w, Edge(x, inner), g_inner, TRUE)
 
 
 def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
@@ -201,9 +247,16 @@ def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
             f"autodiff: {where} gathers several temporal slices at once; its gradient is not "
             "supported: read the slices one after another (e.g. sum one, then slice the result)"
         )
-    for d, idx in zip(x.domain, index, strict=True):
+    # points first: a slice whose bounds use a dim a point index already maps (w[t:T, t])
+    # then holds x's point at one position of one C point's slice
+    for pos in sorted(range(len(index)), key=lambda k: isinstance(index[k], Slice)):
+        d, idx = x.domain[pos], index[pos]
         if isinstance(idx, Slice):
             cdims = _cdims(idx.start, c) | _cdims(idx.stop, c)
+            mapped = {cd: read[cd] for cd in cdims if isinstance(read.get(cd), Expr)}
+            if mapped and len(mapped) == len(cdims):
+                idx = idx.substitute(mapped)  # type: ignore[arg-type]
+                cdims = set()
             if not cdims:
                 select = d - idx.start
                 conds += [idx.start <= d, d < idx.stop]
@@ -215,7 +268,10 @@ def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
                 )
             (cd,) = cdims
             if cd in read:
-                raise ProgramError(f"autodiff: {where}: dim {cd.name} is used twice")
+                raise ProgramError(
+                    f"autodiff: {where}: dim {cd.name} is used twice; its gradient is not "
+                    "supported here"
+                )
             a = _offset(idx.start, cd, where)
             b = _offset(idx.stop, cd, where)
             lo: Expr = Const(0)
@@ -243,9 +299,16 @@ def _transpose(c: Op, edge: Edge, g: View, cond: Condition) -> View:
                 "supported (read through an index of one dim, e.g. a tensor over both dims)"
             )
         (cd,) = cdims
-        if cd in read:
-            raise ProgramError(f"autodiff: {where}: dim {cd.name} is used twice")
         k = _shift(idx, cd)
+        if cd in read:
+            earlier = read[cd]
+            if k is None or not isinstance(earlier, Expr):
+                raise ProgramError(
+                    f"autodiff: {where}: dim {cd.name} is used twice; its gradient is not "
+                    "supported here"
+                )
+            conds.append((d - k).eq(earlier))  # a diagonal: both indices name one C point
+            continue
         if k is not None:
             back = d - k
             read[cd] = back

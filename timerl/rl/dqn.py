@@ -22,7 +22,7 @@ from timerl.api.nn import MLP, Module
 from timerl.api.optim import Adam, Polyak
 from timerl.api.tensor import RecurrentTensor, full, maximum, where
 from timerl.errors import EnvError, ProgramError
-from timerl.rl.algos import AlgoConfig, AlgoProgram
+from timerl.rl.algos import AlgoConfig, AlgoProgram, _lr_schedule
 from timerl.rl.environment import Env, make_env
 from timerl.rl.replay import Replay
 from timerl.symbolic import Dim
@@ -125,7 +125,7 @@ def dqn(config: DQNConfig | None = None, **overrides: Any) -> AlgoProgram:
         eps = epsilon(cfg, i)
         explore = rand((B,), like=obs) < eps
         num_actions = int(env.num_actions or 0)
-        uniform = minimum_index(rand((B,), like=obs) * float(num_actions), num_actions)
+        uniform = _index_below(rand((B,), like=obs) * float(num_actions), num_actions)
         action = where(explore, uniform, greedy).named("action")
         next_obs, reward, done, terminated, final_obs = env.step(action, full=True)
         obs[i, t + 1] = next_obs
@@ -151,7 +151,7 @@ def dqn(config: DQNConfig | None = None, **overrides: Any) -> AlgoProgram:
         loss = parts["loss"] * started
         params = learner.parameters()
         loss.backward(inputs=params)
-        Adam(params, lr=_lr(cfg), max_grad_norm=cfg.max_grad_norm).step()
+        Adam(params, lr=_lr_schedule(cfg), max_grad_norm=cfg.max_grad_norm).step()
         Polyak(
             target.parameters(), qnet.parameters(), tau=cfg.tau, every=cfg.target_update_every
         ).step()
@@ -166,12 +166,6 @@ def dqn(config: DQNConfig | None = None, **overrides: Any) -> AlgoProgram:
     return AlgoProgram("dqn", ctx, env, cfg, metrics, bounds, qnet.parameters())
 
 
-def minimum_index(x: RecurrentTensor, n: int) -> RecurrentTensor:
+def _index_below(x: RecurrentTensor, n: int) -> RecurrentTensor:
     """``floor(x)`` as an index below ``n`` (guards float rounding of ``rand() * n``)."""
     return x.floor().clamp(max=float(n - 1)).long()
-
-
-def _lr(cfg: AlgoConfig) -> Any:
-    from timerl.rl.algos import _lr_schedule
-
-    return _lr_schedule(cfg)
