@@ -16,9 +16,15 @@ def build_parser() -> argparse.ArgumentParser:
     from timerl.rl import cli as rl_cli
 
     rl_cli.register(sub)
-    graphopt_cli.register(sub)
+    graphopt_cli.register(sub, export_program=_export_program)
     bench_cli.register(sub)
     return parser
+
+
+def _export_program(spec):  # noqa: ANN001, ANN202 - a graphopt ProgramSpec -> graph dicts
+    from timerl.schedule.to_graph import export_program
+
+    return export_program(spec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Exporting timerl programs' loop bodies as graphopt graphs (the corpus's ``timerl`` family)."""
+"""Translating timerl programs' loop bodies into graphopt graphs (``timerl.schedule.to_graph``:
+the corpus's ``timerl`` family and the compiler's block model)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,18 @@ import timerl as tl
 from timerl.graphopt.baselines import best_of_portfolio, portfolio_solutions
 from timerl.graphopt.brkga import brkga
 from timerl.graphopt.corpus import build_corpus, check_graph, load_graph, load_index
-from timerl.graphopt.corpus.pdg_export import (
-    REFERENCE_FLOPS,
-    compile_algorithm,
-    export_spec,
-    loop_blocks,
-    program_graphs,
-    timerl_specs,
-)
+from timerl.graphopt.corpus.programs import timerl_specs
 from timerl.graphopt.corpus.split import FAMILY_SPLIT
 from timerl.graphopt.decoders import Problem
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.perfmodel import PeakMemory, peak_memory_reference, validate_order
+from timerl.schedule.to_graph import (
+    REFERENCE_FLOPS,
+    compile_algorithm,
+    export_program,
+    loop_blocks,
+    program_graphs,
+)
 from timerl.symbolic import Const
 
 T = 6
@@ -210,15 +211,17 @@ def test_search_gives_valid_orders_on_the_ppo_update_graph(ppo):
 
 def test_export_is_deterministic_across_builds():
     (spec,) = timerl_specs(quick=True)
-    first = export_spec(spec)
-    second = export_spec(spec)  # built later in the process: every op number differs
+    first = export_program(spec)
+    second = export_program(spec)  # built later in the process: every op number differs
     assert len(first) == 1
     assert json.dumps(first) == json.dumps(second)
 
 
 def test_corpus_builds_the_timerl_family_alone(tmp_path: Path):
     assert FAMILY_SPLIT["timerl"] == "test"
-    build_corpus(tmp_path, quick=True, progress=False, families=["timerl"])
+    build_corpus(
+        tmp_path, quick=True, progress=False, families=["timerl"], export_program=export_program
+    )
     entries = load_index(tmp_path)
     assert len(entries) == len(timerl_specs(quick=True))
     for e in entries:

@@ -12,8 +12,11 @@ from typing import Any
 from timerl.errors import GraphError
 
 
-def register(sub: Any) -> None:
-    """Add the ``graphopt`` command and its subcommands to the top-level parser."""
+def register(sub: Any, *, export_program: Any = None) -> None:
+    """Add the ``graphopt`` command and its subcommands to the top-level parser.
+
+    ``export_program`` (a ``ProgramSpec -> graph dicts`` function) lets ``corpus`` build the
+    ``timerl`` family; graphopt itself reads no PDG."""
     p = sub.add_parser("graphopt", help="order and place computation graphs (REGAL)")
     gsub = p.add_subparsers(dest="graphopt_command", required=True)
 
@@ -88,7 +91,7 @@ def register(sub: Any) -> None:
     c = gsub.add_parser("corpus", help="build the graph corpus")
     c.add_argument("--out", type=Path, default=Path("corpus"))
     c.add_argument("--quick", action="store_true", help="a small corpus, for smoke tests")
-    c.set_defaults(func=cmd_corpus)
+    c.set_defaults(func=cmd_corpus, export_program=export_program)
 
 
 def _problem(args: argparse.Namespace, graph: Any) -> Any:
@@ -275,6 +278,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_corpus(args: argparse.Namespace) -> int:
     from timerl.graphopt.corpus import build_corpus
 
-    index = build_corpus(args.out, quick=args.quick, progress=True)
+    index = build_corpus(
+        args.out, quick=args.quick, progress=True, export_program=args.export_program
+    )
     print(f"corpus index: {index}")
     return 0
