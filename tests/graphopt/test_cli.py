@@ -16,7 +16,9 @@ def graph_file(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("method", ["program", "portfolio", "local", "brkga", "learned", "untrained", "exact"])
+@pytest.mark.parametrize(
+    "method", ["program", "portfolio", "local", "brkga", "learned", "untrained", "exact"]
+)
 def test_optimize_round_trip(graph_file, tmp_path, method):
     out = tmp_path / "r.json"
     rc = main(
