@@ -229,3 +229,48 @@ def test_corpus_builds_the_timerl_family_alone(tmp_path: Path):
         graph = load_graph(tmp_path, e)
         check_graph(graph)
         assert len(graph["nodes"]) == e["nodes"]
+
+
+# ---------------------------------------------------------------------- the compiler's form
+def _compiler_graphs(prog):
+    from timerl.api.program import VALIDATION_SIZE
+    from timerl.ir.graph import consumers
+    from timerl.schedule.to_graph import block_graph
+
+    bounds = dict(prog.static)
+    bounds.update({b: c if c is not None else VALIDATION_SIZE for b, c in prog.dynamic.items()})
+    readers = consumers(prog.ops)
+    out = []
+    for block in loop_blocks(prog.schedule.body):
+        if len(block.ops) >= 4:
+            g, op_of = block_graph(
+                block, bounds, readers, set(prog.keep), strict_reads=True, resident_inputs=True
+            )
+            out.append((block, g, op_of))
+    return out
+
+
+def test_strict_form_keeps_every_read_of_an_earlier_block_op_after_it(ppo):
+    prog, _ = ppo
+    checked = 0
+    for block, g, op_of in _compiler_graphs(prog):
+        node_of = {op.id: nid for nid, op in op_of.items()}
+        assert [op.id for op in op_of.values()] == [op.id for op in block.ops]
+        pos = {op.id: k for k, op in enumerate(block.ops)}
+        for op in block.ops:
+            for e in op.inputs:
+                if e.src.id in pos and pos[e.src.id] < pos[op.id]:
+                    assert node_of[e.src.id] in _preds(g, node_of[op.id]), (op.label, e.src.label)
+                    checked += 1
+    assert checked > 50
+
+
+def test_strict_form_charges_outside_values_only_for_slice_reads(ppo):
+    prog, graphs = ppo
+    strict = [g for _, g, _ in _compiler_graphs(prog)]
+    plain = [nd for g in strict for nd in g.nodes if nd.op == "input" and nd.bytes == 0]
+    stacked = [nd for g in strict for nd in g.nodes if nd.id.endswith(":in:obs") and nd.bytes]
+    assert plain and stacked
+    # the slice read obs[i, 0:T] still holds every point, as in the corpus graphs
+    corpus_obs = max(nd.bytes for g in graphs for nd in g.nodes if nd.id.endswith(":in:obs"))
+    assert max(nd.bytes for nd in stacked) == corpus_obs
