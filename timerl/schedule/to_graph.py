@@ -61,6 +61,7 @@ block's order, so charging it to the block would only hide what the order change
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -107,6 +108,7 @@ _NAMED: dict[str, frozenset[str]] = {
 }
 
 
+@functools.cache
 def op_traits(prim_name: str) -> frozenset[str]:
     """The traits of a prim that the block model needs (see the comment above)."""
     try:
