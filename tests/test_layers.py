@@ -10,7 +10,7 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parents[1] / "timerl"
 # a module may import from its own layer and the layers before it
 LAYERS = ["errors", "symbolic", "ir", "schedule", "compiler", "runtime", "api", "rl", "cli"]
-TOP = {"bench_cli": "cli", "cli": "cli", "__init__": "cli"}
+TOP = {"bench_cli": "cli", "cli": "cli", "__init__": "cli", "version": "errors"}
 
 
 def _modules() -> dict[str, set[str]]:

@@ -34,8 +34,7 @@ from timerl.errors import (
     UndefinedPointError,
 )
 from timerl.symbolic import Slice
-
-__version__ = "0.1.0"
+from timerl.version import __version__  # noqa: F401 (public)
 
 __all__ = [
     "BackendError",

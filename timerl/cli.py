@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from timerl.errors import TimerlError
 
@@ -14,7 +15,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from timerl import __version__
+    from timerl.version import __version__
 
     parser = argparse.ArgumentParser(prog="timerl", description=__doc__)
     parser.add_argument("--version", action="version", version=f"timerl {__version__}")
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     from timerl.rl import cli as rl_cli
 
     rl_cli.register(sub)
-    graphopt_cli.register(sub)
+    graphopt_cli.register(sub, export_program=_export_program)
     bench_cli.register(sub)
     return parser
 
@@ -38,6 +39,13 @@ def _silence_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):  # stdout is not a real file (tests capture it)
         pass
+
+
+def _export_program(spec: Any) -> Any:
+    """Compile a timerl program named by a graphopt corpus spec into graph dicts."""
+    from timerl.rl.corpus_export import export_program
+
+    return export_program(spec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,9 @@ def graph_file(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("method", ["program", "portfolio", "local", "brkga", "exact"])
+@pytest.mark.parametrize(
+    "method", ["program", "portfolio", "local", "brkga", "learned", "untrained", "exact"]
+)
 def test_optimize_round_trip(graph_file, tmp_path, method):
     out = tmp_path / "r.json"
     rc = main(
@@ -97,8 +99,9 @@ def test_corpus_command_calls_build_corpus(monkeypatch, tmp_path, capsys):
 
     calls = []
 
-    def fake(out_dir, *, quick=False, progress=True):
+    def fake(out_dir, *, quick=False, progress=True, export_program=None):
         calls.append((out_dir, quick, progress))
+        assert callable(export_program)  # the top-level command hands graphopt the exporter
         return out_dir / "index.json"
 
     monkeypatch.setattr(corpus, "build_corpus", fake)

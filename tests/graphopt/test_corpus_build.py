@@ -21,15 +21,16 @@ from timerl.graphopt.corpus import (  # noqa: E402
 )
 from timerl.graphopt.corpus.build import export_model, synthetic_specs  # noqa: E402
 from timerl.graphopt.corpus.models import model_specs  # noqa: E402
-from timerl.graphopt.corpus.pdg_export import timerl_specs  # noqa: E402
+from timerl.graphopt.corpus.programs import timerl_specs  # noqa: E402
 from timerl.graphopt.corpus.split import assign_splits  # noqa: E402
 from timerl.graphopt.corpus.synthetic import GENERATORS  # noqa: E402
+from timerl.rl.corpus_export import export_program  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("corpus")
-    index = build_corpus(out, quick=True, progress=False)
+    index = build_corpus(out, quick=True, progress=False, export_program=export_program)
     assert index == out / "index.json"
     return out
 

@@ -123,7 +123,7 @@ def test_eval_cli_runtime_under_memory_limit(tmp_path, capsys):
     assert rc == 0
     (rec,) = json.loads(out.read_text())
     assert "exact" not in rec["values"]  # exact is single-device peak memory only
-    assert set(rec["feasible"]) == {"program", "portfolio", "local", "brkga"}
+    assert set(rec["feasible"]) == {"program", "portfolio", "local", "brkga", "learned"}
     assert rec["feasible"]["program"] is False  # all on one device at twice the limit
     if rec["limit_unreachable"]:
         assert not any(rec["feasible"].values())

@@ -1,4 +1,5 @@
-"""Exporting timerl programs' loop bodies as graphopt graphs (the corpus's ``timerl`` family)."""
+"""Translating timerl programs' loop bodies into graphopt graphs (``timerl.schedule.to_graph``:
+the corpus's ``timerl`` family and the compiler's block model)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,13 @@ import timerl as tl
 from timerl.graphopt.baselines import best_of_portfolio, portfolio_solutions
 from timerl.graphopt.brkga import brkga
 from timerl.graphopt.corpus import build_corpus, check_graph, load_graph, load_index
-from timerl.graphopt.corpus.pdg_export import (
-    REFERENCE_FLOPS,
-    compile_algorithm,
-    export_spec,
-    loop_blocks,
-    program_graphs,
-    timerl_specs,
-)
+from timerl.graphopt.corpus.programs import timerl_specs
 from timerl.graphopt.corpus.split import FAMILY_SPLIT
 from timerl.graphopt.decoders import Problem
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.perfmodel import PeakMemory, peak_memory_reference, validate_order
+from timerl.rl.corpus_export import compile_algorithm, export_program, program_graphs
+from timerl.schedule.to_graph import REFERENCE_FLOPS, loop_blocks
 from timerl.symbolic import Const
 
 T = 6
@@ -210,15 +206,17 @@ def test_search_gives_valid_orders_on_the_ppo_update_graph(ppo):
 
 def test_export_is_deterministic_across_builds():
     (spec,) = timerl_specs(quick=True)
-    first = export_spec(spec)
-    second = export_spec(spec)  # built later in the process: every op number differs
+    first = export_program(spec)
+    second = export_program(spec)  # built later in the process: every op number differs
     assert len(first) == 1
     assert json.dumps(first) == json.dumps(second)
 
 
 def test_corpus_builds_the_timerl_family_alone(tmp_path: Path):
     assert FAMILY_SPLIT["timerl"] == "test"
-    build_corpus(tmp_path, quick=True, progress=False, families=["timerl"])
+    build_corpus(
+        tmp_path, quick=True, progress=False, families=["timerl"], export_program=export_program
+    )
     entries = load_index(tmp_path)
     assert len(entries) == len(timerl_specs(quick=True))
     for e in entries:
@@ -226,3 +224,48 @@ def test_corpus_builds_the_timerl_family_alone(tmp_path: Path):
         graph = load_graph(tmp_path, e)
         check_graph(graph)
         assert len(graph["nodes"]) == e["nodes"]
+
+
+# ---------------------------------------------------------------------- the compiler's form
+def _compiler_graphs(prog):
+    from timerl.api.program import VALIDATION_SIZE
+    from timerl.ir.graph import consumers
+    from timerl.schedule.to_graph import block_graph
+
+    bounds = dict(prog.static)
+    bounds.update({b: c if c is not None else VALIDATION_SIZE for b, c in prog.dynamic.items()})
+    readers = consumers(prog.ops)
+    out = []
+    for block in loop_blocks(prog.schedule.body):
+        if len(block.ops) >= 4:
+            g, op_of = block_graph(
+                block, bounds, readers, set(prog.keep), strict_reads=True, resident_inputs=True
+            )
+            out.append((block, g, op_of))
+    return out
+
+
+def test_strict_form_keeps_every_read_of_an_earlier_block_op_after_it(ppo):
+    prog, _ = ppo
+    checked = 0
+    for block, g, op_of in _compiler_graphs(prog):
+        node_of = {op.id: nid for nid, op in op_of.items()}
+        assert [op.id for op in op_of.values()] == [op.id for op in block.ops]
+        pos = {op.id: k for k, op in enumerate(block.ops)}
+        for op in block.ops:
+            for e in op.inputs:
+                if e.src.id in pos and pos[e.src.id] < pos[op.id]:
+                    assert node_of[e.src.id] in _preds(g, node_of[op.id]), (op.label, e.src.label)
+                    checked += 1
+    assert checked > 50
+
+
+def test_strict_form_charges_outside_values_only_for_slice_reads(ppo):
+    prog, graphs = ppo
+    strict = [g for _, g, _ in _compiler_graphs(prog)]
+    plain = [nd for g in strict for nd in g.nodes if nd.op == "input" and nd.bytes == 0]
+    stacked = [nd for g in strict for nd in g.nodes if nd.id.endswith(":in:obs") and nd.bytes]
+    assert plain and stacked
+    # the slice read obs[i, 0:T] still holds every point, as in the corpus graphs
+    corpus_obs = max(nd.bytes for g in graphs for nd in g.nodes if nd.id.endswith(":in:obs"))
+    assert max(nd.bytes for nd in stacked) == corpus_obs

@@ -12,8 +12,11 @@ from typing import Any
 from timerl.errors import GraphError, TimerlError
 
 
-def register(sub: Any) -> None:
-    """Add the ``graphopt`` command and its subcommands to the top-level parser."""
+def register(sub: Any, *, export_program: Any = None) -> None:
+    """Add the ``graphopt`` command and its subcommands to the top-level parser.
+
+    ``export_program`` (a ``ProgramSpec -> graph dicts`` function) lets ``corpus`` build the
+    ``timerl`` family; graphopt itself reads no PDG."""
     p = sub.add_parser("graphopt", help="order and place computation graphs (REGAL)")
     gsub = p.add_subparsers(dest="graphopt_command", required=True)
 
@@ -21,7 +24,13 @@ def register(sub: Any) -> None:
     o.add_argument("graph", type=Path, help="graph JSON file")
     o.add_argument("--objective", choices=("peak-memory", "runtime"), default="peak-memory")
     o.add_argument(
-        "--method", choices=("program", "portfolio", "local", "brkga", "exact"), default="brkga"
+        "--method",
+        choices=("program", "portfolio", "local", "brkga", "learned", "untrained", "exact"),
+        default="learned",
+        help="learned: BRKGA steered by the policy (default; seeded with the portfolio)",
+    )
+    o.add_argument(
+        "--weights", type=Path, default=None, help="policy weights (default: the shipped ones)"
     )
     o.add_argument("--budget", type=int, default=5000, help="number of schedule evaluations")
     o.add_argument("--devices", type=int, default=1, help="number of accelerators")
@@ -36,7 +45,12 @@ def register(sub: Any) -> None:
     e.add_argument("--split", default="test")
     e.add_argument("--corpus", type=Path, default=Path("corpus"))
     e.add_argument("--budget", type=int, default=5000)
-    e.add_argument("--methods", nargs="+", default=None, help="default: all")
+    e.add_argument(
+        "--methods", nargs="+", default=None, help="default: all but 'untrained' (an ablation)"
+    )
+    e.add_argument(
+        "--weights", type=Path, default=None, help="policy weights (default: the shipped ones)"
+    )
     e.add_argument("--limit", type=int, default=None, help="first N graphs of the split")
     e.add_argument("--exact-nodes", type=int, default=60, help="run exact up to this size")
     e.add_argument("--exact-time", type=float, default=10.0, help="exact time limit, seconds")
@@ -55,10 +69,29 @@ def register(sub: Any) -> None:
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_eval)
 
+    t = gsub.add_parser("train", help="train the policy on a corpus split (needs torch)")
+    t.add_argument("--corpus", type=Path, default=Path("corpus"))
+    t.add_argument("--split", default="train")
+    t.add_argument("--out", type=Path, default=Path("policy.npz"), help="final weights file")
+    t.add_argument("--checkpoint", type=Path, default=None, help="default: OUT.ckpt.npz")
+    t.add_argument("--checkpoint-every", type=int, default=10, help="updates between saves")
+    t.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    t.add_argument("--iterations", type=int, default=300, help="policy updates")
+    t.add_argument("--minutes", type=float, default=None, help="stop after this wall time")
+    t.add_argument("--budget", type=int, default=400, help="BRKGA evaluations per sample")
+    t.add_argument("--batch", type=int, default=4, help="fresh samples per update")
+    t.add_argument("--max-nodes", type=int, default=600, help="largest training graph")
+    t.add_argument("--runtime-share", type=float, default=0.3)
+    t.add_argument("--hidden", type=int, default=32)
+    t.add_argument("--rounds", type=int, default=3)
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_train)
+
     c = gsub.add_parser("corpus", help="build the graph corpus")
     c.add_argument("--out", type=Path, default=Path("corpus"))
     c.add_argument("--quick", action="store_true", help="a small corpus, for smoke tests")
-    c.set_defaults(func=cmd_corpus)
+    c.set_defaults(func=cmd_corpus, export_program=export_program)
 
 
 def _problem(args: argparse.Namespace, graph: Any) -> Any:
@@ -99,6 +132,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         budget=args.budget,
         seed=args.seed,
         time_limit=args.time_limit,
+        weights=args.weights,
     )
     text = json.dumps(result, indent=1)
     if args.out is None:
@@ -162,6 +196,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             exact_time=args.exact_time,
             on_graph=lambda name: progress.update(task, advance=1, description=name),
             make_problem=_problem_factory(args),
+            weights=args.weights,
         )
     rows = summarise(records, methods)
     table = Table(
@@ -218,9 +253,46 @@ def _setting(args: argparse.Namespace) -> str:
     return text
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from timerl.graphopt.train import TrainConfig, rich_progress, train
+
+    config = TrainConfig(
+        corpus=str(args.corpus),
+        split=args.split,
+        max_nodes=args.max_nodes,
+        runtime_share=args.runtime_share,
+        budget=args.budget,
+        batch=args.batch,
+        hidden=args.hidden,
+        rounds=args.rounds,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    bar, show = rich_progress()
+    if bar is not None:
+        bar.start()
+    try:
+        train(
+            config,
+            iterations=args.iterations,
+            out=args.out,
+            checkpoint=args.checkpoint,
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+            minutes=args.minutes,
+            progress=show,
+        )
+    finally:
+        if bar is not None:
+            bar.stop()
+    return 0
+
+
 def cmd_corpus(args: argparse.Namespace) -> int:
     from timerl.graphopt.corpus import build_corpus
 
-    index = build_corpus(args.out, quick=args.quick, progress=True)
+    index = build_corpus(
+        args.out, quick=args.quick, progress=True, export_program=args.export_program
+    )
     print(f"corpus index: {index}")
     return 0

@@ -28,7 +28,9 @@ from timerl.graphopt.exact import exact_peak_memory, peak_lower_bound
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.perfmodel import max_working_set
 
-METHODS = ("program", "portfolio", "local", "brkga", "exact")
+METHODS = ("program", "portfolio", "local", "brkga", "learned", "exact")
+#: Methods eval also knows but does not run by default: the policy's network, untrained.
+EXTRA_METHODS = ("untrained",)
 KINDS = ("synthetic", "model", "training", "program")
 
 
@@ -40,8 +42,12 @@ def run_method(
     seed: int = 0,
     time_limit: float = 10.0,
     start: Solution | None = None,
+    weights: str | Path | None = None,
 ) -> SearchResult:
-    """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound."""
+    """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound.
+
+    ``learned`` reads the policy weights at ``weights`` (default: the shipped file);
+    ``untrained`` is the same network with random parameters (an ablation)."""
     t0 = time.perf_counter()
     if name == "program":
         res = program_baseline(problem)
@@ -54,12 +60,22 @@ def run_method(
     elif name == "brkga":
         seeds = list(portfolio_solutions(problem).values())
         res = brkga(problem, budget=budget, seeds=seeds, seed=seed)
+    elif name in ("learned", "untrained"):
+        from timerl.graphopt.learned import learned_search, load_policy
+        from timerl.graphopt.policy import PolicyWeights
+
+        policy = load_policy(weights)
+        if name == "untrained":
+            policy = PolicyWeights.random(policy.hidden, policy.rounds, seed=seed)
+        res = learned_search(problem, policy, budget=budget, seed=seed)
+        res.method = name
     elif name == "exact":
         if not problem.single:
             raise GraphError("method 'exact' solves peak memory on one device only")
         res = exact_peak_memory(problem, time_limit=time_limit, start=start, seed=seed)
     else:
-        raise GraphError(f"unknown method {name!r} (choose from {', '.join(METHODS)})")
+        known = ", ".join(METHODS + EXTRA_METHODS)
+        raise GraphError(f"unknown method {name!r} (choose from {known})")
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -72,9 +88,12 @@ def optimize(
     budget: int = 5000,
     seed: int = 0,
     time_limit: float = 10.0,
+    weights: str | Path | None = None,
 ) -> dict[str, Any]:
     """The result document of ``timerl graphopt optimize``."""
-    res = run_method(method, problem, budget=budget, seed=seed, time_limit=time_limit)
+    res = run_method(
+        method, problem, budget=budget, seed=seed, time_limit=time_limit, weights=weights
+    )
     prog = program_baseline(problem).value
     out = res.solution.to_json(graph, problem.cluster)
     out.update(
@@ -130,6 +149,7 @@ def evaluate_corpus(
     exact_time: float = 10.0,
     on_graph: Callable[[str], None] | None = None,
     make_problem: Callable[[Graph], Problem] = Problem,
+    weights: str | Path | None = None,
 ) -> list[GraphRecord]:
     """Run every method on every graph of the split.
 
@@ -137,8 +157,13 @@ def evaluate_corpus(
     device); the exact solver and the lower bound apply to single-device peak memory only.
     """
     for m in methods:
-        if m not in METHODS:
-            raise GraphError(f"unknown method {m!r} (choose from {', '.join(METHODS)})")
+        if m not in METHODS + EXTRA_METHODS:
+            known = ", ".join(METHODS + EXTRA_METHODS)
+            raise GraphError(f"unknown method {m!r} (choose from {known})")
+    if any(m in ("learned", "untrained") for m in methods):
+        from timerl.graphopt.learned import load_policy
+
+        load_policy(weights)  # a bad weights file fails before any graph is searched
     entries = load_index(corpus, split)
     if limit is not None:
         entries = entries[:limit]
@@ -155,7 +180,13 @@ def evaluate_corpus(
                 continue
             start = best[1] if best else None
             res = run_method(
-                m, problem, budget=budget, seed=seed, time_limit=exact_time, start=start
+                m,
+                problem,
+                budget=budget,
+                seed=seed,
+                time_limit=exact_time,
+                start=start,
+                weights=weights,
             )
             rec.values[m] = res.value
             rec.seconds[m] = res.seconds

@@ -453,7 +453,7 @@ def train(
 
 
 def _version() -> str:
-    from timerl import __version__
+    from timerl.version import __version__
 
     return __version__
 

@@ -1,5 +1,5 @@
 """The graph corpus of graphopt: graphs exported from PyTorch models and from timerl's own
-programs (``program_graphs``: one graph per loop body), and synthetic DAGs.
+programs (one graph per loop body, by ``timerl.schedule.to_graph``), and synthetic DAGs.
 
 ``build_corpus`` writes every graph as JSON under a fixed train/val/test/test-large split by
 family; ``load_index`` and ``load_graph`` read a built corpus back.
@@ -7,7 +7,6 @@ family; ``load_index`` and ``load_graph`` read a built corpus back.
 
 from timerl.graphopt.corpus.build import build_corpus, load_graph, load_index
 from timerl.graphopt.corpus.check import check_graph
-from timerl.graphopt.corpus.pdg_export import program_graphs
 from timerl.graphopt.corpus.split import FAMILY_SPLIT, SPLITS
 
 __all__ = [
@@ -17,5 +16,4 @@ __all__ = [
     "check_graph",
     "load_graph",
     "load_index",
-    "program_graphs",
 ]

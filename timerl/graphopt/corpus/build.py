@@ -3,7 +3,8 @@
 Layout: ``out_dir/<split>/<family>/<name>.json`` plus ``out_dir/index.json``. Model exports run
 in worker processes (they dominate the build time and are independent); synthetic graphs are
 generated in-process, and so are the ``timerl`` family's graphs (each of its programs compiles
-in about a second and gives one graph per loop body, see ``pdg_export``). The result is a pure
+in about a second and gives one graph per loop body; the caller passes the function that does
+it, ``timerl.rl.corpus_export.export_program``, as graphopt reads no PDG itself). The result is a pure
 function of the fixed spec lists and seeds, so two builds write identical files.
 """
 
@@ -13,7 +14,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,8 +22,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import timerl.graphopt.corpus.programs as program_family
+import timerl.graphopt.corpus.synthetic as synthetic
 from timerl.errors import GraphError
-from timerl.graphopt.corpus import pdg_export, synthetic
 from timerl.graphopt.corpus.check import check_graph
 from timerl.graphopt.corpus.split import SPLITS, assign_splits, family_split
 
@@ -124,11 +126,16 @@ def export_model(name: str, quick: bool) -> tuple[str, dict | None, str | None, 
         return name, None, msg, time.perf_counter() - start
 
 
-def export_program(spec: pdg_export.ProgramSpec) -> tuple[list[dict], str | None]:
+ProgramExporter = Callable[[program_family.ProgramSpec], list[dict]]
+
+
+def _export_program(
+    spec: program_family.ProgramSpec, exporter: ProgramExporter
+) -> tuple[list[dict], str | None]:
     """The graphs of one timerl program spec, or ``([], error)``: reported, not raised, so a
     failing program is listed by name and the build goes on."""
     try:
-        graphs = pdg_export.export_spec(spec)
+        graphs = exporter(spec)
         for graph in graphs:
             check_graph(graph)
         return graphs, None
@@ -178,6 +185,7 @@ def build_corpus(
     progress: bool = True,
     workers: int | None = None,
     families: Sequence[str] | None = None,
+    export_program: ProgramExporter | None = None,
 ) -> Path:
     """Build the corpus under ``out_dir`` and return the path of its ``index.json``.
 
@@ -187,6 +195,8 @@ def build_corpus(
     only those families (e.g. ``["timerl"]`` to evaluate one family); with no training family
     among them nothing goes to ``test-large``. Models and programs that fail to export are
     printed with their error, listed under ``failed`` in the index and skipped.
+    ``export_program`` turns a spec of the ``timerl`` family into graph dicts
+    (``timerl.rl.corpus_export.export_program``); without it that family is left out.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -194,19 +204,24 @@ def build_corpus(
     for family in sorted(wanted or ()):
         family_split(family)
     # Model specs import torch: skip them when only synthetic or program families are wanted.
-    other = set(synthetic.GENERATORS) | {pdg_export.FAMILY}
+    other = set(synthetic.GENERATORS) | {program_family.FAMILY}
     need_models = wanted is None or bool(wanted - other)
     model_specs = list(_model_lookup(quick).values()) if need_models else []
     synth = synthetic_specs(quick)
-    programs = pdg_export.timerl_specs(quick)
+    programs = program_family.timerl_specs(quick) if export_program is not None else []
+    if wanted is not None and program_family.FAMILY in wanted and export_program is None:
+        raise GraphError(
+            "the 'timerl' family needs a program exporter: pass "
+            "export_program=timerl.rl.corpus_export.export_program"
+        )
     if wanted is not None:
         model_specs = [s for s in model_specs if s.family in wanted]
         synth = [s for s in synth if s.family in wanted]
-        programs = programs if pdg_export.FAMILY in wanted else []
+        programs = programs if program_family.FAMILY in wanted else []
     for spec in [*model_specs, *synth]:
         family_split(spec.family)  # fail early on a family without a split
     if programs:
-        family_split(pdg_export.FAMILY)
+        family_split(program_family.FAMILY)
     names = [s.name for s in model_specs] + [s.name for s in synth] + [s.name for s in programs]
     if len(set(names)) != len(names):
         raise GraphError("corpus specs contain duplicate graph names")
@@ -219,8 +234,8 @@ def build_corpus(
     family_of = {s.name: s.family for s in [*model_specs, *synth]}
     kinds = {s.name: ("training" if s.training else "model") for s in model_specs}
     kinds.update({s.name: "synthetic" for s in synth})
-    family_of.update({s.name: pdg_export.FAMILY for s in programs})
-    kinds.update({s.name: pdg_export.KIND for s in programs})
+    family_of.update({s.name: program_family.FAMILY for s in programs})
+    kinds.update({s.name: program_family.KIND for s in programs})
 
     def record(name: str, graph: dict | None, error: str | None) -> None:
         if name in graphs:
@@ -252,12 +267,13 @@ def build_corpus(
             bar.advance(task)
         for prog_spec in programs:
             bar.update(task, description=prog_spec.name)
-            program_graphs, error = export_program(prog_spec)
+            assert export_program is not None
+            program_graphs, error = _export_program(prog_spec, export_program)
             if error is not None:
                 record(prog_spec.name, None, error)
             for graph in program_graphs:
-                family_of[graph["name"]] = pdg_export.FAMILY
-                kinds[graph["name"]] = pdg_export.KIND
+                family_of[graph["name"]] = program_family.FAMILY
+                kinds[graph["name"]] = program_family.KIND
                 record(graph["name"], graph, None)
             bar.advance(task)
         # Slowest exports first so the two workers finish together.

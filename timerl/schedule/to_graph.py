@@ -1,10 +1,11 @@
-"""Export the loop bodies of a compiled timerl program as graphopt graphs.
+"""Translate the loop-body blocks of a schedule into graphopt graphs: the one model of a block
+that both the compiler (``order.py``) and the graph corpus (its ``timerl`` family) use.
 
 A compiled program's schedule is a tree of loops whose bodies hold compute statements. A run of
 consecutive compute statements inside one loop body (a *block*) is a static region: at every
 point of its enclosing loops the same ops run once each, in schedule order, with no control
 flow in between. That is exactly the problem graphopt solves (order the ops of one static region
-to lower its peak memory), so each block with at least ``MIN_OPS`` ops becomes one graph.
+to lower its peak memory), so each block becomes one graph (the corpus keeps those with at least ``MIN_OPS`` ops).
 
 Why blocks, not whole bodies: a body may hold nested loops between its compute statements, and
 an op after a nested loop may read what that loop computed. The loop is not a node, so a graph
@@ -44,38 +45,73 @@ Modelling choices, all at the bounds the program was compiled with:
   be picked and no single one is its base, so it is modelled as a copy.
 * **Outputs**: ops read outside the block or at another point (later loops, later timesteps),
   the program's kept outputs and stop conditions, side effects, and ops nobody reads.
+
+Which prims are views, reductions, tuple sources or ordered effects is decided in one place,
+``op_traits``: it reads a prim's registered traits where the registry has them and falls back
+to the names listed here.
+
+``strict_reads`` (the compiler's setting) also adds an edge for every read of an earlier op of
+the block at another point (``x[t - 1]`` read after ``x[t]`` is computed would need both points
+alive at once in a ring buffer): a valid order of that graph keeps every such read where the
+written order has it relative to its source. ``resident_inputs`` (also the compiler's) gives
+input nodes only the bytes of slice reads (stacked into a fresh buffer when read): a plain read
+of a value computed outside the block moves no data, and that value is resident whatever the
+block's order, so charging it to the block would only hide what the order changes.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from timerl.graphopt.graph import Graph, Node
-from timerl.ir.graph import Edge, Op, View, consumers
+from timerl.ir import prims
+from timerl.ir.graph import Edge, Op, View
 from timerl.schedule.program import Compute, Loop, Stmt
 from timerl.schedule.scheduler import SAME, STRICT_FUTURE, STRICT_PAST, relation
 from timerl.symbolic import Bound, Const, Dim, Expr, Slice, vevaluate
 
-if TYPE_CHECKING:
-    from timerl.api.program import Program
-
 REFERENCE_FLOPS = 1e12
 MIN_OPS = 8
-FAMILY = "timerl"  # the corpus family of these graphs; their kind is "program"
-KIND = "program"
+_ID_NUMBER = re.compile(r"#\d+")
 
+
+# ---------------------------------------------------------------------- what a prim is
+# The only place that looks at prim names. A prim registered with a trait of the same name in
+# its ``extra`` dict (``view``, ``reduction``, ``matmul``, ``sort``, ``tuple_source``,
+# ``picks``, ``ordered``) is read from the registry; the name lists below are the fallback.
 #: Prims whose numpy lowering hands back a view of (or the very buffer of) their one input.
 VIEW_PRIMS = frozenset(
     {"reshape", "permute", "expand", "identity", "detach", "select_at", "narrow", "tuple_get"}
 )
-_REDUCTIONS = frozenset({"sum", "max", "argmax"})
-_ID_NUMBER = re.compile(r"#\d+")
+_NAMED: dict[str, frozenset[str]] = {
+    "view": VIEW_PRIMS,
+    "reduction": frozenset({"sum", "max", "argmax"}),
+    "matmul": frozenset({"matmul"}),
+    "sort": frozenset({"argsort"}),
+    "tuple_source": frozenset({"udf"}),  # returns a tuple its tuple_get readers take apart
+    "tuple_part": frozenset({"tuple_get"}),
+    "picks": frozenset({"merge"}),  # hands back one of its inputs, chosen per point
+    "ordered": frozenset({"udf"}),  # keeps its place among the effects even if not marked one
+    "view_if_one_input": frozenset({"add_n"}),  # add_n of one operand returns it
+    "view_if_basic_key": frozenset({"getitem"}),
+}
+
+
+@functools.cache
+def op_traits(prim_name: str) -> frozenset[str]:
+    """The traits of a prim that the block model needs (see the comment above)."""
+    try:
+        extra: Mapping[str, Any] = prims.get(prim_name).extra
+    except KeyError:  # an op built outside the registry (tests, udfs): names only
+        extra = {}
+    return frozenset(t for t, names in _NAMED.items() if extra.get(t, prim_name in names) is True)
 
 
 @dataclass
@@ -108,27 +144,22 @@ def loop_blocks(body: Sequence[Stmt], loops: tuple[Loop, ...] = ()) -> list[Bloc
     return out
 
 
-def program_graphs(prog: Program, name: str, *, min_ops: int = MIN_OPS) -> list[Graph]:
-    """One graph per block of ``prog``'s loop bodies with at least ``min_ops`` ops.
+def block_graph(
+    block: Block,
+    bounds: Mapping[Bound, int],
+    readers: Mapping[int, list[tuple[Op, Edge]]],
+    keep: set[int],
+    name: str = "block",
+    *,
+    strict_reads: bool = False,
+    resident_inputs: bool = False,
+) -> tuple[Graph, dict[str, Op]]:
+    """The graph of one block, and the op behind each node that is one (not the inputs).
 
-    Graphs are named ``{name}-{k}-{dims}``: ``k`` numbers the exported blocks in schedule order,
-    ``dims`` lists the enclosing loops (``i_t``: the ``t`` loop inside the ``i`` loop).
+    ``readers`` is ``consumers(ops)`` of the whole program, ``keep`` the ids of the values the
+    user keeps; ``bounds`` gives every bound a value (a dynamic one its cap).
     """
-    from timerl.api.program import VALIDATION_SIZE
-
-    bounds: dict[Bound, int] = dict(prog.static)
-    for bound, cap in prog.dynamic.items():
-        bounds[bound] = cap if cap is not None else VALIDATION_SIZE
-    readers = consumers(prog.ops)
-    keep = set(prog.keep)
-    graphs = []
-    for block in loop_blocks(prog.schedule.body):
-        if len(block.ops) < min_ops:
-            continue
-        dims = "_".join(d.name for d in block.dims)
-        label = f"{name}-{len(graphs)}-{dims}"
-        graphs.append(_BlockExport(block, bounds, readers, keep).graph(label))
-    return graphs
+    return _BlockExport(block, bounds, readers, keep, strict_reads, resident_inputs).graph(name)
 
 
 # ---------------------------------------------------------------------- one block
@@ -139,7 +170,11 @@ class _BlockExport:
         bounds: Mapping[Bound, int],
         readers: Mapping[int, list[tuple[Op, Edge]]],
         keep: set[int],
+        strict_reads: bool = False,
+        resident_inputs: bool = False,
     ) -> None:
+        self.strict_reads = strict_reads
+        self.resident_inputs = resident_inputs
         self.block = block
         self.bounds = bounds
         self.readers = readers
@@ -186,19 +221,20 @@ class _BlockExport:
         return _max_product(op.shape, self.bounds, op.domain) * _itemsize(op)
 
     def _flops(self, op: Op) -> int:
+        traits = op_traits(op.prim)
         if _is_view(op):
             return 0
-        if op.prim == "matmul" and op.inputs:
+        if "matmul" in traits and op.inputs:
             a = op.inputs[0]
             try:
                 inner = View(a.src, a.index).shape[-1]
             except Exception:
                 inner = a.src.shape[-1]
             return 2 * self._numel(op) * _max_product([inner], self.bounds, op.domain)
-        if op.prim in _REDUCTIONS and op.inputs:
+        if "reduction" in traits and op.inputs:
             e = op.inputs[0]
             return self._read_bytes(e, op) // max(_itemsize(e.src), 1)
-        if op.prim == "argsort":
+        if "sort" in traits:
             n = self._numel(op)
             return n * max(1, math.ceil(math.log2(max(n, 2))))
         return self._numel(op)
@@ -212,7 +248,7 @@ class _BlockExport:
         return any(r.id not in self.pos or self._kind(e) != "same" for r, e in users)
 
     # --- the graph --------------------------------------------------------------------------
-    def graph(self, name: str) -> Graph:
+    def graph(self, name: str) -> tuple[Graph, dict[str, Op]]:
         nodes: list[dict[str, Any]] = []
         edges: list[tuple[str, str]] = []
         node_of: dict[int, str] = {}  # block op id -> its node id
@@ -223,12 +259,14 @@ class _BlockExport:
             preds: list[str] = []
             reads: list[str] = []  # per input edge, the node holding what it reads
             picks = _picks_outside(op, self._kind)
+            if picks and self.strict_reads:
+                preds.extend(node_of[e.src.id] for e in op.inputs if e.src.id in node_of)
             for edge in [] if picks else op.inputs:
                 kind = self._kind(edge)
                 if kind == "same":
                     reads.append(node_of[edge.src.id])
                     continue
-                if kind == "near" and edge.src.id in node_of:
+                if (kind == "near" or self.strict_reads) and edge.src.id in node_of:
                     preds.append(node_of[edge.src.id])  # may read this very point
                 src = edge.src
                 entry = input_of.get(src.id)
@@ -243,7 +281,11 @@ class _BlockExport:
                     input_reads[src.id] = {}
                     nodes.append(entry)
                 key = ", ".join(map(str, edge.index))
-                input_reads[src.id][key] = self._read_bytes(edge, op)
+                stacked = any(isinstance(idx, Slice) for idx in edge.index)
+                if self.resident_inputs and not stacked:
+                    input_reads[src.id][key] = 0  # lives outside the block whatever the order
+                else:
+                    input_reads[src.id][key] = self._read_bytes(edge, op)
                 reads.append(entry["id"])
             preds.extend(reads)
             nid = f"{len(nodes)}:{_clean(op.label)}"
@@ -253,7 +295,7 @@ class _BlockExport:
                 node["alias_of"] = reads[0]
             if self._is_output(op):
                 node["output"] = True
-            if op.effect:
+            if op.effect or (self.strict_reads and "ordered" in op_traits(op.prim)):
                 if last_effect is not None:
                     preds.append(last_effect)
                 last_effect = nid
@@ -262,13 +304,18 @@ class _BlockExport:
             nodes.append(node)
         for src_id, per_index in input_reads.items():
             input_of[src_id]["bytes"] = int(sum(per_index.values()))
-        return Graph(name, [_node(d) for d in nodes], edges)
+        op_of = {nid: op for op in self.block.ops for nid in [node_of[op.id]]}
+        return Graph(name, [_node(d) for d in nodes], edges), op_of
 
 
 def _picks_outside(op: Op, kind: Callable[[Edge], str]) -> bool:
     """A merge all of whose branches are read from outside the block holds, at each point, one
     value that lives outside: it is a source of the block (like an input) and moves no data."""
-    return op.prim == "merge" and bool(op.inputs) and all(kind(e) == "other" for e in op.inputs)
+    return (
+        "picks" in op_traits(op.prim)
+        and bool(op.inputs)
+        and all(kind(e) == "other" for e in op.inputs)
+    )
 
 
 def _node(d: dict[str, Any]) -> Node:
@@ -294,17 +341,18 @@ def _itemsize(op: Op) -> int:
 
 def _tuple_parts(op: Op, readers: Mapping[int, list[tuple[Op, Edge]]]) -> list[Op]:
     """The ``tuple_get`` readers of an op returning a tuple (none for other ops)."""
-    if op.prim != "udf":
+    if "tuple_source" not in op_traits(op.prim):
         return []
-    return [r for r, _ in readers.get(op.id, []) if r.prim == "tuple_get"]
+    return [r for r, _ in readers.get(op.id, []) if "tuple_part" in op_traits(r.prim)]
 
 
 def _is_view(op: Op) -> bool:
     if len(op.inputs) != 1:
         return False
-    if op.prim in VIEW_PRIMS or op.prim == "add_n":  # add_n of one operand returns it
+    traits = op_traits(op.prim)
+    if "view" in traits or "view_if_one_input" in traits:
         return True
-    if op.prim == "getitem":
+    if "view_if_basic_key" in traits:
         return _basic_key(op.attrs.get("key", ()))
     return False
 
@@ -339,78 +387,3 @@ def _max_product(sizes: Iterable[Expr], bounds: Mapping[Bound, int], dims: Seque
     for s in sizes:
         total = total * np.maximum(np.asarray(vevaluate(s, env), dtype=np.int64), 0)
     return int(np.max(total)) if np.size(total) else 0
-
-
-# ---------------------------------------------------------------------- the corpus family
-@dataclass(frozen=True)
-class ProgramSpec:
-    """One RL algorithm program of the ``timerl`` family: ``algo`` and its config overrides.
-
-    ``largest_only`` keeps just the program's largest graph (the quick corpus wants one).
-    """
-
-    name: str
-    algo: str
-    config: dict[str, Any] = field(default_factory=dict)
-    largest_only: bool = False
-
-
-def timerl_specs(quick: bool = False) -> list[ProgramSpec]:
-    """The fixed list of programs exported into the corpus (each gives several graphs)."""
-    if quick:
-        small = {"env_id": "CartPole-v1", "num_envs": 2, "num_steps": 8}
-        return [ProgramSpec("reinforce-cartpole-n2", "reinforce", small, largest_only=True)]
-    return [
-        ProgramSpec("ppo-cartpole", "ppo", {"env_id": "CartPole-v1"}),
-        ProgramSpec("ppo-pendulum", "ppo", {"env_id": "Pendulum-v1"}),
-        ProgramSpec("reinforce-cartpole", "reinforce", {"env_id": "CartPole-v1"}),
-        ProgramSpec(
-            "ppo-synthetic-3x16x16-n16-h128",
-            "ppo",
-            {
-                "env_id": "Synthetic-v0",
-                "env_kwargs": {"obs_shape": (3, 16, 16)},
-                "num_envs": 16,
-                "hidden": (128, 128),
-            },
-        ),
-    ]
-
-
-def compile_algorithm(
-    algo: str, config: Mapping[str, Any], iterations: int = 2
-) -> tuple[Program, Any]:
-    """Build and compile an algorithm program as ``timerl train`` runs it: ``(program, env)``.
-
-    The training driver adds a sink of the per-iteration metrics before compiling; so does this
-    (with a callback that drops the values), so the exported loop bodies are the ones training
-    executes. Two iterations are enough: the loop bodies do not depend on the iteration count.
-    The caller closes the environment.
-    """
-    from timerl.api.functional import sink
-    from timerl.api.tensor import stack
-    from timerl.rl.train import build
-
-    program = build(algo, dict(config))
-    with program.ctx:
-        row = stack([program.metrics[k].float() for k in program.metrics])
-        sink(row, lambda value, point: None)
-    bounds = {"I": iterations, **program.bounds}
-    try:
-        prog = program.ctx.compile(bounds=bounds, backend="numpy", seed=program.config.seed)
-    except BaseException:
-        program.env.close()
-        raise
-    return prog, program.env
-
-
-def export_spec(spec: ProgramSpec) -> list[dict[str, Any]]:
-    """The graph dicts of one program spec, named ``{spec.name}-{k}-{dims}``."""
-    prog, env = compile_algorithm(spec.algo, spec.config)
-    try:
-        graphs = program_graphs(prog, spec.name)
-    finally:
-        env.close()
-    if spec.largest_only and graphs:
-        graphs = [max(graphs, key=lambda g: g.n)]
-    return [g.to_json() for g in graphs]

@@ -1,0 +1,243 @@
+"""The graph policy: a small message-passing network giving BRKGA its per-node proposals.
+
+Inference runs in numpy (the compiler and ``timerl graphopt optimize`` need no torch); training
+(``train.py``) runs the same computation in torch with the same parameter names, and a test
+checks the two agree.
+
+Network, hidden width H, R rounds (``x``: node features, ``P``/``S``: mean over a node's
+predecessors / successors):
+
+    h = relu(x W_in + b_in)
+    repeat R times:  h = h + relu(h W_self + (P h) W_pred + (S h) W_succ + b)
+    out = [h, mean_nodes(h)] W_out + b_out          # (n, OUTPUTS)
+
+Each node's outputs are the policy's *mean action*: for each key group (priority, device,
+swap) a logit of the Beta mean and a log concentration, and a logit of the crossover bias.
+``proposal`` maps an action (the mean, or a sample around it while training) to BRKGA's
+Beta(a, b) per gene and bias per gene. An action of zeros is Beta(1, 1) (uniform) and bias
+0.7, plain BRKGA's defaults.
+
+Weights live in one ``.npz`` file (read with ``allow_pickle=False``); its ``meta`` entry is
+JSON (as bytes) naming the format, the feature version and the shapes. A file that is
+missing, truncated, of another format or of another feature version raises
+``CheckpointError`` naming the file and what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import CheckpointError
+from timerl.graphopt.features import FEATURE_VERSION, NUM_FEATURES, GraphFeatures
+
+FORMAT = "timerl-graphopt-policy"
+#: per node: (mean logit, log concentration) for priority, device and swap keys; bias logit
+OUTPUTS = 7
+GROUPS = ("priority", "device", "swap")
+SHIPPED = Path(__file__).parent / "data" / "policy.npz"
+#: concentration kappa = BASE_KAPPA * exp(z): a = m kappa, b = (1 - m) kappa; kappa 2 = uniform
+BASE_KAPPA = 2.0
+LOG_KAPPA_RANGE = (-1.0, 5.0)
+BIAS_RANGE = (0.5, 0.9)  # a logit of 0 is 0.7, plain BRKGA's default
+
+
+def param_shapes(hidden: int, rounds: int) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every parameter (the torch module uses the same names)."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "in.w": (NUM_FEATURES, hidden),
+        "in.b": (hidden,),
+    }
+    for r in range(rounds):
+        shapes[f"r{r}.self"] = (hidden, hidden)
+        shapes[f"r{r}.pred"] = (hidden, hidden)
+        shapes[f"r{r}.succ"] = (hidden, hidden)
+        shapes[f"r{r}.b"] = (hidden,)
+    shapes["out.w"] = (2 * hidden, OUTPUTS)
+    shapes["out.b"] = (OUTPUTS,)
+    shapes["log_std"] = (OUTPUTS,)
+    return shapes
+
+
+@dataclass
+class PolicyWeights:
+    """Parameters of the network plus its description (``meta``, JSON-serialisable)."""
+
+    params: dict[str, np.ndarray]
+    hidden: int
+    rounds: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def random(cls, hidden: int = 32, rounds: int = 3, seed: int = 0) -> PolicyWeights:
+        """An untrained network (the ablation's 'same network, untrained')."""
+        rng = np.random.default_rng(seed)
+        params = {}
+        for name, shape in param_shapes(hidden, rounds).items():
+            if name == "log_std":
+                params[name] = np.full(shape, np.log(0.5), dtype=np.float32)
+            elif len(shape) == 1:
+                params[name] = np.zeros(shape, dtype=np.float32)
+            else:
+                scale = 0.1 if name == "out.w" else 1.0 / np.sqrt(shape[0])
+                params[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
+        return cls(params, hidden, rounds, {"trained": False})
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> None:
+        """Write ``.npz`` (no pickled objects); ``extra`` arrays ride along (checkpoints)."""
+        meta = {
+            "format": FORMAT,
+            "feature_version": FEATURE_VERSION,
+            "num_features": NUM_FEATURES,
+            "outputs": OUTPUTS,
+            "hidden": self.hidden,
+            "rounds": self.rounds,
+            **self.meta,
+        }
+        arrays: dict[str, np.ndarray] = {f"p/{k}": v for k, v in self.params.items()}
+        for k, v in (extra or {}).items():
+            arrays[f"x/{k}"] = v
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        tmp.replace(path)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, with_extra: bool = False
+    ) -> PolicyWeights | tuple[PolicyWeights, dict[str, np.ndarray]]:
+        """Read and check a weights file; see the module docstring for what is refused."""
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"policy weights {path}: file not found")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise CheckpointError(
+                f"policy weights {path}: not a readable .npz archive (truncated or corrupt?): {err}"
+            ) from err
+        if "meta" not in arrays:
+            raise CheckpointError(f"policy weights {path}: no 'meta' entry (not a policy file)")
+        try:
+            meta = json.loads(arrays.pop("meta").tobytes().decode())
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"policy weights {path}: unreadable 'meta' entry: {err}") from err
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(
+                f"policy weights {path}: format {meta.get('format')!r}, expected {FORMAT!r}"
+            )
+        if meta.get("feature_version") != FEATURE_VERSION:
+            raise CheckpointError(
+                f"policy weights {path}: trained on feature version "
+                f"{meta.get('feature_version')!r} ({meta.get('num_features')} features); this "
+                f"timerl computes version {FEATURE_VERSION} ({NUM_FEATURES} features): retrain "
+                "with `timerl graphopt train`"
+            )
+        if meta.get("outputs") != OUTPUTS:
+            raise CheckpointError(
+                f"policy weights {path}: {meta.get('outputs')} outputs per node, expected {OUTPUTS}"
+            )
+        hidden, rounds = int(meta["hidden"]), int(meta["rounds"])
+        params: dict[str, np.ndarray] = {}
+        for name, shape in param_shapes(hidden, rounds).items():
+            arr = arrays.get(f"p/{name}")
+            if arr is None:
+                raise CheckpointError(f"policy weights {path}: parameter {name!r} is missing")
+            if arr.shape != shape:
+                raise CheckpointError(
+                    f"policy weights {path}: parameter {name!r} has shape {arr.shape}, "
+                    f"expected {shape}"
+                )
+            params[name] = arr.astype(np.float32)
+        known = {"format", "feature_version", "num_features", "outputs", "hidden", "rounds"}
+        weights = cls(params, hidden, rounds, {k: v for k, v in meta.items() if k not in known})
+        if with_extra:
+            extra = {k[2:]: v for k, v in arrays.items() if k.startswith("x/")}
+            return weights, extra
+        return weights
+
+    # ------------------------------------------------------------------ inference
+    def forward(self, feats: GraphFeatures) -> np.ndarray:
+        """The mean action, (n, OUTPUTS)."""
+        p = self.params
+        x = feats.x
+        n = x.shape[0]
+        if n == 0:
+            return np.zeros((0, OUTPUTS), dtype=np.float32)
+        h = np.maximum(x @ p["in.w"] + p["in.b"], 0.0)
+        pred_mean, succ_mean = _aggregators(feats, n)
+        for r in range(self.rounds):
+            m = h @ p[f"r{r}.self"] + pred_mean(h) @ p[f"r{r}.pred"]
+            m += succ_mean(h) @ p[f"r{r}.succ"] + p[f"r{r}.b"]
+            h = h + np.maximum(m, 0.0)
+        g = np.broadcast_to(h.mean(axis=0), h.shape)
+        return np.concatenate([h, g], axis=1) @ p["out.w"] + p["out.b"]
+
+
+def _aggregators(feats: GraphFeatures, n: int) -> tuple[Any, Any]:
+    """Mean over predecessors and over successors, as CSR sums (``add.reduceat``)."""
+
+    def make(to: np.ndarray, frm: np.ndarray) -> Any:
+        order = np.argsort(to, kind="stable")
+        to_s, frm_s = to[order], frm[order]
+        counts = np.bincount(to_s, minlength=n)
+        has = np.nonzero(counts)[0]
+        starts = np.searchsorted(to_s, has)
+        inv = (1.0 / np.maximum(counts[has], 1)).astype(np.float32)[:, None]
+
+        def mean(h: np.ndarray) -> np.ndarray:
+            out = np.zeros_like(h)
+            if frm_s.size:
+                out[has] = np.add.reduceat(h[frm_s], starts, axis=0) * inv
+            return out
+
+        return mean
+
+    return make(feats.dst, feats.src), make(feats.src, feats.dst)
+
+
+def proposal(action: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """BRKGA's (alpha, beta, bias), each per gene, from an (n, OUTPUTS) action.
+
+    ``groups`` key groups are used (1: priorities only; 2 or 3 with device and swap keys, in
+    the decoder's layout: all priorities, then all device keys, then all swap keys). When a
+    problem has swap keys but no device keys the swap group still comes from columns 4-5.
+    """
+    cols = [0] if groups == 1 else ([0, 4] if groups == -2 else [0, 2, 4][:groups])
+    a_parts, b_parts, r_parts = [], [], []
+    lo, hi = BIAS_RANGE
+    bias = lo + (hi - lo) * _sigmoid(action[:, 6].astype(np.float64))
+    for c in cols:
+        m = _sigmoid(action[:, c].astype(np.float64))
+        kappa = BASE_KAPPA * np.exp(np.clip(action[:, c + 1].astype(np.float64), *LOG_KAPPA_RANGE))
+        a_parts.append(np.maximum(m * kappa, 1e-3))
+        b_parts.append(np.maximum((1.0 - m) * kappa, 1e-3))
+        r_parts.append(bias)
+    return np.concatenate(a_parts), np.concatenate(b_parts), np.concatenate(r_parts)
+
+
+def key_groups(place: bool, swaps: bool) -> int:
+    """The ``groups`` argument of :func:`proposal` for a problem's key layout."""
+    if place:
+        return 3 if swaps else 2
+    return -2 if swaps else 1
+
+
+def used_columns(groups: int) -> list[int]:
+    """Output columns an action of this layout actually uses (for the policy gradient)."""
+    cols = {1: [0, 1], 2: [0, 1, 2, 3], 3: [0, 1, 2, 3, 4, 5], -2: [0, 1, 4, 5]}[groups]
+    return [*cols, 6]
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))

@@ -1,0 +1,420 @@
+"""Training the graph policy with policy gradients over a corpus split (needs torch).
+
+One step: for a few training problems (a graph and an objective: peak memory on one device,
+or running time on two devices and a host under a memory limit), sample an action around the
+network's mean action (a Gaussian per output, learned log-std), run BRKGA steered by it at a
+fixed evaluation budget, and score it by the relative improvement over uniform BRKGA with the
+same budget, seeds and random seed (cached per problem and seed). The advantage is that minus
+a per-problem running mean of past rewards.
+
+Past (problem, action, reward, log-probability) tuples stay in a replay buffer; each update
+mixes the fresh samples with a draw from it, weighting each by the importance ratio of the
+current policy over the one that sampled it, clipped as in PPO. The log-probability of an
+action is the mean over the genes it sets, so the ratio is a per-gene geometric mean and stays
+usable on graphs of thousands of nodes (a product over all genes would be 0 or infinity).
+
+Checkpoints are ``.npz`` files (weights plus optimiser state, replay buffer and reward
+baselines, all plain arrays; the rest as JSON bytes), written atomically; ``resume`` continues
+from one exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from timerl.errors import CheckpointError, GraphError
+from timerl.graphopt.baselines import portfolio_solutions
+from timerl.graphopt.brkga import brkga
+from timerl.graphopt.decoders import Problem, Solution
+from timerl.graphopt.features import GraphFeatures
+from timerl.graphopt.graph import Graph
+from timerl.graphopt.learned import learned_search, problem_features
+from timerl.graphopt.perfmodel import Cluster, PeakMemory
+from timerl.graphopt.policy import (
+    OUTPUTS,
+    PolicyWeights,
+    key_groups,
+    used_columns,
+)
+
+LOG_STD_RANGE = (-3.0, 0.5)
+
+
+@dataclass
+class TrainConfig:
+    """Settings of a training run (stored in every checkpoint; resume checks they match)."""
+
+    corpus: str = "corpus"
+    split: str = "train"
+    max_nodes: int = 600  # training problems: graphs up to this size
+    runtime_max_nodes: int = 250  # ... and, for the runtime objective, up to this size
+    runtime_share: float = 0.3  # share of sampled problems using the runtime objective
+    memory_fraction: float = 0.8  # runtime problems: per-device limit x program-order peak
+    budget: int = 400  # BRKGA evaluations per sampled proposal
+    batch: int = 4  # fresh samples per update
+    replay: int = 512  # replay buffer capacity
+    replay_batch: int = 8  # replayed samples per update
+    clip: float = 0.2
+    lr: float = 3e-3
+    entropy: float = 1e-3
+    hidden: int = 32
+    rounds: int = 3
+    uniform_seeds: int = 3  # random seeds cycled (so uniform BRKGA values are cached)
+    seed: int = 0
+
+
+@dataclass
+class Task:
+    """One training problem with everything precomputed."""
+
+    name: str
+    problem: Problem
+    feats: GraphFeatures
+    seeds: dict[str, Solution]
+    groups: int
+    uniform: dict[int, float] = field(default_factory=dict)
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as err:  # pragma: no cover - depends on the install
+        raise GraphError(
+            "training the graphopt policy needs torch: pip install 'timerl[graphopt]'"
+        ) from err
+    return torch
+
+
+def make_tasks(config: TrainConfig, log: Callable[[str], None] = print) -> list[Task]:
+    """The training problems of ``config.split`` (both objectives where the size allows)."""
+    from timerl.graphopt.evaluate import load_index
+
+    entries = [e for e in load_index(Path(config.corpus), config.split)]
+    entries = [e for e in entries if 8 <= e["nodes"] <= config.max_nodes]
+    if not entries:
+        raise GraphError(
+            f"{config.corpus}: no graphs of 8 to {config.max_nodes} nodes in split "
+            f"{config.split!r} to train on"
+        )
+    tasks = []
+    for e in sorted(entries, key=lambda e: e["name"]):
+        graph = Graph.load(Path(config.corpus) / e["path"])
+        problems = [("mem", Problem(graph))]
+        if graph.n <= config.runtime_max_nodes and config.runtime_share > 0:
+            prog = PeakMemory(graph).peak(graph.program_order)
+            limit = max(1, int(config.memory_fraction * prog))
+            cluster = Cluster.make(2, memory_limit=limit, host=True)
+            problems.append(("rt", Problem(graph, "runtime", cluster)))
+        for tag, problem in problems:
+            seeds = portfolio_solutions(problem)
+            feats = problem_features(problem, seeds)
+            groups = key_groups(problem.place, problem.swaps)
+            tasks.append(Task(f"{e['name']}:{tag}", problem, feats, seeds, groups))
+    log(f"{len(tasks)} training problems from {len(entries)} graphs of {config.corpus}")
+    return tasks
+
+
+class TorchPolicy:
+    """The network of ``policy.py`` in torch, parameters named as in the weights file."""
+
+    def __init__(self, weights: PolicyWeights) -> None:
+        torch = _torch()
+        self.torch = torch
+        self.hidden, self.rounds = weights.hidden, weights.rounds
+        self.params = {
+            k: torch.nn.Parameter(torch.tensor(v, dtype=torch.float32))
+            for k, v in weights.params.items()
+        }
+        self._graph_cache: dict[int, tuple[Any, ...]] = {}
+
+    def parameters(self) -> list[Any]:
+        return list(self.params.values())
+
+    def to_weights(self, meta: dict[str, Any]) -> PolicyWeights:
+        params = {k: v.detach().numpy().astype(np.float32).copy() for k, v in self.params.items()}
+        return PolicyWeights(params, self.hidden, self.rounds, meta)
+
+    def _graph(self, key: int, feats: GraphFeatures) -> tuple[Any, ...]:
+        got = self._graph_cache.get(key)
+        if got is None:
+            torch = self.torch
+            n = feats.x.shape[0]
+            src = torch.tensor(feats.src)
+            dst = torch.tensor(feats.dst)
+            ones = torch.ones(len(feats.src))
+            deg_in = torch.zeros(n).index_add_(0, dst, ones).clamp(min=1)[:, None]
+            deg_out = torch.zeros(n).index_add_(0, src, ones).clamp(min=1)[:, None]
+            got = (torch.tensor(feats.x), src, dst, deg_in, deg_out)
+            self._graph_cache[key] = got
+        return got
+
+    def forward(self, key: int, feats: GraphFeatures) -> Any:
+        torch = self.torch
+        p = self.params
+        x, src, dst, deg_in, deg_out = self._graph(key, feats)
+        h = torch.relu(x @ p["in.w"] + p["in.b"])
+        for r in range(self.rounds):
+            pred = torch.zeros_like(h).index_add_(0, dst, h[src]) / deg_in
+            succ = torch.zeros_like(h).index_add_(0, src, h[dst]) / deg_out
+            m = h @ p[f"r{r}.self"] + pred @ p[f"r{r}.pred"] + succ @ p[f"r{r}.succ"]
+            h = h + torch.relu(m + p[f"r{r}.b"])
+        g = h.mean(dim=0, keepdim=True).expand_as(h)
+        return torch.cat([h, g], dim=1) @ p["out.w"] + p["out.b"]
+
+    def log_std(self) -> Any:
+        return self.params["log_std"].clamp(*LOG_STD_RANGE)
+
+    def mean_logp(self, mean: Any, z: Any, cols: list[int]) -> Any:
+        """Mean over the used genes of the Gaussian log-density of action ``z``."""
+        ls = self.log_std()[cols]
+        d = (z[:, cols] - mean[:, cols]) / ls.exp()
+        return (-0.5 * d * d - ls - 0.5 * math.log(2 * math.pi)).mean()
+
+
+def uniform_value(task: Task, budget: int, seed: int) -> float:
+    """Uniform BRKGA, seeded with the portfolio, at the same budget and seed (cached)."""
+    if seed not in task.uniform:
+        res = brkga(task.problem, budget=budget, seeds=list(task.seeds.values()), seed=seed)
+        task.uniform[seed] = res.value
+    return task.uniform[seed]
+
+
+def _lines(log: Callable[[str], None]) -> Callable[[int, int, str], None]:
+    def show(done: int, total: int, text: str) -> None:
+        if done == total or done % 10 == 0:
+            log(f"[{done}/{total}] {text}")
+
+    return show
+
+
+def train(
+    config: TrainConfig,
+    *,
+    iterations: int,
+    out: str | Path,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 10,
+    resume: bool = False,
+    minutes: float | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> PolicyWeights:
+    """Train for ``iterations`` updates (or ``minutes`` of wall time); write weights to ``out``."""
+    torch = _torch()
+    torch.set_num_threads(1)
+    out = Path(out)
+    ckpt = Path(checkpoint) if checkpoint is not None else out.with_suffix(".ckpt.npz")
+    tasks = make_tasks(config, log)
+    names = [t.name for t in tasks]
+    state: dict[str, Any] = {"iteration": 0, "seconds": 0.0, "samples": 0}
+    baseline = np.full(len(tasks), np.nan)
+    replay: list[tuple[int, np.ndarray, float, float]] = []
+    if resume:
+        weights, opt_state, state, baseline, replay = _load_checkpoint(ckpt, config, names)
+    else:
+        weights = PolicyWeights.random(config.hidden, config.rounds, seed=config.seed)
+        opt_state = None
+    net = TorchPolicy(weights)
+    opt = torch.optim.Adam(net.parameters(), lr=config.lr)
+    if opt_state is not None:
+        _restore_adam(opt, net, opt_state)
+    show = progress or _lines(log)
+    t_start = time.perf_counter() - state["seconds"]
+    recent: list[float] = []
+    while state["iteration"] < iterations:
+        if minutes is not None and time.perf_counter() - t_start > 60 * minutes:
+            log(f"stopping at the time limit ({minutes:g} min)")
+            break
+        it = state["iteration"]
+        rng = np.random.default_rng([config.seed, it])
+        fresh = []
+        for _ in range(config.batch):
+            k = _pick(rng, tasks, config.runtime_share)
+            task = tasks[k]
+            with torch.no_grad():
+                mean = net.forward(k, task.feats)
+                std = net.log_std().exp()
+            z = mean + std * torch.tensor(rng.standard_normal(mean.shape), dtype=torch.float32)
+            cols = used_columns(task.groups)
+            with torch.no_grad():
+                lp = float(net.mean_logp(mean, z, cols))
+            s = int(rng.integers(config.uniform_seeds))
+            base = uniform_value(task, config.budget, s)
+            val = learned_search(
+                task.problem,
+                weights,
+                budget=config.budget,
+                seed=s,
+                action=z.numpy(),
+                seeds=task.seeds,
+            ).value
+            reward = 0.0 if base <= 0 else (base - val) / base
+            fresh.append((k, z.numpy().copy(), reward, lp))
+            recent.append(reward)
+            state["samples"] += 1
+        # per-problem baseline, updated with the fresh rewards
+        for k, _, r, _ in fresh:
+            baseline[k] = r if np.isnan(baseline[k]) else 0.9 * baseline[k] + 0.1 * r
+        batch = list(fresh)
+        if replay:
+            pick = rng.choice(
+                len(replay), size=min(config.replay_batch, len(replay)), replace=False
+            )
+            batch.extend(replay[i] for i in pick.tolist())
+        replay.extend(fresh)
+        del replay[: max(0, len(replay) - config.replay)]
+        adv = np.array([r - baseline[k] for k, _, r, _ in batch])
+        scale = adv.std() + 1e-4 if len(adv) > 1 else 1.0
+        loss = 0.0
+        for (k, z, _, lp_old), a in zip(batch, adv / scale, strict=True):
+            mean = net.forward(k, tasks[k].feats)
+            lp = net.mean_logp(mean, torch.tensor(z), used_columns(tasks[k].groups))
+            ratio = (lp - lp_old).clamp(-20, 20).exp()
+            surr = torch.minimum(ratio * a, ratio.clamp(1 - config.clip, 1 + config.clip) * a)
+            loss = loss - surr / len(batch)
+        loss = loss - config.entropy * net.log_std().sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        weights = net.to_weights({"trained": True})
+        state["iteration"] = it + 1
+        state["seconds"] = time.perf_counter() - t_start
+        mean_r = 100 * float(np.mean(recent[-40:]))
+        show(state["iteration"], iterations, f"reward {mean_r:+.2f}% vs uniform (last 40)")
+        if state["iteration"] % checkpoint_every == 0 or state["iteration"] == iterations:
+            _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
+    _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
+    final = net.to_weights(
+        {
+            "trained": True,
+            "iterations": state["iteration"],
+            "samples": state["samples"],
+            "train_seconds": round(state["seconds"], 1),
+            "config": asdict(config),
+        }
+    )
+    final.save(out)
+    log(f"wrote {out} after {state['iteration']} updates, {state['seconds']:.0f}s")
+    return final
+
+
+def _pick(rng: np.random.Generator, tasks: list[Task], runtime_share: float) -> int:
+    rt = [i for i, t in enumerate(tasks) if t.problem.objective == "runtime"]
+    mem = [i for i, t in enumerate(tasks) if t.problem.objective != "runtime"]
+    pool = rt if rt and rng.random() < runtime_share else mem
+    return int(pool[int(rng.integers(len(pool)))])
+
+
+def _save_checkpoint(
+    path: Path,
+    weights: PolicyWeights,
+    opt: Any,
+    net: TorchPolicy,
+    config: TrainConfig,
+    names: list[str],
+    state: dict[str, Any],
+    baseline: np.ndarray,
+    replay: list[tuple[int, np.ndarray, float, float]],
+) -> None:
+    extra: dict[str, np.ndarray] = {}
+    for name, p in net.params.items():
+        st = opt.state.get(p, {})
+        if st:
+            extra[f"adam/{name}/m"] = st["exp_avg"].detach().numpy()
+            extra[f"adam/{name}/v"] = st["exp_avg_sq"].detach().numpy()
+            extra[f"adam/{name}/step"] = np.array([float(st["step"])])
+    extra["baseline"] = baseline
+    extra["replay/task"] = np.array([r[0] for r in replay], dtype=np.int64)
+    extra["replay/reward"] = np.array([r[2] for r in replay], dtype=np.float64)
+    extra["replay/logp"] = np.array([r[3] for r in replay], dtype=np.float64)
+    extra["replay/rows"] = np.array([r[1].shape[0] for r in replay], dtype=np.int64)
+    extra["replay/z"] = (
+        np.concatenate([r[1] for r in replay]) if replay else np.zeros((0, OUTPUTS), np.float32)
+    )
+    doc = {"config": asdict(config), "tasks": names, "state": state}
+    extra["train_state"] = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
+    PolicyWeights(weights.params, weights.hidden, weights.rounds, {"checkpoint": True}).save(
+        path, extra
+    )
+
+
+def _load_checkpoint(
+    path: Path, config: TrainConfig, names: list[str]
+) -> tuple[PolicyWeights, dict[str, np.ndarray], dict[str, Any], np.ndarray, list]:
+    loaded = PolicyWeights.load(path, with_extra=True)
+    assert isinstance(loaded, tuple)
+    weights, extra = loaded
+    if "train_state" not in extra:
+        raise CheckpointError(f"checkpoint {path}: holds weights only, no training state")
+    doc = json.loads(extra["train_state"].tobytes().decode())
+    saved = doc["config"]
+    for key, value in asdict(config).items():
+        if saved.get(key) != value:
+            raise CheckpointError(
+                f"checkpoint {path}: was trained with {key}={saved.get(key)!r}, "
+                f"this run asks for {key}={value!r}"
+            )
+    if doc["tasks"] != names:
+        raise CheckpointError(
+            f"checkpoint {path}: its training problems differ from those of {config.corpus} "
+            f"({len(doc['tasks'])} then, {len(names)} now)"
+        )
+    rows = extra["replay/rows"].tolist()
+    zs = np.split(extra["replay/z"], np.cumsum(rows)[:-1]) if rows else []
+    replay = [
+        (int(k), z, float(r), float(lp))
+        for k, z, r, lp in zip(
+            extra["replay/task"].tolist(),
+            zs,
+            extra["replay/reward"].tolist(),
+            extra["replay/logp"].tolist(),
+            strict=True,
+        )
+    ]
+    opt_state = {k[5:]: v for k, v in extra.items() if k.startswith("adam/")}
+    return weights, opt_state, doc["state"], extra["baseline"], replay
+
+
+def _restore_adam(opt: Any, net: TorchPolicy, saved: dict[str, np.ndarray]) -> None:
+    torch = net.torch
+    for name, p in net.params.items():
+        if f"{name}/m" not in saved:
+            continue
+        opt.state[p] = {
+            "step": torch.tensor(float(saved[f"{name}/step"][0])),
+            "exp_avg": torch.tensor(saved[f"{name}/m"]),
+            "exp_avg_sq": torch.tensor(saved[f"{name}/v"]),
+        }
+
+
+def rich_progress() -> tuple[Any, Callable[[int, int, str], None]]:
+    """A rich progress bar when stdout is a terminal, else None (plain lines are printed)."""
+    if not sys.stdout.isatty():
+        return None, _lines(print)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    task = bar.add_task("train", total=None)
+
+    def show(done: int, total: int, text: str) -> None:
+        bar.update(task, completed=done, total=total, description=text)
+
+    return bar, show
+
+
+__all__ = ["TrainConfig", "train"]

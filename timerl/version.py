@@ -1,0 +1,3 @@
+"""The package version, importable from any layer."""
+
+__version__ = "0.1.0"
