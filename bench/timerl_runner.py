@@ -148,8 +148,8 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
     ``vec.step``/``vec.reset``) and the backends' ``lowering``, whose returned kernels are
     wrapped.
     """
-    from timerl.rl.envs import VectorEnv
     from timerl.errors import BackendError
+    from timerl.rl.envs import VectorEnv
     from timerl.runtime.backend import BACKENDS, backend_class
 
     timers = _Timers()
