@@ -51,8 +51,8 @@ from timerl.compiler.spec import ProgramSpec
 from timerl.errors import TimerlError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, consumers
-from timerl.ir.validate import validate
-from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
+from timerl.ir.validate import _grid, exclusive_conditions, validate
+from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, vevaluate
 from timerl.symbolic.bounds import always_lt0
 
 MAX_BATCH_BYTES = 64 << 20  # T x bytes of one point of an op: larger batches stay in the loop
@@ -416,7 +416,7 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
     return answer, batched
 
 
-def _reader_ok(x: Op, reader: Op, edge: Edge, chosen: dict[int, Any]) -> str | None:
+def _reader_ok(x: Op, reader: Op, edge: Edge, chosen: dict[int, Any], bounds: dict) -> str | None:
     """None when ``reader`` can read X's batched form; else why not."""
     dim = x.domain[-1]
     idx = edge.index[-1]
@@ -428,7 +428,29 @@ def _reader_ok(x: Op, reader: Op, edge: Edge, chosen: dict[int, Any]) -> str | N
         return None
     if any(isinstance(i, Slice) for i in edge.index):
         return f"{reader.label} reads {edge!r}: a point of {dim.name} inside a temporal slice"
+    if not _point_in_range(reader, edge, idx, bounds):
+        # the view's index is an attribute validation does not see: keep the edge it checks
+        return f"{reader.label} reads {edge!r}, which may leave 0..{dim.bound.name}-1"
     return None  # a point: the reader reads a select_at view of the batch
+
+
+def _point_in_range(reader: Op, edge: Edge, idx: Expr, bounds: dict) -> bool:
+    """The point read is inside 0..T-1 wherever the reader's edge applies (every point of the
+    reader, under the edge's condition for a piecewise reader)."""
+    dim = edge.src.domain[-1]
+    env = _grid(reader.domain, bounds)
+    n = len(env[reader.domain[0]]) if reader.domain else 1
+    active = np.ones(n, dtype=bool)
+    if prims.get(reader.prim).traits.piecewise:
+        k = next(j for j, e in enumerate(reader.inputs) if e is edge)
+        active = np.broadcast_to(
+            np.asarray(vevaluate(exclusive_conditions(reader)[k], env), dtype=bool), (n,)
+        )
+    try:
+        at = np.broadcast_to(np.asarray(vevaluate(idx, env)), (n,))
+    except KeyError:
+        return False
+    return bool(np.all(((at >= 0) & (at < bounds[dim.bound])) | ~active))
 
 
 def _gathered_total(x: Op, chosen: dict[int, Any], total: set[int]) -> list[str]:
@@ -470,7 +492,8 @@ def plan(spec: ProgramSpec) -> tuple[dict[int, tuple[Batched, tuple[bool, ...]]]
         except Decline as e:
             why[op.id] = str(e)
     outer = spec.dims[0] if spec.dims else None
-    total = _total(spec.ops, spec.check_bounds) if chosen else set()
+    bounds = spec.check_bounds
+    total = _total(spec.ops, bounds) if chosen else set()
     changed = True
     while changed:  # a reader that is dropped may drop what it reads
         changed = False
@@ -479,7 +502,7 @@ def plan(spec: ProgramSpec) -> tuple[dict[int, tuple[Batched, tuple[bool, ...]]]
                 continue
             reasons = itertools.chain(
                 _gathered_total(op, chosen, total),
-                (_reader_ok(op, r, e, chosen) for r, e in readers[op.id]),
+                (_reader_ok(op, r, e, chosen, bounds) for r, e in readers[op.id]),
             )
             if op.domain[-1] is outer:
                 reasons = itertools.chain(_whole_chain(op, chosen), reasons)

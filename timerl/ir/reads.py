@@ -16,6 +16,7 @@ from timerl.ir import prims
 from timerl.ir.graph import Op
 from timerl.ir.validate import exclusive_conditions
 from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, simplify
+from timerl.symbolic.bounds import union
 from timerl.symbolic.expr import And
 
 MAX_ROUNDS = 100
@@ -110,7 +111,7 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
             part = seen.get(key)
             if part is None:
                 part = seen[key] = read_points(reader, edge.index, op, guard[reader.id] & cond)
-            g = simplify(g | part)  # absorbs disjuncts one another implies
+            g = union(g, part)  # absorbs disjuncts one another implies
             if g == TRUE or _atoms(g) > MAX_ATOMS:
                 g = TRUE
                 break

@@ -228,6 +228,11 @@ def _implies(a: Condition, b: Condition) -> bool:
     return all(key in ra and r.contains(ra[key]) for key, r in rb.items())
 
 
+def union(a: Condition, b: Condition) -> Condition:
+    """``a | b`` of two simplified conditions, absorbing disjuncts (without re-simplifying)."""
+    return _absorb(Or.make([a, b]))
+
+
 def _union_intervals(parts: tuple[Condition, ...]) -> list[Condition] | None:
     """Disjuncts that are each one interval of the same form, joined where they touch:
     ``(t == 0) | (t == 1) | (t >= 2)`` is ``t >= 0``. None when nothing was joined."""
