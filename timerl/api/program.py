@@ -148,7 +148,7 @@ class Program:
         """
         lines = ["compile passes:"]
         lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
-        lines += [f"  {note}" for note in self.report.notes]
+        lines += [f"  {note}" for note in _notes(self.report.notes, full)]
         if full:
             lines += ["schedule:", self.schedule.dump()]
         else:
@@ -189,3 +189,21 @@ def _assemble(op: Op, ex: Executor, backend) -> Any:
         return items
 
     return rec((), 0)
+
+
+def _notes(notes: list[str], full: bool) -> list[str]:
+    """The compiler's notes; unless ``full``, declined vectorisations are counted per reason
+    (a training program has hundreds) instead of listed one by one."""
+    if full:
+        return list(notes)
+    out: list[str] = []
+    declined: dict[str, int] = {}
+    for note in notes:
+        if note.startswith("not vectorised "):
+            reason = note.split(": ", 1)[1] if ": " in note else "?"
+            declined[reason] = declined.get(reason, 0) + 1
+        else:
+            out.append(note)
+    for reason, count in sorted(declined.items(), key=lambda kv: -kv[1]):
+        out.append(f"not vectorised: {count} ops ({reason})")
+    return out
