@@ -4,10 +4,18 @@ their peak memory, and the values do not change."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from core_helpers import ctx_t
 
 import timerl as tl
 import timerl.schedule.order as order
+
+
+@pytest.fixture(autouse=True)
+def _point_by_point(monkeypatch):
+    # These programs are small loop bodies over t that vectorisation would batch into one op
+    # each (no loop left to order): keep them point by point to test the op order itself.
+    monkeypatch.setenv("TIMERL_NO_VECTORIZE", "1")
 
 
 def _program():

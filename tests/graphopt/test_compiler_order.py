@@ -14,6 +14,13 @@ import timerl.schedule.order as order
 from timerl.graphopt.policy import PolicyWeights
 
 
+@pytest.fixture(autouse=True)
+def _point_by_point(monkeypatch):
+    # These programs are small loop bodies over t that vectorisation would batch into one op
+    # each (no loop left to order): keep them point by point to test the op order itself.
+    monkeypatch.setenv("TIMERL_NO_VECTORIZE", "1")
+
+
 def _compile():
     u = np.random.RandomState(0).randn(4, 3000)
     ctx = tl.Context(dims=("t",))

@@ -251,7 +251,7 @@ def test_version_and_defaults_in_help(capsys):
         "--lr LR learning rate (default: ",
         "ppo 0.0025",
         "--clip CLIP PPO probability-ratio clip (default: ",
-        "not for reinforce",
+        "not for a2c, dqn, reinforce, sac",
         "(default: 500,000; on --resume: the run's own)",
         "(default: CartPole-v1)",
         "--overwrite",
