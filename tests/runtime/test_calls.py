@@ -115,3 +115,28 @@ def test_interpreter_and_generated_code_call_ops_alike(backend):
     assert all(type(v) is int for p, _ in got_points for v in p.values())
     for (_, a), (_, b) in zip(ref_points, got_points, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_empty_slice_of_a_tensor_whose_shape_changes_keeps_its_shape():
+    # u[max(i - 1, 0):i + 1, t // 2] has i-dependent rows; its gradient sums an empty slice of
+    # them at t = T - 1 (found by the differential fuzzer: the sum of an empty list was a scalar)
+    import timerl as tl
+
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    u = np.array([[0.47772791709228524, -0.34390401801395853], [0.43792742255362005, 0.0133]])
+    with ctx:
+        u0 = tl.from_numpy(u, domain=(i, t), dtype="float64", requires_grad=True)
+        x1 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t))
+        x1[t.eq(T - 1)] = u0[tl.max(i - 1, 0) : i + 1, t // 2].sum(0)
+        x1[True] = x1[i, t + 1]
+        ((x1 * x1).sum()).backward()
+    want = tl.evaluate(u0.grad, bounds={I: 2, T: 2}, optimize=False)
+    # by hand: x1[i, t] = sum of u[max(i-1,0):i+1, 0]; d/du[r, 0] = sum over (i, t) reading row r
+    x = np.array([u[0, 0], u[0, 0] + u[1, 0]])
+    by_hand = np.zeros_like(u)
+    by_hand[0, 0] = 2 * (2 * x[0] + 2 * x[1])
+    by_hand[1, 0] = 2 * 2 * x[1]
+    np.testing.assert_allclose(want, by_hand)
+    for backend in ("numpy", "torch"):
+        np.testing.assert_allclose(tl.evaluate(u0.grad, bounds={I: 2, T: 2}, backend=backend), want)

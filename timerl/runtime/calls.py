@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from timerl.ir import prims
-from timerl.ir.graph import Op
+from timerl.ir.graph import Edge, Op
 from timerl.runtime.backend import Backend
+from timerl.symbolic import Expr, Slice
 
 # Attributes that describe the op to the compiler, never passed to a kernel.
 META_ATTRS = frozenset({"stream", "adopt_domain", "pass_point"})
@@ -114,3 +115,14 @@ def gather_points(
         return items
 
     return rec((), 0)
+
+
+def element_shape(edge: Edge) -> tuple[Expr, ...]:
+    """The shape of one point of ``edge.src`` in terms of the reader's point (a slice's start
+    stands for the sliced dim, which the shape cannot depend on): what an empty slice of a
+    tensor whose shape changes from point to point is made of."""
+    at = {
+        d: (idx.start if isinstance(idx, Slice) else idx)
+        for d, idx in zip(edge.src.domain, edge.index, strict=True)
+    }
+    return tuple(s.substitute(at) for s in edge.src.shape)

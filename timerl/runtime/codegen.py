@@ -23,7 +23,7 @@ import numpy as np
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
-from timerl.runtime.calls import gather_points, prepare_call
+from timerl.runtime.calls import element_shape, gather_points, prepare_call
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
@@ -146,18 +146,20 @@ class CodeGen:
         backend, dtype = self.backend, src.dtype
 
         def empty(shape_after: tuple, elem=elem) -> Any:
-            return [] if elem is None else backend.zeros(shape_after + elem, dtype)
+            return backend.zeros(shape_after + elem, dtype)
 
         gather = self.const(
             "GATHER",
-            functools.partial(
-                gather_points,
-                stack=backend.stack,
-                missing=_missing(src.label),
-                empty=empty,
-            ),
+            functools.partial(gather_points, stack=backend.stack, missing=_missing(src.label)),
         )
-        return f"{gather}(S{src.id}, ({', '.join(axes)},), {kinds})"
+        if elem is not None:
+            return f"{gather}(S{src.id}, ({', '.join(axes)},), {kinds}, empty={self.const('EMPTY', empty)})"
+        # the element shape changes with the point: an empty slice is made at this point
+        shape = ", ".join(self.names.src(x) for x in element_shape(edge))
+        make = self.const(
+            "EMPTYAT", lambda shape: lambda after: backend.zeros(after + shape, dtype)
+        )
+        return f"{gather}(S{src.id}, ({', '.join(axes)},), {kinds}, empty={make}(({shape},)))"
 
     def alloc(self, op: Op, depth: int, var: str) -> None:
         n = _static_nbytes(op)

@@ -21,7 +21,7 @@ from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.ir.validate import exclusive_conditions
 from timerl.runtime.backend import Backend
-from timerl.runtime.calls import gather_points, prepare_call
+from timerl.runtime.calls import element_shape, gather_points, prepare_call
 from timerl.runtime.codegen import CodeGen
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
@@ -168,14 +168,18 @@ class Executor:
             else None
         )
         zeros, dtype = self.backend.zeros, src.dtype
+        # an empty slice of a tensor whose shape depends on the point still has that shape
+        elem_fn = None if elem is not None else _compile(list(element_shape(edge)))
 
         def empty(shape_after: tuple) -> Any:
-            if elem is None:
-                return []
             return zeros(shape_after + elem, dtype)
 
         def read_slices(env: dict) -> Any:
             vals = fn(env)
+            make_empty = empty
+            if elem_fn is not None:
+                shape = tuple(elem_fn(env))
+                make_empty = lambda after: zeros(after + shape, dtype)  # noqa: E731
             axes: list[range | tuple[int]] = []
             k = 0
             for is_slice in kinds:
@@ -185,7 +189,7 @@ class Executor:
                 else:
                     axes.append((vals[k],))
                     k += 1
-            return gather_points(store, axes, kinds, stack, missing, empty)
+            return gather_points(store, axes, kinds, stack, missing, make_empty)
 
         return read_slices
 
