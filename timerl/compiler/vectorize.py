@@ -548,18 +548,7 @@ class _Rewriter:
                     id=op.id,
                 )
             else:
-                self.new[op.id] = Op(
-                    prim=op.prim,
-                    domain=op.domain,
-                    shape=op.shape,
-                    dtype=op.dtype,
-                    attrs=dict(op.attrs),
-                    name=op.name,
-                    site=op.site,
-                    effect=op.effect,
-                    id=op.id,
-                    guard=op.guard,
-                )
+                self.new[op.id] = op.unwired()
 
     def _dims(self, index: Sequence[Any]) -> tuple[Dim, ...]:
         used: set[Dim] = set()

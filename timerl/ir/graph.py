@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,11 @@ class Op:
     @property
     def label(self) -> str:
         return self.name or f"{self.prim}#{self.id}"
+
+    def unwired(self, **changes: Any) -> Op:
+        """A copy with the same id and no inputs yet (graphs with cycles are copied in two
+        steps: every op, then every edge); ``changes`` replace fields."""
+        return replace(self, inputs=[], attrs=dict(self.attrs), **changes)
 
     def where(self) -> str:
         """The tensor's name and the user's source line, for error messages."""
@@ -184,17 +189,8 @@ def copy_graph(
     kept = [op for op in ops if op.id not in redirect]
     new: dict[int, Op] = {}
     for op in kept:
-        new[op.id] = Op(
-            prim=op.prim,
-            domain=domains.get(op.id, op.domain),
-            shape=op.shape,
-            dtype=op.dtype,
-            attrs=dict(op.attrs),
-            name=op.name,
-            site=op.site,
-            effect=op.effect,
-            id=op.id,
-            guard=guards.get(op.id, op.guard),
+        new[op.id] = op.unwired(
+            domain=domains.get(op.id, op.domain), guard=guards.get(op.id, op.guard)
         )
 
     def target(src: Op) -> Op:
