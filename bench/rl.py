@@ -533,6 +533,10 @@ def _num(value: float, fmt: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt % value
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) else math.nan
+
+
 def table_rows(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the results table (shared by the console and the markdown file)."""
     bases = baseline_names(rows)
@@ -814,7 +818,3 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b and not math.isnan(b) else math.nan
