@@ -76,26 +76,7 @@ class GymVectorEnv(VectorEnv):
                 f"{env_id}: observation space {type(obs_space).__name__} ({obs_space}) is not "
                 "supported; use Box or Discrete observations"
             )
-        if isinstance(act_space, Discrete):
-            self.discrete = True
-            self.num_actions = int(act_space.n)
-            self._action_start = int(act_space.start)
-            self.action_shape = ()
-            self.action_dtype = np.dtype(np.int64)
-            self.action_low = self.action_high = None
-        elif isinstance(act_space, Box):
-            self.discrete = False
-            self.num_actions = None
-            self._action_start = 0
-            self.action_shape = tuple(int(d) for d in act_space.shape)
-            self.action_dtype = np.dtype(np.float32)
-            self.action_low = np.asarray(act_space.low, dtype=np.float32)
-            self.action_high = np.asarray(act_space.high, dtype=np.float32)
-        else:
-            raise EnvError(
-                f"{env_id}: action space {type(act_space).__name__} ({act_space}) is not "
-                "supported; use Discrete or Box actions"
-            )
+        self._action_start = _describe_actions(self, act_space, f"{env_id}: action space")
 
         self._vec = gym.vector.SyncVectorEnv(
             [make_one] * self.num_envs,
@@ -207,6 +188,32 @@ def _set_elapsed_steps(env: Any, value: int | None) -> bool:
     return False
 
 
+def _describe_actions(env: VectorEnv, act_space: Any, what: str) -> int:
+    """Set ``env``'s action attributes from a gymnasium space (every simulator's actions are
+    described the same way); return the first action of a Discrete space."""
+    from gymnasium.spaces import Box, Discrete
+
+    if isinstance(act_space, Discrete):
+        env.discrete = True
+        env.num_actions = int(act_space.n)
+        env.action_shape = ()
+        env.action_dtype = np.dtype(np.int64)
+        env.action_low = env.action_high = None
+        return int(act_space.start)
+    if isinstance(act_space, Box):
+        env.discrete = False
+        env.num_actions = None
+        env.action_shape = tuple(int(d) for d in act_space.shape)
+        env.action_dtype = np.dtype(np.float32)
+        env.action_low = np.asarray(act_space.low, dtype=np.float32)
+        env.action_high = np.asarray(act_space.high, dtype=np.float32)
+        return 0
+    raise EnvError(
+        f"{what} {type(act_space).__name__} ({act_space}) is not supported; "
+        "use Discrete or Box actions"
+    )
+
+
 class EnvpoolVectorEnv(VectorEnv):
     """An envpool id run as one C++ batch of ``num_envs`` envs (``env_backend="envpool"``).
 
@@ -224,7 +231,7 @@ class EnvpoolVectorEnv(VectorEnv):
             raise EnvError(
                 f'{env_id}: env backend "envpool" needs envpool; pip install "timerl[envpool]"'
             ) from None
-        from gymnasium.spaces import Box, Discrete
+        from gymnasium.spaces import Box
 
         super().__init__(env_id, num_envs, seed)
         known = list(envpool.list_all_envs())
@@ -244,21 +251,7 @@ class EnvpoolVectorEnv(VectorEnv):
                 f"{env_id}: envpool observation space {obs_space} is not supported; use Box"
             )
         self.obs_shape = tuple(int(d) for d in obs_space.shape)
-        if isinstance(act_space, Discrete):
-            self.discrete = True
-            self.num_actions = int(act_space.n)
-            self.action_shape = ()
-            self.action_dtype = np.dtype(np.int64)
-            self.action_low = self.action_high = None
-        elif isinstance(act_space, Box):
-            self.discrete = False
-            self.num_actions = None
-            self.action_shape = tuple(int(d) for d in act_space.shape)
-            self.action_dtype = np.dtype(np.float32)
-            self.action_low = np.asarray(act_space.low, dtype=np.float32)
-            self.action_high = np.asarray(act_space.high, dtype=np.float32)
-        else:
-            raise EnvError(f"{env_id}: envpool action space {act_space} is not supported")
+        _describe_actions(self, act_space, f"{env_id}: envpool action space")
 
     def _reset_batch(self) -> np.ndarray:
         obs, _ = self._pool.reset()
