@@ -287,7 +287,13 @@ class RayVectorEnv(VectorEnv):
             except ray.exceptions.RayActorError:
                 out.append((k, _DEAD))  # Ray restarts it
             except ray.exceptions.RayTaskError as err:
-                raise EnvError(f"{self.env_id}: env worker {k} failed in {what}: {err}") from err
+                cause = getattr(err, "cause", None) or err
+                if isinstance(cause, EnvError):
+                    raise cause from None  # as the env in one process would raise it
+                raise EnvError(
+                    f"{self.env_id}: env worker {k} failed in {what}: "
+                    f"{type(cause).__name__}: {cause}"
+                ) from err
         return out
 
     def _recover(self, k: int, why: str = "died during reset") -> np.ndarray:
