@@ -4,6 +4,7 @@ survives a worker dying mid-rollout."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import sys
@@ -154,3 +155,17 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(EnvError, match=r"timerl\[ray\]"):
         ray_env.require_ray()
+
+
+def test_scaling_bench_runs_and_reports_the_ratios(tmp_path, capsys):
+    from bench import ray_scaling
+
+    out = tmp_path / "scaling.json"
+    argv = ["--envs", "4", "--step-cost-us", "50", "--seconds", "0.2", "--json", str(out)]
+    assert ray_scaling.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "no Ray" in text and "2 workers / 1 worker" in text
+    doc = json.loads(out.read_text())
+    assert set(doc["steps_per_second"]) == {"no Ray", "1 worker", "2 workers"}
+    assert all(v > 0 for v in doc["steps_per_second"].values())
+    assert ray.is_initialized()  # the bench leaves the Ray it did not start

@@ -15,8 +15,8 @@ inverse map drives the error to zero: with the default 250-step episodes (every 
 to its end; nothing terminates early), zero or random actions score about -240 and the best
 policy about -5.
 
-``step_cost_us`` makes each env step cost that many microseconds of busy CPU work (default
-0): a stand-in for a real simulator, so that scaling the envs out over processes (see
+``step_cost_us`` makes each env step cost that many microseconds of busy CPU work (thread CPU
+time; default 0): a stand-in for a real simulator, so that scaling the envs out over processes (see
 :mod:`timerl.rl.ray_env`) has something to spread. ``first_env`` numbers the envs from that
 index, so a batch split into slices (``first_env=0, 32, ...``) steps exactly the envs of the
 whole batch.
@@ -230,9 +230,10 @@ class SyntheticVectorEnv(VectorEnv):
 
 
 def _busy(seconds: float) -> None:
-    """Spin (holding the CPU, as a simulator would) for ``seconds``."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    """Spin for ``seconds`` of this thread's CPU time: CPU work, as a simulator's, so that on a
+    loaded machine it takes longer, as a real simulator would."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         pass
 
 
