@@ -147,6 +147,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run directory: metrics.csv, TensorBoard logs (tb/), config.json, checkpoints/ "
         "(default: none, nothing is written)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="step the envs on this many Ray actor processes (0: in this process; needs "
+        "pip install 'timerl[ray]'); the same seed gives the same returns",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="join the Ray cluster at this address with --workers (default: a local Ray)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --log-dir")
     p.add_argument(
         "--overwrite",
@@ -319,6 +331,8 @@ def _train(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
         progress=not args.no_progress and sys.stderr.isatty(),
         log_every=args.log_every,
+        workers=args.workers,
+        ray_address=args.ray_address,
     )
     print(result.summary())
     return 0
