@@ -38,6 +38,12 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     o.add_argument("--host", action="store_true", help="allow swapping tensors to host memory")
     o.add_argument("--time-limit", type=float, default=30.0, help="seconds, for --method exact")
     o.add_argument("--seed", type=int, default=0)
+    o.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes that score the search's schedules (same result; 2 on a 2-core machine)",
+    )
     o.add_argument("--out", type=Path, default=None, help="result JSON (default: stdout)")
     o.set_defaults(func=cmd_optimize)
 
@@ -148,6 +154,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         seed=args.seed,
         time_limit=args.time_limit,
         weights=args.weights,
+        jobs=args.jobs,
     )
     text = json.dumps(result, indent=1)
     if args.out is None:

@@ -43,8 +43,10 @@ def run_method(
     time_limit: float = 10.0,
     start: Solution | None = None,
     weights: str | Path | None = None,
+    jobs: int = 1,
 ) -> SearchResult:
-    """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound.
+    """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound;
+    ``jobs`` processes score the schedules of a BRKGA search (the same result as one).
 
     ``learned`` reads the policy weights at ``weights`` (default: the shipped file);
     ``untrained`` is the same network with random parameters (an ablation)."""
@@ -59,7 +61,7 @@ def run_method(
         res.evaluations += pf.evaluations
     elif name == "brkga":
         seeds = list(portfolio_solutions(problem).values())
-        res = brkga(problem, budget=budget, seeds=seeds, seed=seed)
+        res = brkga(problem, budget=budget, seeds=seeds, seed=seed, jobs=jobs)
     elif name in ("learned", "untrained"):
         from timerl.graphopt.learned import learned_search, load_policy
         from timerl.graphopt.policy import PolicyWeights
@@ -67,7 +69,7 @@ def run_method(
         policy = load_policy(weights)
         if name == "untrained":
             policy = PolicyWeights.random(policy.hidden, policy.rounds, seed=seed)
-        res = learned_search(problem, policy, budget=budget, seed=seed)
+        res = learned_search(problem, policy, budget=budget, seed=seed, jobs=jobs)
         res.method = name
     elif name == "exact":
         if not problem.single:
@@ -89,10 +91,17 @@ def optimize(
     seed: int = 0,
     time_limit: float = 10.0,
     weights: str | Path | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """The result document of ``timerl graphopt optimize``."""
     res = run_method(
-        method, problem, budget=budget, seed=seed, time_limit=time_limit, weights=weights
+        method,
+        problem,
+        budget=budget,
+        seed=seed,
+        time_limit=time_limit,
+        weights=weights,
+        jobs=jobs,
     )
     prog = program_baseline(problem).value
     out = res.solution.to_json(graph, problem.cluster)
