@@ -135,6 +135,9 @@ class Program:
             "backend": self.backend.name,
             "device": self.backend.device,
         }
+        regions = self.backend.region_stats()
+        if regions is not None:
+            out.update(regions)
         device_peak = self.backend.device_peak_bytes()
         if device_peak is not None:
             out["device_peak_bytes"] = device_peak

@@ -1,0 +1,200 @@
+"""Runs of pure statements in one loop body, compiled by the backend as one function.
+
+On a backend whose every op is a dispatch through a tracing library (jax: 10-50 us per eager
+call), a loop body of twenty small ops costs more in dispatch than in arithmetic. For such a
+backend (``backend.fuses``) the code generator groups each maximal run of consecutive compute
+statements that are pure and static into a ``Region`` and emits one call of
+``backend.fuse(key, fn)`` for it: ``fn`` takes the values the run reads from outside
+(store reads, slices gathered as usual, locals) and returns the values read after it.
+
+What stays out of a region, and why:
+
+* host ops (a ``udf``, an environment step): user Python on numpy arrays, run between
+  regions, never traced;
+* piecewise merges: the branch is picked by Python conditions per point;
+* ops whose shape, or whose attributes, change from point to point (``x[0:t + 1]``), and slice
+  reads of a length that changes: each new shape would be a new trace;
+* ragged ops (a list of differently shaped points).
+
+Random ops have no array inputs: they are drawn before the region (see ``jax_lowering``) and
+read as inputs. A region's ops share one guard; a read of a region op at another point than
+the one just computed ends the region, so stores are written before they are read. Frees
+between a region's statements run after it: they drop values whose readers all ran before
+them, so only the memory meter's peak can see the difference (the region's values are live
+together, as they are inside the compiled function).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from timerl.ir import prims
+from timerl.ir.graph import Edge, Op
+from timerl.runtime.calls import prepare_call
+from timerl.schedule.program import Compute, Free, Stmt
+from timerl.symbolic import TRUE, Condition, Const, Expr, Slice
+
+MIN_OPS = 2  # a single op gains nothing from its own compiled function
+
+
+@dataclass(eq=False)
+class Region:
+    guard: Any
+    ops: list[Op] = field(default_factory=list)
+    drawn: list[Op] = field(default_factory=list)  # random sources, drawn before the call
+    frees: list[Free] = field(default_factory=list)
+    stmts: list[Stmt] = field(default_factory=list)  # every statement, in schedule order
+
+
+def _static(value: Any) -> tuple[bool, Any]:
+    """(True, value) if a point attribute is the same at every point."""
+    if isinstance(value, (tuple, list)):
+        items = [_static(v) for v in value]
+        return all(ok for ok, _ in items), tuple(v for _, v in items)
+    if isinstance(value, Const):
+        return True, value.value
+    if isinstance(value, (Expr, Condition)):
+        return False, None
+    return True, value
+
+
+def _same_point(edge: Edge) -> bool:
+    return len(edge.index) == len(edge.src.domain) and all(
+        i is d for i, d in zip(edge.index, edge.src.domain, strict=True)
+    )
+
+
+class Fusion:
+    """Groups a loop body's statements into regions and emits them through a ``CodeGen``.
+
+    ``gen`` is the code generator (duck-typed here, so this module does not import it): its
+    ``ops``, ``locals``, ``backend``, ``seed``, ``schedule``, ``names`` and its ``emit``,
+    ``read_src``, ``const``, ``key_src``, ``alloc``, ``compute`` and ``free`` methods.
+    """
+
+    def __init__(self, gen: Any) -> None:
+        self.gen = gen
+        self.readers: dict[int, set[int]] = {i: set() for i in gen.ops}
+        for op in gen.ops.values():
+            for e in op.inputs:
+                self.readers[e.src.id].add(op.id)
+        self.untils = {lp.until.id for lp in gen.schedule.loops() if lp.until is not None}
+        self.regions = 0
+
+    # --- which statements ----------------------------------------------------------------------
+    def eligible(self, op: Op) -> bool:
+        rule = prims.get(op.prim)
+        traits = rule.traits
+        if traits.host or traits.piecewise or traits.random or rule.extra.get("ragged"):
+            return False
+        if not all(isinstance(s, Const) for s in op.shape):
+            return False
+        if not all(_static(op.attrs[n])[0] for n in rule.point_attrs if n in op.attrs):
+            return False
+        for e in op.inputs:
+            if not all(isinstance(s, Const) for s in e.src.shape):
+                return False
+            for idx in e.index:
+                if isinstance(idx, Slice) and not isinstance(idx.stop - idx.start, Const):
+                    return False
+        return True
+
+    def group(self, stmts: list[Stmt]) -> list[Stmt | Region]:
+        """The statements, with each run of at least ``MIN_OPS`` fusible ops as one region."""
+        out: list[Stmt | Region] = []
+        region: Region | None = None
+
+        def close() -> None:
+            nonlocal region
+            if region is not None:
+                if len(region.ops) >= MIN_OPS:
+                    out.append(region)
+                else:
+                    out.extend(region.stmts)
+            region = None
+
+        for s in stmts:
+            if isinstance(s, Compute) and self.eligible(s.op):
+                op = s.op
+                if region is not None and (
+                    op.guard != region.guard or self._reads_other_point(op, region)
+                ):
+                    close()
+                if region is None:
+                    region = Region(op.guard)
+                region.ops.append(op)
+            elif region is not None and isinstance(s, Compute) and not s.op.inputs:
+                # a random source, drawn on the host before the region
+                if not prims.get(s.op.prim).traits.random:
+                    close()
+                    out.append(s)
+                    continue
+                region.drawn.append(s.op)
+            elif region is not None and isinstance(s, Free):
+                region.frees.append(s)
+            else:
+                close()
+                out.append(s)
+                continue
+            region.stmts.append(s)
+        close()
+        return out
+
+    def _reads_other_point(self, op: Op, region: Region) -> bool:
+        members = {m.id for m in region.ops}
+        return any(e.src.id in members and not _same_point(e) for e in op.inputs)
+
+    # --- emitting ------------------------------------------------------------------------------
+    def emit(self, region: Region, depth: int) -> None:
+        gen = self.gen
+        for op in region.drawn:
+            gen.compute(op, depth)
+        members = {m.id for m in region.ops}
+        args: list[str] = []
+        arg_keys: list[tuple] = []
+        plan: list[tuple[Op, Callable[..., Any], list[tuple[bool, int]], dict[str, Any]]] = []
+        for op in region.ops:
+            refs: list[tuple[bool, int]] = []
+            for e in op.inputs:
+                if e.src.id in members:
+                    refs.append((False, e.src.id))
+                    continue
+                src = gen.read_src(e)
+                if src not in args:
+                    args.append(src)
+                    arg_keys.append((e.src.id, tuple(str(i) for i in e.index)))
+                refs.append((True, args.index(src)))
+            call = prepare_call(op, gen.backend, gen.seed)
+            kwargs = {name: _static(value)[1] for name, value in call.point_attrs}
+            plan.append((op, call.fn, refs, kwargs))
+        outs = [
+            m.id
+            for m in region.ops
+            if m.id not in gen.locals or m.id in self.untils or self.readers[m.id] - members
+        ]
+
+        def run(*xs: Any) -> tuple:
+            vals: dict[int, Any] = {}
+            for op, fn, refs, kwargs in plan:
+                vals[op.id] = fn(*[xs[k] if arg else vals[k] for arg, k in refs], **kwargs)
+            return tuple(vals[i] for i in outs)
+
+        key = (tuple(members), tuple(arg_keys), tuple(outs))
+        fused = gen.const("REGION", gen.backend.fuse(key, run))
+        self.regions += 1
+        body = depth
+        if region.guard != TRUE:
+            gen.emit(depth, f"if {gen.names.src(region.guard)}:")
+            body += 1
+        names = "".join(f"v{i}, " for i in outs)
+        gen.emit(body, f"({names}) = {fused}({', '.join(args)})")
+        for op in region.ops:
+            if op.id not in gen.locals:
+                point = gen.key_src([gen.names.of(d) for d in op.domain])
+                gen.emit(body, f"S{op.id}[{point}] = v{op.id}")
+            gen.alloc(op, body, f"v{op.id}")
+            gen.emit(body, "C[0] += 1")
+        for stmt in region.frees:
+            gen.free(stmt, depth)
