@@ -293,3 +293,28 @@ def test_jax_random_lowerings_draw_the_reference_numbers_for_a_key():
         np.testing.assert_array_equal(a, prims.get(name).impl((3,), "float64", (1, 2, 3)))
         assert a.dtype == np.float64
         assert not np.array_equal(a, b)
+
+
+@needs_jax
+def test_jax_traced_attributes_are_taken_as_traced_scalars():
+    """An attribute in ``TRACED_ATTRS`` may be a tracer inside ``jax.jit``: one trace serves
+    every value, and each value gives the reference's result."""
+    assert set(jax_lowering.TRACED_ATTRS) <= set(jax_lowering.LOWERINGS)
+    for name, names in jax_lowering.TRACED_ATTRS.items():
+        for inputs, attrs in CASES[name]:
+            fixed = {a: v for a, v in attrs.items() if a not in names}
+            traces = []
+
+            def run(xs, traced, fixed=fixed, fn=jax_lowering.LOWERINGS[name], traces=traces):
+                traces.append(1)
+                return fn(*xs, **fixed, **traced)
+
+            jitted = jax.jit(run)
+            for bump in (0, 1):
+                varied = {a: attrs[a] + bump for a in names}
+                ref = np.asarray(prims.REGISTRY[name].impl(*inputs, **fixed, **varied))
+                with jax.enable_x64(True):
+                    got = np.asarray(jitted(_to_jax(list(inputs)), varied))
+                np.testing.assert_allclose(got, ref, rtol=1e-6)
+                assert got.dtype == ref.dtype
+            assert len(traces) == 1, name

@@ -88,8 +88,9 @@ class Backend:
         return None
 
     def fuse(self, key: Hashable, fn: Callable[..., tuple]) -> Callable[..., tuple]:
-        """``fn`` (pure: arrays in, a tuple of arrays out) compiled as one unit, cached by
-        ``key`` for this backend's life; only backends with ``fuses`` implement it."""
+        """``fn(static, *arrays)`` (pure: a tuple of arrays out) compiled as one unit, cached
+        by ``key`` for this backend's life, ``static`` a hashable its trace may depend on;
+        only backends with ``fuses`` implement it."""
         raise BackendError(f"the {self.name} backend does not compile regions")
 
     def region_stats(self) -> dict[str, Any] | None:

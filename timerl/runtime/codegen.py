@@ -306,6 +306,8 @@ class CodeGen:
             FREE_ALL=functools.partial(_free_all, nbytes=self.backend.nbytes),
             FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
         )
+        if self.fusion is not None:
+            self.fusion.set_bounds(static_bounds)
         head = []
         for b, v in static_bounds.items():
             head.append(f"    {self.names.of(b)} = {int(v)}")

@@ -23,7 +23,7 @@ from timerl.errors import BackendError
 from timerl.ir import prims
 from timerl.ir.graph import Op
 from timerl.runtime.backend import Backend
-from timerl.runtime.jax_lowering import LOWERINGS
+from timerl.runtime.jax_lowering import LOWERINGS, TRACED_ATTRS
 
 
 def _x64() -> Any:
@@ -36,6 +36,7 @@ class JaxBackend(Backend):
 
     name = "jax"
     fuses = True
+    traced_attrs = TRACED_ATTRS
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         super().__init__(device, threads)
@@ -74,7 +75,8 @@ class JaxBackend(Backend):
 
     # --- jitted regions --------------------------------------------------------------------------
     def fuse(self, key: Hashable, fn: Callable[..., tuple]) -> Callable[..., tuple]:
-        """``fn`` jitted, once per ``key`` for the life of this backend (so of its program)."""
+        """``fn`` jitted, once per ``key`` for the life of this backend (so of its program);
+        its first argument is static (a region's branch choices: a new value retraces)."""
         cached = self._regions.get(key)
         if cached is not None:
             return cached
@@ -83,7 +85,7 @@ class JaxBackend(Backend):
             self.traces += 1  # runs only while jax traces
             return fn(*args)
 
-        jitted = jax.jit(traced)
+        jitted = jax.jit(traced, static_argnums=0)
 
         def call(*args: Any) -> tuple:
             before = self.traces

@@ -26,6 +26,16 @@ from timerl.ir.prims import REGISTRY
 
 LOWERINGS: dict[str, Callable[..., Any]] = {}
 
+# Per-point attributes these lowerings also accept as traced scalars (inside ``jax.jit``), so
+# an op whose index or fill value changes with the point still joins a jitted region; any
+# other per-point attribute (a shape, a length) must be a Python int.
+TRACED_ATTRS: dict[str, tuple[str, ...]] = {
+    "select_at": ("index",),
+    "narrow": ("start",),
+    "full": ("value",),
+    "place_at": ("index",),
+}
+
 
 def register_lowering(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Declare jax's computation of primitive ``name``; one lowering per primitive."""
@@ -107,7 +117,7 @@ register_lowering(
 )
 register_lowering(
     "narrow",
-    lambda x, axis, start, length: jax.lax.slice_in_dim(x, start, start + length, axis=axis),
+    lambda x, axis, start, length: jax.lax.dynamic_slice_in_dim(x, start, length, axis=axis),
 )
 
 

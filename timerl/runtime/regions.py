@@ -11,10 +11,16 @@ What stays out of a region, and why:
 
 * host ops (a ``udf``, an environment step): user Python on numpy arrays, run between
   regions, never traced;
-* piecewise merges: the branch is picked by Python conditions per point;
-* ops whose shape, or whose attributes, change from point to point (``x[0:t + 1]``), and slice
-  reads of a length that changes: each new shape would be a new trace;
+* ops whose shape changes from point to point (``x[0:t + 1]``), slice reads of a length that
+  changes, and attributes that change but the backend cannot take as traced values
+  (``backend.traced_attrs``, e.g. a ``select_at`` index can be traced, a shape cannot): each
+  new shape would be a new trace;
 * ragged ops (a list of differently shaped points).
+
+Shapes in static bounds (``T`` given at compile time) count as fixed. A piecewise merge joins
+a region: its branch is picked outside, by the same Python conditions as elsewhere, and passed
+as a static argument (one trace per combination of branches the region meets, typically the
+first point, the last and the rest); only the taken branch's value is read.
 
 Random ops have no array inputs: they are drawn before the region (see ``jax_lowering``) and
 read as inputs. A region's ops share one guard; a read of a region op at another point than
@@ -26,10 +32,10 @@ together, as they are inside the compiled function).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from timerl.errors import UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import prepare_call
@@ -48,11 +54,13 @@ class Region:
     stmts: list[Stmt] = field(default_factory=list)  # every statement, in schedule order
 
 
-def _static(value: Any) -> tuple[bool, Any]:
-    """(True, value) if a point attribute is the same at every point."""
+def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
+    """(True, value) if a point attribute is the same at every point (given static bounds)."""
     if isinstance(value, (tuple, list)):
-        items = [_static(v) for v in value]
+        items = [_static(v, bounds) for v in value]
         return all(ok for ok, _ in items), tuple(v for _, v in items)
+    if isinstance(value, Expr) and bounds:
+        value = value.substitute(bounds)
     if isinstance(value, Const):
         return True, value.value
     if isinstance(value, (Expr, Condition)):
@@ -81,23 +89,33 @@ class Fusion:
             for e in op.inputs:
                 self.readers[e.src.id].add(op.id)
         self.untils = {lp.until.id for lp in gen.schedule.loops() if lp.until is not None}
-        self.regions = 0
+        self.traced = getattr(gen.backend, "traced_attrs", {})
+        self.bounds: dict = {}
+
+    def set_bounds(self, static: dict) -> None:
+        """The static bounds: shapes written in them are fixed for the program's life."""
+        self.bounds = {b: Const(int(v)) for b, v in static.items()}
+
+    def _fixed(self, shape: tuple) -> bool:
+        return all(_static(s, self.bounds)[0] for s in shape)
 
     # --- which statements ----------------------------------------------------------------------
     def eligible(self, op: Op) -> bool:
         rule = prims.get(op.prim)
         traits = rule.traits
-        if traits.host or traits.piecewise or traits.random or rule.extra.get("ragged"):
+        if traits.host or traits.random or rule.extra.get("ragged"):
             return False
-        if not all(isinstance(s, Const) for s in op.shape):
+        if not self._fixed(op.shape):
             return False
-        if not all(_static(op.attrs[n])[0] for n in rule.point_attrs if n in op.attrs):
-            return False
+        traced = self.traced.get(op.prim, ())
+        for n in rule.point_attrs:
+            if n in op.attrs and n not in traced and not _static(op.attrs[n], self.bounds)[0]:
+                return False
         for e in op.inputs:
-            if not all(isinstance(s, Const) for s in e.src.shape):
+            if not self._fixed(e.src.shape):
                 return False
             for idx in e.index:
-                if isinstance(idx, Slice) and not isinstance(idx.stop - idx.start, Const):
+                if isinstance(idx, Slice) and not _static(idx.stop - idx.start, self.bounds)[0]:
                     return False
         return True
 
@@ -154,42 +172,83 @@ class Fusion:
         members = {m.id for m in region.ops}
         args: list[str] = []
         arg_keys: list[tuple] = []
-        plan: list[tuple[Op, Callable[..., Any], list[tuple[bool, int]], dict[str, Any]]] = []
+        selectors: list[str] = []  # per merge: the index of the branch taken, or -1
+
+        def arg(src: str, key: tuple) -> int:
+            if src not in args:
+                args.append(src)
+                arg_keys.append(key)
+            return args.index(src)
+
+        plan: list[tuple[Op, Any, list[tuple[bool, int]], dict[str, Any], dict[str, int]]] = []
         for op in region.ops:
+            merge = prims.get(op.prim).traits.piecewise
+            if merge:
+                conds = [gen.names.src(e.cond) for e in op.inputs]
+                picked = "-1"
+                for k in reversed(range(len(conds))):
+                    picked = f"({k} if {conds[k]} else {picked})"
+                selectors.append(picked)
             refs: list[tuple[bool, int]] = []
-            for e in op.inputs:
+            for k, e in enumerate(op.inputs):
                 if e.src.id in members:
                     refs.append((False, e.src.id))
                     continue
                 src = gen.read_src(e)
-                if src not in args:
-                    args.append(src)
-                    arg_keys.append((e.src.id, tuple(str(i) for i in e.index)))
-                refs.append((True, args.index(src)))
+                if merge:  # read only the branch taken: the others' points may not exist
+                    src = f"({src} if _sel[{len(selectors) - 1}] == {k} else None)"
+                refs.append((True, arg(src, (e.src.id, tuple(str(i) for i in e.index), merge))))
+            if merge:
+                shape = _static(op.shape, self.bounds)[1]
+                fn: Any = (len(selectors) - 1, shape, op.dtype, op.where())
+                plan.append((op, fn, refs, {}, {}))
+                continue
             call = prepare_call(op, gen.backend, gen.seed)
-            kwargs = {name: _static(value)[1] for name, value in call.point_attrs}
-            plan.append((op, call.fn, refs, kwargs))
+            traced = self.traced.get(op.prim, ())
+            kwargs, dynamic = {}, {}
+            for name, value in call.point_attrs:
+                fixed, v = _static(value, self.bounds)
+                if fixed:
+                    kwargs[name] = v
+                else:  # a traced argument: the backend's lowering takes it as an array
+                    assert name in traced
+                    dynamic[name] = arg(gen._attr_src(value), ("attr", op.id, name))
+            plan.append((op, call.fn, refs, kwargs, dynamic))
+        # returned: what is stored or read after the region, and values whose byte count the
+        # generated code takes from the array (a shape in static bounds is not inlined)
         outs = [
             m.id
             for m in region.ops
-            if m.id not in gen.locals or m.id in self.untils or self.readers[m.id] - members
+            if m.id not in gen.locals
+            or m.id in self.untils
+            or self.readers[m.id] - members
+            or not all(isinstance(x, Const) for x in m.shape)
         ]
+        broadcast = gen.backend.broadcast
 
-        def run(*xs: Any) -> tuple:
+        def run(sel: tuple, *xs: Any) -> tuple:
             vals: dict[int, Any] = {}
-            for op, fn, refs, kwargs in plan:
-                vals[op.id] = fn(*[xs[k] if arg else vals[k] for arg, k in refs], **kwargs)
+            for op, fn, refs, kwargs, dynamic in plan:
+                ins = [xs[k] if is_arg else vals[k] for is_arg, k in refs]
+                if isinstance(fn, tuple):  # a merge: the branch picked outside
+                    which, shape, dtype, where = fn
+                    if sel[which] < 0:
+                        raise UndefinedPointError(f"{where} has no definition at this point")
+                    vals[op.id] = broadcast(ins[sel[which]], shape, dtype)
+                    continue
+                extra = {name: xs[k] for name, k in dynamic.items()}
+                vals[op.id] = fn(*ins, **kwargs, **extra)
             return tuple(vals[i] for i in outs)
 
         key = (tuple(members), tuple(arg_keys), tuple(outs))
         fused = gen.const("REGION", gen.backend.fuse(key, run))
-        self.regions += 1
         body = depth
         if region.guard != TRUE:
             gen.emit(depth, f"if {gen.names.src(region.guard)}:")
             body += 1
+        gen.emit(body, f"_sel = ({''.join(f'{s}, ' for s in selectors)})")
         names = "".join(f"v{i}, " for i in outs)
-        gen.emit(body, f"({names}) = {fused}({', '.join(args)})")
+        gen.emit(body, f"({names}) = {fused}(_sel, {', '.join(args)})")
         for op in region.ops:
             if op.id not in gen.locals:
                 point = gen.key_src([gen.names.of(d) for d in op.domain])
