@@ -106,22 +106,30 @@ class JaxBackend(Backend):
         }
 
     # --- arrays --------------------------------------------------------------------------------
+    # Arrays are made on the default device (``jax.default_device``), never ``device_put`` to
+    # it: a committed array where a region first saw an uncommitted one compiles the region
+    # again (measured: 22 recompiles, 12 s, in a PPO program's second iteration).
+    @contextlib.contextmanager
+    def _making(self) -> Iterator[None]:
+        with _x64(), jax.default_device(self._dev):
+            yield
+
     def asarray(self, value: Any) -> Any:
-        with _x64():
-            if isinstance(value, jax.Array):
-                return value
-            return jax.device_put(np.asarray(value), self._dev)
+        if isinstance(value, jax.Array):
+            return value
+        with self._making():
+            return jnp.asarray(np.asarray(value))
 
     def to_numpy(self, value: Any) -> np.ndarray:
         return np.asarray(value)
 
     def stack(self, values: list[Any]) -> Any:
-        with _x64():
+        with self._making():
             return jnp.stack(values)
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        with _x64():
-            return jnp.zeros(shape, dtype=np.dtype(dtype), device=self._dev)
+        with self._making():
+            return jnp.zeros(shape, dtype=np.dtype(dtype))
 
     def nbytes(self, value: Any) -> int:
         if isinstance(value, (tuple, list)):
@@ -129,7 +137,7 @@ class JaxBackend(Backend):
         return int(getattr(value, "nbytes", 0))
 
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        with _x64():
+        with self._making():
             value = self.asarray(value)
             if tuple(value.shape) != tuple(shape):
                 value = jnp.broadcast_to(value, shape)
@@ -141,5 +149,5 @@ class JaxBackend(Backend):
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        with _x64(), jax.default_device(self._dev):
+        with self._making():
             yield

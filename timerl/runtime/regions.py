@@ -181,7 +181,9 @@ class Fusion:
             return args.index(src)
 
         plan: list[tuple[Op, Any, list[tuple[bool, int]], dict[str, Any], dict[str, int]]] = []
+        done: set[int] = set()
         for op in region.ops:
+            done.add(op.id)
             merge = prims.get(op.prim).traits.piecewise
             if merge:
                 conds = [gen.names.src(e.cond) for e in op.inputs]
@@ -191,7 +193,9 @@ class Fusion:
                 selectors.append(picked)
             refs: list[tuple[bool, int]] = []
             for k, e in enumerate(op.inputs):
-                if e.src.id in members:
+                # a region op computed before this one, at this point; a later one (read at an
+                # earlier point, a recurrence) is read from its store like any other value
+                if e.src.id in done and _same_point(e):
                     refs.append((False, e.src.id))
                     continue
                 src = gen.read_src(e)
