@@ -23,8 +23,10 @@ as a static argument (one trace per combination of branches the region meets, ty
 first point, the last and the rest); only the taken branch's value is read.
 
 Random ops have no array inputs: they are drawn before the region (see ``jax_lowering``) and
-read as inputs. A region's ops share one guard; a read of a region op at another point than
-the one just computed ends the region, so stores are written before they are read. Frees
+read as inputs. Ops with different guards share a region: which guards hold is part of the
+static argument, and a guarded-off op is neither computed nor are its reads made. A read of a
+region op at a point that may be the one just computed ends the region, so stores are written
+before they are read. Frees
 between a region's statements run after it: they drop values whose readers all ran before
 them, so only the memory meter's peak can see the difference (the region's values are live
 together, as they are inside the compiled function).
@@ -47,7 +49,6 @@ MIN_OPS = 2  # a single op gains nothing from its own compiled function
 
 @dataclass(eq=False)
 class Region:
-    guard: Any
     ops: list[Op] = field(default_factory=list)
     drawn: list[Op] = field(default_factory=list)  # random sources, drawn before the call
     frees: list[Free] = field(default_factory=list)
@@ -72,6 +73,19 @@ def _same_point(edge: Edge) -> bool:
     return len(edge.index) == len(edge.src.domain) and all(
         i is d for i, d in zip(edge.index, edge.src.domain, strict=True)
     )
+
+
+def _other_point(edge: Edge) -> bool:
+    """The read is never of the current point: some coordinate is off by a nonzero constant."""
+    if len(edge.index) != len(edge.src.domain):
+        return False
+    for i, d in zip(edge.index, edge.src.domain, strict=True):
+        if isinstance(i, Slice):
+            continue
+        off = i - d
+        if isinstance(off, Const) and off.value != 0:
+            return True
+    return False
 
 
 class Fusion:
@@ -136,12 +150,10 @@ class Fusion:
         for s in stmts:
             if isinstance(s, Compute) and self.eligible(s.op):
                 op = s.op
-                if region is not None and (
-                    op.guard != region.guard or self._reads_other_point(op, region)
-                ):
+                if region is not None and self._reads_other_point(op, region):
                     close()
                 if region is None:
-                    region = Region(op.guard)
+                    region = Region()
                 region.ops.append(op)
             elif region is not None and isinstance(s, Compute) and not s.op.inputs:
                 # a random source, drawn on the host before the region
@@ -161,8 +173,14 @@ class Fusion:
         return out
 
     def _reads_other_point(self, op: Op, region: Region) -> bool:
+        """Whether ``op`` reads a region op at a point that may be the one the region is
+        computing (it would read the store before the region writes it). A read at a constant
+        offset along some dim (``x[t - 1]``, ``x[u + 1]``) is of another point: it was stored
+        by an earlier iteration and is read from the store before the call."""
         members = {m.id for m in region.ops}
-        return any(e.src.id in members and not _same_point(e) for e in op.inputs)
+        return any(
+            e.src.id in members and not _same_point(e) and not _other_point(e) for e in op.inputs
+        )
 
     # --- emitting ------------------------------------------------------------------------------
     def emit(self, region: Region, depth: int) -> None:
@@ -172,7 +190,10 @@ class Fusion:
         members = {m.id for m in region.ops}
         args: list[str] = []
         arg_keys: list[tuple] = []
-        selectors: list[str] = []  # per merge: the index of the branch taken, or -1
+        # the static argument: per merge the index of the branch taken (-1: none), per guard
+        # whether it holds at this point; a guarded-off op is not computed (nor its reads made)
+        selectors: list[str] = []
+        guards: dict[str, int] = {}
 
         def arg(src: str, key: tuple) -> int:
             if src not in args:
@@ -180,10 +201,17 @@ class Fusion:
                 arg_keys.append(key)
             return args.index(src)
 
-        plan: list[tuple[Op, Any, list[tuple[bool, int]], dict[str, Any], dict[str, int]]] = []
+        plan: list[tuple[Op, Any, int, list[tuple[bool, int]], dict, dict]] = []
         done: set[int] = set()
         for op in region.ops:
-            done.add(op.id)
+            guard = -1
+            cond = ""
+            if op.guard != TRUE:
+                cond = gen.names.src(op.guard)
+                if cond not in guards:
+                    guards[cond] = len(selectors)
+                    selectors.append(f"bool({cond})")
+                guard = guards[cond]
             merge = prims.get(op.prim).traits.piecewise
             if merge:
                 conds = [gen.names.src(e.cond) for e in op.inputs]
@@ -199,13 +227,19 @@ class Fusion:
                     refs.append((False, e.src.id))
                     continue
                 src = gen.read_src(e)
-                if merge:  # read only the branch taken: the others' points may not exist
-                    src = f"({src} if _sel[{len(selectors) - 1}] == {k} else None)"
+                # read only what is used here: a guarded-off op's or an untaken branch's
+                # points may not exist
+                when = [f"_sel[{guard}]"] if guard >= 0 else []
+                if merge:
+                    when.append(f"_sel[{len(selectors) - 1}] == {k}")
+                if when:
+                    src = f"({src} if {' and '.join(when)} else None)"
                 refs.append((True, arg(src, (e.src.id, tuple(str(i) for i in e.index), merge))))
+            done.add(op.id)
             if merge:
                 shape = _static(op.shape, self.bounds)[1]
                 fn: Any = (len(selectors) - 1, shape, op.dtype, op.where())
-                plan.append((op, fn, refs, {}, {}))
+                plan.append((op, fn, guard, refs, {}, {}))
                 continue
             call = prepare_call(op, gen.backend, gen.seed)
             traced = self.traced.get(op.prim, ())
@@ -217,47 +251,52 @@ class Fusion:
                 else:  # a traced argument: the backend's lowering takes it as an array
                     assert name in traced
                     dynamic[name] = arg(gen._attr_src(value), ("attr", op.id, name))
-            plan.append((op, call.fn, refs, kwargs, dynamic))
+            plan.append((op, call.fn, guard, refs, kwargs, dynamic))
         # returned: what is stored or read after the region, and values whose byte count the
         # generated code takes from the array (a shape in static bounds is not inlined)
-        outs = [
+        outs = {
             m.id
             for m in region.ops
             if m.id not in gen.locals
             or m.id in self.untils
             or self.readers[m.id] - members
             or not all(isinstance(x, Const) for x in m.shape)
-        ]
+        }
         broadcast = gen.backend.broadcast
 
-        def run(sel: tuple, *xs: Any) -> tuple:
+        def run(sel: tuple, *xs: Any) -> dict:
             vals: dict[int, Any] = {}
-            for op, fn, refs, kwargs, dynamic in plan:
-                ins = [xs[k] if is_arg else vals[k] for is_arg, k in refs]
+            for op, fn, guard, refs, kwargs, dynamic in plan:
+                if guard >= 0 and not sel[guard]:
+                    continue
                 if isinstance(fn, tuple):  # a merge: the branch picked outside
                     which, shape, dtype, where = fn
                     if sel[which] < 0:
                         raise UndefinedPointError(f"{where} has no definition at this point")
-                    vals[op.id] = broadcast(ins[sel[which]], shape, dtype)
+                    is_arg, k = refs[sel[which]]
+                    vals[op.id] = broadcast(xs[k] if is_arg else vals[k], shape, dtype)
                     continue
+                ins = [xs[k] if is_arg else vals[k] for is_arg, k in refs]
                 extra = {name: xs[k] for name, k in dynamic.items()}
                 vals[op.id] = fn(*ins, **kwargs, **extra)
-            return tuple(vals[i] for i in outs)
+            return {i: v for i, v in vals.items() if i in outs}
 
-        key = (tuple(members), tuple(arg_keys), tuple(outs))
+        key = (tuple(m.id for m in region.ops), tuple(arg_keys), tuple(sorted(outs)))
         fused = gen.const("REGION", gen.backend.fuse(key, run))
-        body = depth
-        if region.guard != TRUE:
-            gen.emit(depth, f"if {gen.names.src(region.guard)}:")
-            body += 1
-        gen.emit(body, f"_sel = ({''.join(f'{s}, ' for s in selectors)})")
-        names = "".join(f"v{i}, " for i in outs)
-        gen.emit(body, f"({names}) = {fused}(_sel, {', '.join(args)})")
+        gen.emit(depth, f"_sel = ({''.join(f'{s}, ' for s in selectors)})")
+        gen.emit(depth, f"_r = {fused}(_sel, {', '.join(args)})")
         for op in region.ops:
+            body = depth
+            if op.guard != TRUE:
+                gen.emit(depth, f"if _sel[{guards[gen.names.src(op.guard)]}]:")
+                body += 1
+            if op.id in outs:
+                gen.emit(body, f"v{op.id} = _r[{op.id}]")
             if op.id not in gen.locals:
                 point = gen.key_src([gen.names.of(d) for d in op.domain])
                 gen.emit(body, f"S{op.id}[{point}] = v{op.id}")
             gen.alloc(op, body, f"v{op.id}")
             gen.emit(body, "C[0] += 1")
+        gen.emit(depth, "_r = None")
         for stmt in region.frees:
             gen.free(stmt, depth)
