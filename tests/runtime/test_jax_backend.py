@@ -119,6 +119,9 @@ def test_regions_are_jitted_once_per_program():
     assert again["jit_trace_compile_seconds"] == stats["jit_trace_compile_seconds"]
     for a, b in zip(first, [prog.value(o) for o in outs], strict=True):
         np.testing.assert_array_equal(a, b)
+    assert f"jax regions (built when the program runs): {stats['jit_regions']} jitted" in (
+        prog.explain()
+    )
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
