@@ -197,3 +197,29 @@ def test_a_ppo_program_on_jax_matches_numpy():
             assert c.stats()["jit_traces"] == traces
     for a, b in zip(got["numpy"], got["jax"], strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_the_training_driver_runs_on_jax_and_agrees_with_numpy():
+    """What ``timerl train reinforce --backend jax`` runs: the hooked outer loop, metrics sink."""
+    from timerl.cli import build_parser
+    from timerl.rl.train import train
+
+    args = build_parser().parse_args(["train", "reinforce", "--backend", "jax"])
+    assert args.backend == "jax"
+    records: dict[str, list] = {"numpy": [], "jax": []}
+    for b in records:
+        train(
+            "reinforce",
+            {"num_envs": 2, "num_steps": 8},
+            iterations=2,
+            backend=b,
+            progress=False,
+            on_iteration=lambda rec, b=b: records[b].append(dict(rec)),
+        )
+    assert len(records["jax"]) == len(records["numpy"]) == 2
+    for want, got in zip(records["numpy"], records["jax"], strict=True):
+        keys = [k for k in want if k not in ("seconds", "steps_per_second") and "time" not in k]
+        assert "loss" in keys
+        for k in keys:
+            if isinstance(want[k], float):
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
