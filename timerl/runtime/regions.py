@@ -26,10 +26,9 @@ Random ops have no array inputs: they are drawn before the region (see ``jax_low
 read as inputs. Ops with different guards share a region: which guards hold is part of the
 static argument, and a guarded-off op is neither computed nor are its reads made. A read of a
 region op at a point that may be the one just computed ends the region, so stores are written
-before they are read. Frees
-between a region's statements run after it: they drop values whose readers all ran before
-them, so only the memory meter's peak can see the difference (the region's values are live
-together, as they are inside the compiled function).
+before they are read. Frees between a region's statements run after it: they drop values whose
+readers all ran before them, so only the memory meter's peak can see the difference (the
+region's values are live together, as they are inside the compiled function).
 """
 
 from __future__ import annotations
