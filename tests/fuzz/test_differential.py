@@ -7,7 +7,9 @@ point; gradient examples also compare every input's ``.grad`` with torch autogra
 same reference. A failure prints the shrunk program as runnable timerl source.
 
 ``TIMERL_FUZZ_EXAMPLES`` sets the total number of programs (default 2,000, split over the tests
-below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
+below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_JAX_EXAMPLES`` (default 20) sets
+how many further programs ``test_jax_backend`` checks on the jax backend (each compiles jitted
+regions, so they cost more). ``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
 and fails at the end with each distinct failure (unshrunk) instead of stopping at the first.
 """
 
@@ -76,7 +78,7 @@ def known_rejection(f: Finding) -> bool:
 
 # the jax backend's own run: programs drawn apart from the others, each checked on numpy and
 # on jax (jitted regions); ``TIMERL_FUZZ_JAX_EXAMPLES`` programs in all (values, gradients)
-JAX_EXAMPLES = int(os.environ.get("TIMERL_FUZZ_JAX_EXAMPLES", "40"))
+JAX_EXAMPLES = int(os.environ.get("TIMERL_FUZZ_JAX_EXAMPLES", "20"))
 
 
 def fuzz(name: str, jax: bool = False) -> None:
