@@ -135,6 +135,9 @@ class Program:
             "backend": self.backend.name,
             "device": self.backend.device,
         }
+        regions = self.backend.region_stats()
+        if regions is not None:
+            out.update(regions)
         device_peak = self.backend.device_peak_bytes()
         if device_peak is not None:
             out["device_peak_bytes"] = device_peak
@@ -149,6 +152,13 @@ class Program:
         lines = ["compile passes:"]
         lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
         lines += [f"  {note}" for note in _notes(self.report.notes, full)]
+        regions = self.backend.region_stats()
+        if regions is not None:
+            lines.append(
+                f"{self.backend.name} regions (built when the program runs): "
+                f"{regions['jit_regions']} jitted, {regions['jit_traces']} traces, "
+                f"{regions['jit_trace_compile_seconds']:.2f} s tracing and compiling"
+            )
         if full:
             lines += ["schedule:", self.schedule.dump()]
         else:

@@ -80,10 +80,32 @@ def bits(
     return xp.reshape(_mix(_mix(counter + k0) ^ k1), (*lead, *shape))
 
 
+def batched_key(
+    xp: Any, key: Sequence[Any], batch: Sequence[tuple]
+) -> tuple[tuple, tuple[int, ...]]:
+    """The key of a random op vectorised over dims, and the batch shape it draws for. Each
+    level ``(size, ((position, coef), ...))`` of ``batch`` (in the order the dims were
+    batched) adds ``coef * arange(size)`` to those coordinates of the point (after seed and
+    stream) along a new leading axis: one draw holds every point's numbers, exactly as drawn
+    point by point."""
+    if not batch:
+        return tuple(key), ()
+    key = list(key)
+    m = len(batch)
+    for k, (size, moved) in enumerate(batch):
+        axis = m - 1 - k  # the dim batched last leads
+        shape = (1,) * axis + (size,) + (1,) * (m - 1 - axis)
+        steps = xp.reshape(xp.arange(size), shape)
+        for pos, coef in moved:
+            key[2 + pos] = key[2 + pos] + coef * steps
+    return tuple(key), tuple(size for size, _ in reversed(batch))
+
+
 def uniform(
-    xp: Any, key: Sequence[Any], shape: tuple[int, ...], dtype: Any, lead: tuple[int, ...] = ()
+    xp: Any, key: Sequence[Any], shape: tuple[int, ...], dtype: Any, batch: Sequence[tuple] = ()
 ) -> Any:
     """Uniform in [0, 1): 24 random bits for 32-bit floats and below, 53 for float64."""
+    key, lead = batched_key(xp, key, batch)
     dtype = np.dtype(dtype)
     hi = bits(xp, key, shape, lead=lead)
     if dtype.itemsize <= 4:
@@ -95,11 +117,12 @@ def uniform(
 
 
 def normal(
-    xp: Any, key: Sequence[Any], shape: tuple[int, ...], dtype: Any, lead: tuple[int, ...] = ()
+    xp: Any, key: Sequence[Any], shape: tuple[int, ...], dtype: Any, batch: Sequence[tuple] = ()
 ) -> Any:
     """Standard normal by Box-Muller over two independent uniforms (computed in float64, so
     backends agree to float tolerance whatever their transcendental functions). Both
     uniforms come from one draw of twice the elements: half the array calls of two draws."""
+    key, lead = batched_key(xp, key, batch)
     words = bits(xp, key, (*shape, 2), lane=2, lead=lead) >> 8
     u1 = (words[..., 0].astype(xp.float64) + 1.0) * 2.0**-24  # (0, 1]: log is finite
     u2 = words[..., 1].astype(xp.float64) * (2.0 * np.pi * 2.0**-24)

@@ -12,7 +12,7 @@ Composite ops (softmax, losses, distributions) are built from these in ``api/``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -757,33 +757,12 @@ register(
 )
 
 
-def _batched_key(key: Sequence[Any], batch: Sequence[tuple]) -> tuple[tuple, tuple[int, ...]]:
-    """The key of a random op vectorised over dims. Each level ``(size, ((position, coef),
-    ...))`` of ``batch`` (in the order the dims were batched) adds ``coef * arange(size)`` to
-    those key coordinates along a new leading axis, so one draw holds every point's numbers,
-    exactly as drawn point by point."""
-    if not batch:
-        return tuple(key), ()
-    key = list(key)
-    m = len(batch)
-    for k, (size, moved) in enumerate(batch):
-        axis = m - 1 - k  # the dim batched last leads
-        steps = np.arange(size, dtype=np.int64).reshape(
-            (1,) * axis + (size,) + (1,) * (m - 1 - axis)
-        )
-        for pos, coef in moved:
-            key[2 + pos] = key[2 + pos] + coef * steps
-    return tuple(key), tuple(size for size, _ in reversed(batch))
-
-
 def _np_uniform(shape, dtype, key, batch=()):
-    key, lead = _batched_key(key, batch)
-    return counter_rng.uniform(np, key, tuple(shape), dtype, lead)
+    return counter_rng.uniform(np, key, tuple(shape), dtype, batch)
 
 
 def _np_normal(shape, dtype, key, batch=()):
-    key, lead = _batched_key(key, batch)
-    return counter_rng.normal(np, key, tuple(shape), dtype, lead)
+    return counter_rng.normal(np, key, tuple(shape), dtype, batch)
 
 
 # Random values are a pure function of (seed, op, point): the same on every backend and in any

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from timerl.errors import ProgramError
+from timerl.runtime.backend import BACKENDS
 
 # config fields with their own flags (or none: env_kwargs via --env-kwargs)
 _SPECIAL = {"env_id", "seed", "hidden", "env_kwargs"}
@@ -139,8 +140,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"total env steps (default: {DEFAULT_STEPS:,}; on --resume: the run's own)",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
-    p.add_argument("--backend", default="numpy", choices=["numpy", "torch"], help="array backend")
-    p.add_argument("--device", default="cpu", help="device for the torch backend")
+    p.add_argument("--backend", default="numpy", choices=sorted(BACKENDS), help="array backend")
+    p.add_argument("--device", default="cpu", help="device for the torch or jax backend")
     p.add_argument(
         "--log-dir",
         default=None,

@@ -24,6 +24,7 @@ from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
+from timerl.runtime.regions import Fusion
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
@@ -87,6 +88,8 @@ class CodeGen:
         }
         self.lines: list[str] = []
         self.locals = self._local_ops()
+        # runs of pure statements compiled as one function, on backends that can (jax)
+        self.fusion = Fusion(self) if backend.fuses else None
 
     # --- which values can live in locals -------------------------------------------------------
     def _local_ops(self) -> set[int]:
@@ -286,13 +289,15 @@ class CodeGen:
     def body(self, stmts: list[Stmt], depth: int, outer: Loop | None) -> None:
         if not stmts:
             self.emit(depth, "pass")
-        for s in stmts:
+        for s in self.fusion.group(stmts) if self.fusion is not None else stmts:
             if isinstance(s, Compute):
                 self.compute(s.op, depth)
             elif isinstance(s, Free):
                 self.free(s, depth)
-            else:
+            elif isinstance(s, Loop):
                 self.loop(s, depth, outer)
+            else:
+                self.fusion.emit(s, depth)
 
     def generate(self, static_bounds: dict[Bound, int], outer: Loop | None) -> Callable:
         self.ns.update(
@@ -301,6 +306,8 @@ class CodeGen:
             FREE_ALL=functools.partial(_free_all, nbytes=self.backend.nbytes),
             FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
         )
+        if self.fusion is not None:
+            self.fusion.set_bounds(static_bounds)
         head = []
         for b, v in static_bounds.items():
             head.append(f"    {self.names.of(b)} = {int(v)}")
