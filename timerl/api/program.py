@@ -91,6 +91,7 @@ class Program:
             self.seed,
             keep=self.keep,
             compiled=compiled,
+            storage=self.compiled.storage,
         )
         return self._last
 
@@ -149,12 +150,33 @@ class Program:
         lines = ["compile passes:"]
         lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
         lines += [f"  {note}" for note in _notes(self.report.notes, full)]
+        lines += self._storage_lines(full)
         if full:
             lines += ["schedule:", self.schedule.dump()]
         else:
             lines += ["schedule (summary; explain(full=True) lists every statement):"]
             lines += ["  " + line for line in self.schedule.summary().splitlines()]
         return "\n".join(lines)
+
+    def _storage_lines(self, full: bool) -> list[str]:
+        """Each tensor's storage and why: blocks and views always, point stores if ``full``
+        (else counted), since a training program has hundreds."""
+        table = self.compiled.storage
+        if not table:
+            return ["storage: point stores only (optimize=False keeps the reference's)"]
+        lines = ["storage:"]
+        points = 0
+        for op in self.ops:
+            st = table.get(op.id)
+            if st is None:
+                continue
+            if st.kind == "point" and not full:
+                points += 1
+                continue
+            lines.append(f"  {op.label}: {st.kind} ({st.why})")
+        if points:
+            lines.append(f"  {points} other tensors: point stores (explain(full=True) says why)")
+        return lines
 
     def render(self) -> str:
         """The PDG as graphviz dot source."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
+from timerl.runtime.stores import StorePlan
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
@@ -73,8 +74,10 @@ class CodeGen:
         backend: Any,
         seed: int,
         keep: set[int],
+        storage: Mapping[int, Any] | None = None,
     ) -> None:
         self.schedule = schedule
+        self.plan = StorePlan(schedule, storage or {})
         self.ops = {op.id: op for op in ops}
         self.backend = backend
         self.seed = seed
@@ -128,6 +131,10 @@ class CodeGen:
         src = edge.src
         if src.id in self.locals:
             return f"v{src.id}"
+        if src.id in self.plan.blocks:
+            direct = self.plan.block_read_src(edge, self.names.src)
+            if direct is not None:
+                return direct
         if not any(isinstance(i, Slice) for i in edge.index):
             key = self.key_src([self.names.src(i) for i in edge.index])
             return f"S{src.id}[{key}]"
@@ -162,6 +169,8 @@ class CodeGen:
         return f"{gather}(S{src.id}, ({', '.join(axes)},), {kinds}, empty={make}(({shape},)))"
 
     def alloc(self, op: Op, depth: int, var: str) -> None:
+        if op.id in self.plan.blocks or op.id in self.plan.views:
+            return  # a row of a block allocated with its loop, or a view of one
         n = _static_nbytes(op)
         size = str(n) if n is not None else f"NB({var})"
         self.emit(depth, f"M[0] += {size}")
@@ -178,7 +187,10 @@ class CodeGen:
             self.merge(op, body_depth, var)
         else:
             self.call(op, body_depth, var, point)
-        if op.id not in self.locals:
+        if op.id in self.plan.blocks:
+            for line in self.plan.block_write_src(op, var, self.names.of):
+                self.emit(body_depth, line)
+        elif op.id not in self.locals:
             self.emit(body_depth, f"S{op.id}[{point}] = {var}")
         self.alloc(op, body_depth, var)
         self.emit(body_depth, "C[0] += 1")
@@ -229,7 +241,11 @@ class CodeGen:
 
     def _free(self, stmt: Free, depth: int) -> None:
         op = stmt.op
-        n = _static_nbytes(op)
+        if op.id in self.plan.blocks:
+            key = self.key_src([self.names.src(p) for p in stmt.prefix])
+            self.emit(depth, self.plan.block_free_src(stmt, key))
+            return
+        n = 0 if op.id in self.plan.views else _static_nbytes(op)
         if op.id in self.locals:
             size = n if n is not None else f"NB(v{op.id})"
             if op.guard != TRUE:  # a local is freed at its own point, so where it was computed
@@ -252,6 +268,8 @@ class CodeGen:
             self.emit(depth, f"FREE_PREFIX(S{op.id}, {key}, M)")
 
     def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
+        for line in self.plan.allocate_src(loop, self.names.of):
+            self.emit(depth, line)
         d = self.names.of(loop.dim)
         b = self.names.of(loop.dim.bound)
         if loop is outer:
@@ -306,6 +324,7 @@ class CodeGen:
             head.append(f"    {self.names.of(b)} = {int(v)}")
         self.body(self.schedule.body, 1, outer)
         stores = "".join(f"    S{i} = STORES[{i}]\n" for i in self.ops if i not in self.locals)
+        stores += "".join(f"    BL{i} = S{i}.blocks\n" for i in self.plan.blocks)
         src = (
             "def run(STORES, M, C, CTL):\n"
             + stores
