@@ -12,6 +12,7 @@ import numpy as np
 from timerl.api.program import Program
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
+from timerl.compiler.budget import check_budget, parse_bytes, planned_peak
 from timerl.compiler.pipeline import compile as compile_program
 from timerl.compiler.spec import freeze
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
@@ -190,13 +191,15 @@ class Context(Scope):
         device: str = "cpu",
         seed: int = 0,
         outputs: Sequence[RecurrentTensor] = (),
-        memory_budget: int | None = None,
+        memory_budget: int | str | None = None,
         optimize: bool = True,
     ) -> Any:
         """Compile the program (its sinks, side effects and ``outputs``) for these bounds.
 
         ``optimize=False`` keeps only the passes correctness needs and interprets the schedule:
-        the reference that optimised programs are tested against."""
+        the reference that optimised programs are tested against. ``memory_budget`` (bytes,
+        or a string such as ``"256MiB"``): a program whose planned peak memory exceeds it is
+        refused here with ``MemoryBudgetError``, naming the smallest budget that fits."""
         return self._compile(bounds, backend, device, seed, outputs, memory_budget, optimize)
 
     def _compile(
@@ -206,20 +209,36 @@ class Context(Scope):
         device: str,
         seed: int,
         outputs: Sequence[RecurrentTensor],
-        memory_budget: int | None,
+        memory_budget: int | str | None,
         optimize: bool,
         effects: bool = True,
     ) -> Program:
         start = time.perf_counter()
+        budget = None if memory_budget is None else parse_bytes(memory_budget)
         static, dynamic = self.resolve_bounds(bounds)
         asked = [materialize(t) for t in outputs]
         roots = list(self._roots) if effects else list(self._until.values())
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
+        compiled = compile_program(spec, optimize=optimize)
+        planned = None
+        if budget is not None:
+            planned = compiled.report.timed(
+                "memory budget",
+                lambda: planned_peak(
+                    compiled.schedule,
+                    compiled.spec.ops,
+                    compiled.storage,
+                    compiled.spec.static,
+                    compiled.spec.dynamic,
+                ),
+            )
+            check_budget(planned, budget)
         return Program(
-            compile_program(spec, optimize=optimize),
+            compiled,
             make_backend(backend, device),
             seed=seed,
-            memory_budget=memory_budget,
+            memory_budget=budget,
+            planned=planned,
             optimize=optimize,
             output_ids={id(t.view): op.id for t, op in zip(outputs, asked, strict=True)},
             started=start,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
+from timerl.compiler.budget import PlannedPeak, planned_peak
 from timerl.compiler.pipeline import Compiled, CompileReport
 from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
@@ -34,11 +35,13 @@ class Program:
         optimize: bool = True,
         output_ids: Mapping[int, int] | None = None,
         started: float | None = None,
+        planned: PlannedPeak | None = None,
     ) -> None:
         self.compiled = compiled
         self.backend = backend
         self.seed = seed
         self.memory_budget = memory_budget
+        self._planned = planned
         self.optimize = optimize
         self.static = dict(compiled.spec.static)
         self.dynamic = dict(compiled.spec.dynamic)
@@ -95,6 +98,16 @@ class Program:
         )
         return self._last
 
+    def planned_peak(self) -> PlannedPeak:
+        """The peak of live bytes the schedule reaches, known before running (see
+        ``compiler/budget.py``), and the tensors holding the most bytes then."""
+        if self._planned is None:
+            spec = self.compiled.spec
+            self._planned = planned_peak(
+                self.schedule, self.ops, self.compiled.storage, spec.static, spec.dynamic
+            )
+        return self._planned
+
     def fingerprint(self) -> str:
         """A hash of the program's structure: equal for programs built the same way."""
         import hashlib
@@ -136,6 +149,9 @@ class Program:
             "backend": self.backend.name,
             "device": self.backend.device,
         }
+        if self.memory_budget is not None:
+            out["memory_budget"] = self.memory_budget
+            out["planned_peak_bytes"] = self.planned_peak().peak_bytes
         device_peak = self.backend.device_peak_bytes()
         if device_peak is not None:
             out["device_peak_bytes"] = device_peak

@@ -5,6 +5,9 @@
   as a slice along ``d``. One array of ``extent`` rows is allocated when the loop over ``d``
   starts (one per point of the outer dims); each point is written in place into its row and a
   slice read ``x[a:b]`` is a view of the block, not a stacked copy.
+* **alias**: ``identity``/``detach``/``reshape`` of a block (or alias) at the same point, in
+  the same loop: a block store whose rows are the base block's memory reshaped; computing it
+  writes nothing. Liveness keeps the base block alive until the alias's last reader.
 * **view**: ``identity``/``detach``/``reshape`` of a whole block (``x[i, 0:T]``), or of such a
   view at the same point. Its value aliases the block: it allocates nothing, and the block is
   freed only after the view's last reader (liveness is told so through ``alias_reads``).
@@ -27,15 +30,19 @@ from timerl.symbolic import TRUE, Bound, Const, Dim, Expr, Slice, always_le0
 
 # primitives whose output is the input array itself or a view of it on a contiguous input
 VIEW_PRIMS = frozenset({"identity", "detach", "reshape"})
+# primitives whose output is always a view (numpy and torch), but a strided one: a reshape
+# of it may copy
+STRIDED_VIEW_PRIMS = frozenset({"permute", "expand"})
 
 
 @dataclass(frozen=True)
 class Storage:
-    kind: str  # "point" | "block" | "view"
+    kind: str  # "point" | "block" | "alias" | "view"
     why: str
     dim: Dim | None = None  # block: the dim the block runs along (the op's last dim)
     extent: int | None = None  # block: rows allocated
-    base: int | None = None  # view: the block op it aliases
+    base: int | None = None  # view, alias: the block op whose memory it is
+    contiguous: bool = True  # view: False after a permute or expand (a reshape may copy)
 
 
 def _same(a: Expr, b: Expr) -> bool:
@@ -69,13 +76,34 @@ def analyse(
     for op in ops:
         if op.id in around:
             table[op.id] = _block_or_point(op, around[op.id], frees, readers, static, keep)
-    # views of blocks (a view of a view has the same base block)
     by_id = {op.id: op for op in ops}
+    # row aliases: a view op at the same point of a block is the block's memory, reshaped
+    changed = True
+    while changed:
+        changed = False
+        for op in ops:
+            if table.get(op.id, _POINT).kind != "alias" and _is_alias(op, table, around, keep):
+                src = table[op.inputs[0].src.id]
+                root = src.base if src.kind == "alias" else op.inputs[0].src.id
+                table[op.id] = Storage(
+                    "alias",
+                    f"a view of {by_id[root].label} at each point: its rows are that block's "
+                    "memory, nothing is allocated or copied",
+                    dim=src.dim,
+                    extent=src.extent,
+                    base=root,
+                )
+                changed = True
+    # views of whole blocks (a view of a view has the same base block)
     for op in ops:
-        base = _view_base(op, table, keep)
-        if base is not None:
+        found = _view_base(op, table, keep)
+        if found is not None:
+            base, contiguous = found
             table[op.id] = Storage(
-                "view", f"a view of block {by_id[base].label}: allocates nothing", base=base
+                "view",
+                f"a view of block {by_id[base].label}: allocates nothing",
+                base=base,
+                contiguous=contiguous,
             )
     return table
 
@@ -116,21 +144,52 @@ def _block_or_point(op, loops, frees, readers, static, keep) -> Storage:
     )
 
 
-def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> int | None:
-    """The block op whose memory ``op``'s value aliases, if it only aliases one."""
-    if op.prim not in VIEW_PRIMS or op.id in keep or len(op.inputs) != 1:
+_POINT = Storage("point", "")
+
+
+def _is_alias(op: Op, table: Mapping[int, Storage], around: Mapping, keep: set[int]) -> bool:
+    if op.prim not in VIEW_PRIMS or op.id in keep or len(op.inputs) != 1 or op.guard != TRUE:
+        return False
+    e = op.inputs[0]
+    src = table.get(e.src.id)
+    if src is None or src.kind not in ("block", "alias") or e.cond != TRUE:
+        return False
+    if tuple(op.domain) != tuple(e.src.domain) or op.dtype != e.src.dtype:
+        return False
+    if not all(i is d for i, d in zip(e.index, op.domain, strict=True)):
+        return False
+    if not all(isinstance(x, Const) for x in op.shape):
+        return False
+    loops, src_loops = around.get(op.id), around.get(e.src.id)
+    return bool(loops) and bool(src_loops) and loops[-1] is src_loops[-1]
+
+
+def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[int, bool] | None:
+    """The block op whose memory ``op``'s value aliases (and whether the view is contiguous),
+    if it only aliases one."""
+    strided = op.prim in STRIDED_VIEW_PRIMS
+    if not (op.prim in VIEW_PRIMS or strided) or op.id in keep or len(op.inputs) != 1:
         return None
     if op.guard != TRUE or op.id not in table:
         return None
     e = op.inputs[0]
     src = table.get(e.src.id)
-    if src is None or src.kind == "point" or e.cond != TRUE:
+    if (
+        src is None
+        or src.kind == "point"
+        or e.cond != TRUE
+        or src.base is None
+        and src.kind != "block"
+    ):
         return None
     if src.kind == "view":  # the same point of a view: a view of the same block
         same_point = tuple(op.domain) == tuple(e.src.domain) and all(
             i is d for i, d in zip(e.index, op.domain, strict=True)
         )
-        return src.base if same_point else None
+        if not same_point or (op.prim == "reshape" and not src.contiguous):
+            return None
+        assert src.base is not None
+        return src.base, src.contiguous and not strided
     # the whole block at this point: x[outer..., 0:T]
     outer, last = e.index[:-1], e.index[-1]
     if tuple(op.domain) != tuple(e.src.domain[:-1]):
@@ -141,7 +200,9 @@ def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> int | No
         return None
     if not (_same(last.start, Const(0)) and _same(last.stop, src.dim.bound)):
         return None
-    return e.src.id
+    base = src.base if src.kind == "alias" else e.src.id
+    assert base is not None
+    return base, not strided
 
 
 def alias_reads(
@@ -156,7 +217,10 @@ def alias_reads(
     for op in ops:
         for e in op.inputs:
             st = table.get(e.src.id)
-            if st is None or st.kind != "view" or st.base is None:
+            if st is None or st.kind not in ("view", "alias") or st.base is None:
+                continue
+            if st.kind == "alias":  # the same point of the block
+                out.setdefault(st.base, []).append((op, tuple(e.index)))
                 continue
             dim = table[st.base].dim
             assert dim is not None
@@ -187,6 +251,6 @@ def plan_storage(
     if all(second.get(i) == s for i, s in table.items()):
         return again, second
     for i, s in list(table.items()):
-        if s.kind == "view":
+        if s.kind in ("view", "alias"):
             table[i] = Storage("point", "a view whose block cannot outlive it")
     return planned, table

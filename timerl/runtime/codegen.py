@@ -106,6 +106,8 @@ class CodeGen:
         for op in self.ops.values():
             if op.id in self.keep or prims.get(op.prim).traits.host or not readers[op.id]:
                 continue
+            if op.id in self.plan.blocks:
+                continue
             same = all(
                 all(i is d for i, d in zip(e.index, op.domain, strict=True)) for e in readers[op.id]
             )
@@ -183,7 +185,9 @@ class CodeGen:
         if op.guard != TRUE:
             self.emit(depth, f"if {self.names.src(op.guard)}:")
             body_depth += 1
-        if prims.get(op.prim).traits.piecewise:
+        if op.id in self.plan.aliases:
+            pass  # its rows are its base block's: nothing to compute
+        elif prims.get(op.prim).traits.piecewise:
             self.merge(op, body_depth, var)
         else:
             self.call(op, body_depth, var, point)

@@ -238,6 +238,14 @@ class Executor:
         point_of = (lambda env: tuple(env[d] for d in dims)) if dims else (lambda env: ())
         # a block's rows were counted when it was allocated; a view of one allocates nothing
         shared = op.id in self.plan.blocks or op.id in self.plan.views
+        if op.id in self.plan.aliases:  # its rows are its base block's: only mark the point
+            written = store.blocks
+
+            def mark(env: dict) -> None:
+                point = point_of(env)
+                written[point[:-1]][1][point[-1]] = True
+
+            return mark
         readers = [self._reader(e) for e in op.inputs]
         if prims.get(op.prim).traits.piecewise:
             conds = _compile(exclusive_conditions(op))
@@ -337,7 +345,11 @@ class Executor:
 
     def _allocate_blocks(self, loop: Loop, env: dict) -> None:
         for op in self.plan.allocated_by(loop):
-            n = self.stores[op.id].allocate(tuple(env[d] for d in op.domain[:-1]))
+            outer = tuple(env[d] for d in op.domain[:-1])
+            if op.id in self.plan.aliases:
+                self.stores[op.id].share(outer, self.stores[op.inputs[0].src.id])
+                continue
+            n = self.stores[op.id].allocate(outer)
             if n:
                 self.stats.memory.add(n)
 

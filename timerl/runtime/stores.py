@@ -27,14 +27,18 @@ class BlockStore:
 
     __slots__ = ("blocks", "extent", "elem", "dtype", "zeros", "nbytes_of", "block_bytes")
 
-    def __init__(self, extent: int, elem: tuple[int, ...], dtype: Any, backend: Any) -> None:
+    def __init__(
+        self, extent: int, elem: tuple[int, ...], dtype: Any, backend: Any, owns: bool = True
+    ) -> None:
         self.blocks: dict[tuple, tuple[Any, np.ndarray]] = {}  # outer -> (rows, written mask)
         self.extent = extent
         self.elem = elem
         self.dtype = dtype
         self.zeros = backend.zeros
         self.nbytes_of = backend.nbytes
-        self.block_bytes = int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
+        # an alias's blocks are another store's memory: freeing them releases nothing
+        size = int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.block_bytes = size if owns else 0
 
     # --- what the executors call -----------------------------------------------------------
     def allocate(self, outer: tuple) -> int:
@@ -46,6 +50,13 @@ class BlockStore:
             np.zeros(self.extent, dtype=bool),
         )
         return self.block_bytes
+
+    def share(self, outer: tuple, base: BlockStore) -> int:
+        """Make the block of ``outer`` a view of ``base``'s, rows reshaped to this elem."""
+        if outer not in self.blocks:
+            rows = base.blocks[outer][0].reshape((self.extent, *self.elem))
+            self.blocks[outer] = (rows, np.zeros(self.extent, dtype=bool))
+        return 0
 
     def rows(self, outer: tuple, start: int, stop: int) -> Any:
         """A view of rows ``start:stop`` of the block of ``outer``."""
@@ -129,6 +140,7 @@ class StorePlan:
         self.storage = storage
         self.blocks: dict[int, Op] = {}
         self.views = {i for i, s in storage.items() if s.kind == "view"}
+        self.aliases = {i for i, s in storage.items() if s.kind == "alias"}
         self.allocations: dict[int, list[Op]] = {}  # id(loop) -> blocks it allocates
 
         def visit(body: list, loop: Loop | None) -> None:
@@ -137,7 +149,8 @@ class StorePlan:
                     visit(s.body, s)
                 elif isinstance(s, Compute) and loop is not None:
                     st = storage.get(s.op.id)
-                    if st is not None and st.kind == "block" and s.op.id not in self.blocks:
+                    kind = st.kind if st is not None else "point"
+                    if kind in ("block", "alias") and s.op.id not in self.blocks:
                         self.blocks[s.op.id] = s.op
                         self.allocations.setdefault(id(loop), []).append(s.op)
 
@@ -149,7 +162,9 @@ class StorePlan:
         for op in ops:
             if op.id in self.blocks:
                 elem = tuple(int(s.value) for s in op.shape)
-                out[op.id] = BlockStore(self.storage[op.id].extent or 0, elem, op.dtype, backend)
+                extent = self.storage[op.id].extent or 0
+                owns = op.id not in self.aliases
+                out[op.id] = BlockStore(extent, elem, op.dtype, backend, owns)
             else:
                 out[op.id] = {}
         return out
@@ -162,6 +177,9 @@ class StorePlan:
         lines = []
         for op in self.allocated_by(loop):
             outer = _key([name_of(d) for d in op.domain[:-1]])
+            if op.id in self.aliases:
+                lines.append(f"S{op.id}.share({outer}, S{op.inputs[0].src.id})")
+                continue
             lines.append(f"M[0] += S{op.id}.allocate({outer})")
             lines.append("if M[0] > M[1]: M[1] = M[0]")
         return lines
@@ -169,6 +187,8 @@ class StorePlan:
     def block_write_src(self, op: Op, var: str, name_of: Callable) -> list[str]:
         outer = _key([name_of(d) for d in op.domain[:-1]])
         last = name_of(op.domain[-1])
+        if op.id in self.aliases:  # the row is already there: its base's row, reshaped
+            return [f"BL{op.id}[{outer}][1][{last}] = True"]
         return [f"_b = BL{op.id}[{outer}]", f"_b[0][{last}] = {var}", f"_b[1][{last}] = True"]
 
     def block_read_src(self, edge: Edge, src_of: Callable) -> str | None:

@@ -1,0 +1,197 @@
+"""The memory a schedule needs, known before it runs, and the budget check on it.
+
+``planned_peak`` replays the schedule's compute and memory statements with the program's
+static bounds, counting what the run's meter counts: each point's bytes from its static
+shape, a block's rows once when its loop starts, views and aliases of blocks nothing. A
+training program's outer loop repeats the same work, so at most ``MAX_OUTER`` iterations of a
+long top-level loop are replayed. A dynamic dim is replayed to its cap; one without a cap
+makes the peak unknown (``None``).
+
+``check_budget`` turns a peak over ``ctx.compile(memory_budget=...)`` into a compile-time
+``MemoryBudgetError`` naming the smallest budget that fits and the tensor holding the most
+bytes at the peak, so a program that would not fit never starts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from timerl.compiler.storage import Storage
+from timerl.errors import MemoryBudgetError
+from timerl.ir.graph import Op
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.symbolic import TRUE, Bound, Symbol
+
+MAX_OUTER = 3  # iterations of a long top-level loop replayed (its later ones repeat them)
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 2**40,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(value: int | str) -> int:
+    """Bytes from an int or a string such as ``"256MiB"``, ``"1.5GB"``, ``"4096"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory budget {value!r} is not a size")
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ValueError(
+                f"memory budget {value!r} is not a size: write bytes or e.g. '256MiB', '2GB'"
+            )
+        n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise ValueError(f"memory budget {value!r} must be positive")
+    return n
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class PlannedPeak:
+    """The peak of live bytes the schedule reaches, and who holds them then."""
+
+    peak_bytes: int | None  # None: not known before the run (see ``note``)
+    holders: list[tuple[str, int]] = field(default_factory=list)  # (tensor, bytes), largest first
+    note: str = ""
+
+
+def planned_peak(
+    sched: Schedule,
+    ops: Iterable[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    dynamic: Mapping[Bound, int | None],
+) -> PlannedPeak:
+    ops = list(ops)
+    env: dict[Symbol, int] = {b: int(v) for b, v in static.items()}
+    for b, cap in dynamic.items():
+        if cap is None:
+            return PlannedPeak(None, note=f"{b.name} is dynamic without a cap")
+        env[b] = int(cap)
+    labels = {op.id: op.label for op in ops}
+    live: dict[int, dict[tuple, int]] = {}
+    per_op: dict[int, int] = {}
+    state = {"total": 0, "peak": 0, "at_peak": {}}
+    notes: list[str] = []
+
+    def add(op_id: int, key: tuple, n: int) -> None:
+        points = live.setdefault(op_id, {})
+        old = points.get(key, 0)
+        points[key] = n
+        per_op[op_id] = per_op.get(op_id, 0) + n - old
+        state["total"] += n - old
+        if state["total"] > state["peak"]:
+            state["peak"] = state["total"]
+            state["at_peak"] = {k: v for k, v in per_op.items() if v}
+
+    def drop(op_id: int, keys: list[tuple]) -> None:
+        points = live.get(op_id, {})
+        for key in keys:
+            n = points.pop(key, 0)
+            per_op[op_id] = per_op.get(op_id, 0) - n
+            state["total"] -= n
+
+    def nbytes(op: Op) -> int:
+        size = 1
+        for s in op.shape:
+            size *= int(s.evaluate(env))
+        return size * np.dtype(op.dtype).itemsize
+
+    blocks_of: dict[int, list[Op]] = {}
+
+    def find_blocks(body: list[Stmt], loop: Loop | None) -> None:
+        for s in body:
+            if isinstance(s, Loop):
+                find_blocks(s.body, s)
+            elif isinstance(s, Compute) and loop is not None:
+                st = storage.get(s.op.id)
+                if st is not None and st.kind == "block":
+                    blocks_of.setdefault(id(loop), []).append(s.op)
+
+    find_blocks(sched.body, None)
+
+    def run(body: list[Stmt], depth: int) -> None:
+        for s in body:
+            if isinstance(s, Compute):
+                op = s.op
+                kind = storage.get(op.id, _POINT).kind
+                if kind != "point" or (op.guard != TRUE and not op.guard.evaluate(env)):
+                    continue
+                add(op.id, tuple(env[d] for d in op.domain), nbytes(op))
+            elif isinstance(s, Free):
+                free(s)
+            else:
+                for op in blocks_of.get(id(s), []):
+                    st = storage[op.id]
+                    outer = tuple(env[d] for d in op.domain[:-1])
+                    add(op.id, outer, nbytes(op) * int(st.extent or 0))
+                extent = env[s.dim.bound]
+                points = list(range(extent)) if s.forward else list(range(extent - 1, -1, -1))
+                if depth == 0 and extent > MAX_OUTER:
+                    points = points[:MAX_OUTER]
+                    notes.append(f"the first {MAX_OUTER} of {extent} iterations over {s.dim.name}")
+                for p in points:
+                    env[s.dim] = p
+                    run(s.body, depth + 1)
+                env.pop(s.dim, None)
+
+    def free(s: Free) -> None:
+        op = s.op
+        points = live.get(op.id)
+        if not points:
+            return
+        key = tuple(int(p.evaluate(env)) for p in s.prefix)
+        if s.pinned and key and key[-1] in {int(p.evaluate(env)) for p in s.pinned}:
+            return
+        n = len(key)
+        drop(op.id, [k for k in points if k[:n] == key])
+
+    run(sched.body, 0)
+    holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
+    note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
+    return PlannedPeak(int(state["peak"]), holders, note)
+
+
+_POINT = Storage("point", "")
+
+
+def check_budget(plan: PlannedPeak, budget: int) -> None:
+    """Raise ``MemoryBudgetError`` when the planned peak exceeds ``budget`` bytes."""
+    if plan.peak_bytes is None or plan.peak_bytes <= budget:
+        return
+    top = plan.holders[0] if plan.holders else ("?", 0)
+    others = ", ".join(f"{name} {format_bytes(b)}" for name, b in plan.holders[1:4])
+    raise MemoryBudgetError(
+        f"the program needs {format_bytes(plan.peak_bytes)} ({plan.peak_bytes} bytes) at its "
+        f"peak, over the memory budget of {format_bytes(budget)} ({budget} bytes); the "
+        f"smallest budget that fits is memory_budget={plan.peak_bytes}. The largest tensor "
+        f"live then is {top[0]} ({format_bytes(top[1])})"
+        + (f"; next: {others}" if others else "")
+        + ". Lower the batch (envs x steps) or the observation size, or raise the budget."
+    )
