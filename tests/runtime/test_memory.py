@@ -95,5 +95,5 @@ def test_a_budget_is_bytes_or_a_size_string():
     assert parse_bytes("1.5 GB") == 1_500_000_000
     assert parse_bytes("64k") == 64 * 1024
     for bad in ("lots", "12 parsecs", 0, -5, "0MiB"):
-        with pytest.raises(ValueError, match="memory budget"):
+        with pytest.raises(tl.MemoryBudgetError, match="memory budget"):
             parse_bytes(bad)

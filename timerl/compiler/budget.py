@@ -49,19 +49,19 @@ _UNITS = {
 def parse_bytes(value: int | str) -> int:
     """Bytes from an int or a string such as ``"256MiB"``, ``"1.5GB"``, ``"4096"``."""
     if isinstance(value, bool):
-        raise ValueError(f"memory budget {value!r} is not a size")
+        raise MemoryBudgetError(f"memory budget {value!r} is not a size")
     if isinstance(value, (int, np.integer)):
         n = int(value)
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
         unit = m.group(2).lower() if m else None
         if m is None or unit not in _UNITS:
-            raise ValueError(
+            raise MemoryBudgetError(
                 f"memory budget {value!r} is not a size: write bytes or e.g. '256MiB', '2GB'"
             )
         n = int(float(m.group(1)) * _UNITS[unit])
     if n <= 0:
-        raise ValueError(f"memory budget {value!r} must be positive")
+        raise MemoryBudgetError(f"memory budget {value!r} must be positive")
     return n
 
 

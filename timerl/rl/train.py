@@ -218,6 +218,7 @@ def train(
     total_steps: int | None = None,
     backend: str = "numpy",
     device: str = "cpu",
+    memory_budget: int | str | None = None,
     log_dir: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -233,7 +234,8 @@ def train(
     ``config`` holds only the settings to override; on ``resume`` they must equal the
     checkpoint's. ``iterations`` or ``total_steps`` set the length; on ``resume`` a larger
     value continues the run further. ``log_every``: without a progress bar, print one line
-    every that many iterations (0: never).
+    every that many iterations (0: never). ``memory_budget``: see ``ctx.compile``; a program
+    over it fails before training starts.
     """
     if checkpoint_every < 1:
         raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
@@ -272,7 +274,9 @@ def train(
         row = stack([program.metrics[k].float() for k in names])
         sink(row, lambda value, point: seen.__setitem__(point["i"], value))
     bounds = {"I": iterations + 1, **program.bounds}
-    prog = program.ctx.compile(bounds=bounds, backend=backend, device=device, seed=cfg.seed)
+    prog = program.ctx.compile(
+        bounds=bounds, backend=backend, device=device, seed=cfg.seed, memory_budget=memory_budget
+    )
     ex = prog.executor()
     fingerprint = structure_fingerprint(prog)
     history: list[dict[str, Any]] = []
