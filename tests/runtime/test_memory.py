@@ -97,3 +97,13 @@ def test_a_budget_is_bytes_or_a_size_string():
     for bad in ("lots", "12 parsecs", 0, -5, "0MiB"):
         with pytest.raises(tl.MemoryBudgetError, match="memory budget"):
             parse_bytes(bad)
+
+
+def test_train_refuses_a_budget_too_small_before_training(capsys):
+    from timerl.cli import main
+
+    argv = ["train", "reinforce", "--env", "CartPole-v1", "--steps", "64", "--num-envs", "2"]
+    code = main([*argv, "--num-steps", "32", "--memory-budget", "1KiB", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0 and "memory budget of 1.0 KiB" in err and "memory_budget=" in err
+    assert main([*argv, "--num-steps", "32", "--memory-budget", "512MiB", "--no-progress"]) == 0

@@ -247,6 +247,10 @@ class CodeGen:
         op = stmt.op
         if op.id in self.plan.blocks:
             key = self.key_src([self.names.src(p) for p in stmt.prefix])
+            if stmt.pinned:  # (an alias only: a block is never freed around pinned points)
+                pins = self.key_src([self.names.src(p) for p in stmt.pinned])
+                self.emit(depth, f"if {self.names.src(stmt.prefix[-1])} not in {pins}:")
+                depth += 1
             self.emit(depth, self.plan.block_free_src(stmt, key))
             return
         n = 0 if op.id in self.plan.views else _static_nbytes(op)

@@ -341,7 +341,14 @@ class Executor:
         if not stmt.prefix:
             return lambda env: meter.sub(store.free_all())
         fn = _compile(list(stmt.prefix))
-        return lambda env: meter.sub(store.free_prefix(tuple(fn(env))))
+        pins = _compile(list(stmt.pinned)) if stmt.pinned else None  # (an alias only)
+
+        def free(env: dict) -> None:
+            key = tuple(fn(env))
+            if pins is None or key[-1] not in pins(env):
+                meter.sub(store.free_prefix(key))
+
+        return free
 
     def _allocate_blocks(self, loop: Loop, env: dict) -> None:
         for op in self.plan.allocated_by(loop):
