@@ -261,8 +261,9 @@ class CodeGen:
             else:
                 self.emit(depth, f"M[0] -= {size}")
             return
+        view = "_VIEW" if op.id in self.plan.views else ""  # a view's values hold no bytes
         if not stmt.prefix:
-            self.emit(depth, f"FREE_ALL(S{op.id}, M)")
+            self.emit(depth, f"FREE_ALL{view}(S{op.id}, M)")
             return
         key = self.key_src([self.names.src(p) for p in stmt.prefix])
         if stmt.pinned:
@@ -273,7 +274,7 @@ class CodeGen:
             self.emit(depth, f"_x = S{op.id}.pop({key}, None)")
             self.emit(depth, f"if _x is not None: M[0] -= {n if n is not None else 'NB(_x)'}")
         else:
-            self.emit(depth, f"FREE_PREFIX(S{op.id}, {key}, M)")
+            self.emit(depth, f"FREE_PREFIX{view}(S{op.id}, {key}, M)")
 
     def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
         for line in self.plan.allocate_src(loop, self.names.of):
@@ -326,6 +327,8 @@ class CodeGen:
             TRUTH=self.backend.truth,
             FREE_ALL=functools.partial(_free_all, nbytes=self.backend.nbytes),
             FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
+            FREE_ALL_VIEW=functools.partial(_free_all, nbytes=_no_bytes),
+            FREE_PREFIX_VIEW=functools.partial(_free_prefix, nbytes=_no_bytes),
         )
         head = []
         for b, v in static_bounds.items():
@@ -353,6 +356,10 @@ class CodeGen:
         code = compile(src, "<timerl schedule>", "exec")
         exec(code, self.ns)  # noqa: S102 - our own generated source
         return self.ns["run"]
+
+
+def _no_bytes(value: Any) -> int:
+    return 0
 
 
 def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:
