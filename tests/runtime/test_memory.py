@@ -107,3 +107,23 @@ def test_train_refuses_a_budget_too_small_before_training(capsys):
     err = capsys.readouterr().err
     assert code != 0 and "memory budget of 1.0 KiB" in err and "memory_budget=" in err
     assert main([*argv, "--num-steps", "32", "--memory-budget", "512MiB", "--no-progress"]) == 0
+
+
+def test_planned_peak_of_a_plain_recurrence_is_the_measured_peak():
+    """One loop over t holding every point (outputs are kept): replayed in full, not cut
+    short like a training loop."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(64,), domain=(t,))
+        x[0] = tl.zeros((64,))
+        x[t + 1] = x[t] * 0.5 + 1.0
+        ret = tl.RecurrentTensor.placeholder(shape=(64,), domain=(t,))
+        ret[t.eq(T - 1)] = x
+        ret[True] = x + 0.9 * ret[t + 1]
+        prefix = x[0 : t + 1].mean(0)
+    prog = ctx.compile(bounds={T: 40}, outputs=[ret, prefix])
+    planned = prog.planned_peak()
+    prog.run()
+    assert planned.peak_bytes == prog.stats()["peak_bytes"]
+    assert planned.note == "replayed in full"

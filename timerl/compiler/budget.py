@@ -3,8 +3,9 @@
 ``planned_peak`` replays the schedule's compute and memory statements with the program's
 static bounds, counting what the run's meter counts: each point's bytes from its static
 shape, a block's rows once when its loop starts, views and aliases of blocks nothing. A
-training program's outer loop repeats the same work, so at most ``MAX_OUTER`` iterations of a
-long top-level loop are replayed. A dynamic dim is replayed to its cap; one without a cap
+training program's outer loop repeats the same work: a top-level loop around other loops
+stops being replayed once its live bytes are equal after ``MAX_OUTER`` consecutive
+iterations (a heuristic: an iteration whose guards pick other branches later is not seen). A dynamic dim is replayed to its cap; one without a cap
 makes the peak unknown (``None``).
 
 ``check_budget`` turns a peak over ``ctx.compile(memory_budget=...)`` into a compile-time
@@ -26,7 +27,7 @@ from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Symbol
 
-MAX_OUTER = 3  # iterations of a long top-level loop replayed (its later ones repeat them)
+MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
 
 _UNITS = {
     "": 1,
@@ -152,13 +153,22 @@ def planned_peak(
                     outer = tuple(env[d] for d in op.domain[:-1])
                     add(op.id, outer, nbytes(op) * int(st.extent or 0))
                 extent = env[s.dim.bound]
-                points = list(range(extent)) if s.forward else list(range(extent - 1, -1, -1))
-                if depth == 0 and extent > MAX_OUTER:
-                    points = points[:MAX_OUTER]
-                    notes.append(f"the first {MAX_OUTER} of {extent} iterations over {s.dim.name}")
-                for p in points:
+                points = range(extent) if s.forward else range(extent - 1, -1, -1)
+                # a top-level loop around loops (a training loop) whose live bytes are the
+                # same after consecutive iterations repeats itself: stop replaying it
+                outer = depth == 0 and any(isinstance(x, Loop) for x in s.body)
+                ends: list[int] = []
+                for k, p in enumerate(points):
                     env[s.dim] = p
                     run(s.body, depth + 1)
+                    ends.append(state["total"])
+                    if outer and k + 1 >= MAX_OUTER and ends[-1] == ends[-2] == ends[-3]:
+                        if k + 1 < extent:
+                            notes.append(
+                                f"{k + 1} of {extent} iterations over {s.dim.name} (the live "
+                                "bytes no longer change from one to the next)"
+                            )
+                        break
                 env.pop(s.dim, None)
 
     def free(s: Free) -> None:
