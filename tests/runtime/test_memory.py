@@ -127,3 +127,46 @@ def test_planned_peak_of_a_plain_recurrence_is_the_measured_peak():
     prog.run()
     assert planned.peak_bytes == prog.stats()["peak_bytes"]
     assert planned.note == "replayed in full"
+
+
+def _idle_block():
+    """``x`` is written, idle while ``y``'s loop runs, then read whole: a block to swap."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((1024,), domain=(t,))
+        x[0] = tl.full((1024,), 1.0)
+        x[t + 1] = x[t] * 0.5 + 1.0
+        y = tl.RecurrentTensor.placeholder((1024,), domain=(t,))
+        y[0] = x[T - 1] * 2.0
+        y[t + 1] = y[t] * 0.9
+        out = x[0:T] @ y[0:T].sum(0)
+    return ctx, out
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_an_idle_block_is_swapped_to_disk_under_a_budget(backend, compiled):
+    block = 100 * 1024 * 4
+    ctx, out = _idle_block()
+    free = ctx.compile(bounds={"T": 100}, outputs=[out], backend=backend)
+    free.run(compiled=compiled)
+    assert free.stats()["peak_bytes"] > 2 * block  # both blocks live while y is written
+    budget = int(1.5 * block)
+    prog = ctx.compile(bounds={"T": 100}, outputs=[out], backend=backend, memory_budget=budget)
+    assert "swap out" in prog.schedule.dump() and "swap:" in prog.explain()
+    prog.run(compiled=compiled)
+    stats = prog.stats()
+    assert stats["peak_bytes"] <= budget and stats["peak_bytes"] == stats["planned_peak_bytes"]
+    assert stats["swapped_bytes"] == 2 * block  # written once, read back once
+    np.testing.assert_array_equal(prog.value(out), free.value(out))
+
+
+def test_a_budget_swapping_cannot_meet_names_the_smallest_that_fits():
+    ctx, out = _idle_block()
+    with pytest.raises(tl.MemoryBudgetError) as err:
+        ctx.compile(bounds={"T": 100}, outputs=[out], memory_budget=100_000)
+    fits = int(str(err.value).split("memory_budget=")[1].split(".")[0])
+    prog = ctx.compile(bounds={"T": 100}, outputs=[out], memory_budget=fits)
+    prog.run()
+    assert prog.stats()["peak_bytes"] == fits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -12,7 +13,7 @@ import numpy as np
 from timerl.api.program import Program
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
-from timerl.compiler.budget import check_budget, parse_bytes, planned_peak
+from timerl.compiler.budget import check_budget, parse_bytes, plan_swaps
 from timerl.compiler.pipeline import compile as compile_program
 from timerl.compiler.spec import freeze
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
@@ -222,17 +223,21 @@ class Context(Scope):
         compiled = compile_program(spec, optimize=optimize)
         planned = None
         if budget is not None:
-            planned = compiled.report.timed(
+            spec_c = compiled.spec
+            swapped, planned, notes = compiled.report.timed(
                 "memory budget",
-                lambda: planned_peak(
+                lambda: plan_swaps(
                     compiled.schedule,
-                    compiled.spec.ops,
+                    list(spec_c.ops),
                     compiled.storage,
-                    compiled.spec.static,
-                    compiled.spec.dynamic,
+                    spec_c.static,
+                    spec_c.dynamic,
+                    budget,
                 ),
             )
+            compiled.report.notes.extend(notes)
             check_budget(planned, budget)
+            compiled = dataclasses.replace(compiled, schedule=swapped)
         return Program(
             compiled,
             make_backend(backend, device),

@@ -152,6 +152,8 @@ class Program:
         if self.memory_budget is not None:
             out["memory_budget"] = self.memory_budget
             out["planned_peak_bytes"] = self.planned_peak().peak_bytes
+        if self._last is not None:
+            out["swapped_bytes"] = self._last.swapped_bytes()
         device_peak = self.backend.device_peak_bytes()
         if device_peak is not None:
             out["device_peak_bytes"] = device_peak

@@ -24,7 +24,7 @@ import numpy as np
 from timerl.compiler.storage import Storage
 from timerl.errors import MemoryBudgetError
 from timerl.ir.graph import Op
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Symbol
 
 MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
@@ -125,6 +125,7 @@ def planned_peak(
         return size * np.dtype(op.dtype).itemsize
 
     blocks_of: dict[int, list[Op]] = {}
+    swapped: dict[tuple, int] = {}  # (op id, outer) -> bytes on disk
 
     def find_blocks(body: list[Stmt], loop: Loop | None) -> None:
         for s in body:
@@ -147,6 +148,17 @@ def planned_peak(
                 add(op.id, tuple(env[d] for d in op.domain), nbytes(op))
             elif isinstance(s, Free):
                 free(s)
+            elif isinstance(s, SwapOut):
+                key = tuple(int(p.evaluate(env)) for p in s.prefix)
+                points = live.get(s.op.id, {})
+                gone = [k for k in points if k[: len(key)] == key]
+                swapped.update({(s.op.id, k): points[k] for k in gone})
+                drop(s.op.id, gone)
+            elif isinstance(s, SwapIn):
+                key = tuple(int(p.evaluate(env)) for p in s.prefix)
+                back = [sk for sk in swapped if sk[0] == s.op.id and sk[1][: len(key)] == key]
+                for sk in back:
+                    add(s.op.id, sk[1], swapped.pop(sk))
             else:
                 for op in blocks_of.get(id(s), []):
                     st = storage[op.id]
@@ -203,5 +215,93 @@ def check_budget(plan: PlannedPeak, budget: int) -> None:
         f"smallest budget that fits is memory_budget={plan.peak_bytes}. The largest tensor "
         f"live then is {top[0]} ({format_bytes(top[1])})"
         + (f"; next: {others}" if others else "")
-        + ". Lower the batch (envs x steps) or the observation size, or raise the budget."
+        + ". Swapping idle blocks to disk does not bring it lower. Lower the batch "
+        "(envs x steps) or the observation size, or raise the budget."
     )
+
+
+def plan_swaps(
+    sched: Schedule,
+    ops: list[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    dynamic: Mapping[Bound, int | None],
+    budget: int,
+) -> tuple[Schedule, PlannedPeak, list[str]]:
+    """Swap block stores to disk where that brings the planned peak under ``budget``.
+
+    A candidate is a block (no alias or view of it) that is idle between two statements of
+    the body holding its loop: after the loop that writes it (or a reader) and before its next
+    reader. Candidates are tried largest first; a swap is kept when it lowers the peak.
+    """
+    plan = planned_peak(sched, ops, storage, static, dynamic)
+    notes: list[str] = []
+    if plan.peak_bytes is None or plan.peak_bytes <= budget:
+        return sched, plan, notes
+    shared = {s.base for s in storage.values() if s.kind in ("alias", "view")}
+    blocks = {i for i, s in storage.items() if s.kind == "block" and i not in shared}
+    by_id = {op.id: op for op in ops}
+    candidates: list[tuple[int, tuple, int, int]] = []  # (op id, body path, after, before)
+
+    def reads(stmt: Stmt, op_id: int) -> bool:
+        if isinstance(stmt, Compute):
+            return any(e.src.id == op_id for e in stmt.op.inputs)
+        if isinstance(stmt, Loop):
+            return any(reads(x, op_id) for x in stmt.body)
+        return False
+
+    def visit(body: list[Stmt], path: tuple) -> None:
+        for k, s in enumerate(body):
+            if not isinstance(s, Loop):
+                continue
+            visit(s.body, path + (k,))
+            for x in s.body:
+                if isinstance(x, Compute) and x.op.id in blocks:
+                    uses = [k] + [j for j in range(k + 1, len(body)) if reads(body[j], x.op.id)]
+                    for a, b in zip(uses, uses[1:], strict=False):
+                        if b - a > 1:
+                            candidates.append((x.op.id, path, a, b))
+
+    visit(sched.body, ())
+    nbytes = {i: int(storage[i].extent or 0) * _row_bytes(by_id[i]) for i in blocks}
+    candidates.sort(key=lambda c: -nbytes[c[0]] * (c[3] - c[2]))
+    for op_id, path, after, before in candidates:
+        op = by_id[op_id]
+        prefix = tuple(op.domain[:-1])
+        trial = Schedule(
+            _insert(
+                sched.body,
+                (),
+                {(path, after): SwapOut(op, prefix)},
+                {(path, before): SwapIn(op, prefix)},
+            )
+        )
+        tried = planned_peak(trial, ops, storage, static, dynamic)
+        if tried.peak_bytes is not None and tried.peak_bytes < (plan.peak_bytes or 0):
+            sched, plan = trial, tried
+            notes.append(f"swap: {op.label} to disk while it is idle")
+            if plan.peak_bytes is not None and plan.peak_bytes <= budget:
+                break
+    return sched, plan, notes
+
+
+def _insert(
+    body: list[Stmt], path: tuple, after: Mapping[tuple, Stmt], before: Mapping[tuple, Stmt]
+) -> list[Stmt]:
+    out: list[Stmt] = []
+    for k, s in enumerate(body):
+        if (path, k) in before:
+            out.append(before[(path, k)])
+        if isinstance(s, Loop):
+            s = Loop(s.dim, s.forward, _insert(s.body, path + (k,), after, before), s.until)
+        out.append(s)
+        if (path, k) in after:
+            out.append(after[(path, k)])
+    return out
+
+
+def _row_bytes(op: Op) -> int:
+    size = 1
+    for s in op.shape:
+        size *= int(getattr(s, "value", 1))
+    return size * np.dtype(op.dtype).itemsize

@@ -25,7 +25,7 @@ from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
 from timerl.runtime.stores import StorePlan
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
 UNBOUNDED = 2**62
@@ -318,6 +318,10 @@ class CodeGen:
                 self.compute(s.op, depth)
             elif isinstance(s, Free):
                 self.free(s, depth)
+            elif isinstance(s, (SwapOut, SwapIn)):
+                key = self.key_src([self.names.src(p) for p in s.prefix])
+                for line in self.plan.swap_src(s, key):
+                    self.emit(depth, line)
             else:
                 self.loop(s, depth, outer)
 

@@ -24,7 +24,7 @@ from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
 from timerl.runtime.codegen import CodeGen
 from timerl.runtime.stores import BlockStore, StorePlan
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
 
 
@@ -402,6 +402,10 @@ class Executor:
             self._generated[hooked] = gen.generate(self.bounds, outer)
             self.source = gen.source
 
+    def swapped_bytes(self) -> int:
+        """Bytes written to disk and read back by swaps so far."""
+        return sum(s.moved for s in self.stores.values() if isinstance(s, BlockStore))
+
     def _run_compiled(self, hooked: bool) -> None:
         self.prepare(hooked)
         fn = self._generated[hooked]
@@ -471,6 +475,13 @@ class Executor:
                 if fn is None:
                     fn = self._free_fns[id(stmt)] = self._prepare_free(stmt)
                 fn(env)
+            elif isinstance(stmt, (SwapOut, SwapIn)):
+                store = self.stores[stmt.op.id]
+                key = tuple(p.evaluate(env) for p in stmt.prefix)
+                if isinstance(stmt, SwapOut):
+                    self.stats.memory.sub(store.swap_out(key))
+                else:
+                    self.stats.memory.add(store.swap_in(key))
             else:
                 self._run_loop(stmt, env)
 

@@ -11,6 +11,10 @@ gathers work on it unchanged; a row that was never written reads as missing (``K
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -18,14 +22,36 @@ import numpy as np
 
 from timerl.compiler.storage import Storage
 from timerl.ir.graph import Edge, Op
-from timerl.schedule.program import Compute, Free, Loop, Schedule
+from timerl.schedule.program import Compute, Free, Loop, Schedule, SwapIn, SwapOut
 from timerl.symbolic import Slice
+
+_SWAP_DIR: list[str] = []
+
+
+def _swap_dir() -> str:
+    """One temporary directory per process for swapped blocks, removed at exit."""
+    if not _SWAP_DIR:
+        path = tempfile.mkdtemp(prefix="timerl-swap-")
+        atexit.register(shutil.rmtree, path, True)
+        _SWAP_DIR.append(path)
+    return _SWAP_DIR[0]
 
 
 class BlockStore:
     """Blocks of ``extent`` rows of shape ``elem``, keyed by the point of the outer dims."""
 
-    __slots__ = ("blocks", "extent", "elem", "dtype", "zeros", "nbytes_of", "block_bytes")
+    __slots__ = (
+        "blocks",
+        "extent",
+        "elem",
+        "dtype",
+        "zeros",
+        "nbytes_of",
+        "block_bytes",
+        "backend",
+        "on_disk",
+        "moved",
+    )
 
     def __init__(
         self, extent: int, elem: tuple[int, ...], dtype: Any, backend: Any, owns: bool = True
@@ -36,6 +62,9 @@ class BlockStore:
         self.dtype = dtype
         self.zeros = backend.zeros
         self.nbytes_of = backend.nbytes
+        self.backend = backend
+        self.on_disk: dict[tuple, str] = {}  # outer -> file of a swapped-out block
+        self.moved = 0  # bytes written to and read back from disk
         # an alias's blocks are another store's memory: freeing them releases nothing
         size = int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
         self.block_bytes = size if owns else 0
@@ -65,13 +94,52 @@ class BlockStore:
     def free_all(self) -> int:
         n = len(self.blocks) * self.block_bytes
         self.blocks.clear()
+        self._forget_files(())
         return n
+
+    # --- swapping to disk -------------------------------------------------------------------
+    def swap_out(self, key: tuple) -> int:
+        """Write the blocks under ``key`` to files and drop them from memory; bytes released.
+
+        Files are written and read back explicitly (``np.save``/``np.load``), never mapped,
+        so a swapped block holds no memory at all."""
+        k = len(key)
+        n = 0
+        for outer in [o for o in self.blocks if o[:k] == key]:
+            rows, written = self.blocks.pop(outer)
+            fd, path = tempfile.mkstemp(prefix="timerl-swap-", suffix=".npz", dir=_swap_dir())
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, rows=self.backend.to_numpy(rows), written=written)
+            self.on_disk[outer] = path
+            n += self.block_bytes
+        self.moved += n
+        return n
+
+    def swap_in(self, key: tuple) -> int:
+        """Read back the blocks under ``key`` that ``swap_out`` wrote; bytes taken again."""
+        k = len(key)
+        n = 0
+        for outer in [o for o in self.on_disk if o[:k] == key]:
+            path = self.on_disk.pop(outer)
+            with np.load(path) as data:
+                rows, written = self.backend.asarray(data["rows"].copy()), data["written"].copy()
+            os.unlink(path)
+            self.blocks[outer] = (rows, written)
+            n += self.block_bytes
+        self.moved += n
+        return n
+
+    def _forget_files(self, key: tuple) -> None:
+        k = len(key)
+        for outer in [o for o in self.on_disk if o[:k] == key]:
+            os.unlink(self.on_disk.pop(outer))
 
     def free_prefix(self, key: tuple) -> int:
         k = len(key)
         gone = [outer for outer in self.blocks if outer[:k] == key]
         for outer in gone:
             del self.blocks[outer]
+        self._forget_files(key)
         return len(gone) * self.block_bytes
 
     # --- the dict interface of a point store -----------------------------------------------
@@ -201,6 +269,11 @@ class StorePlan:
             return f"{rows}[{src_of(last.start)}:{src_of(last.stop)}]"
         # ``[k, ...]`` keeps a 0-d row an array (``[k]`` would give a numpy scalar)
         return f"{rows}[{src_of(last)}, ...]"
+
+    def swap_src(self, stmt: SwapOut | SwapIn, key: str) -> list[str]:
+        if isinstance(stmt, SwapOut):
+            return [f"M[0] -= S{stmt.op.id}.swap_out({key})"]
+        return [f"M[0] += S{stmt.op.id}.swap_in({key})", "if M[0] > M[1]: M[1] = M[0]"]
 
     def block_free_src(self, stmt: Free, key: str) -> str:
         if not stmt.prefix:
