@@ -105,6 +105,7 @@ def default_systems() -> dict[str, System]:
                 ("torch",),
                 _timerl_profile("torch"),
             ),
+            System("timerl_jax", "timerl", "*", _timerl("jax"), ("jax",), _timerl_profile("jax")),
             System(
                 "torch_ppo",
                 "baseline",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -61,3 +63,19 @@ def test_layers_import_only_earlier_layers():
             elif LAYERS.index(target) > LAYERS.index(layer):
                 bad.append(f"{mod} -> {imp}")
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_public_names_load_lazily_and_all_of_them_resolve():
+    """``import timerl.graphopt`` stays light (graphopt stands alone), and every name of
+    ``timerl.__all__`` still resolves."""
+    code = (
+        "import sys, timerl.graphopt.cli; "
+        "print(any(m.startswith(('timerl.api', 'timerl.compiler')) for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+    import timerl
+
+    for name in timerl.__all__:
+        assert getattr(timerl, name) is not None, name
+    assert sorted(timerl.__all__) == sorted(set(timerl.__all__))

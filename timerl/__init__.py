@@ -1,28 +1,14 @@
-"""timerl: deep RL programs as recurrent tensors, compiled and scheduled as a whole."""
+"""timerl: deep RL programs as recurrent tensors, compiled and scheduled as a whole.
 
-from timerl.api import distributions, nn, optim
-from timerl.api.context import Context, evaluate, from_numpy
-from timerl.api.functional import (
-    arange,
-    cat,
-    exp,
-    full,
-    log,
-    max,
-    maximum,
-    min,
-    minimum,
-    ones,
-    rand,
-    randn,
-    sink,
-    stack,
-    tanh,
-    where,
-    zeros,
-)
-from timerl.api.program import Program
-from timerl.api.tensor import RecurrentTensor
+The public names load on first use (PEP 562): ``import timerl.graphopt`` (which stands alone)
+or ``timerl --help`` must not pay for the compiler, numpy's and gymnasium's imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from timerl.errors import (
     BackendError,
     BoundError,
@@ -34,29 +20,69 @@ from timerl.errors import (
     TimerlError,
     UndefinedPointError,
 )
-from timerl.symbolic import Slice
 from timerl.version import __version__  # noqa: F401 (public)
+
+if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
+    from timerl.api import distributions, nn, optim
+    from timerl.api.context import Context, evaluate, from_numpy
+    from timerl.api.functional import (
+        arange,
+        cat,
+        exp,
+        full,
+        log,
+        max,
+        maximum,
+        min,
+        minimum,
+        ones,
+        rand,
+        randn,
+        sink,
+        stack,
+        tanh,
+        where,
+        zeros,
+    )
+    from timerl.api.program import Program
+    from timerl.api.tensor import RecurrentTensor
+    from timerl.symbolic import Slice
+
+_FUNCTIONAL = (
+    "arange cat exp full log max maximum min minimum ones rand randn sink stack tanh where zeros"
+)
+# public name -> (module, attribute; None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    **{name: ("timerl.api.functional", name) for name in _FUNCTIONAL.split()},
+    "distributions": ("timerl.api.distributions", None),
+    "nn": ("timerl.api.nn", None),
+    "optim": ("timerl.api.optim", None),
+    "rl": ("timerl.rl", None),
+    "Context": ("timerl.api.context", "Context"),
+    "evaluate": ("timerl.api.context", "evaluate"),
+    "from_numpy": ("timerl.api.context", "from_numpy"),
+    "Program": ("timerl.api.program", "Program"),
+    "RecurrentTensor": ("timerl.api.tensor", "RecurrentTensor"),
+    "Slice": ("timerl.symbolic", "Slice"),
+}
 
 __all__ = [
     "BackendError",
     "BoundError",
-    "Context",
     "CycleError",
     "MemoryBudgetError",
     "OutOfRangeError",
-    "Program",
     "ProgramError",
-    "RecurrentTensor",
     "ShapeError",
-    "Slice",
     "TimerlError",
     "UndefinedPointError",
+    "Context",
+    "Program",
+    "RecurrentTensor",
+    "Slice",
     "arange",
-    "distributions",
-    "nn",
-    "optim",
-    "rl",
     "cat",
+    "distributions",
     "evaluate",
     "exp",
     "from_numpy",
@@ -66,9 +92,12 @@ __all__ = [
     "maximum",
     "min",
     "minimum",
+    "nn",
     "ones",
+    "optim",
     "rand",
     "randn",
+    "rl",
     "sink",
     "stack",
     "tanh",
@@ -77,10 +106,17 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # ``tl.rl`` imports gymnasium: load it on first use so ``import timerl`` stays quick.
-    if name == "rl":
-        import importlib
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'timerl' has no attribute {name!r}") from None
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
 
-        return importlib.import_module("timerl.rl")
-    raise AttributeError(f"module 'timerl' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -25,7 +25,7 @@ def _rollout(elem: int = 256):
     with ctx:
         obs = tl.RecurrentTensor.placeholder((elem,), domain=(i, t))
         obs[i, 0] = tl.full((elem,), 1.0) * tl.full((), i)
-        obs[i, t + 1] = (obs[i, t] * 0.9).tanh() + tl.rand((elem,), like=obs)
+        obs[i, t + 1] = (obs[i, t] * 0.9).tanh() + 0.1
         batch = obs[i, 0:T].detach()
         loss = batch.sum(0).sum(0) + obs[i, 0:T].mean(0).sum(0)
         first = obs[i, T - 1].sum(0)

@@ -226,7 +226,9 @@ def test_user_function_is_never_vectorised():
     assert _reason(prog, "twice") == "it is a user function"
 
 
-def test_random_and_effects_are_declined():
+def test_random_is_batched_and_effects_read_views():
+    """A random op draws from a key that is a pure function of its point, so one batched draw
+    over t equals the T draws point by point; a sink still sees every point, in order."""
     ctx, i, t, big_i, big_t = ctx_it()
     with ctx:
         x = tl.from_numpy(_rand(2, 3, 3, seed=21), domain=(i, t))
@@ -236,13 +238,43 @@ def test_random_and_effects_are_declined():
         tl.sink(y, lambda value, point: seen.append((point["i"], point["t"], value.sum())))
         total = y[i, 0:big_t].sum()
     prog = _both([total], {}, "numpy")
-    assert _reason(prog, "noise") == "it is random"
+    assert _vectorised(prog, "noise")
     assert _vectorised(prog, "y")  # the sink reads a view of its batch, point by point
     seen.clear()
     prog.run()
     want = tl.evaluate([y], optimize=False)[0].sum(-1)
     assert [(p, q) for p, q, _ in seen] == [(p, q) for p in range(2) for q in range(3)]
     close([v for _, _, v in seen], want.reshape(-1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batched_draws_equal_point_draws_for_shifted_and_shared_keys(backend):
+    """Keys that move with t by an offset or a factor, or not at all, batch exactly; a key
+    that is not affine in t stays in the loop; along the outermost dim nothing is batched."""
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 4, 2, seed=3), domain=(i, t))
+        shifted = tl.randn((2,), like=x, key_at=(i, t * 2 + 1)).named("shifted")
+        shared = tl.randn((2,), like=x, key_at=(i,)).named("shared")
+        clamped = tl.rand((2,), like=x, key_at=(tl.min(t, 2),)).named("clamped")
+        y = (x * shifted + shared * clamped).named("y")
+        total = y[i, 0:big_t].sum()
+    prog = _both([y, total], {}, backend)
+    assert _vectorised(prog, "shifted") and _vectorised(prog, "shared")
+    assert "not affine" in _reason(prog, "clamped")
+    values = tl.evaluate([shifted, shared], optimize=False)
+    assert not np.allclose(values[0][0, 0], values[0][0, 1])  # fresh numbers per point
+    np.testing.assert_array_equal(values[1][0, 0], values[1][0, 3])  # one key, one draw
+
+
+def test_random_over_the_outermost_dim_stays_in_its_loop():
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        w = tl.from_numpy(_rand(3, 2, seed=4), domain=(i,))
+        noise = tl.randn((2,), like=w).named("noise")
+        total = (w * noise).named("wn")
+    prog = _both([total], {}, "numpy")
+    assert "outermost dim" in _reason(prog, "noise")
 
 
 def test_cost_cap_declines_large_batches(monkeypatch):

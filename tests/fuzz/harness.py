@@ -43,12 +43,14 @@ class Config:
         return f"{self.backend}{'' if self.optimize else ', optimize=False'}"
 
 
-def configs(torch_too: bool, unoptimised: bool = True) -> list[Config]:
+def configs(torch_too: bool, unoptimised: bool = True, jax_too: bool = False) -> list[Config]:
     out = [Config("numpy")]
     if HAS_OPTIMIZE_FLAG and unoptimised:
         out.append(Config("numpy", optimize=False))
     if torch_too:
         out.append(Config("torch"))
+    if jax_too:
+        out.append(Config("jax"))
     return out
 
 
@@ -103,15 +105,18 @@ def run_config(program: Program, cfg: Config) -> list:
         raise Finding(f"raw exception in evaluate ({cfg})", _short(exc), program) from exc
 
 
-def check(program: Program, torch_too: bool = False, unoptimised: bool = True) -> None:
+def check(
+    program: Program, torch_too: bool = False, unoptimised: bool = True, jax_too: bool = False
+) -> None:
     """Raise ``Finding`` unless every configuration matches the reference value for value.
 
     Always the numpy backend with every optimisation on; ``unoptimised`` adds the
-    ``optimize=False`` reference where timerl has it, ``torch_too`` the torch backend.
+    ``optimize=False`` reference where timerl has it, ``torch_too`` the torch backend and
+    ``jax_too`` the jax backend (with its jitted regions).
     """
     want = program.reference_values()
     grads = program.reference_grads() if program.grad else {}
-    for cfg in configs(torch_too, unoptimised):
+    for cfg in configs(torch_too, unoptimised, jax_too):
         got = run_config(program, cfg)
         outs = program.outputs
         for t, g in zip(outs, got[: len(outs)], strict=True):

@@ -7,7 +7,9 @@ point; gradient examples also compare every input's ``.grad`` with torch autogra
 same reference. A failure prints the shrunk program as runnable timerl source.
 
 ``TIMERL_FUZZ_EXAMPLES`` sets the total number of programs (default 2,000, split over the tests
-below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
+below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_JAX_EXAMPLES`` (default 20) sets
+how many further programs ``test_jax_backend`` checks on the jax backend (each compiles jitted
+regions, so they cost more). ``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
 and fails at the end with each distinct failure (unshrunk) instead of stopping at the first.
 """
 
@@ -74,15 +76,25 @@ def known_rejection(f: Finding) -> bool:
     return f.kind.startswith("rejected") and f.detail.startswith(KNOWN_REJECTIONS)
 
 
-def fuzz(name: str) -> None:
-    """Check ``examples(name)`` programs; the first failure is shrunk and printed."""
+# the jax backend's own run: programs drawn apart from the others, each checked on numpy and
+# on jax (jitted regions); ``TIMERL_FUZZ_JAX_EXAMPLES`` programs in all (values, gradients)
+JAX_EXAMPLES = int(os.environ.get("TIMERL_FUZZ_JAX_EXAMPLES", "20"))
+
+
+def fuzz(name: str, jax: bool = False) -> None:
+    """Check ``examples(name)`` programs; the first failure is shrunk and printed.
+
+    ``jax``: instead, ``JAX_EXAMPLES`` programs (shared by the values and gradients tests),
+    each on numpy and on the jax backend only.
+    """
     _, grad, two, max_stages = TESTS[name]
     findings: list[Finding] = []
     known: list[Finding] = []
+    count = max(1, JAX_EXAMPLES // 2) if jax else examples(name)
 
-    @seed(zlib.crc32(name.encode()))
+    @seed(zlib.crc32((name + ("/jax" if jax else "")).encode()))
     @settings(
-        max_examples=examples(name),
+        max_examples=count,
         derandomize=True,
         deadline=None,
         database=None,
@@ -94,7 +106,10 @@ def fuzz(name: str) -> None:
         program, torch_too, unoptimised = case
         note(program.source())
         try:
-            check(program, torch_too=torch_too, unoptimised=unoptimised)
+            if jax:
+                check(program, unoptimised=False, jax_too=True)
+            else:
+                check(program, torch_too=torch_too, unoptimised=unoptimised)
         except Finding as f:
             if known_rejection(f):
                 known.append(f)
@@ -107,7 +122,7 @@ def fuzz(name: str) -> None:
     if known:
         kinds = sorted({signature(f) for f in known})
         warnings.warn(
-            f"{name}: {len(known)} of {examples(name)} valid programs rejected at compile time "
+            f"{name}: {len(known)} of {count} valid programs rejected at compile time "
             f"(known scheduler limitation): {'; '.join(kinds)}",
             stacklevel=1,
         )
@@ -115,7 +130,7 @@ def fuzz(name: str) -> None:
         groups: dict[str, list[Finding]] = {}
         for f in findings:
             groups.setdefault(signature(f), []).append(f)
-        text = [f"{len(findings)} of {examples(name)} programs failed, {len(groups)} ways:"]
+        text = [f"{len(findings)} of {count} programs failed, {len(groups)} ways:"]
         for sig, fs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             text.append(f"\n[{len(fs)}x] {sig}\n{min(fs, key=lambda f: len(str(f)))}")
         pytest.fail("\n".join(text), pytrace=False)
@@ -140,6 +155,12 @@ def test_gradients_t():
 
 def test_gradients_it():
     fuzz("grads_it")
+
+
+@pytest.mark.parametrize("name", ["values_t", "grads_t"])
+def test_jax_backend(name):
+    pytest.importorskip("jax")
+    fuzz(name, jax=True)
 
 
 def test_the_reference_is_independent_of_timerl():

@@ -157,3 +157,19 @@ def test_pinned_nodes_stay_on_their_device():
     for seed in range(5):
         sol = p.decode(np.random.default_rng(seed).random(p.num_keys))
         assert sol.placement[3] == 1 and sol.placement[10] == 0
+
+
+def test_scoring_over_processes_gives_the_same_search():
+    """``jobs`` only spreads a generation's scoring: same best, history and evaluation count,
+    for memory and for runtime with placement (budget not a multiple of the population)."""
+    g = random_graph(120, seed=3)
+    for p in (Problem(g), Problem(g, "runtime", Cluster.make(2, memory_limit=None))):
+        seeds = list(portfolio_solutions(p).values())
+        one = brkga(p, budget=437, seeds=seeds, seed=5)
+        two = brkga(p, budget=437, seeds=seeds, seed=5, jobs=2)
+        assert (one.value, one.evaluations, one.history) == (
+            two.value,
+            two.evaluations,
+            two.history,
+        )
+        assert one.solution.order.tolist() == two.solution.order.tolist()

@@ -223,3 +223,95 @@ def test_reference_semantics_fold_constants_through_impl():
     prog.run()
     np.testing.assert_array_equal(prog.value(x), [12.0, 13.0, 14.0])
     assert not any(op.prim == "sum" for op in prog.ops)
+
+
+# --- the jax backend's lowerings ---------------------------------------------------------------
+
+try:
+    import jax
+    import jax.numpy as jnp
+
+    from timerl.runtime import jax_lowering
+except ImportError:  # the numpy-only install
+    jax = None
+needs_jax = pytest.mark.skipif(jax is None, reason="needs the jax extra")
+
+
+def _to_jax(x):
+    if isinstance(x, np.ndarray):
+        return jnp.asarray(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_jax(v) for v in x)
+    return x
+
+
+@needs_jax
+def test_every_primitive_but_host_calls_has_a_jax_lowering_and_a_case():
+    host = {n for n, p in prims.REGISTRY.items() if p.traits.host}
+    assert set(jax_lowering.LOWERINGS) == set(prims.REGISTRY) - host
+    assert set(CASES) == set(jax_lowering.LOWERINGS)
+    with pytest.raises(KeyError, match="'tanh' already has a jax lowering"):
+        jax_lowering.register_lowering("tanh", jnp.tanh)
+
+
+@needs_jax
+@pytest.mark.parametrize(
+    ("name", "k"), [(n, k) for n, cases in CASES.items() for k in range(len(cases))]
+)
+def test_jax_lowering_matches_numpy_reference(name, k):
+    """Eagerly and under ``jax.jit`` (static attributes closed over, as a region does)."""
+    inputs, attrs = CASES[name][k]
+    ref = np.asarray(prims.REGISTRY[name].impl(*inputs, **attrs))
+    fn = jax_lowering.LOWERINGS[name]
+    j_attrs = {a: _to_jax(v) if a == "value" else v for a, v in attrs.items()}
+    with jax.enable_x64(True):
+        eager = np.asarray(fn(*[_to_jax(x) for x in inputs], **j_attrs))
+        jitted = np.asarray(jax.jit(lambda *xs: fn(*xs, **j_attrs))(*_to_jax(inputs)))
+    # as for torch, the backend casts a mixed-dtype elementwise result to the declared dtype
+    cast_by_backend = prims.REGISTRY[name].traits.elementwise and any(
+        np.asarray(x).dtype != ref.dtype for x in inputs
+    )
+    for got in (eager, jitted):
+        assert got.shape == ref.shape
+        if not cast_by_backend:
+            assert got.dtype == ref.dtype, (got.dtype, ref.dtype)
+        if np.issubdtype(ref.dtype, np.floating):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(got, ref)
+
+
+@needs_jax
+def test_jax_random_lowerings_draw_the_reference_numbers_for_a_key():
+    for name in ("uniform", "normal"):
+        with jax.enable_x64(True):
+            a = np.asarray(jax_lowering.LOWERINGS[name]((3,), "float64", (1, 2, 3)))
+            b = np.asarray(jax_lowering.LOWERINGS[name]((3,), "float64", (1, 2, 4)))
+        np.testing.assert_array_equal(a, prims.get(name).impl((3,), "float64", (1, 2, 3)))
+        assert a.dtype == np.float64
+        assert not np.array_equal(a, b)
+
+
+@needs_jax
+def test_jax_traced_attributes_are_taken_as_traced_scalars():
+    """An attribute in ``TRACED_ATTRS`` may be a tracer inside ``jax.jit``: one trace serves
+    every value, and each value gives the reference's result."""
+    assert set(jax_lowering.TRACED_ATTRS) <= set(jax_lowering.LOWERINGS)
+    for name, names in jax_lowering.TRACED_ATTRS.items():
+        for inputs, attrs in CASES[name]:
+            fixed = {a: v for a, v in attrs.items() if a not in names}
+            traces = []
+
+            def run(xs, traced, fixed=fixed, fn=jax_lowering.LOWERINGS[name], traces=traces):
+                traces.append(1)
+                return fn(*xs, **fixed, **traced)
+
+            jitted = jax.jit(run)
+            for bump in (0, 1):
+                varied = {a: attrs[a] + bump for a in names}
+                ref = np.asarray(prims.REGISTRY[name].impl(*inputs, **fixed, **varied))
+                with jax.enable_x64(True):
+                    got = np.asarray(jitted(_to_jax(list(inputs)), varied))
+                np.testing.assert_allclose(got, ref, rtol=1e-6)
+                assert got.dtype == ref.dtype
+            assert len(traces) == 1, name

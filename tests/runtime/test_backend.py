@@ -18,7 +18,7 @@ from timerl.runtime.numpy_backend import NumpyBackend
 
 def test_unknown_backend_names_the_choices():
     with pytest.raises(
-        BackendError, match=r"unknown backend 'jx'; choose one of \['numpy', 'torch'\]"
+        BackendError, match=r"unknown backend 'jx'; choose one of \['jax', 'numpy', 'torch'\]"
     ):
         make_backend("jx")
 

@@ -224,12 +224,14 @@ class Context(Scope):
         planned = None
         if budget is not None:
             spec_c = compiled.spec
+            # jax keeps point stores (its arrays are immutable): plan with those
+            storage = compiled.storage if backend != "jax" else {}
             swapped, planned, notes = compiled.report.timed(
                 "memory budget",
                 lambda: plan_swaps(
                     compiled.schedule,
                     list(spec_c.ops),
-                    compiled.storage,
+                    storage,
                     spec_c.static,
                     spec_c.dynamic,
                     budget,

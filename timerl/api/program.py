@@ -103,8 +103,9 @@ class Program:
         ``compiler/budget.py``), and the tensors holding the most bytes then."""
         if self._planned is None:
             spec = self.compiled.spec
+            storage = self.compiled.storage if self.backend.name != "jax" else {}
             self._planned = planned_peak(
-                self.schedule, self.ops, self.compiled.storage, spec.static, spec.dynamic
+                self.schedule, self.ops, storage, spec.static, spec.dynamic
             )
         return self._planned
 
@@ -154,6 +155,9 @@ class Program:
             out["planned_peak_bytes"] = self.planned_peak().peak_bytes
         if self._last is not None:
             out["swapped_bytes"] = self._last.swapped_bytes()
+        regions = self.backend.region_stats()
+        if regions is not None:
+            out.update(regions)
         device_peak = self.backend.device_peak_bytes()
         if device_peak is not None:
             out["device_peak_bytes"] = device_peak
@@ -169,6 +173,13 @@ class Program:
         lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
         lines += [f"  {note}" for note in _notes(self.report.notes, full)]
         lines += self._storage_lines(full)
+        regions = self.backend.region_stats()
+        if regions is not None:
+            lines.append(
+                f"{self.backend.name} regions (built when the program runs): "
+                f"{regions['jit_regions']} jitted, {regions['jit_traces']} traces, "
+                f"{regions['jit_trace_compile_seconds']:.2f} s tracing and compiling"
+            )
         if full:
             lines += ["schedule:", self.schedule.dump()]
         else:

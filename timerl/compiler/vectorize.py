@@ -6,9 +6,10 @@ leading axis of size ``T``. It runs once, after ``a`` is complete, instead of ``
 
 An op X over ``t`` (``t`` the innermost dim of its domain) is vectorised when:
 
-- it is pure (no effect, host call or random key; a piecewise definition only with one
-  unconditional branch) and its primitive has a batching rule below that accepts its
-  operands (a user function never has one);
+- it is pure (no effect or host call; a piecewise definition only with one unconditional
+  branch; a random op draws from a key that is a pure function of its point, so it batches
+  too, except along the outermost dim) and its primitive has a batching rule below that
+  accepts its operands (a user function never has one);
 - every input is read at ``t`` itself or at an index that does not mention ``t`` (a read at
   ``t - 1`` is a recurrence), with no condition, and no temporal slice before ``t``'s axis;
 - its attributes and shape do not change with ``t``, and ``T`` is a static bound (a dim
@@ -210,7 +211,33 @@ def _merge_one(b: Batch) -> Batched:
     return Batched("expand", {"shape": shape}, operand_rank=_point_rank(b))
 
 
+def _random(b: Batch) -> Batched:
+    """A random op's numbers are a function of its key ``(seed, stream, *coords)``: batched,
+    the coordinates that move with the dim become ``coord at 0 + coef * arange(size)`` along
+    a new leading axis (the ``batch`` attribute), so the one draw equals the points' draws."""
+    attrs = dict(b.op.attrs)
+    coords = attrs.get("key_at") or tuple(b.op.domain)
+    moved: list[tuple[int, int]] = []
+    fixed: list[Expr] = []
+    for pos, coord in enumerate(coords):
+        if not (isinstance(coord, Expr) and b.dim in coord.symbols()):
+            fixed.append(coord)
+            continue
+        terms, _ = coord.linear()
+        coef = terms.get(b.dim)
+        if coef is None or any(b.dim in a.symbols() for a in terms if a is not b.dim):
+            raise Decline(f"its key coordinate {coord} is not affine in {b.dim.name}")
+        moved.append((pos, coef))
+        fixed.append(coord.substitute({b.dim: Const(0)}))
+    attrs["key_at"] = tuple(fixed)
+    attrs["batch"] = (*attrs.get("batch", ()), (b.size, tuple(moved)))
+    attrs["stream"] = attrs.get("stream", b.op.id)
+    return Batched(b.op.prim, attrs)
+
+
 RULES: dict[str, BatchRule] = {
+    "uniform": _random,
+    "normal": _random,
     "sum": _reduce,
     "max": _reduce,
     "argmax": _one_axis,
@@ -232,7 +259,11 @@ RULES: dict[str, BatchRule] = {
     "merge": _merge_one,
 }
 # attributes a rule reads per point and so may mention the dim itself
-_DIM_ATTRS: dict[str, tuple[str, ...]] = {"select_at": ("index",)}
+_DIM_ATTRS: dict[str, tuple[str, ...]] = {
+    "select_at": ("index",),
+    "uniform": ("key_at",),
+    "normal": ("key_at",),
+}
 _HIDDEN = {"stream", "adopt_domain", "pass_point"}
 
 
@@ -380,17 +411,15 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
     if op.id in roots:
         raise Decline("it is an output, effect or stop condition of the program")
     one_branch = traits.piecewise and len(op.inputs) == 1 and op.inputs[0].cond == TRUE
-    if (
-        op.effect
-        or traits.host
-        or traits.random
-        or traits.constant
-        or (traits.piecewise and not one_branch)
-    ):
+    if op.effect or traits.host or traits.constant or (traits.piecewise and not one_branch):
         kind = "a side effect" if op.effect else ("a user function" if traits.host else None)
-        kind = kind or ("random" if traits.random else None)
         kind = kind or ("a piecewise definition" if traits.piecewise else "a constant")
         raise Decline(f"it is {kind}")
+    if traits.random and spec.dims and dim is spec.dims[0]:
+        raise Decline(
+            "it is random along the outermost dim: batched, every iteration's numbers would be "
+            "held at once"
+        )
     rule = batch_rule(op.prim)
     if rule is None:
         raise Decline(f"primitive {op.prim} has no batching rule")
@@ -411,7 +440,7 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
     batched = _operands(op, dim)
     shapes = tuple(View(e.src, e.index).shape for e in op.inputs)
     answer = rule(Batch(op, batched, shapes, dim, size))
-    if not any(batched) and answer.prim != "identity":
+    if not any(batched) and answer.prim != "identity" and not traits.random:
         raise Decline(f"no input changes along {dim.name}")
     return answer, batched
 

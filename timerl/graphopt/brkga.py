@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from timerl.graphopt.decoders import Problem, Solution
+from timerl.graphopt.scoring import Scorer
 
 
 @dataclass
@@ -56,12 +57,44 @@ def brkga(
     seeds: Sequence[Solution] = (),
     seed: int = 0,
     method: str = "brkga",
+    jobs: int = 1,
 ) -> SearchResult:
     """Run BRKGA for ``budget`` decodes; seeded schedules enter the first population.
 
     Because elites survive unchanged and seeds are evaluated first, the result is never worse
-    than the best seed.
+    than the best seed. ``jobs`` processes score each generation (same result as one).
     """
+    with Scorer(problem, jobs) as score:
+        return _brkga(
+            problem,
+            score,
+            budget,
+            population,
+            elite,
+            mutant,
+            bias,
+            alpha,
+            beta,
+            seeds,
+            seed,
+            method,
+        )
+
+
+def _brkga(
+    problem: Problem,
+    score: Scorer,
+    budget: int,
+    population: int | None,
+    elite: float,
+    mutant: float,
+    bias: float | np.ndarray,
+    alpha: np.ndarray | None,
+    beta: np.ndarray | None,
+    seeds: Sequence[Solution],
+    seed: int,
+    method: str,
+) -> SearchResult:
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     m = problem.num_keys
@@ -80,25 +113,19 @@ def brkga(
             return rng.random((k, m))
         return rng.beta(a, b, size=(k, m))
 
-    evals = 0
     keys_list: list[np.ndarray] = [problem.encode(s) for s in seeds][:pop]
     if len(keys_list) < pop:
         keys_list.extend(sample(pop - len(keys_list)))
     keys = np.stack(keys_list)
-    fit = np.empty(pop)
-    sols: list[Solution] = []
-    best_val, best_sol = np.inf, None
-    for i in range(pop):
-        if evals >= budget:
-            fit[i:] = np.inf
-            sols.extend([sols[0]] * (pop - i))
-            break
-        fit[i], sol = problem.fitness(keys[i])
-        evals += 1
-        sols.append(sol)
-        if fit[i] < best_val:
-            best_val, best_sol = fit[i], sol
-    history = [float(best_val)]
+    fit = np.full(pop, np.inf)
+    first = score(keys[: min(pop, budget)])
+    evals = len(first)
+    sols: list[Solution] = [sol for _, sol in first]
+    sols.extend([sols[0]] * (pop - evals))  # never chosen: their fitness stays inf
+    fit[:evals] = [val for val, _ in first]
+    best = int(np.argmin(fit))  # the first of equals, as scoring in order would keep
+    best_val, best_sol = float(fit[best]), sols[best]
+    history = [best_val]
     while evals < budget:
         rank = np.argsort(fit, kind="stable")
         keys, fit = keys[rank], fit[rank]
@@ -111,16 +138,13 @@ def brkga(
             pn = rng.integers(n_elite, pop, n_child) if pop > n_elite else pe
             take = rng.random((n_child, m)) < rho
             new[n_mut:] = np.where(take, keys[pe], keys[pn])
-        for j in range(new.shape[0]):
-            if evals >= budget:
-                new = new[:j]
-                break
-            val, sol = problem.fitness(new[j])
-            evals += 1
+        new = new[: budget - evals]
+        for j, (val, sol) in enumerate(score(new)):
             i = n_elite + j
             keys[i], fit[i], sols[i] = new[j], val, sol
             if val < best_val:
                 best_val, best_sol = val, sol
+        evals += len(new)
         history.append(float(best_val))
     assert best_sol is not None
     return SearchResult(best_sol, float(best_val), evals, method, time.perf_counter() - t0, history)

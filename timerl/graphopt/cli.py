@@ -1,4 +1,4 @@
-"""``timerl graphopt {optimize,eval,corpus}``: argument parsing and printing only."""
+"""``timerl graphopt {optimize,eval,train,corpus}``: argument parsing and printing only."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     o.add_argument("--host", action="store_true", help="allow swapping tensors to host memory")
     o.add_argument("--time-limit", type=float, default=30.0, help="seconds, for --method exact")
     o.add_argument("--seed", type=int, default=0)
+    o.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes that score the search's schedules (same result; 2 on a 2-core machine)",
+    )
     o.add_argument("--out", type=Path, default=None, help="result JSON (default: stdout)")
     o.set_defaults(func=cmd_optimize)
 
@@ -67,6 +73,7 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     e.add_argument("--out", type=Path, default=None, help="write per-graph results JSON")
     e.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
     e.add_argument("--no-progress", action="store_true")
+    _workers_flags(e, "graphs evaluated at a time, as Ray tasks")
     e.set_defaults(func=cmd_eval)
 
     t = gsub.add_parser("train", help="train the policy on a corpus split (needs torch)")
@@ -86,12 +93,26 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     t.add_argument("--rounds", type=int, default=3)
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--seed", type=int, default=0)
+    _workers_flags(t, "searches of an update run at a time, as Ray tasks")
     t.set_defaults(func=cmd_train)
 
     c = gsub.add_parser("corpus", help="build the graph corpus")
     c.add_argument("--out", type=Path, default=Path("corpus"))
     c.add_argument("--quick", action="store_true", help="a small corpus, for smoke tests")
     c.set_defaults(func=cmd_corpus, export_program=export_program)
+
+
+def _workers_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help=f"{what} (1: in this process; more needs pip install 'timerl[ray]'); "
+        "the results are the same",
+    )
+    p.add_argument(
+        "--ray-address", default=None, help="join the Ray cluster at this address (default: local)"
+    )
 
 
 def _problem(args: argparse.Namespace, graph: Any) -> Any:
@@ -133,6 +154,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         seed=args.seed,
         time_limit=args.time_limit,
         weights=args.weights,
+        jobs=args.jobs,
     )
     text = json.dumps(result, indent=1)
     if args.out is None:
@@ -197,6 +219,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             on_graph=lambda name: progress.update(task, advance=1, description=name),
             make_problem=_problem_factory(args),
             weights=args.weights,
+            workers=args.workers,
+            ray_address=args.ray_address,
         )
     rows = summarise(records, methods)
     table = Table(
@@ -281,6 +305,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             resume=args.resume,
             minutes=args.minutes,
             progress=show,
+            workers=args.workers,
+            ray_address=args.ray_address,
         )
     finally:
         if bar is not None:

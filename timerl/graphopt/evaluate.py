@@ -43,8 +43,10 @@ def run_method(
     time_limit: float = 10.0,
     start: Solution | None = None,
     weights: str | Path | None = None,
+    jobs: int = 1,
 ) -> SearchResult:
-    """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound.
+    """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound;
+    ``jobs`` processes score the schedules of a BRKGA search (the same result as one).
 
     ``learned`` reads the policy weights at ``weights`` (default: the shipped file);
     ``untrained`` is the same network with random parameters (an ablation)."""
@@ -59,7 +61,7 @@ def run_method(
         res.evaluations += pf.evaluations
     elif name == "brkga":
         seeds = list(portfolio_solutions(problem).values())
-        res = brkga(problem, budget=budget, seeds=seeds, seed=seed)
+        res = brkga(problem, budget=budget, seeds=seeds, seed=seed, jobs=jobs)
     elif name in ("learned", "untrained"):
         from timerl.graphopt.learned import learned_search, load_policy
         from timerl.graphopt.policy import PolicyWeights
@@ -67,7 +69,7 @@ def run_method(
         policy = load_policy(weights)
         if name == "untrained":
             policy = PolicyWeights.random(policy.hidden, policy.rounds, seed=seed)
-        res = learned_search(problem, policy, budget=budget, seed=seed)
+        res = learned_search(problem, policy, budget=budget, seed=seed, jobs=jobs)
         res.method = name
     elif name == "exact":
         if not problem.single:
@@ -89,10 +91,17 @@ def optimize(
     seed: int = 0,
     time_limit: float = 10.0,
     weights: str | Path | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """The result document of ``timerl graphopt optimize``."""
     res = run_method(
-        method, problem, budget=budget, seed=seed, time_limit=time_limit, weights=weights
+        method,
+        problem,
+        budget=budget,
+        seed=seed,
+        time_limit=time_limit,
+        weights=weights,
+        jobs=jobs,
     )
     prog = program_baseline(problem).value
     out = res.solution.to_json(graph, problem.cluster)
@@ -150,12 +159,19 @@ def evaluate_corpus(
     on_graph: Callable[[str], None] | None = None,
     make_problem: Callable[[Graph], Problem] = Problem,
     weights: str | Path | None = None,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> list[GraphRecord]:
     """Run every method on every graph of the split.
 
     ``make_problem`` sets the objective and cluster per graph (default: peak memory on one
     device); the exact solver and the lower bound apply to single-device peak memory only.
+    ``workers > 1`` evaluates that many graphs at a time as Ray tasks (on the cluster at
+    ``ray_address``, or a local Ray); the records are the same, in the same order (only the
+    seconds differ, and the exact solver's result where it stops at its time limit).
     """
+    from timerl.graphopt.parallel import TaskPool
+
     for m in methods:
         if m not in METHODS + EXTRA_METHODS:
             known = ", ".join(METHODS + EXTRA_METHODS)
@@ -167,50 +183,69 @@ def evaluate_corpus(
     entries = load_index(corpus, split)
     if limit is not None:
         entries = entries[:limit]
-    records = []
-    for e in entries:
-        graph = Graph.load(Path(corpus) / e["path"])
-        rec = GraphRecord(
-            e.get("name", graph.name), e.get("kind", "synthetic"), graph.n, e.get("family", "")
-        )
-        best: tuple[float, Solution] | None = None
-        for m in methods:
-            problem = make_problem(graph)
-            if m == "exact" and (graph.n > exact_nodes or not problem.single):
-                continue
-            start = best[1] if best else None
-            res = run_method(
-                m,
-                problem,
-                budget=budget,
-                seed=seed,
-                time_limit=exact_time,
-                start=start,
-                weights=weights,
-            )
-            rec.values[m] = res.value
-            rec.seconds[m] = res.seconds
-            limit = problem.cluster.memory_limit if problem.cluster is not None else None
-            if limit and problem.sim is not None:
-                sol = res.solution
-                sim = problem.sim.run(sol.order, sol.placement, sol.swap)  # type: ignore[arg-type]
-                rec.feasible[m] = bool((sim.peaks <= limit).all())
-            if best is None or res.value < best[0]:
-                best = (res.value, res.solution)
-            if m == "exact" and res.bound is not None:
-                rec.lower_bound = max(rec.lower_bound, res.bound)
-        rec.best_known = min(rec.values.values()) if rec.values else float("inf")
-        last = make_problem(graph)
-        if last.cluster is not None and last.cluster.memory_limit:
-            rec.limit_unreachable = max_working_set(graph) > last.cluster.memory_limit
-        if graph.n <= 20_000 and make_problem(graph).single:
-            rec.lower_bound = max(rec.lower_bound, float(peak_lower_bound(graph)))
-        if rec.best_known <= rec.lower_bound:
-            rec.optimum = rec.best_known
-        records.append(rec)
+    settings = (
+        str(corpus),
+        tuple(methods),
+        budget,
+        seed,
+        exact_nodes,
+        exact_time,
+        make_problem,
+        weights,
+    )
+
+    def done(i: int, rec: GraphRecord) -> None:
         if on_graph is not None:
             on_graph(rec.name)
-    return records
+
+    with TaskPool(workers, ray_address) as pool:
+        shared = pool.put(settings)
+        return pool.map(evaluate_graph, [(e, shared) for e in entries], on_done=done)
+
+
+def evaluate_graph(entry: dict[str, Any], settings: tuple[Any, ...]) -> GraphRecord:
+    """Every method on the graph of one index entry (one task of :func:`evaluate_corpus`)."""
+    corpus, methods, budget, seed, exact_nodes, exact_time, make_problem, weights = settings
+    e = entry
+    graph = Graph.load(Path(corpus) / e["path"])
+    rec = GraphRecord(
+        e.get("name", graph.name), e.get("kind", "synthetic"), graph.n, e.get("family", "")
+    )
+    best: tuple[float, Solution] | None = None
+    for m in methods:
+        problem = make_problem(graph)
+        if m == "exact" and (graph.n > exact_nodes or not problem.single):
+            continue
+        start = best[1] if best else None
+        res = run_method(
+            m,
+            problem,
+            budget=budget,
+            seed=seed,
+            time_limit=exact_time,
+            start=start,
+            weights=weights,
+        )
+        rec.values[m] = res.value
+        rec.seconds[m] = res.seconds
+        limit = problem.cluster.memory_limit if problem.cluster is not None else None
+        if limit and problem.sim is not None:
+            sol = res.solution
+            sim = problem.sim.run(sol.order, sol.placement, sol.swap)  # type: ignore[arg-type]
+            rec.feasible[m] = bool((sim.peaks <= limit).all())
+        if best is None or res.value < best[0]:
+            best = (res.value, res.solution)
+        if m == "exact" and res.bound is not None:
+            rec.lower_bound = max(rec.lower_bound, res.bound)
+    rec.best_known = min(rec.values.values()) if rec.values else float("inf")
+    last = make_problem(graph)
+    if last.cluster is not None and last.cluster.memory_limit:
+        rec.limit_unreachable = max_working_set(graph) > last.cluster.memory_limit
+    if graph.n <= 20_000 and make_problem(graph).single:
+        rec.lower_bound = max(rec.lower_bound, float(peak_lower_bound(graph)))
+    if rec.best_known <= rec.lower_bound:
+        rec.optimum = rec.best_known
+    return rec
 
 
 def _pct(base: float, val: float) -> float:

@@ -62,8 +62,10 @@ def learned_search(
     seed: int = 0,
     action: np.ndarray | None = None,
     seeds: dict[str, Solution] | None = None,
+    jobs: int = 1,
 ) -> SearchResult:
-    """BRKGA with the policy's proposals (``action`` overrides the network's mean action)."""
+    """BRKGA with the policy's proposals (``action`` overrides the network's mean action);
+    ``jobs`` processes score its schedules."""
     t0 = time.perf_counter()
     if seeds is None:
         seeds = portfolio_solutions(problem)
@@ -80,6 +82,7 @@ def learned_search(
         seeds=start,
         seed=seed,
         method="learned",
+        jobs=jobs,
     )
     res.seconds = time.perf_counter() - t0
     return res

@@ -38,6 +38,7 @@ from timerl.graphopt.decoders import Problem, Solution
 from timerl.graphopt.features import GraphFeatures
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.learned import learned_search, problem_features
+from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.perfmodel import Cluster, PeakMemory
 from timerl.graphopt.policy import (
     OUTPUTS,
@@ -207,8 +208,13 @@ def train(
     minutes: float | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     log: Callable[[str], None] = print,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> PolicyWeights:
-    """Train for ``iterations`` updates (or ``minutes`` of wall time); write weights to ``out``."""
+    """Train for ``iterations`` updates (or ``minutes`` of wall time); write weights to ``out``.
+
+    ``workers > 1`` runs each update's searches as Ray tasks (on the cluster at
+    ``ray_address``, or a local Ray): the same samples, rewards and weights as one worker."""
     torch = _torch()
     torch.set_num_threads(1)
     out = Path(out)
@@ -230,69 +236,77 @@ def train(
     show = progress or _lines(log)
     t_start = time.perf_counter() - state["seconds"]
     recent: list[float] = []
-    while state["iteration"] < iterations:
-        if minutes is not None and time.perf_counter() - t_start > 60 * minutes:
-            log(f"stopping at the time limit ({minutes:g} min)")
-            break
-        it = state["iteration"]
-        rng = np.random.default_rng([config.seed, it])
-        fresh = []
-        for _ in range(config.batch):
-            k = _pick(rng, tasks, config.runtime_share)
-            task = tasks[k]
-            with torch.no_grad():
-                mean = net.forward(k, task.feats)
-                std = net.log_std().exp()
-            z = mean + std * torch.tensor(rng.standard_normal(mean.shape), dtype=torch.float32)
-            cols = used_columns(task.groups)
-            with torch.no_grad():
-                lp = float(net.mean_logp(mean, z, cols))
-            s = int(rng.integers(config.uniform_seeds))
-            base = uniform_value(task, config.budget, s)
-            val = learned_search(
-                task.problem,
-                weights,
-                budget=config.budget,
-                seed=s,
-                action=z.numpy(),
-                seeds=task.seeds,
-            ).value
-            reward = 0.0 if base <= 0 else (base - val) / base
-            fresh.append((k, z.numpy().copy(), reward, lp))
-            recent.append(reward)
-            state["samples"] += 1
-        # per-problem baseline, updated with the fresh rewards
-        for k, _, r, _ in fresh:
-            baseline[k] = r if np.isnan(baseline[k]) else 0.9 * baseline[k] + 0.1 * r
-        batch = list(fresh)
-        if replay:
-            pick = rng.choice(
-                len(replay), size=min(config.replay_batch, len(replay)), replace=False
-            )
-            batch.extend(replay[i] for i in pick.tolist())
-        replay.extend(fresh)
-        del replay[: max(0, len(replay) - config.replay)]
-        adv = np.array([r - baseline[k] for k, _, r, _ in batch])
-        scale = adv.std() + 1e-4 if len(adv) > 1 else 1.0
-        loss = 0.0
-        for (k, z, _, lp_old), a in zip(batch, adv / scale, strict=True):
-            mean = net.forward(k, tasks[k].feats)
-            lp = net.mean_logp(mean, torch.tensor(z), used_columns(tasks[k].groups))
-            ratio = (lp - lp_old).clamp(-20, 20).exp()
-            surr = torch.minimum(ratio * a, ratio.clamp(1 - config.clip, 1 + config.clip) * a)
-            loss = loss - surr / len(batch)
-        loss = loss - config.entropy * net.log_std().sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        weights = net.to_weights({"trained": True})
-        state["iteration"] = it + 1
-        state["seconds"] = time.perf_counter() - t_start
-        mean_r = 100 * float(np.mean(recent[-40:]))
-        show(state["iteration"], iterations, f"reward {mean_r:+.2f}% vs uniform (last 40)")
-        if state["iteration"] % checkpoint_every == 0 or state["iteration"] == iterations:
-            _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
+    pool = TaskPool(workers, ray_address)
+    shared = [pool.put((t.problem, t.seeds)) for t in tasks]
+    try:
+        while state["iteration"] < iterations:
+            if minutes is not None and time.perf_counter() - t_start > 60 * minutes:
+                log(f"stopping at the time limit ({minutes:g} min)")
+                break
+            it = state["iteration"]
+            rng = np.random.default_rng([config.seed, it])
+            drawn = []
+            for _ in range(config.batch):
+                k = _pick(rng, tasks, config.runtime_share)
+                task = tasks[k]
+                with torch.no_grad():
+                    mean = net.forward(k, task.feats)
+                    std = net.log_std().exp()
+                z = mean + std * torch.tensor(rng.standard_normal(mean.shape), dtype=torch.float32)
+                cols = used_columns(task.groups)
+                with torch.no_grad():
+                    lp = float(net.mean_logp(mean, z, cols))
+                s = int(rng.integers(config.uniform_seeds))
+                drawn.append((k, z.numpy().copy(), lp, s))
+            # the searches (uniform BRKGA where not cached, and the steered one) are independent:
+            # run them together, on Ray tasks with workers > 1
+            missing = sorted({(k, s) for k, _, _, s in drawn if s not in tasks[k].uniform})
+            calls = [(shared[k], config.budget, s, None, None) for k, s in missing]
+            calls += [(shared[k], config.budget, s, weights, z) for k, z, _, s in drawn]
+            values = pool.map(search_value, calls)
+            for (k, s), v in zip(missing, values, strict=False):
+                tasks[k].uniform[s] = v
+            fresh = []
+            for (k, z, lp, s), val in zip(drawn, values[len(missing) :], strict=True):
+                base = tasks[k].uniform[s]
+                reward = 0.0 if base <= 0 else (base - val) / base
+                fresh.append((k, z, reward, lp))
+                recent.append(reward)
+                state["samples"] += 1
+            # per-problem baseline, updated with the fresh rewards
+            for k, _, r, _ in fresh:
+                baseline[k] = r if np.isnan(baseline[k]) else 0.9 * baseline[k] + 0.1 * r
+            batch = list(fresh)
+            if replay:
+                pick = rng.choice(
+                    len(replay), size=min(config.replay_batch, len(replay)), replace=False
+                )
+                batch.extend(replay[i] for i in pick.tolist())
+            replay.extend(fresh)
+            del replay[: max(0, len(replay) - config.replay)]
+            adv = np.array([r - baseline[k] for k, _, r, _ in batch])
+            scale = adv.std() + 1e-4 if len(adv) > 1 else 1.0
+            loss = 0.0
+            for (k, z, _, lp_old), a in zip(batch, adv / scale, strict=True):
+                mean = net.forward(k, tasks[k].feats)
+                lp = net.mean_logp(mean, torch.tensor(z), used_columns(tasks[k].groups))
+                ratio = (lp - lp_old).clamp(-20, 20).exp()
+                surr = torch.minimum(ratio * a, ratio.clamp(1 - config.clip, 1 + config.clip) * a)
+                loss = loss - surr / len(batch)
+            loss = loss - config.entropy * net.log_std().sum()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            weights = net.to_weights({"trained": True})
+            state["iteration"] = it + 1
+            state["seconds"] = time.perf_counter() - t_start
+            mean_r = 100 * float(np.mean(recent[-40:]))
+            show(state["iteration"], iterations, f"reward {mean_r:+.2f}% vs uniform (last 40)")
+            if state["iteration"] % checkpoint_every == 0 or state["iteration"] == iterations:
+                _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
+    finally:
+        pool.close()
     _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
     final = net.to_weights(
         {
@@ -306,6 +320,22 @@ def train(
     final.save(out)
     log(f"wrote {out} after {state['iteration']} updates, {state['seconds']:.0f}s")
     return final
+
+
+def search_value(
+    shared: tuple[Problem, dict[str, Solution]],
+    budget: int,
+    seed: int,
+    weights: PolicyWeights | None,
+    action: np.ndarray | None,
+) -> float:
+    """One search's value: uniform BRKGA (``weights`` None) or BRKGA steered by ``action``."""
+    problem, seeds = shared
+    if weights is None:
+        return brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed).value
+    return learned_search(
+        problem, weights, budget=budget, seed=seed, action=action, seeds=seeds
+    ).value
 
 
 def _pick(rng: np.random.Generator, tasks: list[Task], runtime_share: float) -> int:

@@ -12,13 +12,14 @@ Composite ops (softmax, losses, distributions) are built from these in ``api/``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from timerl.errors import ShapeError
+from timerl.ir import counter_rng
 from timerl.ir.shapes import ONE, broadcast, norm_axis, promote
 from timerl.symbolic import Const, Expr, as_expr
 
@@ -756,16 +757,12 @@ register(
 )
 
 
-def _rng(key: Sequence[int]) -> np.random.Generator:
-    return np.random.default_rng([k & 0xFFFFFFFF for k in key])
+def _np_uniform(shape, dtype, key, batch=()):
+    return counter_rng.uniform(np, key, tuple(shape), dtype, batch)
 
 
-def _np_uniform(shape, dtype, key):
-    return _rng(key).random(tuple(shape), dtype=np.float64).astype(dtype)
-
-
-def _np_normal(shape, dtype, key):
-    return _rng(key).standard_normal(tuple(shape)).astype(dtype)
+def _np_normal(shape, dtype, key, batch=()):
+    return counter_rng.normal(np, key, tuple(shape), dtype, batch)
 
 
 # Random values are a pure function of (seed, op, point): the same on every backend and in any

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from timerl.errors import ProgramError
+from timerl.runtime.backend import BACKENDS
 
 # config fields with their own flags (or none: env_kwargs via --env-kwargs)
 _SPECIAL = {"env_id", "seed", "hidden", "env_kwargs"}
@@ -139,8 +140,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"total env steps (default: {DEFAULT_STEPS:,}; on --resume: the run's own)",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
-    p.add_argument("--backend", default="numpy", choices=["numpy", "torch"], help="array backend")
-    p.add_argument("--device", default="cpu", help="device for the torch backend")
+    p.add_argument("--backend", default="numpy", choices=sorted(BACKENDS), help="array backend")
+    p.add_argument("--device", default="cpu", help="device for the torch or jax backend")
     p.add_argument(
         "--memory-budget",
         default=None,
@@ -152,6 +153,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="run directory: metrics.csv, TensorBoard logs (tb/), config.json, checkpoints/ "
         "(default: none, nothing is written)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="step the envs on this many Ray actor processes (0: in this process; needs "
+        "pip install 'timerl[ray]'); the same seed gives the same returns",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="join the Ray cluster at this address with --workers (default: a local Ray)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --log-dir")
     p.add_argument(
@@ -326,6 +339,8 @@ def _train(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
         progress=not args.no_progress and sys.stderr.isatty(),
         log_every=args.log_every,
+        workers=args.workers,
+        ray_address=args.ray_address,
     )
     print(result.summary())
     return 0

@@ -14,6 +14,7 @@ import numpy as np
 
 from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor
+from timerl.errors import EnvError
 from timerl.ir.build import apply
 from timerl.ir.graph import View
 from timerl.rl.envs import VectorEnv
@@ -66,8 +67,6 @@ class Env:
         vec = self.vec
         want = (self.num_envs, *self.action_shape)
         if tuple(action.shape) != want:
-            from timerl.errors import EnvError
-
             raise EnvError(
                 f"{vec.env_id}.step: actions must have shape {want}, got {tuple(action.shape)}"
             )
@@ -118,8 +117,39 @@ class Env:
 
 
 def make_env(
-    env_id: str, num_envs: int = 1, seed: int = 0, backend: str = "gymnasium", **kwargs: Any
+    env_id: str,
+    num_envs: int = 1,
+    seed: int = 0,
+    backend: str = "gymnasium",
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    **kwargs: Any,
 ) -> Env:
     """``tl.rl.make_env``: a seeded batch of environments usable inside a program;
-    ``backend="envpool"`` simulates it with envpool (``pip install "timerl[envpool]"``)."""
+    ``backend="envpool"`` simulates it with envpool (``pip install "timerl[envpool]"``).
+
+    ``workers=N`` (N >= 1) steps the batch on N Ray actors (``pip install "timerl[ray]"``),
+    joining the Ray cluster at ``ray_address`` or starting a local one; same seed, same
+    trajectories. ``None`` takes the enclosing :func:`timerl.rl.ray_env.env_workers` setting
+    (0, no Ray, outside one)."""
+    from timerl.rl.ray_env import placement
+
+    workers, ray_address = placement(workers, ray_address)
+    if workers < 0:
+        raise EnvError(f"{env_id}: workers must be 0 (no Ray) or more, got {workers}")
+    if workers:
+        from timerl.rl.ray_env import RayVectorEnv
+
+        return Env(
+            RayVectorEnv(
+                env_id,
+                num_envs,
+                seed,
+                backend,
+                workers=workers,
+                ray_address=ray_address,
+                **kwargs,
+            )
+        )
     return Env(make_vector_env(env_id, num_envs=num_envs, seed=seed, backend=backend, **kwargs))

@@ -15,6 +15,12 @@ inverse map drives the error to zero: with the default 250-step episodes (every 
 to its end; nothing terminates early), zero or random actions score about -240 and the best
 policy about -5.
 
+``step_cost_us`` makes each env step cost that many microseconds of busy CPU work (thread CPU
+time; default 0): a stand-in for a real simulator, so that scaling the envs out over processes (see
+:mod:`timerl.rl.ray_env`) has something to spread. ``first_env`` numbers the envs from that
+index, so a batch split into slices (``first_env=0, 32, ...``) steps exactly the envs of the
+whole batch.
+
 Randomness (the first state of each episode) comes from a counter-based hash of
 ``(seed, env index, episode number)`` rather than from a stateful generator, so the numpy
 version here and the JAX version in :mod:`timerl.rl.jax_envs` run the very same arithmetic
@@ -23,6 +29,7 @@ version here and the JAX version in :mod:`timerl.rl.jax_envs` run the very same 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,8 +156,16 @@ class SyntheticVectorEnv(VectorEnv):
         episode_length: int = 250,
         action_dim: int = 2,
         state_dim: int | None = None,
+        step_cost_us: float = 0.0,
+        first_env: int = 0,
     ) -> None:
         super().__init__(ENV_ID, num_envs, seed)
+        if float(step_cost_us) < 0 or int(first_env) < 0:
+            raise EnvError(
+                f"{ENV_ID}: step_cost_us and first_env must not be negative, "
+                f"got {step_cost_us} and {first_env}"
+            )
+        self.step_cost_us = float(step_cost_us)
         self.params = make_params(seed, obs_shape, episode_length, action_dim, state_dim)
         p = self.params
         self._arrays = {"projection": p.projection, "control": p.control, "target": p.target}
@@ -162,7 +177,7 @@ class SyntheticVectorEnv(VectorEnv):
         self.action_low = -np.ones(p.action_dim, dtype=np.float32)
         self.action_high = np.ones(p.action_dim, dtype=np.float32)
         self._seed32 = np.uint32(self.seed % 2**32)
-        self._env_index = np.arange(self.num_envs, dtype=np.uint32)
+        self._env_index = np.arange(first_env, first_env + self.num_envs, dtype=np.uint32)
         self._episode = np.zeros(self.num_envs, dtype=np.uint32)
         self._t = np.zeros(self.num_envs, dtype=np.int64)
         self._state = np.zeros((self.num_envs, p.state_dim), dtype=np.float32)
@@ -182,6 +197,8 @@ class SyntheticVectorEnv(VectorEnv):
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         p = self.params
+        if self.step_cost_us:
+            _busy(self.step_cost_us * self.num_envs * 1e-6)
         nxt, reward, obs = transition(np, self._arrays, p, self._state, actions)
         self._t += 1
         truncated = self._t >= p.episode_length
@@ -210,6 +227,14 @@ class SyntheticVectorEnv(VectorEnv):
         self._t = np.array(state["t"], dtype=np.int64)
         self._state = np.array(state["state"], dtype=np.float32)
         return True
+
+
+def _busy(seconds: float) -> None:
+    """Spin for ``seconds`` of this thread's CPU time: CPU work, as a simulator's, so that on a
+    loaded machine it takes longer, as a real simulator would."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 def _make(num_envs: int = 1, seed: int = 0, **kwargs: Any) -> SyntheticVectorEnv:

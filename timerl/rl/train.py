@@ -45,6 +45,7 @@ from timerl.rl.checkpoint import (
     named_state,
 )
 from timerl.rl.evaluation import infer_activations
+from timerl.rl.ray_env import env_workers
 from timerl.rl.registry import ALGOS
 from timerl.rl.tblog import ScalarWriter, tensorboard_available
 
@@ -228,14 +229,18 @@ def train(
     log_every: int = 0,
     echo: Callable[[str], None] = _echo,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
+    workers: int = 0,
+    ray_address: str | None = None,
 ) -> TrainResult:
     """Train ``algo`` (any entry of ``ALGOS``); see ``timerl train --help`` for the options.
 
     ``config`` holds only the settings to override; on ``resume`` they must equal the
     checkpoint's. ``iterations`` or ``total_steps`` set the length; on ``resume`` a larger
     value continues the run further. ``log_every``: without a progress bar, print one line
-    every that many iterations (0: never). ``memory_budget``: see ``ctx.compile``; a program
-    over it fails before training starts.
+    every that many iterations (0: never). ``workers``: step the envs on that many Ray actors
+    (0: in this process), on the cluster at ``ray_address`` or a local Ray; the returns are
+    the same, so it is not part of the config (a resume must use the same number, though).
+    ``memory_budget``: see ``ctx.compile``; a program over it fails before training starts.
     """
     if checkpoint_every < 1:
         raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
@@ -250,9 +255,17 @@ def train(
             raise CheckpointError(f"checkpoint {ckpt.path} is for {saved['algo']!r}, not {algo!r}")
         _check_same_config(algo, config, saved["config"], log_path)
         config = saved["config"]
+        sim = ckpt.env_state().get("sim")
+        saved_workers = len(sim.get("bounds", [])) if isinstance(sim, dict) else 0
+        if saved_workers != workers:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} holds the envs' state of {saved_workers} Ray workers; "
+                f"resume with --workers {saved_workers} (not {workers})"
+            )
     elif log_path is not None:
         _prepare_log_dir(log_path, overwrite)
-    program = build(algo, dict(config or {}))
+    with env_workers(workers, ray_address):
+        program = build(algo, dict(config or {}))
     cfg: AlgoConfig = program.config
     per_iter = program.steps_per_iteration
     start = 0 if ckpt is None else ckpt.iteration + 1

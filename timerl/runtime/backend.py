@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,8 @@ class Backend:
     threads than multiplying (measured: 935 us vs 8 us per 8x4x64 matmul)."""
 
     name = "abstract"
+    # whether ``fuse`` compiles a run of pure statements into one function (jax: jax.jit)
+    fuses = False
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         self.device = device
@@ -85,11 +87,22 @@ class Backend:
     def device_peak_bytes(self) -> int | None:
         return None
 
+    def fuse(self, key: Hashable, fn: Callable[..., tuple]) -> Callable[..., tuple]:
+        """``fn(static, *arrays)`` (pure: a tuple of arrays out) compiled as one unit, cached
+        by ``key`` for this backend's life, ``static`` a hashable its trace may depend on;
+        only backends with ``fuses`` implement it."""
+        raise BackendError(f"the {self.name} backend does not compile regions")
+
+    def region_stats(self) -> dict[str, Any] | None:
+        """Counts and seconds of region compilation, for ``prog.stats()``; None if none."""
+        return None
+
 
 # name -> (module, class, the package it needs and the extra that installs it)
 BACKENDS: dict[str, tuple[str, str, str | None, str | None]] = {
     "numpy": ("timerl.runtime.numpy_backend", "NumpyBackend", None, None),
     "torch": ("timerl.runtime.torch_backend", "TorchBackend", "torch", "torch"),
+    "jax": ("timerl.runtime.jax_backend", "JaxBackend", "jax", "jax"),
 }
 
 

@@ -24,6 +24,7 @@ from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
+from timerl.runtime.regions import Fusion
 from timerl.runtime.stores import StorePlan
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
@@ -90,6 +91,8 @@ class CodeGen:
         }
         self.lines: list[str] = []
         self.locals = self._local_ops()
+        # runs of pure statements compiled as one function, on backends that can (jax)
+        self.fusion = Fusion(self) if backend.fuses else None
 
     # --- which values can live in locals -------------------------------------------------------
     def _local_ops(self) -> set[int]:
@@ -313,7 +316,7 @@ class CodeGen:
     def body(self, stmts: list[Stmt], depth: int, outer: Loop | None) -> None:
         if not stmts:
             self.emit(depth, "pass")
-        for s in stmts:
+        for s in self.fusion.group(stmts) if self.fusion is not None else stmts:
             if isinstance(s, Compute):
                 self.compute(s.op, depth)
             elif isinstance(s, Free):
@@ -322,8 +325,10 @@ class CodeGen:
                 key = self.key_src([self.names.src(p) for p in s.prefix])
                 for line in self.plan.swap_src(s, key):
                     self.emit(depth, line)
-            else:
+            elif isinstance(s, Loop):
                 self.loop(s, depth, outer)
+            else:
+                self.fusion.emit(s, depth)
 
     def generate(self, static_bounds: dict[Bound, int], outer: Loop | None) -> Callable:
         self.ns.update(
@@ -334,6 +339,8 @@ class CodeGen:
             FREE_ALL_VIEW=functools.partial(_free_all, nbytes=_no_bytes),
             FREE_PREFIX_VIEW=functools.partial(_free_prefix, nbytes=_no_bytes),
         )
+        if self.fusion is not None:
+            self.fusion.set_bounds(static_bounds)
         head = []
         for b, v in static_bounds.items():
             head.append(f"    {self.names.of(b)} = {int(v)}")

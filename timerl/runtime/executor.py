@@ -110,7 +110,9 @@ class Executor:
         storage: Mapping[int, Any] | None = None,
     ) -> None:
         self.schedule = schedule
-        self.storage = dict(storage or {})
+        # block stores write points in place: a backend of immutable arrays (jax) keeps a
+        # point store per op (the schedule's frees are valid for both)
+        self.storage = dict(storage or {}) if backend.name != "jax" else {}
         self.plan = StorePlan(schedule, self.storage)
         self.keep = set(keep or ())
         self.compiled = compiled
@@ -477,6 +479,8 @@ class Executor:
                 fn(env)
             elif isinstance(stmt, (SwapOut, SwapIn)):
                 store = self.stores[stmt.op.id]
+                if not isinstance(store, BlockStore):
+                    continue  # held as points on this backend: nothing to swap
                 key = tuple(p.evaluate(env) for p in stmt.prefix)
                 if isinstance(stmt, SwapOut):
                     self.stats.memory.sub(store.swap_out(key))

@@ -271,6 +271,8 @@ class StorePlan:
         return f"{rows}[{src_of(last)}, ...]"
 
     def swap_src(self, stmt: SwapOut | SwapIn, key: str) -> list[str]:
+        if stmt.op.id not in self.blocks:
+            return []  # held as points on this backend: nothing to swap
         if isinstance(stmt, SwapOut):
             return [f"M[0] -= S{stmt.op.id}.swap_out({key})"]
         return [f"M[0] += S{stmt.op.id}.swap_in({key})", "if M[0] > M[1]: M[1] = M[0]"]

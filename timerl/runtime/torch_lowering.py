@@ -195,7 +195,7 @@ register_lowering(
 # Random values are the reference's, drawn from the counter-based key: the same numbers on
 # every backend, so a program's results do not depend on where it runs.
 def _keyed(reference: Callable[..., Any]) -> Callable[..., Any]:
-    return lambda shape, dtype, key: torch.as_tensor(reference(shape, dtype, key))
+    return lambda shape, dtype, key, batch=(): torch.as_tensor(reference(shape, dtype, key, batch))
 
 
 register_lowering("uniform", _keyed(REGISTRY["uniform"].impl))

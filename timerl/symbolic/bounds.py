@@ -9,6 +9,7 @@ dependence-direction analysis needs; min/max are handled by choosing arms, mod b
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from timerl.symbolic.expr import (
@@ -92,6 +93,14 @@ def always_lt0(expr: Expr) -> bool:
 __all__ = ["always_le0", "always_lt0", "simplify"]
 
 
+# Conditions are immutable values and guard inference asks the same questions about them
+# thousands of times (every union around a recurrence re-simplifies and re-compares its
+# parts): memoising the three pure queries below cuts the PPO program's domain-conditions pass
+# several-fold. Bounded, so a long-lived process does not grow without limit.
+_memo = functools.lru_cache(maxsize=1 << 16)
+
+
+@_memo
 def simplify(cond: Condition) -> Condition:
     """Drop comparisons that hold (or fail) at every point of the iteration space."""
     if isinstance(cond, Cmp):
@@ -145,6 +154,7 @@ class _Range:
         )
 
 
+@_memo
 def _form(cmp: Cmp) -> tuple[Expr, str, int] | None:
     """``cmp`` as (L, kind, value): ``L <= v``, ``L >= v``, ``L == v`` or ``L != v``."""
     terms, const = cmp.diff.linear()
@@ -219,6 +229,7 @@ def _tighten(cond: Condition) -> Condition:
     return And.make(parts)
 
 
+@_memo
 def _implies(a: Condition, b: Condition) -> bool:
     """True when ``a`` implies ``b`` as conjunctions of interval facts (False when unsure)."""
     ra, oa = _ranges(a)

@@ -1,0 +1,171 @@
+"""Envs split over Ray actors: the same trajectories as one process, and training that
+survives a worker dying mid-rollout."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from timerl.errors import CheckpointError, EnvError
+from timerl.rl.envs import make_env as make_vector_env
+
+ray = pytest.importorskip("ray", reason='needs the ray extra: pip install "timerl[ray]"')
+
+from timerl.rl import ray_env  # noqa: E402
+from timerl.rl.ray_env import RayVectorEnv  # noqa: E402
+from timerl.rl.train import train  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    import logging
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+
+
+def _actions(env, rng: np.random.Generator) -> np.ndarray:
+    if env.discrete:
+        return rng.integers(env.num_actions, size=env.num_envs)
+    return rng.uniform(-1, 1, size=(env.num_envs, *env.action_shape)).astype(np.float32)
+
+
+def _trajectory(env, steps: int, seed: int = 7) -> dict[str, list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "r", "d", "term", "final")}
+    out["obs"].append(env.reset())
+    for _ in range(steps):
+        obs, r, d = env.step(_actions(env, rng))
+        out["obs"].append(obs)
+        out["r"].append(r)
+        out["d"].append(d)
+        out["term"].append(env.terminated.copy())
+        out["final"].append(obs if env.final_obs is None else env.final_obs)
+    out["returns"] = [env.completed_returns()]
+    out["lengths"] = [env.completed_lengths()]
+    return out
+
+
+@pytest.mark.parametrize(
+    "env_id, kwargs", [("CartPole-v1", {}), ("Synthetic-v0", {"episode_length": 7})]
+)
+def test_two_workers_step_exactly_the_single_process_batch(env_id, kwargs):
+    single = make_vector_env(env_id, num_envs=5, seed=3, **kwargs)
+    split = RayVectorEnv(env_id, num_envs=5, seed=3, workers=2, **kwargs)
+    assert split.workers == 2 and len(set(split.worker_pids())) == 2
+    assert split.worker_pids()[0] != os.getpid()
+    want, got = _trajectory(single, 40), _trajectory(split, 40)
+    split.close()
+    assert sum(d.sum() for d in want["d"]) > 0  # episodes ended (and auto-reset) on the way
+    for key in want:
+        for a, b in zip(want[key], got[key], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{env_id}: {key}")
+
+
+def test_a_killed_worker_restarts_and_its_envs_start_over():
+    env = RayVectorEnv("CartPole-v1", num_envs=4, seed=1, workers=2)
+    first = env.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        env.step(_actions(env, rng))
+    env.completed_returns()
+    before = env.last_obs.copy()
+    pid = env.worker_pids()[1]
+    os.kill(pid, signal.SIGKILL)
+    with pytest.warns(RuntimeWarning, match="worker 1 .*envs 2..3"):
+        obs, reward, done = env.step(_actions(env, rng))
+    assert [k for k, _ in env.recoveries] == [1]
+    # the restarted worker's envs were re-created from their seeds: their first observations
+    np.testing.assert_array_equal(obs[2:], first[2:])
+    assert done[2:].all() and not env.terminated[2:].any() and (reward[2:] == 0).all()
+    np.testing.assert_array_equal(env.final_obs[2:], before[2:])
+    assert env.completed_returns().size == int(done[:2].sum())  # cut episodes not counted
+    assert env.worker_pids()[1] != pid
+    env.step(_actions(env, rng))  # and it keeps stepping
+    env.close()
+
+
+def _ppo(**extra):
+    config = {
+        "env_id": "Synthetic-v0",
+        "env_kwargs": {"episode_length": 8, "obs_shape": [4]},
+        "num_envs": 4,
+        "num_steps": 8,
+        "hidden": (8,),
+        "epochs": 1,
+        "minibatches": 1,
+    }
+    return train("ppo", config, progress=False, echo=lambda line: None, **extra)
+
+
+def test_training_with_workers_gives_the_same_returns():
+    plain = _ppo(iterations=3)
+    spread = _ppo(iterations=3, workers=2)
+    assert plain.returns == spread.returns
+    assert np.isfinite(plain.returns).all()
+
+
+def test_training_continues_when_a_worker_dies_mid_rollout(tmp_path, monkeypatch):
+    step = RayVectorEnv._step_batch
+    seen: list[RayVectorEnv] = []
+    calls = [0]
+
+    def killing(self, actions):
+        calls[0] += 1
+        if calls[0] == 12:  # iteration 1, halfway through its 8-step rollout
+            seen.append(self)
+            ray.kill(self._actors[0], no_restart=False)
+        return step(self, actions)
+
+    monkeypatch.setattr(RayVectorEnv, "_step_batch", killing)
+    with pytest.warns(RuntimeWarning, match="env worker 0"):
+        result = _ppo(iterations=4, workers=2, log_dir=tmp_path, checkpoint_every=1)
+    assert seen and [k for k, _ in seen[0].recoveries] == [0]
+    assert result.iterations == 4 and np.isfinite(result.returns[-1])
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in rows] == [0, 1, 2, 3]
+    monkeypatch.setattr(RayVectorEnv, "_step_batch", step)
+    # the checkpoints hold the split envs' state: the run resumes on two workers
+    more = _ppo(iterations=5, workers=2, log_dir=tmp_path, resume=True)
+    assert more.first_iteration == 4 and len(more.returns) == 5
+    with pytest.raises(CheckpointError, match="--workers 2"):
+        _ppo(iterations=6, log_dir=tmp_path, resume=True)
+
+
+def test_bad_requests_fail_early_and_name_the_problem():
+    with pytest.raises(EnvError, match="3 workers for 2 envs"):
+        RayVectorEnv("CartPole-v1", num_envs=2, workers=3)
+    with pytest.raises(EnvError, match="cannot be split"):
+        RayVectorEnv("CartPole-v1", num_envs=2, workers=2, backend="envpool")
+    with pytest.raises(EnvError, match="unknown environment id"):
+        RayVectorEnv("NoSuchEnv-v0", num_envs=2, workers=2)
+    with pytest.raises(EnvError, match="need 4 CPUs"):
+        RayVectorEnv("CartPole-v1", num_envs=4, workers=4)
+
+
+def test_without_ray_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(EnvError, match=r"timerl\[ray\]"):
+        ray_env.require_ray()
+
+
+def test_scaling_bench_runs_and_reports_the_ratios(tmp_path, capsys):
+    from bench import ray_scaling
+
+    out = tmp_path / "scaling.json"
+    argv = ["--envs", "4", "--step-cost-us", "50", "--seconds", "0.2", "--json", str(out)]
+    assert ray_scaling.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "no Ray" in text and "2 workers / 1 worker" in text
+    doc = json.loads(out.read_text())
+    assert set(doc["steps_per_second"]) == {"no Ray", "1 worker", "2 workers"}
+    assert all(v > 0 for v in doc["steps_per_second"].values())
+    assert ray.is_initialized()  # the bench leaves the Ray it did not start

@@ -1,0 +1,225 @@
+"""The jax backend computes what the numpy reference computes (values, gradients, random
+numbers, declared dtypes), and compiles runs of pure statements as jitted regions that are
+traced once per program, whatever the number of runs."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from timerl.errors import BackendError
+from timerl.ir.build import apply
+from timerl.runtime.backend import make_backend
+
+jax = pytest.importorskip("jax")
+
+
+def test_a_missing_jax_extra_is_named(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "jax" else real(name, *a)
+    )
+    with pytest.raises(BackendError, match=r"backend 'jax' needs .*pip install 'timerl\[jax\]'"):
+        make_backend("jax")
+
+
+def test_an_unknown_jax_device_is_refused():
+    with pytest.raises(BackendError, match="device 'tpu:7' asked for"):
+        make_backend("jax", device="tpu:7")
+
+
+def _readme():
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(3,), domain=(t,))
+        x[0] = tl.zeros((3,))
+        x[t + 1] = x[t] * 0.5 + 1.0
+        r = tl.from_numpy(np.arange(10.0), domain=(t,))
+        ret = tl.RecurrentTensor.placeholder(shape=(), domain=(t,))
+        ret[t.eq(T - 1)] = r
+        ret[True] = r + 0.9 * ret[t + 1]
+        prefix = x[0 : t + 1].mean(0)
+        future = r[t:T].sum(0)
+    return [x, ret, prefix, future], {T: 10}
+
+
+def _policy(dtype: str):
+    """A small recurrent policy: matmul, tanh, random noise, a loss over a slice, gradients."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    w0 = np.random.default_rng(0).normal(size=(4, 4)) * 0.5
+    with ctx:
+        w = tl.from_numpy(w0, dtype=dtype, requires_grad=True)
+        x = tl.RecurrentTensor.placeholder(shape=(4,), dtype=dtype, domain=(t,))
+        x[0] = tl.ones((4,), dtype=dtype)
+        h = (x[t].reshape((1, 4)) @ w).reshape((4,))
+        x[t + 1] = (h * 0.5 + tl.rand((4,), like=x) - tl.randn((4,), like=x) * 0.1).tanh()
+        loss = (x[0:T].sum(0) ** 2).sum() + (x[t] * x[t]).sum().exp().sum()
+        loss.backward()
+    return ctx, {T: 6}, [x, w.grad]
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_evaluate_on_jax_matches_numpy(optimize):
+    outs, bounds = _readme()
+    want = tl.evaluate(outs, bounds=bounds, optimize=optimize)
+    got = tl.evaluate(outs, bounds=bounds, backend="jax", optimize=optimize)
+    for a, b in zip(want, got, strict=True):
+        assert isinstance(b, np.ndarray) and b.dtype == a.dtype
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_gradients_and_random_numbers_match_numpy(dtype, compiled):
+    values = {}
+    for backend in ("numpy", "jax"):
+        ctx, bounds, outs = _policy(dtype)
+        prog = ctx.compile(bounds=bounds, outputs=outs, backend=backend, seed=5)
+        prog.run(compiled=compiled)
+        values[backend] = [prog.value(o) for o in outs]
+    for a, b in zip(values["numpy"], values["jax"], strict=True):
+        assert b.dtype == np.dtype(dtype)  # jax's 32-bit default does not leak in
+        tol = 1e-5 if dtype == "float32" else 1e-12
+        np.testing.assert_allclose(b, a, rtol=tol, atol=tol)
+
+
+def test_mixed_dtypes_promote_as_numpy_declares():
+    ctx = tl.Context(dims=("t",))
+    _, (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        i = tl.arange(3)  # int64
+        y = tl.full((3,), 0.5) + i  # numpy: float32 + int64 -> float64
+        z = (y * 2.0 + 1.0).sum()
+    want = tl.evaluate([y, z], bounds={T: 2})
+    got = tl.evaluate([y, z], bounds={T: 2}, backend="jax")
+    for a, b in zip(want, got, strict=True):
+        assert b.dtype == a.dtype
+        np.testing.assert_array_equal(b, a)
+
+
+def test_regions_are_jitted_once_per_program():
+    ctx, bounds, outs = _policy("float32")
+    prog = ctx.compile(bounds=bounds, outputs=outs, backend="jax")
+    prog.run()
+    first = [prog.value(o) for o in outs]
+    stats = prog.stats()
+    assert stats["jit_regions"] >= 3  # the rollout body, the loss, the backward steps
+    # a region holding merges traces once per combination of branches it meets (t = 0, ...)
+    assert stats["jit_regions"] <= stats["jit_traces"] <= 3 * stats["jit_regions"]
+    assert stats["jit_trace_compile_seconds"] > 0
+    assert "REGION" in prog._executor().source
+    prog.run()  # a fresh executor regenerates its code: the regions are found, not retraced
+    again = prog.stats()
+    assert again["jit_traces"] == stats["jit_traces"]
+    assert again["jit_trace_compile_seconds"] == stats["jit_trace_compile_seconds"]
+    for a, b in zip(first, [prog.value(o) for o in outs], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert f"jax regions (built when the program runs): {stats['jit_regions']} jitted" in (
+        prog.explain()
+    )
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_other_backends_generate_no_regions(backend):
+    if backend == "torch":
+        pytest.importorskip("torch")
+    ctx, bounds, outs = _policy("float32")
+    prog = ctx.compile(bounds=bounds, outputs=outs, backend=backend)
+    prog.run()
+    assert "REGION" not in prog._executor().source
+    assert "jit_traces" not in prog.stats()
+
+
+def test_a_user_function_between_pure_ops_runs_on_the_host():
+    """A udf inside a run of pure ops splits it: it is called with numpy arrays, never traced."""
+    seen = []
+
+    def host(a: np.ndarray) -> np.ndarray:
+        assert isinstance(a, np.ndarray)  # not a tracer, not a jax array
+        seen.append(a.copy())
+        return np.sort(a)[::-1].copy()
+
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(3,), domain=(t,))
+        x[0] = tl.from_numpy(np.array([0.3, -0.2, 0.1], dtype=np.float32))
+        a = (x[t] * 1.5).tanh() + 0.25
+        b = tl.RecurrentTensor(
+            apply("udf", a.view, fn=host, shape=(3,), dtype=np.dtype("float32")), ctx
+        )
+        x[t + 1] = (b * 0.5 - a).sin() * 2.0
+    want = tl.evaluate(x, bounds={T: 5})
+    n = len(seen)
+    prog = ctx.compile(bounds={T: 5}, outputs=[x], backend="jax")
+    prog.run()
+    assert len(seen) - n == 4 and prog.stats()["jit_regions"] >= 2
+    np.testing.assert_allclose(prog.value(x), want, rtol=1e-6)
+
+
+def test_a_dynamic_loop_runs_on_jax():
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    big_i, big_t = ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        x[i, 0] = tl.zeros(())
+        x[i, t + 1] = (x[i, t] + 1.0) * 1.0 + 0.0 * x[i, t]
+        ctx.until(t, x >= tl.full((), i) + 2.0)
+        s = x[i, 0:big_t].sum(0)
+    bounds = {big_i: 3, big_t: 50}
+    want = tl.evaluate(s, bounds=bounds)
+    got = tl.evaluate(s, bounds=bounds, backend="jax")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_ppo_program_on_jax_matches_numpy():
+    """A whole training program: env steps (host calls) between regions, merges in regions,
+    recurrences read across iterations of the outer loop; the metrics agree with numpy's."""
+    from timerl.rl.algos import ppo
+
+    got = {}
+    for backend in ("numpy", "jax"):
+        prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8, epochs=2, minibatches=2)
+        metrics = list(prog.metrics.values())
+        c = prog.ctx.compile(bounds={"I": 3, **prog.bounds}, outputs=metrics, backend=backend)
+        c.run()
+        got[backend] = [np.asarray(c.value(m), dtype=np.float64) for m in metrics]
+        if backend == "jax":
+            traces = c.stats()["jit_traces"]
+            assert traces > 0
+            c.run()
+            assert c.stats()["jit_traces"] == traces
+    for a, b in zip(got["numpy"], got["jax"], strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_the_training_driver_runs_on_jax_and_agrees_with_numpy():
+    """What ``timerl train reinforce --backend jax`` runs: the hooked outer loop, metrics sink."""
+    from timerl.cli import build_parser
+    from timerl.rl.train import train
+
+    args = build_parser().parse_args(["train", "reinforce", "--backend", "jax"])
+    assert args.backend == "jax"
+    records: dict[str, list] = {"numpy": [], "jax": []}
+    for b in records:
+        train(
+            "reinforce",
+            {"num_envs": 2, "num_steps": 8},
+            iterations=2,
+            backend=b,
+            progress=False,
+            on_iteration=lambda rec, b=b: records[b].append(dict(rec)),
+        )
+    assert len(records["jax"]) == len(records["numpy"]) == 2
+    for want, got in zip(records["numpy"], records["jax"], strict=True):
+        keys = [k for k in want if k not in ("seconds", "steps_per_second") and "time" not in k]
+        assert "loss" in keys
+        for k in keys:
+            if isinstance(want[k], float):
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)

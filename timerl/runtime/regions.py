@@ -1,0 +1,301 @@
+"""Runs of pure statements in one loop body, compiled by the backend as one function.
+
+On a backend whose every op is a dispatch through a tracing library (jax: 10-50 us per eager
+call), a loop body of twenty small ops costs more in dispatch than in arithmetic. For such a
+backend (``backend.fuses``) the code generator groups each maximal run of consecutive compute
+statements that are pure and static into a ``Region`` and emits one call of
+``backend.fuse(key, fn)`` for it: ``fn`` takes the values the run reads from outside
+(store reads, slices gathered as usual, locals) and returns the values read after it.
+
+What stays out of a region, and why:
+
+* host ops (a ``udf``, an environment step): user Python on numpy arrays, run between
+  regions, never traced;
+* ops whose shape changes from point to point (``x[0:t + 1]``), slice reads of a length that
+  changes, and attributes that change but the backend cannot take as traced values
+  (``backend.traced_attrs``, e.g. a ``select_at`` index can be traced, a shape cannot): each
+  new shape would be a new trace;
+* ragged ops (a list of differently shaped points).
+
+Shapes in static bounds (``T`` given at compile time) count as fixed. A piecewise merge joins
+a region: its branch is picked outside, by the same Python conditions as elsewhere, and passed
+as a static argument (one trace per combination of branches the region meets, typically the
+first point, the last and the rest); only the taken branch's value is read.
+
+Random ops have no array inputs: they are drawn (by ``counter_rng`` in jnp) just before the
+region, whose key is a point's Python ints, and read as inputs. Ops with different guards share a region: which guards hold is part of the
+static argument, and a guarded-off op is neither computed nor are its reads made. A read of a
+region op at a point that may be the one just computed ends the region, so stores are written
+before they are read. Frees between a region's statements run after it: they drop values whose
+readers all ran before them, so only the memory meter's peak can see the difference (the
+region's values are live together, as they are inside the compiled function).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from timerl.errors import UndefinedPointError
+from timerl.ir import prims
+from timerl.ir.graph import Edge, Op
+from timerl.runtime.calls import prepare_call
+from timerl.schedule.program import Compute, Free, Stmt
+from timerl.symbolic import TRUE, Condition, Const, Expr, Slice
+
+MIN_OPS = 2  # a single op gains nothing from its own compiled function
+
+
+@dataclass(eq=False)
+class Region:
+    ops: list[Op] = field(default_factory=list)
+    drawn: list[Op] = field(default_factory=list)  # random sources, drawn before the call
+    frees: list[Free] = field(default_factory=list)
+    stmts: list[Stmt] = field(default_factory=list)  # every statement, in schedule order
+
+
+def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
+    """(True, value) if a point attribute is the same at every point (given static bounds)."""
+    if isinstance(value, (tuple, list)):
+        items = [_static(v, bounds) for v in value]
+        return all(ok for ok, _ in items), tuple(v for _, v in items)
+    if isinstance(value, Expr) and bounds:
+        value = value.substitute(bounds)
+    if isinstance(value, Const):
+        return True, value.value
+    if isinstance(value, (Expr, Condition)):
+        return False, None
+    return True, value
+
+
+def _same_point(edge: Edge) -> bool:
+    return len(edge.index) == len(edge.src.domain) and all(
+        i is d for i, d in zip(edge.index, edge.src.domain, strict=True)
+    )
+
+
+def _other_point(edge: Edge) -> bool:
+    """The read is never of the current point: some coordinate is off by a nonzero constant."""
+    if len(edge.index) != len(edge.src.domain):
+        return False
+    for i, d in zip(edge.index, edge.src.domain, strict=True):
+        if isinstance(i, Slice):
+            continue
+        off = i - d
+        if isinstance(off, Const) and off.value != 0:
+            return True
+    return False
+
+
+class Fusion:
+    """Groups a loop body's statements into regions and emits them through a ``CodeGen``.
+
+    ``gen`` is the code generator (duck-typed here, so this module does not import it): its
+    ``ops``, ``locals``, ``backend``, ``seed``, ``schedule``, ``names`` and its ``emit``,
+    ``read_src``, ``const``, ``key_src``, ``alloc``, ``compute`` and ``free`` methods.
+    """
+
+    def __init__(self, gen: Any) -> None:
+        self.gen = gen
+        self.readers: dict[int, set[int]] = {i: set() for i in gen.ops}
+        for op in gen.ops.values():
+            for e in op.inputs:
+                self.readers[e.src.id].add(op.id)
+        self.untils = {lp.until.id for lp in gen.schedule.loops() if lp.until is not None}
+        self.traced = getattr(gen.backend, "traced_attrs", {})
+        self.bounds: dict = {}
+
+    def set_bounds(self, static: dict) -> None:
+        """The static bounds: shapes written in them are fixed for the program's life."""
+        self.bounds = {b: Const(int(v)) for b, v in static.items()}
+
+    def _fixed(self, shape: tuple) -> bool:
+        return all(_static(s, self.bounds)[0] for s in shape)
+
+    # --- which statements ----------------------------------------------------------------------
+    def eligible(self, op: Op) -> bool:
+        rule = prims.get(op.prim)
+        traits = rule.traits
+        if traits.host or traits.random or rule.extra.get("ragged"):
+            return False
+        if not self._fixed(op.shape):
+            return False
+        traced = self.traced.get(op.prim, ())
+        for n in rule.point_attrs:
+            if n in op.attrs and n not in traced and not _static(op.attrs[n], self.bounds)[0]:
+                return False
+        for e in op.inputs:
+            if not self._fixed(e.src.shape):
+                return False
+            for idx in e.index:
+                if isinstance(idx, Slice) and not _static(idx.stop - idx.start, self.bounds)[0]:
+                    return False
+        return True
+
+    def group(self, stmts: list[Stmt]) -> list[Stmt | Region]:
+        """The statements, with each run of at least ``MIN_OPS`` fusible ops as one region."""
+        out: list[Stmt | Region] = []
+        region: Region | None = None
+
+        def close() -> None:
+            nonlocal region
+            if region is not None:
+                if len(region.ops) >= MIN_OPS:
+                    out.append(region)
+                else:
+                    out.extend(region.stmts)
+            region = None
+
+        for s in stmts:
+            if isinstance(s, Compute) and self.eligible(s.op):
+                op = s.op
+                if region is not None and self._reads_other_point(op, region):
+                    close()
+                if region is None:
+                    region = Region()
+                region.ops.append(op)
+            elif region is not None and isinstance(s, Compute) and not s.op.inputs:
+                # a random source, drawn just before the region
+                if not prims.get(s.op.prim).traits.random:
+                    close()
+                    out.append(s)
+                    continue
+                region.drawn.append(s.op)
+            elif region is not None and isinstance(s, Free):
+                region.frees.append(s)
+            else:
+                close()
+                out.append(s)
+                continue
+            region.stmts.append(s)
+        close()
+        return out
+
+    def _reads_other_point(self, op: Op, region: Region) -> bool:
+        """Whether ``op`` reads a region op at a point that may be the one the region is
+        computing (it would read the store before the region writes it). A read at a constant
+        offset along some dim (``x[t - 1]``, ``x[u + 1]``) is of another point: it was stored
+        by an earlier iteration and is read from the store before the call."""
+        members = {m.id for m in region.ops}
+        return any(
+            e.src.id in members and not _same_point(e) and not _other_point(e) for e in op.inputs
+        )
+
+    # --- emitting ------------------------------------------------------------------------------
+    def emit(self, region: Region, depth: int) -> None:
+        gen = self.gen
+        for op in region.drawn:
+            gen.compute(op, depth)
+        members = {m.id for m in region.ops}
+        args: list[str] = []
+        arg_keys: list[tuple] = []
+        # the static argument: per merge the index of the branch taken (-1: none), per guard
+        # whether it holds at this point; a guarded-off op is not computed (nor its reads made)
+        selectors: list[str] = []
+        guards: dict[str, int] = {}
+
+        def arg(src: str, key: tuple) -> int:
+            if src not in args:
+                args.append(src)
+                arg_keys.append(key)
+            return args.index(src)
+
+        plan: list[tuple[Op, Any, int, list[tuple[bool, int]], dict, dict]] = []
+        done: set[int] = set()
+        for op in region.ops:
+            guard = -1
+            cond = ""
+            if op.guard != TRUE:
+                cond = gen.names.src(op.guard)
+                if cond not in guards:
+                    guards[cond] = len(selectors)
+                    selectors.append(f"bool({cond})")
+                guard = guards[cond]
+            merge = prims.get(op.prim).traits.piecewise
+            if merge:
+                conds = [gen.names.src(e.cond) for e in op.inputs]
+                picked = "-1"
+                for k in reversed(range(len(conds))):
+                    picked = f"({k} if {conds[k]} else {picked})"
+                selectors.append(picked)
+            refs: list[tuple[bool, int]] = []
+            for k, e in enumerate(op.inputs):
+                # a region op computed before this one, at this point; a later one (read at an
+                # earlier point, a recurrence) is read from its store like any other value
+                if e.src.id in done and _same_point(e):
+                    refs.append((False, e.src.id))
+                    continue
+                src = gen.read_src(e)
+                # read only what is used here: a guarded-off op's or an untaken branch's
+                # points may not exist
+                when = [f"_sel[{guard}]"] if guard >= 0 else []
+                if merge:
+                    when.append(f"_sel[{len(selectors) - 1}] == {k}")
+                if when:
+                    src = f"({src} if {' and '.join(when)} else None)"
+                refs.append((True, arg(src, (e.src.id, tuple(str(i) for i in e.index), merge))))
+            done.add(op.id)
+            if merge:
+                shape = _static(op.shape, self.bounds)[1]
+                fn: Any = (len(selectors) - 1, shape, op.dtype, op.where())
+                plan.append((op, fn, guard, refs, {}, {}))
+                continue
+            call = prepare_call(op, gen.backend, gen.seed)
+            traced = self.traced.get(op.prim, ())
+            kwargs, dynamic = {}, {}
+            for name, value in call.point_attrs:
+                fixed, v = _static(value, self.bounds)
+                if fixed:
+                    kwargs[name] = v
+                else:  # a traced argument: the backend's lowering takes it as an array
+                    assert name in traced
+                    dynamic[name] = arg(gen._attr_src(value), ("attr", op.id, name))
+            plan.append((op, call.fn, guard, refs, kwargs, dynamic))
+        # returned: what is stored or read after the region, and values whose byte count the
+        # generated code takes from the array (a shape in static bounds is not inlined)
+        outs = {
+            m.id
+            for m in region.ops
+            if m.id not in gen.locals
+            or m.id in self.untils
+            or self.readers[m.id] - members
+            or not all(isinstance(x, Const) for x in m.shape)
+        }
+        broadcast = gen.backend.broadcast
+
+        def run(sel: tuple, *xs: Any) -> dict:
+            vals: dict[int, Any] = {}
+            for op, fn, guard, refs, kwargs, dynamic in plan:
+                if guard >= 0 and not sel[guard]:
+                    continue
+                if isinstance(fn, tuple):  # a merge: the branch picked outside
+                    which, shape, dtype, where = fn
+                    if sel[which] < 0:
+                        raise UndefinedPointError(f"{where} has no definition at this point")
+                    is_arg, k = refs[sel[which]]
+                    vals[op.id] = broadcast(xs[k] if is_arg else vals[k], shape, dtype)
+                    continue
+                ins = [xs[k] if is_arg else vals[k] for is_arg, k in refs]
+                extra = {name: xs[k] for name, k in dynamic.items()}
+                vals[op.id] = fn(*ins, **kwargs, **extra)
+            return {i: v for i, v in vals.items() if i in outs}
+
+        key = (tuple(m.id for m in region.ops), tuple(arg_keys), tuple(sorted(outs)))
+        fused = gen.const("REGION", gen.backend.fuse(key, run))
+        gen.emit(depth, f"_sel = ({''.join(f'{s}, ' for s in selectors)})")
+        gen.emit(depth, f"_r = {fused}(_sel, {', '.join(args)})")
+        for op in region.ops:
+            body = depth
+            if op.guard != TRUE:
+                gen.emit(depth, f"if _sel[{guards[gen.names.src(op.guard)]}]:")
+                body += 1
+            if op.id in outs:
+                gen.emit(body, f"v{op.id} = _r[{op.id}]")
+            if op.id not in gen.locals:
+                point = gen.key_src([gen.names.of(d) for d in op.domain])
+                gen.emit(body, f"S{op.id}[{point}] = v{op.id}")
+            gen.alloc(op, body, f"v{op.id}")
+            gen.emit(body, "C[0] += 1")
+        gen.emit(depth, "_r = None")
+        for stmt in region.frees:
+            gen.free(stmt, depth)
