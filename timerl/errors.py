@@ -53,3 +53,8 @@ class NumericalError(TimerlError):
 
 class GraphError(TimerlError):
     """A graphopt graph file or graph is invalid."""
+
+
+class MemoryBudgetError(TimerlError):
+    """A program's planned peak memory exceeds ``ctx.compile(memory_budget=...)``: raised at
+    compile time, naming the smallest budget that fits and the tensor that needs it."""

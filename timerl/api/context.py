@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +13,7 @@ import numpy as np
 from timerl.api.program import Program
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
+from timerl.compiler.budget import check_budget, parse_bytes, plan_swaps
 from timerl.compiler.pipeline import compile as compile_program
 from timerl.compiler.spec import freeze
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
@@ -190,13 +192,15 @@ class Context(Scope):
         device: str = "cpu",
         seed: int = 0,
         outputs: Sequence[RecurrentTensor] = (),
-        memory_budget: int | None = None,
+        memory_budget: int | str | None = None,
         optimize: bool = True,
     ) -> Any:
         """Compile the program (its sinks, side effects and ``outputs``) for these bounds.
 
         ``optimize=False`` keeps only the passes correctness needs and interprets the schedule:
-        the reference that optimised programs are tested against."""
+        the reference that optimised programs are tested against. ``memory_budget`` (bytes,
+        or a string such as ``"256MiB"``): a program whose planned peak memory exceeds it is
+        refused here with ``MemoryBudgetError``, naming the smallest budget that fits."""
         return self._compile(bounds, backend, device, seed, outputs, memory_budget, optimize)
 
     def _compile(
@@ -206,20 +210,42 @@ class Context(Scope):
         device: str,
         seed: int,
         outputs: Sequence[RecurrentTensor],
-        memory_budget: int | None,
+        memory_budget: int | str | None,
         optimize: bool,
         effects: bool = True,
     ) -> Program:
         start = time.perf_counter()
+        budget = None if memory_budget is None else parse_bytes(memory_budget)
         static, dynamic = self.resolve_bounds(bounds)
         asked = [materialize(t) for t in outputs]
         roots = list(self._roots) if effects else list(self._until.values())
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
+        compiled = compile_program(spec, optimize=optimize)
+        planned = None
+        if budget is not None:
+            spec_c = compiled.spec
+            # jax keeps point stores (its arrays are immutable): plan with those
+            storage = compiled.storage if backend != "jax" else {}
+            swapped, planned, notes = compiled.report.timed(
+                "memory budget",
+                lambda: plan_swaps(
+                    compiled.schedule,
+                    list(spec_c.ops),
+                    storage,
+                    spec_c.static,
+                    spec_c.dynamic,
+                    budget,
+                ),
+            )
+            compiled.report.notes.extend(notes)
+            check_budget(planned, budget)
+            compiled = dataclasses.replace(compiled, schedule=swapped)
         return Program(
-            compile_program(spec, optimize=optimize),
+            compiled,
             make_backend(backend, device),
             seed=seed,
-            memory_budget=memory_budget,
+            memory_budget=budget,
+            planned=planned,
             optimize=optimize,
             output_ids={id(t.view): op.id for t, op in zip(outputs, asked, strict=True)},
             started=start,

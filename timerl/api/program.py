@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
+from timerl.compiler.budget import PlannedPeak, planned_peak
 from timerl.compiler.pipeline import Compiled, CompileReport
 from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
@@ -34,11 +35,13 @@ class Program:
         optimize: bool = True,
         output_ids: Mapping[int, int] | None = None,
         started: float | None = None,
+        planned: PlannedPeak | None = None,
     ) -> None:
         self.compiled = compiled
         self.backend = backend
         self.seed = seed
         self.memory_budget = memory_budget
+        self._planned = planned
         self.optimize = optimize
         self.static = dict(compiled.spec.static)
         self.dynamic = dict(compiled.spec.dynamic)
@@ -91,8 +94,20 @@ class Program:
             self.seed,
             keep=self.keep,
             compiled=compiled,
+            storage=self.compiled.storage,
         )
         return self._last
+
+    def planned_peak(self) -> PlannedPeak:
+        """The peak of live bytes the schedule reaches, known before running (see
+        ``compiler/budget.py``), and the tensors holding the most bytes then."""
+        if self._planned is None:
+            spec = self.compiled.spec
+            storage = self.compiled.storage if self.backend.name != "jax" else {}
+            self._planned = planned_peak(
+                self.schedule, self.ops, storage, spec.static, spec.dynamic
+            )
+        return self._planned
 
     def fingerprint(self) -> str:
         """A hash of the program's structure: equal for programs built the same way."""
@@ -135,6 +150,11 @@ class Program:
             "backend": self.backend.name,
             "device": self.backend.device,
         }
+        if self.memory_budget is not None:
+            out["memory_budget"] = self.memory_budget
+            out["planned_peak_bytes"] = self.planned_peak().peak_bytes
+        if self._last is not None:
+            out["swapped_bytes"] = self._last.swapped_bytes()
         regions = self.backend.region_stats()
         if regions is not None:
             out.update(regions)
@@ -152,6 +172,7 @@ class Program:
         lines = ["compile passes:"]
         lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
         lines += [f"  {note}" for note in _notes(self.report.notes, full)]
+        lines += self._storage_lines(full)
         regions = self.backend.region_stats()
         if regions is not None:
             lines.append(
@@ -165,6 +186,26 @@ class Program:
             lines += ["schedule (summary; explain(full=True) lists every statement):"]
             lines += ["  " + line for line in self.schedule.summary().splitlines()]
         return "\n".join(lines)
+
+    def _storage_lines(self, full: bool) -> list[str]:
+        """Each tensor's storage and why: blocks and views always, point stores if ``full``
+        (else counted), since a training program has hundreds."""
+        table = self.compiled.storage
+        if not table:
+            return ["storage: point stores only (optimize=False keeps the reference's)"]
+        lines = ["storage:"]
+        points = 0
+        for op in self.ops:
+            st = table.get(op.id)
+            if st is None:
+                continue
+            if st.kind == "point" and not full:
+                points += 1
+                continue
+            lines.append(f"  {op.label}: {st.kind} ({st.why})")
+        if points:
+            lines.append(f"  {points} other tensors: point stores (explain(full=True) says why)")
+        return lines
 
     def render(self) -> str:
         """The PDG as graphviz dot source."""

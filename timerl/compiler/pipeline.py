@@ -9,7 +9,7 @@ that correctness needs: the unoptimised reference every optimisation is tested a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -19,6 +19,7 @@ from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
 from timerl.compiler.simplify import simplify
 from timerl.compiler.spec import ProgramSpec
+from timerl.compiler.storage import Storage, plan_storage
 from timerl.compiler.vectorize import enabled as vectorize_enabled
 from timerl.compiler.vectorize import vectorize
 from timerl.ir.validate import check_not_empty, validate
@@ -49,6 +50,7 @@ class Compiled:
     spec: ProgramSpec
     schedule: Schedule
     report: CompileReport
+    storage: Mapping[int, Storage] = field(default_factory=dict)  # op id -> storage (else point)
 
 
 def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
@@ -85,6 +87,15 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
         )
         if reordered:
             report.notes.append(f"op order: {reordered} loop-body blocks reordered for peak memory")
-    sched = report.timed("memory statements", lambda: add_frees(sched, ops, spec.keep))
+    planned = report.timed("memory statements", lambda: add_frees(sched, ops, spec.keep))
+    table: dict[int, Storage] = {}
+    if optimize:
+        planned, table = report.timed(
+            "storage", lambda: plan_storage(sched, planned, ops, spec.static, spec.keep)
+        )
+        blocks = sum(1 for s in table.values() if s.kind == "block")
+        if blocks:
+            views = sum(1 for s in table.values() if s.kind == "view")
+            report.notes.append(f"storage: {blocks} block stores, {views} views of blocks")
     report.notes.append(f"{given} ops given, {len(ops)} compiled")
-    return Compiled(spec, sched, report)
+    return Compiled(spec, planned, report, table)

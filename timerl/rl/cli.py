@@ -143,6 +143,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="numpy", choices=sorted(BACKENDS), help="array backend")
     p.add_argument("--device", default="cpu", help="device for the torch or jax backend")
     p.add_argument(
+        "--memory-budget",
+        default=None,
+        help="refuse to start when the program's planned peak memory exceeds this "
+        "(bytes, or e.g. 256MiB, 2GB); the error names the smallest budget that fits",
+    )
+    p.add_argument(
         "--log-dir",
         default=None,
         help="run directory: metrics.csv, TensorBoard logs (tb/), config.json, checkpoints/ "
@@ -325,6 +331,7 @@ def _train(args: argparse.Namespace) -> int:
         total_steps=steps,
         backend=args.backend,
         device=args.device,
+        memory_budget=args.memory_budget,
         log_dir=args.log_dir,
         resume=args.resume,
         overwrite=args.overwrite,

@@ -219,6 +219,7 @@ def train(
     total_steps: int | None = None,
     backend: str = "numpy",
     device: str = "cpu",
+    memory_budget: int | str | None = None,
     log_dir: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -239,6 +240,7 @@ def train(
     every that many iterations (0: never). ``workers``: step the envs on that many Ray actors
     (0: in this process), on the cluster at ``ray_address`` or a local Ray; the returns are
     the same, so it is not part of the config (a resume must use the same number, though).
+    ``memory_budget``: see ``ctx.compile``; a program over it fails before training starts.
     """
     if checkpoint_every < 1:
         raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
@@ -285,7 +287,9 @@ def train(
         row = stack([program.metrics[k].float() for k in names])
         sink(row, lambda value, point: seen.__setitem__(point["i"], value))
     bounds = {"I": iterations + 1, **program.bounds}
-    prog = program.ctx.compile(bounds=bounds, backend=backend, device=device, seed=cfg.seed)
+    prog = program.ctx.compile(
+        bounds=bounds, backend=backend, device=device, seed=cfg.seed, memory_budget=memory_budget
+    )
     ex = prog.executor()
     fingerprint = structure_fingerprint(prog)
     history: list[dict[str, Any]] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,8 @@ from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
 from timerl.runtime.regions import Fusion
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.runtime.stores import StorePlan
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
 UNBOUNDED = 2**62
@@ -74,8 +75,10 @@ class CodeGen:
         backend: Any,
         seed: int,
         keep: set[int],
+        storage: Mapping[int, Any] | None = None,
     ) -> None:
         self.schedule = schedule
+        self.plan = StorePlan(schedule, storage or {})
         self.ops = {op.id: op for op in ops}
         self.backend = backend
         self.seed = seed
@@ -106,6 +109,8 @@ class CodeGen:
         for op in self.ops.values():
             if op.id in self.keep or prims.get(op.prim).traits.host or not readers[op.id]:
                 continue
+            if op.id in self.plan.blocks:
+                continue
             same = all(
                 all(i is d for i, d in zip(e.index, op.domain, strict=True)) for e in readers[op.id]
             )
@@ -131,6 +136,10 @@ class CodeGen:
         src = edge.src
         if src.id in self.locals:
             return f"v{src.id}"
+        if src.id in self.plan.blocks:
+            direct = self.plan.block_read_src(edge, self.names.src)
+            if direct is not None:
+                return direct
         if not any(isinstance(i, Slice) for i in edge.index):
             key = self.key_src([self.names.src(i) for i in edge.index])
             return f"S{src.id}[{key}]"
@@ -165,6 +174,8 @@ class CodeGen:
         return f"{gather}(S{src.id}, ({', '.join(axes)},), {kinds}, empty={make}(({shape},)))"
 
     def alloc(self, op: Op, depth: int, var: str) -> None:
+        if op.id in self.plan.blocks or op.id in self.plan.views:
+            return  # a row of a block allocated with its loop, or a view of one
         n = _static_nbytes(op)
         size = str(n) if n is not None else f"NB({var})"
         self.emit(depth, f"M[0] += {size}")
@@ -177,11 +188,16 @@ class CodeGen:
         if op.guard != TRUE:
             self.emit(depth, f"if {self.names.src(op.guard)}:")
             body_depth += 1
-        if prims.get(op.prim).traits.piecewise:
+        if op.id in self.plan.aliases:
+            pass  # its rows are its base block's: nothing to compute
+        elif prims.get(op.prim).traits.piecewise:
             self.merge(op, body_depth, var)
         else:
             self.call(op, body_depth, var, point)
-        if op.id not in self.locals:
+        if op.id in self.plan.blocks:
+            for line in self.plan.block_write_src(op, var, self.names.of):
+                self.emit(body_depth, line)
+        elif op.id not in self.locals:
             self.emit(body_depth, f"S{op.id}[{point}] = {var}")
         self.alloc(op, body_depth, var)
         self.emit(body_depth, "C[0] += 1")
@@ -232,7 +248,15 @@ class CodeGen:
 
     def _free(self, stmt: Free, depth: int) -> None:
         op = stmt.op
-        n = _static_nbytes(op)
+        if op.id in self.plan.blocks:
+            key = self.key_src([self.names.src(p) for p in stmt.prefix])
+            if stmt.pinned:  # (an alias only: a block is never freed around pinned points)
+                pins = self.key_src([self.names.src(p) for p in stmt.pinned])
+                self.emit(depth, f"if {self.names.src(stmt.prefix[-1])} not in {pins}:")
+                depth += 1
+            self.emit(depth, self.plan.block_free_src(stmt, key))
+            return
+        n = 0 if op.id in self.plan.views else _static_nbytes(op)
         if op.id in self.locals:
             size = n if n is not None else f"NB(v{op.id})"
             if op.guard != TRUE:  # a local is freed at its own point, so where it was computed
@@ -240,8 +264,9 @@ class CodeGen:
             else:
                 self.emit(depth, f"M[0] -= {size}")
             return
+        view = "_VIEW" if op.id in self.plan.views else ""  # a view's values hold no bytes
         if not stmt.prefix:
-            self.emit(depth, f"FREE_ALL(S{op.id}, M)")
+            self.emit(depth, f"FREE_ALL{view}(S{op.id}, M)")
             return
         key = self.key_src([self.names.src(p) for p in stmt.prefix])
         if stmt.pinned:
@@ -252,9 +277,11 @@ class CodeGen:
             self.emit(depth, f"_x = S{op.id}.pop({key}, None)")
             self.emit(depth, f"if _x is not None: M[0] -= {n if n is not None else 'NB(_x)'}")
         else:
-            self.emit(depth, f"FREE_PREFIX(S{op.id}, {key}, M)")
+            self.emit(depth, f"FREE_PREFIX{view}(S{op.id}, {key}, M)")
 
     def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
+        for line in self.plan.allocate_src(loop, self.names.of):
+            self.emit(depth, line)
         d = self.names.of(loop.dim)
         b = self.names.of(loop.dim.bound)
         if loop is outer:
@@ -294,6 +321,10 @@ class CodeGen:
                 self.compute(s.op, depth)
             elif isinstance(s, Free):
                 self.free(s, depth)
+            elif isinstance(s, (SwapOut, SwapIn)):
+                key = self.key_src([self.names.src(p) for p in s.prefix])
+                for line in self.plan.swap_src(s, key):
+                    self.emit(depth, line)
             elif isinstance(s, Loop):
                 self.loop(s, depth, outer)
             else:
@@ -305,6 +336,8 @@ class CodeGen:
             TRUTH=self.backend.truth,
             FREE_ALL=functools.partial(_free_all, nbytes=self.backend.nbytes),
             FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
+            FREE_ALL_VIEW=functools.partial(_free_all, nbytes=_no_bytes),
+            FREE_PREFIX_VIEW=functools.partial(_free_prefix, nbytes=_no_bytes),
         )
         if self.fusion is not None:
             self.fusion.set_bounds(static_bounds)
@@ -313,6 +346,7 @@ class CodeGen:
             head.append(f"    {self.names.of(b)} = {int(v)}")
         self.body(self.schedule.body, 1, outer)
         stores = "".join(f"    S{i} = STORES[{i}]\n" for i in self.ops if i not in self.locals)
+        stores += "".join(f"    BL{i} = S{i}.blocks\n" for i in self.plan.blocks)
         src = (
             "def run(STORES, M, C, CTL):\n"
             + stores
@@ -333,6 +367,10 @@ class CodeGen:
         code = compile(src, "<timerl schedule>", "exec")
         exec(code, self.ns)  # noqa: S102 - our own generated source
         return self.ns["run"]
+
+
+def _no_bytes(value: Any) -> int:
+    return 0
 
 
 def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:

@@ -23,7 +23,8 @@ from timerl.ir.validate import exclusive_conditions
 from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
 from timerl.runtime.codegen import CodeGen
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.runtime.stores import BlockStore, StorePlan
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
 
 
@@ -106,8 +107,13 @@ class Executor:
         seed: int = 0,
         keep: set[int] | None = None,
         compiled: bool = True,
+        storage: Mapping[int, Any] | None = None,
     ) -> None:
         self.schedule = schedule
+        # block stores write points in place: a backend of immutable arrays (jax) keeps a
+        # point store per op (the schedule's frees are valid for both)
+        self.storage = dict(storage or {}) if backend.name != "jax" else {}
+        self.plan = StorePlan(schedule, self.storage)
         self.keep = set(keep or ())
         self.compiled = compiled
         self._generated: dict[bool, Callable] = {}
@@ -117,7 +123,8 @@ class Executor:
         self.bounds = dict(bounds)
         self.dynamic = dict(dynamic)  # bound -> cap (None: no cap)
         self.seed = seed
-        self.stores: dict[int, dict[tuple, Any]] = {op.id: {} for op in ops}
+        # a dict per op, or a BlockStore where the storage plan says so (both executors)
+        self.stores: dict[int, Any] = self.plan.make_stores(ops, backend)
         self.ops = {op.id: op for op in ops}
         self.stats = RunStats()
         self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
@@ -142,6 +149,8 @@ class Executor:
                 parts.append(idx)
         fn = _compile(parts)
         label = src.label
+        if src.id in self.plan.blocks and not any(isinstance(i, Slice) for i in edge.index[:-1]):
+            return self._block_reader(edge, fn)
 
         def missing(key: tuple) -> Any:
             raise UndefinedPointError(
@@ -193,6 +202,24 @@ class Executor:
 
         return read_slices
 
+    def _block_reader(self, edge: Edge, fn: Callable[[Mapping], tuple]) -> Callable[[dict], Any]:
+        """A row of a block, or a view of rows: no stacked copy."""
+        blocks = self.stores[edge.src.id].blocks
+        outer = len(edge.index) - 1
+        if isinstance(edge.index[-1], Slice):
+
+            def read_rows(env: dict) -> Any:
+                vals = fn(env)
+                return blocks[vals[:outer]][0][vals[outer] : vals[outer + 1]]
+
+            return read_rows
+
+        def read_row(env: dict) -> Any:
+            vals = fn(env)
+            return blocks[vals[:outer]][0][vals[outer], ...]
+
+        return read_row
+
     def _prepare(self, op: Op) -> Callable[[dict], None]:
         run = self._prepare_unguarded(op)
         if op.guard == TRUE:
@@ -211,6 +238,16 @@ class Executor:
         meter = self.stats.memory
         dims = op.domain
         point_of = (lambda env: tuple(env[d] for d in dims)) if dims else (lambda env: ())
+        # a block's rows were counted when it was allocated; a view of one allocates nothing
+        shared = op.id in self.plan.blocks or op.id in self.plan.views
+        if op.id in self.plan.aliases:  # its rows are its base block's: only mark the point
+            written = store.blocks
+
+            def mark(env: dict) -> None:
+                point = point_of(env)
+                written[point[:-1]][1][point[-1]] = True
+
+            return mark
         readers = [self._reader(e) for e in op.inputs]
         if prims.get(op.prim).traits.piecewise:
             conds = _compile(exclusive_conditions(op))
@@ -228,7 +265,7 @@ class Executor:
                     raise UndefinedPointError(f"{where} has no definition at {point_of(env)}")
                 point = point_of(env)
                 store[point] = value
-                meter.add(backend.nbytes(value))
+                meter.add(0 if shared else backend.nbytes(value))
 
             return run_merge
         call = prepare_call(op, backend, self.seed)
@@ -264,7 +301,7 @@ class Executor:
                 attrs["key"] = key_prefix + tuple(key_fn(env))
             value = kernel(*args, point) if udf_point else kernel(*args, **attrs)
             store[point] = value
-            meter.add(backend.nbytes(value))
+            meter.add(0 if shared else backend.nbytes(value))
 
         return run
 
@@ -272,6 +309,10 @@ class Executor:
         store = self.stores[stmt.op.id]
         meter = self.stats.memory
         nbytes = self.backend.nbytes
+        if stmt.op.id in self.plan.blocks:
+            return self._prepare_block_free(stmt)
+        if stmt.op.id in self.plan.views:
+            nbytes = lambda value: 0  # noqa: E731 - the block it views holds the bytes
         full = len(stmt.prefix) == len(stmt.op.domain)
         fn = _compile(list(stmt.prefix)) if stmt.prefix else None
         pins = _compile(list(stmt.pinned)) if stmt.pinned else None
@@ -295,6 +336,31 @@ class Executor:
                 meter.sub(nbytes(store.pop(point)))
 
         return free
+
+    def _prepare_block_free(self, stmt: Free) -> Callable[[dict], None]:
+        store = self.stores[stmt.op.id]
+        meter = self.stats.memory
+        if not stmt.prefix:
+            return lambda env: meter.sub(store.free_all())
+        fn = _compile(list(stmt.prefix))
+        pins = _compile(list(stmt.pinned)) if stmt.pinned else None  # (an alias only)
+
+        def free(env: dict) -> None:
+            key = tuple(fn(env))
+            if pins is None or key[-1] not in pins(env):
+                meter.sub(store.free_prefix(key))
+
+        return free
+
+    def _allocate_blocks(self, loop: Loop, env: dict) -> None:
+        for op in self.plan.allocated_by(loop):
+            outer = tuple(env[d] for d in op.domain[:-1])
+            if op.id in self.plan.aliases:
+                self.stores[op.id].share(outer, self.stores[op.inputs[0].src.id])
+                continue
+            n = self.stores[op.id].allocate(outer)
+            if n:
+                self.stats.memory.add(n)
 
     # --- running ------------------------------------------------------------------------------
     def run(
@@ -328,10 +394,19 @@ class Executor:
         if self.compiled and hooked not in self._generated:
             outer = self.outer_loop() if hooked else None
             gen = CodeGen(
-                self.schedule, list(self.ops.values()), self.backend, self.seed, self.keep
+                self.schedule,
+                list(self.ops.values()),
+                self.backend,
+                self.seed,
+                self.keep,
+                self.storage,
             )
             self._generated[hooked] = gen.generate(self.bounds, outer)
             self.source = gen.source
+
+    def swapped_bytes(self) -> int:
+        """Bytes written to disk and read back by swaps so far."""
+        return sum(s.moved for s in self.stores.values() if isinstance(s, BlockStore))
 
     def _run_compiled(self, hooked: bool) -> None:
         self.prepare(hooked)
@@ -380,6 +455,12 @@ class Executor:
             store = self.stores[ops[k].id]
             for p, v in points.items():
                 value = self.backend.asarray(v)
+                if isinstance(store, BlockStore):  # the block's bytes, once
+                    n = store.allocate(tuple(p)[:-1])
+                    if n:
+                        self.stats.memory.add(n)
+                    store[tuple(p)] = value
+                    continue
                 store[tuple(p)] = value
                 self.stats.memory.add(self.backend.nbytes(value))
 
@@ -396,10 +477,20 @@ class Executor:
                 if fn is None:
                     fn = self._free_fns[id(stmt)] = self._prepare_free(stmt)
                 fn(env)
+            elif isinstance(stmt, (SwapOut, SwapIn)):
+                store = self.stores[stmt.op.id]
+                if not isinstance(store, BlockStore):
+                    continue  # held as points on this backend: nothing to swap
+                key = tuple(p.evaluate(env) for p in stmt.prefix)
+                if isinstance(stmt, SwapOut):
+                    self.stats.memory.sub(store.swap_out(key))
+                else:
+                    self.stats.memory.add(store.swap_in(key))
             else:
                 self._run_loop(stmt, env)
 
     def _run_loop(self, loop: Loop, env: dict) -> None:
+        self._allocate_blocks(loop, env)
         dim, bound = loop.dim, loop.dim.bound
         if loop is self._outer:
             if self._before_outer is not None:

@@ -11,7 +11,7 @@ after its last reader. Tensors the user asked for are kept.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
@@ -50,7 +50,23 @@ def _pinned(index: Expr | Slice, allowed: set[Symbol]) -> Expr | None:
     return index
 
 
-def add_frees(sched: Schedule, ops: Iterable[Op], keep: set[int]) -> Schedule:
+class _Read:
+    """A read that is not an edge of the graph: a view's reader reading the view's base."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: tuple) -> None:
+        self.index = index
+
+
+def add_frees(
+    sched: Schedule,
+    ops: Iterable[Op],
+    keep: set[int],
+    alias_reads: Mapping[int, list[tuple[Op, tuple]]] | None = None,
+) -> Schedule:
+    """Frees after each buffer's last reader; ``alias_reads`` (op id -> (reader, index)) adds
+    reads that reach a buffer through a view of it (see ``compiler/storage.py``)."""
     ops = list(ops)
     pos: dict[int, tuple] = {}
     _positions(sched.body, (), pos)
@@ -58,6 +74,8 @@ def add_frees(sched: Schedule, ops: Iterable[Op], keep: set[int]) -> Schedule:
     for op in ops:
         for e in op.inputs:
             readers.setdefault(e.src.id, []).append((op, e))
+    for src, extra in (alias_reads or {}).items():
+        readers.setdefault(src, []).extend((r, _Read(index)) for r, index in extra)
     inserts: dict[tuple, list[Free]] = {}  # (body path, index after which) -> frees
 
     def node_at(path: tuple) -> Loop | None:

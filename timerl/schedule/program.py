@@ -28,6 +28,23 @@ class Free:
 
 
 @dataclass(eq=False)
+class SwapOut:
+    """Write the blocks of block store ``op`` at outer point ``prefix`` to disk and release
+    them: their next reader is far (placed only under a memory budget)."""
+
+    op: Op
+    prefix: tuple[Expr, ...] = ()
+
+
+@dataclass(eq=False)
+class SwapIn:
+    """Read back the blocks a ``SwapOut`` wrote, before their next reader."""
+
+    op: Op
+    prefix: tuple[Expr, ...] = ()
+
+
+@dataclass(eq=False)
 class Loop:
     dim: Dim
     forward: bool
@@ -35,7 +52,7 @@ class Loop:
     until: Op | None = None  # ends the loop after the first point where this bool op holds
 
 
-Stmt = Union[Compute, Free, Loop]
+Stmt = Union[Compute, Free, Loop, SwapOut, SwapIn]
 
 
 @dataclass(eq=False)
@@ -108,6 +125,10 @@ class Schedule:
                     point = ", ".join(d.name for d in op.domain)
                     reads = ", ".join(map(repr, op.inputs))
                     lines.append(f"{pad}{op.label}[{point}] = {op.prim}({reads})")
+                elif isinstance(s, (SwapOut, SwapIn)):
+                    verb = "swap out" if isinstance(s, SwapOut) else "swap in"
+                    where = ", ".join(map(str, s.prefix)) if s.prefix else "*"
+                    lines.append(f"{pad}{verb} {s.op.label}[{where}]")
                 else:
                     where = ", ".join(map(str, s.prefix)) if s.prefix else "*"
                     unless = f" unless {s.prefix[-1]} in {list(s.pinned)}" if s.pinned else ""

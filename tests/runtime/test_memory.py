@@ -1,0 +1,172 @@
+"""Memory accounting with block stores: the meter counts a block once (its rows and the views
+read from it are free), so a PPO rollout of large observations costs about its own size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from timerl.compiler.budget import parse_bytes
+from timerl.rl.algos import ppo
+
+STEPS = 512
+
+
+def _ppo(optimize: bool, backend: str = "numpy"):
+    prog = ppo(
+        env_id="Synthetic-v0",
+        num_envs=4,
+        num_steps=STEPS,
+        epochs=1,
+        minibatches=1,
+        hidden=(8,),
+        env_kwargs={"obs_shape": (3, 32, 32), "episode_length": 1000, "action_dim": 2},
+    )
+    metrics = list(prog.metrics.values())
+    c = prog.ctx.compile(
+        bounds={"I": 2, **prog.bounds}, outputs=metrics, optimize=optimize, backend=backend
+    )
+    return c, metrics
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_ppo_rollout_memory_is_one_rollout(backend):
+    prog, metrics = _ppo(True, backend)
+    obs = next(op for op in prog.ops if op.label == "obs")
+    rollout = 4 * STEPS * 3 * 32 * 32 * np.dtype(obs.dtype).itemsize
+    prog.run()
+    peak = prog.stats()["peak_bytes"]
+    ref, ref_metrics = _ppo(False)
+    ref.run()
+    ref_peak = ref.stats()["peak_bytes"]
+    # the point-store reference holds the points and stacked copies of the slice reads
+    assert ref_peak > 2 * rollout, (ref_peak, rollout)
+    # one block, plus the small rest of the program (network, optimiser, activations)
+    assert rollout <= peak <= 1.1 * rollout, (peak, rollout)
+    for a, b in zip(
+        [ref.value(m) for m in ref_metrics], [prog.value(m) for m in metrics], strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-4, atol=1e-5)
+
+
+def test_generated_code_and_interpreter_account_the_same_bytes():
+    peaks = []
+    for compiled in (True, False):
+        prog, _ = _ppo(True)
+        prog.run(compiled=compiled)
+        peaks.append(prog.stats()["peak_bytes"])
+    assert peaks[0] == peaks[1]
+
+
+@pytest.mark.parametrize("optimize", [True, False], ids=["blocks", "points"])
+def test_planned_peak_is_the_measured_peak(optimize):
+    prog, _ = _ppo(optimize)
+    planned = prog.planned_peak()
+    prog.run()
+    assert planned.peak_bytes == prog.stats()["peak_bytes"]
+    if optimize:
+        assert planned.holders[0][0] == "obs"
+
+
+def test_a_budget_below_the_peak_is_refused_at_compile_time():
+    prog = ppo(
+        env_id="Synthetic-v0",
+        num_envs=4,
+        num_steps=STEPS,
+        hidden=(8,),
+        env_kwargs={"obs_shape": (3, 32, 32), "episode_length": 1000, "action_dim": 2},
+    )
+    bounds = {"I": 2, **prog.bounds}
+    need = prog.ctx.compile(bounds=bounds).planned_peak().peak_bytes
+    assert need is not None
+    with pytest.raises(tl.MemoryBudgetError) as err:
+        prog.ctx.compile(bounds=bounds, memory_budget=need - 1)
+    msg = str(err.value)
+    assert f"memory_budget={need}" in msg and "obs" in msg
+    fits = prog.ctx.compile(bounds=bounds, memory_budget=need)
+    assert fits.stats()["planned_peak_bytes"] == need
+    prog.ctx.compile(bounds=bounds, memory_budget="1GiB")
+
+
+def test_a_budget_is_bytes_or_a_size_string():
+    assert parse_bytes(4096) == 4096
+    assert parse_bytes("256MiB") == 256 * 2**20
+    assert parse_bytes("1.5 GB") == 1_500_000_000
+    assert parse_bytes("64k") == 64 * 1024
+    for bad in ("lots", "12 parsecs", 0, -5, "0MiB"):
+        with pytest.raises(tl.MemoryBudgetError, match="memory budget"):
+            parse_bytes(bad)
+
+
+def test_train_refuses_a_budget_too_small_before_training(capsys):
+    from timerl.cli import main
+
+    argv = ["train", "reinforce", "--env", "CartPole-v1", "--steps", "64", "--num-envs", "2"]
+    code = main([*argv, "--num-steps", "32", "--memory-budget", "1KiB", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0 and "memory budget of 1.0 KiB" in err and "memory_budget=" in err
+    assert main([*argv, "--num-steps", "32", "--memory-budget", "512MiB", "--no-progress"]) == 0
+
+
+def test_planned_peak_of_a_plain_recurrence_is_the_measured_peak():
+    """One loop over t holding every point (outputs are kept): replayed in full, not cut
+    short like a training loop."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(64,), domain=(t,))
+        x[0] = tl.zeros((64,))
+        x[t + 1] = x[t] * 0.5 + 1.0
+        ret = tl.RecurrentTensor.placeholder(shape=(64,), domain=(t,))
+        ret[t.eq(T - 1)] = x
+        ret[True] = x + 0.9 * ret[t + 1]
+        prefix = x[0 : t + 1].mean(0)
+    prog = ctx.compile(bounds={T: 40}, outputs=[ret, prefix])
+    planned = prog.planned_peak()
+    prog.run()
+    assert planned.peak_bytes == prog.stats()["peak_bytes"]
+    assert planned.note == "replayed in full"
+
+
+def _idle_block():
+    """``x`` is written, idle while ``y``'s loop runs, then read whole: a block to swap."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((1024,), domain=(t,))
+        x[0] = tl.full((1024,), 1.0)
+        x[t + 1] = x[t] * 0.5 + 1.0
+        y = tl.RecurrentTensor.placeholder((1024,), domain=(t,))
+        y[0] = x[T - 1] * 2.0
+        y[t + 1] = y[t] * 0.9
+        out = x[0:T] @ y[0:T].sum(0)
+    return ctx, out
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_an_idle_block_is_swapped_to_disk_under_a_budget(backend, compiled):
+    block = 100 * 1024 * 4
+    ctx, out = _idle_block()
+    free = ctx.compile(bounds={"T": 100}, outputs=[out], backend=backend)
+    free.run(compiled=compiled)
+    assert free.stats()["peak_bytes"] > 2 * block  # both blocks live while y is written
+    budget = int(1.5 * block)
+    prog = ctx.compile(bounds={"T": 100}, outputs=[out], backend=backend, memory_budget=budget)
+    assert "swap out" in prog.schedule.dump() and "swap:" in prog.explain()
+    prog.run(compiled=compiled)
+    stats = prog.stats()
+    assert stats["peak_bytes"] <= budget and stats["peak_bytes"] == stats["planned_peak_bytes"]
+    assert stats["swapped_bytes"] == 2 * block  # written once, read back once
+    np.testing.assert_array_equal(prog.value(out), free.value(out))
+
+
+def test_a_budget_swapping_cannot_meet_names_the_smallest_that_fits():
+    ctx, out = _idle_block()
+    with pytest.raises(tl.MemoryBudgetError) as err:
+        ctx.compile(bounds={"T": 100}, outputs=[out], memory_budget=100_000)
+    fits = int(str(err.value).split("memory_budget=")[1].split(".")[0])
+    prog = ctx.compile(bounds={"T": 100}, outputs=[out], memory_budget=fits)
+    prog.run()
+    assert prog.stats()["peak_bytes"] == fits

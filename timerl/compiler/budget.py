@@ -1,0 +1,307 @@
+"""The memory a schedule needs, known before it runs, and the budget check on it.
+
+``planned_peak`` replays the schedule's compute and memory statements with the program's
+static bounds, counting what the run's meter counts: each point's bytes from its static
+shape, a block's rows once when its loop starts, views and aliases of blocks nothing. A
+training program's outer loop repeats the same work: a top-level loop around other loops
+stops being replayed once its live bytes are equal after ``MAX_OUTER`` consecutive
+iterations (a heuristic: an iteration whose guards pick other branches later is not seen). A dynamic dim is replayed to its cap; one without a cap
+makes the peak unknown (``None``).
+
+``check_budget`` turns a peak over ``ctx.compile(memory_budget=...)`` into a compile-time
+``MemoryBudgetError`` naming the smallest budget that fits and the tensor holding the most
+bytes at the peak, so a program that would not fit never starts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from timerl.compiler.storage import Storage
+from timerl.errors import MemoryBudgetError
+from timerl.ir.graph import Op
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
+from timerl.symbolic import TRUE, Bound, Symbol
+
+MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 2**40,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(value: int | str) -> int:
+    """Bytes from an int or a string such as ``"256MiB"``, ``"1.5GB"``, ``"4096"``."""
+    if isinstance(value, bool):
+        raise MemoryBudgetError(f"memory budget {value!r} is not a size")
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise MemoryBudgetError(
+                f"memory budget {value!r} is not a size: write bytes or e.g. '256MiB', '2GB'"
+            )
+        n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise MemoryBudgetError(f"memory budget {value!r} must be positive")
+    return n
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class PlannedPeak:
+    """The peak of live bytes the schedule reaches, and who holds them then."""
+
+    peak_bytes: int | None  # None: not known before the run (see ``note``)
+    holders: list[tuple[str, int]] = field(default_factory=list)  # (tensor, bytes), largest first
+    note: str = ""
+
+
+def planned_peak(
+    sched: Schedule,
+    ops: Iterable[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    dynamic: Mapping[Bound, int | None],
+) -> PlannedPeak:
+    ops = list(ops)
+    env: dict[Symbol, int] = {b: int(v) for b, v in static.items()}
+    for b, cap in dynamic.items():
+        if cap is None:
+            return PlannedPeak(None, note=f"{b.name} is dynamic without a cap")
+        env[b] = int(cap)
+    labels = {op.id: op.label for op in ops}
+    live: dict[int, dict[tuple, int]] = {}
+    per_op: dict[int, int] = {}
+    state = {"total": 0, "peak": 0, "at_peak": {}}
+    notes: list[str] = []
+
+    def add(op_id: int, key: tuple, n: int) -> None:
+        points = live.setdefault(op_id, {})
+        old = points.get(key, 0)
+        points[key] = n
+        per_op[op_id] = per_op.get(op_id, 0) + n - old
+        state["total"] += n - old
+        if state["total"] > state["peak"]:
+            state["peak"] = state["total"]
+            state["at_peak"] = {k: v for k, v in per_op.items() if v}
+
+    def drop(op_id: int, keys: list[tuple]) -> None:
+        points = live.get(op_id, {})
+        for key in keys:
+            n = points.pop(key, 0)
+            per_op[op_id] = per_op.get(op_id, 0) - n
+            state["total"] -= n
+
+    def nbytes(op: Op) -> int:
+        size = 1
+        for s in op.shape:
+            size *= int(s.evaluate(env))
+        return size * np.dtype(op.dtype).itemsize
+
+    blocks_of: dict[int, list[Op]] = {}
+    swapped: dict[tuple, int] = {}  # (op id, outer) -> bytes on disk
+
+    def find_blocks(body: list[Stmt], loop: Loop | None) -> None:
+        for s in body:
+            if isinstance(s, Loop):
+                find_blocks(s.body, s)
+            elif isinstance(s, Compute) and loop is not None:
+                st = storage.get(s.op.id)
+                if st is not None and st.kind == "block":
+                    blocks_of.setdefault(id(loop), []).append(s.op)
+
+    find_blocks(sched.body, None)
+
+    def run(body: list[Stmt], depth: int) -> None:
+        for s in body:
+            if isinstance(s, Compute):
+                op = s.op
+                kind = storage.get(op.id, _POINT).kind
+                if kind != "point" or (op.guard != TRUE and not op.guard.evaluate(env)):
+                    continue
+                add(op.id, tuple(env[d] for d in op.domain), nbytes(op))
+            elif isinstance(s, Free):
+                free(s)
+            elif isinstance(s, SwapOut):
+                key = tuple(int(p.evaluate(env)) for p in s.prefix)
+                points = live.get(s.op.id, {})
+                gone = [k for k in points if k[: len(key)] == key]
+                swapped.update({(s.op.id, k): points[k] for k in gone})
+                drop(s.op.id, gone)
+            elif isinstance(s, SwapIn):
+                key = tuple(int(p.evaluate(env)) for p in s.prefix)
+                back = [sk for sk in swapped if sk[0] == s.op.id and sk[1][: len(key)] == key]
+                for sk in back:
+                    add(s.op.id, sk[1], swapped.pop(sk))
+            else:
+                for op in blocks_of.get(id(s), []):
+                    st = storage[op.id]
+                    outer = tuple(env[d] for d in op.domain[:-1])
+                    add(op.id, outer, nbytes(op) * int(st.extent or 0))
+                extent = env[s.dim.bound]
+                points = range(extent) if s.forward else range(extent - 1, -1, -1)
+                # a top-level loop around loops (a training loop) whose live bytes are the
+                # same after consecutive iterations repeats itself: stop replaying it
+                outer = depth == 0 and any(isinstance(x, Loop) for x in s.body)
+                ends: list[int] = []
+                for k, p in enumerate(points):
+                    env[s.dim] = p
+                    run(s.body, depth + 1)
+                    ends.append(state["total"])
+                    if outer and k + 1 >= MAX_OUTER and ends[-1] == ends[-2] == ends[-3]:
+                        if k + 1 < extent:
+                            notes.append(
+                                f"{k + 1} of {extent} iterations over {s.dim.name} (the live "
+                                "bytes no longer change from one to the next)"
+                            )
+                        break
+                env.pop(s.dim, None)
+
+    def free(s: Free) -> None:
+        op = s.op
+        points = live.get(op.id)
+        if not points:
+            return
+        key = tuple(int(p.evaluate(env)) for p in s.prefix)
+        if s.pinned and key and key[-1] in {int(p.evaluate(env)) for p in s.pinned}:
+            return
+        n = len(key)
+        drop(op.id, [k for k in points if k[:n] == key])
+
+    run(sched.body, 0)
+    holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
+    note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
+    return PlannedPeak(int(state["peak"]), holders, note)
+
+
+_POINT = Storage("point", "")
+
+
+def check_budget(plan: PlannedPeak, budget: int) -> None:
+    """Raise ``MemoryBudgetError`` when the planned peak exceeds ``budget`` bytes."""
+    if plan.peak_bytes is None or plan.peak_bytes <= budget:
+        return
+    top = plan.holders[0] if plan.holders else ("?", 0)
+    others = ", ".join(f"{name} {format_bytes(b)}" for name, b in plan.holders[1:4])
+    raise MemoryBudgetError(
+        f"the program needs {format_bytes(plan.peak_bytes)} ({plan.peak_bytes} bytes) at its "
+        f"peak, over the memory budget of {format_bytes(budget)} ({budget} bytes); the "
+        f"smallest budget that fits is memory_budget={plan.peak_bytes}. The largest tensor "
+        f"live then is {top[0]} ({format_bytes(top[1])})"
+        + (f"; next: {others}" if others else "")
+        + ". Swapping idle blocks to disk does not bring it lower. Lower the batch "
+        "(envs x steps) or the observation size, or raise the budget."
+    )
+
+
+def plan_swaps(
+    sched: Schedule,
+    ops: list[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    dynamic: Mapping[Bound, int | None],
+    budget: int,
+) -> tuple[Schedule, PlannedPeak, list[str]]:
+    """Swap block stores to disk where that brings the planned peak under ``budget``.
+
+    A candidate is a block (no alias or view of it) that is idle between two statements of
+    the body holding its loop: after the loop that writes it (or a reader) and before its next
+    reader. Candidates are tried largest first; a swap is kept when it lowers the peak.
+    """
+    plan = planned_peak(sched, ops, storage, static, dynamic)
+    notes: list[str] = []
+    if plan.peak_bytes is None or plan.peak_bytes <= budget:
+        return sched, plan, notes
+    shared = {s.base for s in storage.values() if s.kind in ("alias", "view")}
+    blocks = {i for i, s in storage.items() if s.kind == "block" and i not in shared}
+    by_id = {op.id: op for op in ops}
+    candidates: list[tuple[int, tuple, int, int]] = []  # (op id, body path, after, before)
+
+    def reads(stmt: Stmt, op_id: int) -> bool:
+        if isinstance(stmt, Compute):
+            return any(e.src.id == op_id for e in stmt.op.inputs)
+        if isinstance(stmt, Loop):
+            return any(reads(x, op_id) for x in stmt.body)
+        return False
+
+    def visit(body: list[Stmt], path: tuple) -> None:
+        for k, s in enumerate(body):
+            if not isinstance(s, Loop):
+                continue
+            visit(s.body, path + (k,))
+            for x in s.body:
+                if isinstance(x, Compute) and x.op.id in blocks:
+                    uses = [k] + [j for j in range(k + 1, len(body)) if reads(body[j], x.op.id)]
+                    for a, b in zip(uses, uses[1:], strict=False):
+                        if b - a > 1:
+                            candidates.append((x.op.id, path, a, b))
+
+    visit(sched.body, ())
+    nbytes = {i: int(storage[i].extent or 0) * _row_bytes(by_id[i]) for i in blocks}
+    candidates.sort(key=lambda c: -nbytes[c[0]] * (c[3] - c[2]))
+    for op_id, path, after, before in candidates:
+        op = by_id[op_id]
+        prefix = tuple(op.domain[:-1])
+        trial = Schedule(
+            _insert(
+                sched.body,
+                (),
+                {(path, after): SwapOut(op, prefix)},
+                {(path, before): SwapIn(op, prefix)},
+            )
+        )
+        tried = planned_peak(trial, ops, storage, static, dynamic)
+        if tried.peak_bytes is not None and tried.peak_bytes < (plan.peak_bytes or 0):
+            sched, plan = trial, tried
+            notes.append(f"swap: {op.label} to disk while it is idle")
+            if plan.peak_bytes is not None and plan.peak_bytes <= budget:
+                break
+    return sched, plan, notes
+
+
+def _insert(
+    body: list[Stmt], path: tuple, after: Mapping[tuple, Stmt], before: Mapping[tuple, Stmt]
+) -> list[Stmt]:
+    out: list[Stmt] = []
+    for k, s in enumerate(body):
+        if (path, k) in before:
+            out.append(before[(path, k)])
+        if isinstance(s, Loop):
+            s = Loop(s.dim, s.forward, _insert(s.body, path + (k,), after, before), s.until)
+        out.append(s)
+        if (path, k) in after:
+            out.append(after[(path, k)])
+    return out
+
+
+def _row_bytes(op: Op) -> int:
+    size = 1
+    for s in op.shape:
+        size *= int(getattr(s, "value", 1))
+    return size * np.dtype(op.dtype).itemsize

@@ -1,0 +1,256 @@
+"""Storage analysis: how each op's points are held at run time, as a side table op id -> Storage.
+
+* **block**: a tensor written point by point along its last dim ``d`` (the innermost loop that
+  computes it), with a static extent, freed only as whole blocks (never point by point) and read
+  as a slice along ``d``. One array of ``extent`` rows is allocated when the loop over ``d``
+  starts (one per point of the outer dims); each point is written in place into its row and a
+  slice read ``x[a:b]`` is a view of the block, not a stacked copy.
+* **alias**: ``identity``/``detach``/``reshape`` of a block (or alias) at the same point, in
+  the same loop: a block store whose rows are the base block's memory reshaped; computing it
+  writes nothing. Liveness keeps the base block alive until the alias's last reader.
+* **view**: ``identity``/``detach``/``reshape`` of a whole block (``x[i, 0:T]``), or of such a
+  view at the same point. Its value aliases the block: it allocates nothing, and the block is
+  freed only after the view's last reader (liveness is told so through ``alias_reads``).
+* **point**: everything else, a dict from point to value.
+
+The table is decided on a schedule that already has its memory statements (a block needs
+whole-block frees); ``alias_reads`` lets liveness run again so that a block outlives its views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from timerl.ir import prims
+from timerl.ir.graph import Op
+from timerl.schedule.liveness import add_frees
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.symbolic import TRUE, Bound, Const, Dim, Expr, Slice, always_le0
+
+# primitives whose output is the input array itself or a view of it on a contiguous input
+VIEW_PRIMS = frozenset({"identity", "detach", "reshape"})
+# primitives whose output is always a view (numpy and torch), but a strided one: a reshape
+# of it may copy
+STRIDED_VIEW_PRIMS = frozenset({"permute", "expand"})
+
+
+@dataclass(frozen=True)
+class Storage:
+    kind: str  # "point" | "block" | "alias" | "view"
+    why: str
+    dim: Dim | None = None  # block: the dim the block runs along (the op's last dim)
+    extent: int | None = None  # block: rows allocated
+    base: int | None = None  # view, alias: the block op whose memory it is
+    contiguous: bool = True  # view: False after a permute or expand (a reshape may copy)
+
+
+def _same(a: Expr, b: Expr) -> bool:
+    return always_le0(a - b) and always_le0(b - a)
+
+
+def _loops_around(body: list[Stmt], out: dict[int, tuple[Loop, ...]], path: tuple = ()) -> None:
+    for s in body:
+        if isinstance(s, Compute):
+            out.setdefault(s.op.id, path)
+        elif isinstance(s, Loop):
+            _loops_around(s.body, out, path + (s,))
+
+
+def analyse(
+    sched: Schedule, ops: Iterable[Op], static: Mapping[Bound, int], keep: set[int]
+) -> dict[int, Storage]:
+    """The storage of every op computed by ``sched``."""
+    ops = list(ops)
+    around: dict[int, tuple[Loop, ...]] = {}
+    _loops_around(sched.body, around)
+    frees: dict[int, list[Free]] = {}
+    for s in sched.statements():
+        if isinstance(s, Free):
+            frees.setdefault(s.op.id, []).append(s)
+    readers: dict[int, list] = {op.id: [] for op in ops}
+    for op in ops:
+        for e in op.inputs:
+            readers.setdefault(e.src.id, []).append((op, e))
+    table: dict[int, Storage] = {}
+    for op in ops:
+        if op.id in around:
+            table[op.id] = _block_or_point(op, around[op.id], frees, readers, static, keep)
+    by_id = {op.id: op for op in ops}
+    # row aliases: a view op at the same point of a block is the block's memory, reshaped
+    changed = True
+    while changed:
+        changed = False
+        for op in ops:
+            if table.get(op.id, _POINT).kind != "alias" and _is_alias(op, table, around, keep):
+                src = table[op.inputs[0].src.id]
+                root = src.base if src.kind == "alias" else op.inputs[0].src.id
+                table[op.id] = Storage(
+                    "alias",
+                    f"a view of {by_id[root].label} at each point: its rows are that block's "
+                    "memory, nothing is allocated or copied",
+                    dim=src.dim,
+                    extent=src.extent,
+                    base=root,
+                )
+                changed = True
+    # views of whole blocks (a view of a view has the same base block)
+    for op in ops:
+        found = _view_base(op, table, keep)
+        if found is not None:
+            base, contiguous = found
+            table[op.id] = Storage(
+                "view",
+                f"a view of block {by_id[base].label}: allocates nothing",
+                base=base,
+                contiguous=contiguous,
+            )
+    return table
+
+
+def _block_or_point(op, loops, frees, readers, static, keep) -> Storage:
+    traits = prims.get(op.prim).traits
+    if op.id in keep:
+        return Storage("point", "kept after the run (an output)")
+    if traits.host:
+        return Storage("point", "a host call's value")
+    if not op.domain:
+        return Storage("point", "a single point")
+    if not all(isinstance(s, Const) for s in op.shape):
+        return Storage("point", "its shape is not static (it depends on a bound or the point)")
+    if tuple(loop.dim for loop in loops) != tuple(op.domain):
+        return Storage("point", "not computed in one loop per dim of its domain")
+    loop = loops[-1]
+    dim = loop.dim
+    if loop.until is not None or dim.bound not in static:
+        return Storage("point", f"the extent of {dim.name} is known only while it runs")
+    sliced = [
+        r
+        for r, e in readers.get(op.id, [])
+        if isinstance(e.index[-1], Slice) and not any(isinstance(i, Slice) for i in e.index[:-1])
+    ]
+    if not sliced:
+        return Storage("point", f"no reader reads it as a slice along {dim.name}")
+    fs = frees.get(op.id, [])
+    if any(len(f.prefix) >= len(op.domain) or f.pinned for f in fs):
+        return Storage("point", f"freed point by point along {dim.name} (a window)")
+    extent = int(static[dim.bound])
+    return Storage(
+        "block",
+        f"written along {dim.name}, read as a slice by {sliced[0].label}: "
+        f"{extent} rows allocated when the loop over {dim.name} starts, slices are views",
+        dim=dim,
+        extent=extent,
+    )
+
+
+_POINT = Storage("point", "")
+
+
+def _is_alias(op: Op, table: Mapping[int, Storage], around: Mapping, keep: set[int]) -> bool:
+    if op.prim not in VIEW_PRIMS or op.id in keep or len(op.inputs) != 1 or op.guard != TRUE:
+        return False
+    e = op.inputs[0]
+    src = table.get(e.src.id)
+    if src is None or src.kind not in ("block", "alias") or e.cond != TRUE:
+        return False
+    if tuple(op.domain) != tuple(e.src.domain) or op.dtype != e.src.dtype:
+        return False
+    if not all(i is d for i, d in zip(e.index, op.domain, strict=True)):
+        return False
+    if not all(isinstance(x, Const) for x in op.shape):
+        return False
+    loops, src_loops = around.get(op.id), around.get(e.src.id)
+    return bool(loops) and bool(src_loops) and loops[-1] is src_loops[-1]
+
+
+def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[int, bool] | None:
+    """The block op whose memory ``op``'s value aliases (and whether the view is contiguous),
+    if it only aliases one."""
+    strided = op.prim in STRIDED_VIEW_PRIMS
+    if not (op.prim in VIEW_PRIMS or strided) or op.id in keep or len(op.inputs) != 1:
+        return None
+    if op.guard != TRUE or op.id not in table:
+        return None
+    e = op.inputs[0]
+    src = table.get(e.src.id)
+    if (
+        src is None
+        or src.kind == "point"
+        or e.cond != TRUE
+        or src.base is None
+        and src.kind != "block"
+    ):
+        return None
+    if src.kind == "view":  # the same point of a view: a view of the same block
+        same_point = tuple(op.domain) == tuple(e.src.domain) and all(
+            i is d for i, d in zip(e.index, op.domain, strict=True)
+        )
+        if not same_point or (op.prim == "reshape" and not src.contiguous):
+            return None
+        assert src.base is not None
+        return src.base, src.contiguous and not strided
+    # the whole block at this point: x[outer..., 0:T]
+    outer, last = e.index[:-1], e.index[-1]
+    if tuple(op.domain) != tuple(e.src.domain[:-1]):
+        return None
+    if not all(i is d for i, d in zip(outer, op.domain, strict=True)):
+        return None
+    if not isinstance(last, Slice) or src.dim is None:
+        return None
+    if not (_same(last.start, Const(0)) and _same(last.stop, src.dim.bound)):
+        return None
+    base = src.base if src.kind == "alias" else e.src.id
+    assert base is not None
+    return base, not strided
+
+
+def alias_reads(
+    ops: Iterable[Op], table: Mapping[int, Storage]
+) -> dict[int, list[tuple[Op, tuple]]]:
+    """For each block with views: every read of a view, as a read of the whole block.
+
+    Liveness adds these to the block's readers, so the block is freed after its views' last
+    reader (a view keeps its base alive).
+    """
+    out: dict[int, list[tuple[Op, tuple]]] = {}
+    for op in ops:
+        for e in op.inputs:
+            st = table.get(e.src.id)
+            if st is None or st.kind not in ("view", "alias") or st.base is None:
+                continue
+            if st.kind == "alias":  # the same point of the block
+                out.setdefault(st.base, []).append((op, tuple(e.index)))
+                continue
+            dim = table[st.base].dim
+            assert dim is not None
+            whole = Slice(Const(0), dim.bound)
+            out.setdefault(st.base, []).append((op, tuple(e.index) + (whole,)))
+    return out
+
+
+def plan_storage(
+    scheduled: Schedule,
+    planned: Schedule,
+    ops: list[Op],
+    static: Mapping[Bound, int],
+    keep: set[int],
+) -> tuple[Schedule, dict[int, Storage]]:
+    """The storage table, and the memory statements again if views must keep blocks alive.
+
+    ``scheduled`` is the schedule before memory statements, ``planned`` after. When a block
+    stops qualifying once its views' readers extend its life (it would be freed point by
+    point), its views are stored as points instead and the first plan is kept.
+    """
+    table = analyse(planned, ops, static, keep)
+    extra = alias_reads(ops, table)
+    if not extra:
+        return planned, table
+    again = add_frees(scheduled, ops, keep, extra)
+    second = analyse(again, ops, static, keep)
+    if all(second.get(i) == s for i, s in table.items()):
+        return again, second
+    for i, s in list(table.items()):
+        if s.kind in ("view", "alias"):
+            table[i] = Storage("point", "a view whose block cannot outlive it")
+    return planned, table

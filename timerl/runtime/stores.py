@@ -1,0 +1,287 @@
+"""Block stores: an op's points along its last dim held in one preallocated array per outer point.
+
+``compiler/storage.py`` decides which ops get one. A block is allocated when the loop over its
+dim starts (``allocate``), each point is written in place into its row, and a slice read along
+the dim is a view of the block (``rows``). It is freed whole (``free_all``/``free_prefix``).
+
+``BlockStore`` also answers the dict interface the rest of the runtime uses on point stores
+(``store[point]``, ``items``, ``pop``...), so snapshots, checkpoints and generic multi-slice
+gathers work on it unchanged; a row that was never written reads as missing (``KeyError``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from timerl.compiler.storage import Storage
+from timerl.ir.graph import Edge, Op
+from timerl.schedule.program import Compute, Free, Loop, Schedule, SwapIn, SwapOut
+from timerl.symbolic import Slice
+
+_SWAP_DIR: list[str] = []
+
+
+def _swap_dir() -> str:
+    """One temporary directory per process for swapped blocks, removed at exit."""
+    if not _SWAP_DIR:
+        path = tempfile.mkdtemp(prefix="timerl-swap-")
+        atexit.register(shutil.rmtree, path, True)
+        _SWAP_DIR.append(path)
+    return _SWAP_DIR[0]
+
+
+class BlockStore:
+    """Blocks of ``extent`` rows of shape ``elem``, keyed by the point of the outer dims."""
+
+    __slots__ = (
+        "blocks",
+        "extent",
+        "elem",
+        "dtype",
+        "zeros",
+        "nbytes_of",
+        "block_bytes",
+        "backend",
+        "on_disk",
+        "moved",
+    )
+
+    def __init__(
+        self, extent: int, elem: tuple[int, ...], dtype: Any, backend: Any, owns: bool = True
+    ) -> None:
+        self.blocks: dict[tuple, tuple[Any, np.ndarray]] = {}  # outer -> (rows, written mask)
+        self.extent = extent
+        self.elem = elem
+        self.dtype = dtype
+        self.zeros = backend.zeros
+        self.nbytes_of = backend.nbytes
+        self.backend = backend
+        self.on_disk: dict[tuple, str] = {}  # outer -> file of a swapped-out block
+        self.moved = 0  # bytes written to and read back from disk
+        # an alias's blocks are another store's memory: freeing them releases nothing
+        size = int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.block_bytes = size if owns else 0
+
+    # --- what the executors call -----------------------------------------------------------
+    def allocate(self, outer: tuple) -> int:
+        """Make the block of ``outer`` if it does not exist yet; the bytes it took."""
+        if outer in self.blocks:
+            return 0
+        self.blocks[outer] = (
+            self.zeros((self.extent, *self.elem), self.dtype),
+            np.zeros(self.extent, dtype=bool),
+        )
+        return self.block_bytes
+
+    def share(self, outer: tuple, base: BlockStore) -> int:
+        """Make the block of ``outer`` a view of ``base``'s, rows reshaped to this elem."""
+        if outer not in self.blocks:
+            rows = base.blocks[outer][0].reshape((self.extent, *self.elem))
+            self.blocks[outer] = (rows, np.zeros(self.extent, dtype=bool))
+        return 0
+
+    def rows(self, outer: tuple, start: int, stop: int) -> Any:
+        """A view of rows ``start:stop`` of the block of ``outer``."""
+        return self.blocks[outer][0][start:stop]
+
+    def free_all(self) -> int:
+        n = len(self.blocks) * self.block_bytes
+        self.blocks.clear()
+        self._forget_files(())
+        return n
+
+    # --- swapping to disk -------------------------------------------------------------------
+    def swap_out(self, key: tuple) -> int:
+        """Write the blocks under ``key`` to files and drop them from memory; bytes released.
+
+        Files are written and read back explicitly (``np.save``/``np.load``), never mapped,
+        so a swapped block holds no memory at all."""
+        k = len(key)
+        n = 0
+        for outer in [o for o in self.blocks if o[:k] == key]:
+            rows, written = self.blocks.pop(outer)
+            fd, path = tempfile.mkstemp(prefix="timerl-swap-", suffix=".npz", dir=_swap_dir())
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, rows=self.backend.to_numpy(rows), written=written)
+            self.on_disk[outer] = path
+            n += self.block_bytes
+        self.moved += n
+        return n
+
+    def swap_in(self, key: tuple) -> int:
+        """Read back the blocks under ``key`` that ``swap_out`` wrote; bytes taken again."""
+        k = len(key)
+        n = 0
+        for outer in [o for o in self.on_disk if o[:k] == key]:
+            path = self.on_disk.pop(outer)
+            with np.load(path) as data:
+                rows, written = self.backend.asarray(data["rows"].copy()), data["written"].copy()
+            os.unlink(path)
+            self.blocks[outer] = (rows, written)
+            n += self.block_bytes
+        self.moved += n
+        return n
+
+    def _forget_files(self, key: tuple) -> None:
+        k = len(key)
+        for outer in [o for o in self.on_disk if o[:k] == key]:
+            os.unlink(self.on_disk.pop(outer))
+
+    def free_prefix(self, key: tuple) -> int:
+        k = len(key)
+        gone = [outer for outer in self.blocks if outer[:k] == key]
+        for outer in gone:
+            del self.blocks[outer]
+        self._forget_files(key)
+        return len(gone) * self.block_bytes
+
+    # --- the dict interface of a point store -----------------------------------------------
+    def __getitem__(self, point: tuple) -> Any:
+        rows, written = self.blocks[point[:-1]]
+        last = point[-1]
+        if not (0 <= last < self.extent) or not written[last]:
+            raise KeyError(point)
+        return rows[last]
+
+    def __setitem__(self, point: tuple, value: Any) -> None:
+        outer, last = point[:-1], point[-1]
+        if outer not in self.blocks:
+            self.allocate(outer)
+        rows, written = self.blocks[outer]
+        rows[last] = value
+        written[last] = True
+
+    def get(self, point: tuple, default: Any = None) -> Any:
+        try:
+            return self[point]
+        except KeyError:
+            return default
+
+    def __contains__(self, point: object) -> bool:
+        return isinstance(point, tuple) and self.get(point) is not None
+
+    def pop(self, point: tuple, default: Any = None) -> Any:
+        """Forget one point (its row stays allocated until the block is freed)."""
+        value = self.get(point, default)
+        if point[:-1] in self.blocks and 0 <= point[-1] < self.extent:
+            self.blocks[point[:-1]][1][point[-1]] = False
+        return value
+
+    def items(self) -> Iterator[tuple[tuple, Any]]:
+        for outer, (rows, written) in list(self.blocks.items()):
+            for k in np.flatnonzero(written):
+                yield outer + (int(k),), rows[k]
+
+    def keys(self) -> Iterator[tuple]:
+        return (p for p, _ in self.items())
+
+    __iter__ = keys
+
+    def values(self) -> Iterator[Any]:
+        return (v for _, v in self.items())
+
+    def __len__(self) -> int:
+        return sum(int(written.sum()) for _, written in self.blocks.values())
+
+    def __bool__(self) -> bool:
+        return bool(self.blocks)
+
+    def clear(self) -> None:
+        self.blocks.clear()
+
+    def __repr__(self) -> str:
+        return f"BlockStore({len(self.blocks)} blocks of {self.extent} x {self.elem})"
+
+
+class StorePlan:
+    """The storage table as the executors need it: which ops are blocks or views of blocks,
+    which loop allocates each block, and the source the code generator emits for them."""
+
+    def __init__(self, schedule: Schedule, storage: Mapping[int, Storage]) -> None:
+        self.storage = storage
+        self.blocks: dict[int, Op] = {}
+        self.views = {i for i, s in storage.items() if s.kind == "view"}
+        self.aliases = {i for i, s in storage.items() if s.kind == "alias"}
+        self.allocations: dict[int, list[Op]] = {}  # id(loop) -> blocks it allocates
+
+        def visit(body: list, loop: Loop | None) -> None:
+            for s in body:
+                if isinstance(s, Loop):
+                    visit(s.body, s)
+                elif isinstance(s, Compute) and loop is not None:
+                    st = storage.get(s.op.id)
+                    kind = st.kind if st is not None else "point"
+                    if kind in ("block", "alias") and s.op.id not in self.blocks:
+                        self.blocks[s.op.id] = s.op
+                        self.allocations.setdefault(id(loop), []).append(s.op)
+
+        visit(schedule.body, None)
+
+    def make_stores(self, ops: Iterable[Op], backend: Any) -> dict[int, Any]:
+        """A store per op: a ``BlockStore`` for each block, a dict otherwise."""
+        out: dict[int, Any] = {}
+        for op in ops:
+            if op.id in self.blocks:
+                elem = tuple(int(s.value) for s in op.shape)
+                extent = self.storage[op.id].extent or 0
+                owns = op.id not in self.aliases
+                out[op.id] = BlockStore(extent, elem, op.dtype, backend, owns)
+            else:
+                out[op.id] = {}
+        return out
+
+    def allocated_by(self, loop: Loop) -> list[Op]:
+        return self.allocations.get(id(loop), [])
+
+    # --- generated source ------------------------------------------------------------------
+    def allocate_src(self, loop: Loop, name_of: Callable) -> list[str]:
+        lines = []
+        for op in self.allocated_by(loop):
+            outer = _key([name_of(d) for d in op.domain[:-1]])
+            if op.id in self.aliases:
+                lines.append(f"S{op.id}.share({outer}, S{op.inputs[0].src.id})")
+                continue
+            lines.append(f"M[0] += S{op.id}.allocate({outer})")
+            lines.append("if M[0] > M[1]: M[1] = M[0]")
+        return lines
+
+    def block_write_src(self, op: Op, var: str, name_of: Callable) -> list[str]:
+        outer = _key([name_of(d) for d in op.domain[:-1]])
+        last = name_of(op.domain[-1])
+        if op.id in self.aliases:  # the row is already there: its base's row, reshaped
+            return [f"BL{op.id}[{outer}][1][{last}] = True"]
+        return [f"_b = BL{op.id}[{outer}]", f"_b[0][{last}] = {var}", f"_b[1][{last}] = True"]
+
+    def block_read_src(self, edge: Edge, src_of: Callable) -> str | None:
+        """A row or a view of rows of one block; None for reads that span blocks."""
+        outer, last = edge.index[:-1], edge.index[-1]
+        if any(isinstance(i, Slice) for i in outer):
+            return None
+        rows = f"BL{edge.src.id}[{_key([src_of(i) for i in outer])}][0]"
+        if isinstance(last, Slice):
+            return f"{rows}[{src_of(last.start)}:{src_of(last.stop)}]"
+        # ``[k, ...]`` keeps a 0-d row an array (``[k]`` would give a numpy scalar)
+        return f"{rows}[{src_of(last)}, ...]"
+
+    def swap_src(self, stmt: SwapOut | SwapIn, key: str) -> list[str]:
+        if stmt.op.id not in self.blocks:
+            return []  # held as points on this backend: nothing to swap
+        if isinstance(stmt, SwapOut):
+            return [f"M[0] -= S{stmt.op.id}.swap_out({key})"]
+        return [f"M[0] += S{stmt.op.id}.swap_in({key})", "if M[0] > M[1]: M[1] = M[0]"]
+
+    def block_free_src(self, stmt: Free, key: str) -> str:
+        if not stmt.prefix:
+            return f"M[0] -= S{stmt.op.id}.free_all()"
+        return f"M[0] -= S{stmt.op.id}.free_prefix({key})"
+
+
+def _key(items: list[str]) -> str:
+    return "(" + "".join(f"{x}, " for x in items) + ")"
