@@ -112,6 +112,9 @@ class Result:
     peak_rss_bytes: int
     framework_peak_bytes: int | None  # accelerator allocator peak where the framework reports it
     returns: list[float] = field(default_factory=list)  # per iteration; NaN if none completed
+    # RSS after imports, before the env, network and buffers exist: peak minus this is the
+    # run's data memory (0: not measured)
+    base_rss_bytes: int = 0
 
     def iterations_to(self, target: float) -> int | None:
         """First iteration (1-based) whose mean completed return reached ``target``."""
@@ -165,6 +168,21 @@ def peak_rss_bytes() -> int:
         pass
     kib_or_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(kib_or_bytes if sys.platform == "darwin" else kib_or_bytes * 1024)
+
+
+def current_rss_bytes() -> int:
+    """This process's resident set size now (0 where neither psutil nor /proc tells)."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def mean_or_nan(values: Any) -> float:

@@ -183,7 +183,9 @@ def all_cases(quick: bool = False, iterations: int | None = None, seed: int = 0)
         cfg = Config("CartPole-v1", num_envs=16, hidden_layers=layers, iterations=its(15, 3))
         cfg.seed = seed
         cases.append(Case("depth", f"cartpole-l{layers}", cfg, x=layers))
-    for envs in (4,):
+    # 4 envs: below the crossover where eager PyTorch's import outweighs a rollout; 8 and 32:
+    # a rollout of 375 MiB and 1.5 GiB of observations
+    for envs in (4, 8, 32):
         cfg = Config(
             "Synthetic-v0",
             synth((3, 64, 64), 1000),
@@ -331,6 +333,16 @@ class Row:
         return float(statistics.median(values)) if values else math.nan
 
     @property
+    def data_bytes(self) -> float:
+        """Median peak RSS minus RSS after imports: the run's data (NaN if not measured)."""
+        values = [
+            r["peak_rss_bytes"] - r["base_rss_bytes"]
+            for r in self.results
+            if r.get("base_rss_bytes") and r.get("peak_rss_bytes")
+        ]
+        return float(statistics.median(values)) if values else math.nan
+
+    @property
     def steps_per_s(self) -> float:
         return self.median("env_steps_per_s")
 
@@ -456,6 +468,7 @@ CSV_FIELDS = [
     "first_iteration_s",
     "setup_s",
     "peak_rss_mib",
+    "data_mib",
     "framework_peak_mib",
     "last_return",
     "algo",
@@ -494,6 +507,7 @@ def to_records(rows: list[Row]) -> tuple[list[dict[str, Any]], list[str]]:
             "first_iteration_s": row.median("first_iteration_s"),
             "setup_s": row.median("setup_s"),
             "peak_rss_mib": _mib(row.median("peak_rss_bytes")),
+            "data_mib": _mib(row.data_bytes),
             "framework_peak_mib": _mib(row.median("framework_peak_bytes")),
             "last_return": row.last_return,
             "algo": row.case.algo,
@@ -550,6 +564,7 @@ def table_rows(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
         "1st iter ÷ steady",
         "setup s",
         "peak RSS MiB",
+        "data MiB",
         "fw peak MiB",
         "return",
     ] + [f"÷ {b}" for b in bases]
@@ -570,6 +585,7 @@ def table_rows(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
             ),
             f"{row.median('setup_s'):.2f}",
             f"{_mib(row.median('peak_rss_bytes')):.0f}",
+            _num(_mib(row.data_bytes), "%.0f"),
             _num(_mib(row.median("framework_peak_bytes")), "%.1f"),
             _num(row.last_return, "%.1f"),
         ]

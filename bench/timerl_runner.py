@@ -28,7 +28,15 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from bench.common import Config, Result, build_parser, config_from_args, peak_rss_bytes, pin_threads
+from bench.common import (
+    Config,
+    Result,
+    build_parser,
+    config_from_args,
+    current_rss_bytes,
+    peak_rss_bytes,
+    pin_threads,
+)
 
 BACKENDS = ("numpy", "torch")
 
@@ -85,6 +93,9 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
     cfg = config.resolved()
     _setup_threads(cfg, backend)
     records: list[tuple[float, dict[str, Any]]] = []
+    import timerl.rl.train  # noqa: F401 (imports count as the framework's, not data)
+
+    base_rss = current_rss_bytes()
     start = time.perf_counter()
     out = train(
         algo,
@@ -95,6 +106,7 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
         progress=False,
         on_iteration=lambda rec: records.append((time.perf_counter(), dict(rec))),
     )
+    out.base_rss_bytes = base_rss
     return cfg, out, records, start
 
 
@@ -129,6 +141,7 @@ def _result(cfg: Config, out: Any, records: list, start: float, algo: str, backe
         peak_rss_bytes=peak_rss_bytes(),
         framework_peak_bytes=int(out.peak_bytes),
         returns=returns,
+        base_rss_bytes=int(getattr(out, "base_rss_bytes", 0)),
     )
 
 

@@ -15,7 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Config, Result, main_for, mean_or_nan, peak_rss_bytes, timing_summary
+from bench.common import (
+    Config,
+    Result,
+    current_rss_bytes,
+    main_for,
+    mean_or_nan,
+    peak_rss_bytes,
+    timing_summary,
+)
 
 
 def _torch() -> Any:
@@ -128,6 +136,7 @@ def run(config: Config) -> Result:
     cfg = config.resolved()
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    base_rss = current_rss_bytes()
     start = time.perf_counter()
     device = torch.device(cfg.device)
     env = make_env(cfg.env_id, num_envs=cfg.num_envs, seed=cfg.seed, **cfg.env_kwargs)
@@ -194,6 +203,7 @@ def run(config: Config) -> Result:
         peak_rss_bytes=peak_rss_bytes(),
         framework_peak_bytes=fw_peak,
         returns=returns,
+        base_rss_bytes=base_rss,
     )
 
 
