@@ -21,6 +21,7 @@ import networkx as nx
 
 from timerl.errors import BoundError, CycleError
 from timerl.ir.graph import Edge, Op
+from timerl.schedule.pin import pin, pin_points
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
 from timerl.symbolic import Dim, Expr, Slice, always_le0, always_lt0
 
@@ -66,24 +67,68 @@ class _Group:
     until: Op | None = None
 
 
+def schedule_program(
+    ops: Sequence[Op], dims: Sequence[Dim], until: Mapping[Dim, Op], fixed: set[int]
+) -> tuple[list[Op], Schedule]:
+    """The ops to run and their schedule: ``ops`` as given where they schedule as written,
+    else with ops pinned into the recurrences they read at one fixed point
+    (``timerl.schedule.pin``); when that fails too, the written program's error is raised.
+    ``fixed``: ops whose domain must not change (the tensors the user asked for)."""
+    ops = list(ops)
+    try:
+        return ops, schedule(ops, dims, until)
+    except CycleError as exc:
+        pins = pin_points(ops, fixed)
+        if not pins:
+            raise
+        pinned = pin(ops, pins, dims)
+        by_id = {op.id: op for op in pinned}
+        try:
+            return pinned, schedule(pinned, dims, {d: by_id[op.id] for d, op in until.items()})
+        except CycleError:
+            raise exc from None
+
+
 def schedule(ops: Sequence[Op], dims: Sequence[Dim], until: Mapping[Dim, Op]) -> Schedule:
     deps = [(op, e) for op in ops for e in op.inputs]
-    return Schedule(_level(list(ops), deps, tuple(dims), 0, until))
+    return Schedule(_level(list(ops), deps, tuple(dims), until))
 
 
 def _describe_cycle(ops: Sequence[Op]) -> str:
     return " -> ".join(op.where() for op in ops[:6]) + (" -> ..." if len(ops) > 6 else "")
 
 
-def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], level: int, until) -> list[Stmt]:
+def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) -> list[Stmt]:
+    """Loops for ``ops`` over ``dims`` (the dims no enclosing loop binds, outermost first).
+
+    The first dim some op runs over is tried first, so programs keep their written loop
+    order. Where that order has no valid schedule (``x[i, t + 1] = f(x[I - 1, t])``: for each
+    ``t`` all of ``x[:, t]`` is needed before any ``x[:, t + 1]``, so the loop over ``i`` must
+    sit inside the loop over ``t``), the other dims are tried as the outer loop in turn; if none
+    works, the error of the written order is raised. Dims with a dynamic bound are never moved.
+    """
     ids = {op.id for op in ops}
     deps = [(r, e) for r, e in deps if r.id in ids and e.src.id in ids]
-    if level == len(dims):
+    candidates = [d for d in dims if any(d in op.domain for op in ops)]
+    if not candidates:
         return _point_order(ops, deps)
-    dim = dims[level]
-    if not any(dim in op.domain for op in ops):
-        return _level(ops, deps, dims, level + 1, until)
+    if any(d in until for d in candidates):
+        candidates = candidates[:1]
+    first: CycleError | None = None
+    for dim in candidates:
+        rest = tuple(d for d in dims if d is not dim)
+        try:
+            return _loops_over(dim, ops, deps, rest, until)
+        except CycleError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
 
+
+def _loops_over(
+    dim: Dim, ops: list[Op], deps: list[Dep], rest: tuple[Dim, ...], until
+) -> list[Stmt]:
+    """``ops`` as loops over ``dim`` (and statements outside them), bodies over ``rest``."""
     graph = nx.DiGraph()
     graph.add_nodes_from(op.id for op in ops)
     graph.add_edges_from((e.src.id, r.id) for r, e in deps)
@@ -120,13 +165,13 @@ def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], level: int, un
 
     def flush_a() -> None:
         if pending_a:
-            out.extend(_level(list(pending_a), deps, dims, level + 1, until))
+            out.extend(_level(list(pending_a), deps, rest, until))
             pending_a.clear()
 
     def close_group() -> None:
         nonlocal group
         if group is not None:
-            out.append(_make_loop(group, deps, dims, level, dim, until))
+            out.append(_make_loop(group, deps, rest, dim, until))
             group = None
 
     while remaining:
@@ -231,7 +276,7 @@ def _add(group: _Group, comp: list[Op], direction: bool | None, deps: list[Dep],
     group.ops.extend(comp)
 
 
-def _make_loop(group: _Group, deps: list[Dep], dims, level: int, dim: Dim, until) -> Loop:
+def _make_loop(group: _Group, deps: list[Dep], rest: tuple[Dim, ...], dim: Dim, until) -> Loop:
     forward = group.forward if group.forward is not None else True
     strict = STRICT_PAST if forward else STRICT_FUTURE
     ids = {op.id for op in group.ops}
@@ -240,7 +285,7 @@ def _make_loop(group: _Group, deps: list[Dep], dims, level: int, dim: Dim, until
         for r, e in deps
         if r.id in ids and e.src.id in ids and relation(_index_on(e, dim), dim) != strict
     ]
-    body = _level(group.ops, body_deps, dims, level + 1, until)
+    body = _level(group.ops, body_deps, rest, until)
     return Loop(dim, forward, body, group.until)
 
 
