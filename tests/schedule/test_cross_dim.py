@@ -232,3 +232,40 @@ def test_an_op_reading_a_recurrence_at_two_points_is_not_pinned():
         w[i + 1] = w[i] * 0.5 + both
         with pytest.raises(tl.CycleError, match="with and without dim i"):
             tl.evaluate(w, bounds={big_i: 4})
+
+
+# --- two recurrences needing different loop orders --------------------------------------------
+
+
+def _two_orders_reference(a: float, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n_i, n_t = u.shape
+    x1 = np.zeros((n_i, n_t))
+    for k in range(n_i):
+        x1[k, 0] = a if k == 0 else np.tanh(x1[k - 1, n_t - 1] * 0.5 + 0.3)
+        for t in range(n_t - 1):
+            x1[k, t + 1] = np.tanh(x1[k, t] * 0.5 + u[k, t])
+    x3 = np.zeros((n_i, n_t))
+    x3[:, 0] = [x1[k % 2, 0] for k in range(n_i)]
+    for t in range(n_t - 1):
+        x3[:, t + 1] = np.tanh(x3[:, t].sum() * 0.3 + x3[:, t] * 0.5)
+    return x1, x3
+
+
+@pytest.mark.parametrize("backend, optimize", MODES)
+def test_recurrences_needing_different_loop_orders(backend, optimize):
+    """``x1`` carries over ``i`` (``i`` outer), ``x3`` reads across ``i`` (``t`` outer): all of
+    ``x1`` runs first, then ``x3``."""
+    u = _arr(N_I, N_T, seed=6)
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        U = tl.from_numpy(u, domain=(i, t), dtype="float64")
+        x1 = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        x1[0, 0] = 0.7
+        x1[i + 1, 0] = (x1[i, big_t - 1] * 0.5 + 0.3).tanh()
+        x1[i, t + 1] = (x1[i, t] * 0.5 + U[i, t]).tanh()
+        x3 = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        x3[i, 0] = x1[i % 2, 0]
+        x3[i, t + 1] = (x3[0:big_i, t].sum(0) * 0.3 + x3[i, t] * 0.5).tanh()
+        got = tl.evaluate([x1, x3], bounds={big_t: N_T}, backend=backend, optimize=optimize)
+    for g, want in zip(got, _two_orders_reference(0.7, u), strict=True):
+        close(g, want, rtol=1e-12, atol=1e-12)

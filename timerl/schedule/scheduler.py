@@ -122,7 +122,53 @@ def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) -> list
         except CycleError as exc:
             first = first or exc
     assert first is not None
+    if not any(d in until for d in candidates):
+        out = _distribute(ops, deps, dims, until)
+        if out is not None:
+            return out
     raise first
+
+
+def _distribute(
+    ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until
+) -> list[Stmt] | None:
+    """Independent recurrences that need different loop orders, one after the other.
+
+    ``x1`` recurring over ``i`` (``x1[i + 1, 0] = x1[i, T - 1]``) needs ``i`` outer, and ``x3``
+    reading it while recurring over ``t`` across ``i`` needs ``t`` outer: no one order runs
+    both, but all of ``x1`` can run before any of ``x3``. The strongly connected components are
+    taken in dependence order and packed greedily into runs that schedule together (so loops
+    still fuse where they can); each run completes before the next starts. None when the ops
+    form one component (there is nothing to split).
+    """
+    graph = nx.DiGraph()
+    graph.add_nodes_from(op.id for op in ops)
+    graph.add_edges_from((e.src.id, r.id) for r, e in deps)
+    comps = list(nx.strongly_connected_components(graph))
+    if len(comps) < 2:
+        return None
+    cond = nx.condensation(graph, scc=comps)
+    by_id = {op.id: op for op in ops}
+    order = [
+        sorted((by_id[k] for k in cond.nodes[n]["members"]), key=lambda o: o.id)
+        for n in nx.lexicographical_topological_sort(cond)
+    ]
+    out: list[Stmt] = []
+    run: list[Op] = []
+    run_stmts: list[Stmt] = []
+    for comp in order:
+        trial = run + comp
+        if len(trial) < len(ops):  # all of them together is what just failed
+            try:
+                run_stmts, run = _level(trial, deps, dims, until), trial
+                continue
+            except CycleError:
+                if not run:
+                    raise
+        out.extend(run_stmts)
+        run, run_stmts = comp, _level(comp, deps, dims, until)
+    out.extend(run_stmts)
+    return out
 
 
 def _loops_over(
