@@ -23,7 +23,17 @@ from timerl.errors import BoundError, CycleError
 from timerl.ir.graph import Edge, Op
 from timerl.schedule.pin import pin, pin_points
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
-from timerl.symbolic import Dim, Expr, Slice, always_le0, always_lt0
+from timerl.symbolic import (
+    TRUE,
+    Condition,
+    Dim,
+    Expr,
+    Slice,
+    Symbol,
+    always_le0,
+    always_lt0,
+)
+from timerl.symbolic.expr import And, Cmp
 
 SAME, PAST, STRICT_PAST, FUTURE, STRICT_FUTURE, NONE = (
     "same",
@@ -35,20 +45,75 @@ SAME, PAST, STRICT_PAST, FUTURE, STRICT_FUTURE, NONE = (
 )
 
 
-def relation(index: Expr | Slice, dim: Dim) -> str:
-    """How the points read along ``dim`` relate to the reader's own point on ``dim``."""
+def relation(index: Expr | Slice, dim: Dim, where: Condition = TRUE) -> str:
+    """How the points read along ``dim`` relate to the reader's own point on ``dim``.
+
+    ``where``: a condition that holds wherever the read happens (the reader's guard). Its
+    bounds on ``dim`` (``t >= 1``, ``t != 0``, ``t <= T - 2``) narrow the points compared, so
+    ``x[t // 2]`` read only where ``t >= 1`` is strictly in the past.
+    """
     if isinstance(index, Expr) and index == dim:
         return SAME
     lo, hi = (index.start, index.stop - 1) if isinstance(index, Slice) else (index, index)
-    if always_lt0(hi - dim):
+    first, last = _dim_range(where, dim)
+    shift: dict[Symbol, Expr] = {}
+    if first or last:
+        # dim in [first, D - 1 - last] is the whole range of dim' = dim - first over a bound
+        # D' = D - first - last: the sign facts below hold over that canonical range.
+        shift = {dim: dim + first, dim.bound: dim.bound + (first + last)}
+
+    def at(e: Expr) -> Expr:
+        return e.substitute(shift) if shift else e
+
+    if always_lt0(at(hi - dim)):
         return STRICT_PAST
-    if always_le0(hi - dim):
+    if always_le0(at(hi - dim)):
         return PAST
-    if always_lt0(dim - lo):
+    if always_lt0(at(dim - lo)):
         return STRICT_FUTURE
-    if always_le0(dim - lo):
+    if always_le0(at(dim - lo)):
         return FUTURE
     return NONE
+
+
+def _dim_range(where: Condition, dim: Dim) -> tuple[int, int]:
+    """``(a, b)`` such that ``where`` implies ``a <= dim <= D - 1 - b`` (zeros when unsure)."""
+    parts = where.parts if isinstance(where, And) else (where,)
+    first = last = 0
+    not_first: set[int] = set()
+    not_last: set[int] = set()
+    for part in parts:
+        if not isinstance(part, Cmp):
+            continue
+        terms, c = part.diff.linear()
+        if terms == {dim: -1}:  # c - dim OP 0: a lower bound
+            if part.op == "!=":
+                not_first.add(c)
+            else:
+                first = max(first, c + (part.op == "<"))
+        elif terms == {dim: 1} and part.op in ("==", "!="):  # dim + c OP 0
+            if part.op == "!=":
+                not_first.add(-c)
+            else:
+                first = max(first, -c)
+        elif terms == {dim: 1, dim.bound: -1}:  # dim - D + c OP 0: an upper bound
+            if part.op == "!=":
+                not_last.add(c - 1)
+            elif part.op in ("<=", "=="):
+                last = max(last, c - 1)
+            elif part.op == "<":
+                last = max(last, c)
+        elif terms == {dim: -1, dim.bound: 1} and part.op == "!=":  # D - dim + c != 0
+            not_last.add(-c - 1)
+    while first in not_first:
+        first += 1
+    while last in not_last:
+        last += 1
+    return first, last
+
+
+def _dep_relation(reader: Op, edge: Edge, dim: Dim) -> str:
+    return relation(_index_on(edge, dim), dim, reader.guard & edge.cond)
 
 
 def _index_on(edge: Edge, dim: Dim) -> Expr | Slice:
@@ -129,9 +194,7 @@ def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) -> list
     raise first
 
 
-def _distribute(
-    ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until
-) -> list[Stmt] | None:
+def _distribute(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) -> list[Stmt] | None:
     """Independent recurrences that need different loop orders, one after the other.
 
     ``x1`` recurring over ``i`` (``x1[i + 1, 0] = x1[i, T - 1]``) needs ``i`` outer, and ``x3``
@@ -268,7 +331,7 @@ def _carried_direction(comp: list[Op], deps: list[Dep], dim: Dim) -> bool | None
     for reader, edge in deps:
         if reader.id not in ids or edge.src.id not in ids:
             continue
-        rel = relation(_index_on(edge, dim), dim)
+        rel = _dep_relation(reader, edge, dim)
         if rel == NONE:
             raise CycleError(
                 f"{reader.where()} reads {edge.src.label}[{_index_on(edge, dim)}] inside a "
@@ -294,7 +357,7 @@ def _fusable(
     gids = {op.id for op in group.ops}
     for reader, edge in deps:
         if reader.id in ids and edge.src.id in gids:
-            rel = relation(_index_on(edge, dim), dim)
+            rel = _dep_relation(reader, edge, dim)
             if rel == SAME:
                 continue
             if rel in (PAST, STRICT_PAST) and want in (True, None):
@@ -314,7 +377,7 @@ def _add(group: _Group, comp: list[Op], direction: bool | None, deps: list[Dep],
         group.forward = direction
     for reader, edge in deps:
         if reader.id in ids and edge.src.id in gids:
-            rel = relation(_index_on(edge, dim), dim)
+            rel = _dep_relation(reader, edge, dim)
             if rel in (PAST, STRICT_PAST):
                 group.forward = True
             elif rel in (FUTURE, STRICT_FUTURE):
@@ -329,7 +392,7 @@ def _make_loop(group: _Group, deps: list[Dep], rest: tuple[Dim, ...], dim: Dim, 
     body_deps = [
         (r, e)
         for r, e in deps
-        if r.id in ids and e.src.id in ids and relation(_index_on(e, dim), dim) != strict
+        if r.id in ids and e.src.id in ids and _dep_relation(r, e, dim) != strict
     ]
     body = _level(group.ops, body_deps, rest, until)
     return Loop(dim, forward, body, group.until)
