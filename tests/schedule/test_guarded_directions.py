@@ -94,7 +94,9 @@ def test_an_unprovable_direction_is_refused_naming_the_read():
         x = tl.RecurrentTensor.placeholder((), "float64", domain=(t,))
         x[0] = 1.0
         x[True] = x[(t + 1) % 3] + 1.0
-        with pytest.raises(tl.CycleError, match=r"% 3\)\] inside a recurrence over t: .*neither before nor after"):
+        with pytest.raises(
+            tl.CycleError, match=r"% 3\)\] inside a recurrence over t: .*neither before nor after"
+        ):
             tl.evaluate(x, bounds={big_t: 6})
 
 
