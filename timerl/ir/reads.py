@@ -27,9 +27,6 @@ WIDEN_AFTER = 6
 MAX_ATOMS = 24
 
 
-COMPACT_FROM = 8  # atoms; a guard this large is rewritten as intervals where it can be
-
-
 def _atoms(cond: Condition) -> int:
     parts = getattr(cond, "parts", None)
     if parts is not None:
@@ -223,8 +220,8 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
             if part is None:
                 part = seen[key] = read_points(reader, edge.index, op, guard[reader.id] & cond)
             g = union(g, part)  # absorbs disjuncts one another implies
-            if _atoms(g) > COMPACT_FROM:
-                g = _compact(g)
+            if _atoms(g) > MAX_ATOMS:
+                g = _compact(g)  # rather than every point, where it is about one form
             if g == TRUE or _atoms(g) > MAX_ATOMS:
                 g = TRUE
                 break

@@ -14,6 +14,7 @@ loop that computes the stop condition first and fusing every earlier loop over t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +77,7 @@ def relation(index: Expr | Slice, dim: Dim, where: Condition = TRUE) -> str:
     return NONE
 
 
+@functools.lru_cache(maxsize=4096)
 def _dim_range(where: Condition, dim: Dim) -> tuple[int, int]:
     """``(a, b)`` such that ``where`` implies ``a <= dim <= D - 1 - b`` (zeros when unsure)."""
     parts = where.parts if isinstance(where, And) else (where,)
@@ -113,7 +115,11 @@ def _dim_range(where: Condition, dim: Dim) -> tuple[int, int]:
 
 
 def _dep_relation(reader: Op, edge: Edge, dim: Dim) -> str:
-    return relation(_index_on(edge, dim), dim, reader.guard & edge.cond)
+    index = _index_on(edge, dim)
+    rel = relation(index, dim)
+    if rel in (SAME, STRICT_PAST, STRICT_FUTURE) or (reader.guard == TRUE and edge.cond == TRUE):
+        return rel  # nothing the guard could sharpen
+    return relation(index, dim, reader.guard & edge.cond)
 
 
 def _index_on(edge: Edge, dim: Dim) -> Expr | Slice:
@@ -218,19 +224,26 @@ def _distribute(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) ->
     ]
     out: list[Stmt] = []
     run: list[Op] = []
-    run_stmts: list[Stmt] = []
+    tried: tuple[int, list[Stmt]] = (-1, [])  # the last run that scheduled, by its length
     for comp in order:
+        # An op on no cycle cannot make a run fail (errors come from cycles), so only
+        # recurrences are tried against the run: a handful even in a large program.
+        if not run or (len(comp) == 1 and not graph.has_edge(comp[0].id, comp[0].id)):
+            run = run + comp
+            continue
         trial = run + comp
         if len(trial) < len(ops):  # all of them together is what just failed
             try:
-                run_stmts, run = _level(trial, deps, dims, until), trial
+                tried = (len(trial), _level(trial, deps, dims, until))
+                run = trial
                 continue
             except CycleError:
-                if not run:
-                    raise
-        out.extend(run_stmts)
-        run, run_stmts = comp, _level(comp, deps, dims, until)
-    out.extend(run_stmts)
+                pass
+        out.extend(tried[1] if tried[0] == len(run) else _level(run, deps, dims, until))
+        run, tried = list(comp), (-1, [])
+    if len(run) == len(ops):
+        return None  # one recurrence (and ops on no cycle): nothing to split
+    out.extend(tried[1] if tried[0] == len(run) else _level(run, deps, dims, until))
     return out
 
 
