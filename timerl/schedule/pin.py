@@ -35,7 +35,8 @@ def pin_points(ops: Sequence[Op], fixed: set[int] = frozenset()) -> dict[int, di
     every read it makes of that cycle, along ``d``, hits one and the same fixed point (directly,
     or through other pinned ops of the cycle). Cycles where some op cannot be pinned are left
     as they are: the scheduler reports them, as it does when an op of ``fixed`` (a tensor the
-    user asked for, whose shape must not change) would need pinning.
+    user asked for, whose shape must not change) or a side effect (called with its point)
+    would need pinning.
     """
     graph = nx.DiGraph()
     graph.add_nodes_from(op.id for op in ops)
@@ -50,7 +51,7 @@ def pin_points(ops: Sequence[Op], fixed: set[int] = frozenset()) -> dict[int, di
             if not lacking:
                 continue
             pins = _pins_along(lacking, comp, dim)
-            if pins is None or any(k in fixed for k in pins):
+            if pins is None or any(k in fixed or by_id[k].effect for k in pins):
                 continue
             for op_id, point in pins.items():
                 out.setdefault(op_id, {})[dim] = point
