@@ -242,7 +242,13 @@ def _distribute(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) ->
         out.extend(tried[1] if tried[0] == len(run) else _level(run, deps, dims, until))
         run, tried = list(comp), (-1, [])
     if len(run) == len(ops):
-        return None  # one recurrence (and ops on no cycle): nothing to split
+        if tried[0] < 0:
+            return None  # one recurrence (and ops on no cycle): nothing to split
+        # the last run that scheduled (itself split further down), then the ops on no cycle
+        # that came after it
+        out.extend(tried[1])
+        out.extend(_level(run[tried[0] :], deps, dims, until))
+        return out
     out.extend(tried[1] if tried[0] == len(run) else _level(run, deps, dims, until))
     return out
 
