@@ -479,3 +479,37 @@ def test_read_gathering_two_slices_at_once(kind, backend):
         yv, gh = tl.evaluate([y, H.grad], backend=backend)
     close(yv, ref(h)[0], rtol=1e-12, atol=1e-12)
     _check_grads([gh], lambda a: ref(a)[1], [h])
+
+
+# --- 13. the gradient of a backward recurrence with a forward window ---------------------------
+
+
+def _backward_window_ref(u0, u1):
+    n = len(u1)
+    x = np.zeros(n)
+    x[n - 1] = -u0[0]
+    for k in range(n - 2, -1, -1):
+        x[k] = np.tanh(x[k + 1] * 0.5 + u1[k : min(k + 3, n)].sum() * 2.0 - 0.5)
+    return x, float((x * x).sum())
+
+
+@pytest.mark.parametrize("n", [2, 3, 6])
+def test_backward_recurrence_with_a_window_gradient(n, backend):
+    """Found by the fuzzer: the gradient chain's guards grew by one shift per round
+    (``t + 2 == T``, ``t + 3 == T``, ...), were widened to every point, and the branch
+    reading ``x[t + 1]`` was then computed at ``t = T - 1`` too, out of range. Widened as
+    intervals they stop at ``t <= T - 2``."""
+    u0, u1 = _arr(n, seed=16), _arr(n, seed=17)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U0 = tl.from_numpy(u0, domain=(t,), requires_grad=True, dtype="float64")
+        U1 = tl.from_numpy(u1, domain=(t,), requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), "float64", domain=(t,))
+        x[T - 1] = -(U0[0:1].sum(0))
+        # the ``+ 0.0`` and ``+ -0.5`` are as generated: each op is one more step of the chain
+        x[t] = ((x[t + 1] * 0.5 + 0.0) + (U1[t : tl.min(t + 3, T)].sum(0) * 2.0 + -0.5)).tanh()
+        (x * x).sum().backward()
+        for optimize in (True, False):
+            xv, g0, g1 = tl.evaluate([x, U0.grad, U1.grad], backend=backend, optimize=optimize)
+            close(xv, _backward_window_ref(u0, u1)[0], rtol=1e-12, atol=1e-12)
+            _check_grads([g0, g1], lambda a, b: _backward_window_ref(a, b)[1], [u0, u1])

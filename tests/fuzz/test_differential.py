@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 import zlib
 
 import pytest
@@ -64,18 +63,6 @@ def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Progr
     return program, torch_too, unoptimised
 
 
-# Valid programs the scheduler still rejects with a compile-time CycleError or
-# OutOfRangeError (recurrences over t that read across the outer dim i, such as
-# ``x[i, t + 1] = f(x[I - 1, t])``; a few reads at tiny bounds). They are counted and reported
-# as a warning, not failed: the compiler refuses them with a clear error, it never computes a
-# wrong value. Wrong values or gradients, raw exceptions and any other rejection fail.
-KNOWN_REJECTIONS = ("CycleError", "OutOfRangeError")
-
-
-def known_rejection(f: Finding) -> bool:
-    return f.kind.startswith("rejected") and f.detail.startswith(KNOWN_REJECTIONS)
-
-
 # the jax backend's own run: programs drawn apart from the others, each checked on numpy and
 # on jax (jitted regions); ``TIMERL_FUZZ_JAX_EXAMPLES`` programs in all (values, gradients)
 JAX_EXAMPLES = int(os.environ.get("TIMERL_FUZZ_JAX_EXAMPLES", "20"))
@@ -89,7 +76,6 @@ def fuzz(name: str, jax: bool = False) -> None:
     """
     _, grad, two, max_stages = TESTS[name]
     findings: list[Finding] = []
-    known: list[Finding] = []
     count = max(1, JAX_EXAMPLES // 2) if jax else examples(name)
 
     @seed(zlib.crc32((name + ("/jax" if jax else "")).encode()))
@@ -111,21 +97,11 @@ def fuzz(name: str, jax: bool = False) -> None:
             else:
                 check(program, torch_too=torch_too, unoptimised=unoptimised)
         except Finding as f:
-            if known_rejection(f):
-                known.append(f)
-                return
             if not KEEP_GOING:
                 raise
             findings.append(f)
 
     each()
-    if known:
-        kinds = sorted({signature(f) for f in known})
-        warnings.warn(
-            f"{name}: {len(known)} of {count} valid programs rejected at compile time "
-            f"(known scheduler limitation): {'; '.join(kinds)}",
-            stacklevel=1,
-        )
     if findings:
         groups: dict[str, list[Finding]] = {}
         for f in findings:
@@ -267,18 +243,16 @@ def test_gradient_of_a_slice_along_a_fixed_row():
         )
 
 
-def test_only_the_schedulers_known_rejections_are_tolerated(monkeypatch):
+@pytest.mark.parametrize("error", ["CycleError", "OutOfRangeError", "ProgramError"])
+def test_no_rejection_is_tolerated(monkeypatch, error):
+    """The scheduler's errors too: every generated program is valid, so any refusal fails."""
     import timerl as tl
 
     program = _small_program()
-    for error, tolerated in ((tl.CycleError, True), (tl.ProgramError, False)):
 
-        def reject(*args, error=error, **kwargs):
-            raise error("refused")
+    def reject(*args, **kwargs):
+        raise getattr(tl, error)("refused")
 
-        monkeypatch.setattr(tl, "evaluate", reject)
-        with pytest.raises(Finding) as info:
-            check(program)
-        assert known_rejection(info.value) is tolerated
-    wrong = Finding("value mismatch", "CycleError: not a rejection", program)
-    assert not known_rejection(wrong)
+    monkeypatch.setattr(tl, "evaluate", reject)
+    with pytest.raises(Finding, match=f"rejected by evaluate .*{error}: refused"):
+        check(program)

@@ -322,6 +322,10 @@ def test_always_le0_proves_the_facts_scheduling_needs():
     assert always_le0(min_(t + 5, T - 1) - (T - 1))
     assert always_le0(-max_(t - 3, 0))
     assert always_le0(mod(t, 4) - 3)
+    assert always_le0(floordiv(t, 2) - t)  # t // 2 <= t
+    assert always_lt0(floordiv(t + 1, 2) - (t + 1))  # t // 2 < t where t >= 1
+    assert always_lt0(floordiv(t + 2, 3) - (t + 2))  # t // 3 < t where t >= 2 (t = 1 too)
+    assert not always_lt0(floordiv(t, 2) - t)  # t = 0
     assert not always_le0(t - 1)
     assert not always_le0(t + 1 - (T - 1))
     assert not always_le0(max_(t + 5, T - 1) - (T - 1))

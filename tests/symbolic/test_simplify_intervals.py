@@ -88,10 +88,10 @@ def test_disjuncts_implied_by_another_are_absorbed():
     [
         (t // 2 - t, True),
         (t // 2 - T + 1, True),
-        ((t + 1) // 3 - t, False),  # true, but the bound used is not tight enough: conservative
+        ((t + 1) // 3 - t, True),  # needs the integer slack: (t + 1) / 3 - t > 0 at t = 0
         (t - t // 2 - 1, False),
     ],
-    ids=["half_le_t", "half_le_T", "conservative", "false"],
+    ids=["half_le_t", "half_le_T", "integer_slack", "false"],
 )
 def test_floordiv_upper_bounds_are_sound(expr, holds):
     assert always_le0(expr) is holds

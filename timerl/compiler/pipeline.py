@@ -26,7 +26,7 @@ from timerl.ir.validate import check_not_empty, validate
 from timerl.schedule.liveness import add_frees
 from timerl.schedule.order import order_blocks
 from timerl.schedule.program import Schedule
-from timerl.schedule.scheduler import schedule
+from timerl.schedule.scheduler import schedule_program
 
 T = TypeVar("T")
 
@@ -80,7 +80,13 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
     rewrite("domain conditions", add_guards)
     report.timed("validation", lambda: validate(list(spec.ops), spec.check_bounds))
     ops = list(spec.ops)
-    sched = report.timed("scheduling", lambda: schedule(ops, spec.dims, spec.until))
+    fixed = {op.id for op in spec.outputs} | set(spec.keep)
+    ops, sched = report.timed(
+        "scheduling", lambda: schedule_program(ops, spec.dims, spec.until, fixed)
+    )
+    if any(a is not b for a, b in zip(ops, spec.ops, strict=True)):
+        spec = spec.with_ops(ops)  # ops pinned into a recurrence (schedule/pin.py)
+        report.notes.append("ops pinned into the recurrences they read at one point")
     if optimize:
         sched, reordered = report.timed(
             "op order (graphopt)", lambda: order_blocks(sched, ops, spec.check_bounds, spec.keep)

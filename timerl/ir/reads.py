@@ -10,6 +10,7 @@ a VJP contribute only where the forward value was read.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 
 from timerl.ir import prims
@@ -17,7 +18,7 @@ from timerl.ir.graph import Op
 from timerl.ir.validate import exclusive_conditions
 from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, simplify
 from timerl.symbolic.bounds import union
-from timerl.symbolic.expr import And
+from timerl.symbolic.expr import And, Cmp, Literal, Not, Or, Symbol
 
 MAX_ROUNDS = 100
 WIDEN_AFTER = 6
@@ -32,6 +33,113 @@ def _atoms(cond: Condition) -> int:
         return sum(_atoms(p) for p in parts)
     part = getattr(cond, "part", None)
     return _atoms(part) if part is not None else 1
+
+
+# --- guards on one linear form, as intervals ----------------------------------------------------
+# Around a recurrence the needed points of a gradient chain grow one shift per round
+# (``t + 2 == T``, then ``t + 3 == T``, ...): as And/Or trees they never converge, and widening
+# them to every point computes ops where they read out of range. When every comparison is about
+# one linear form ``L`` (``t - T``), the guard is a set of integers for ``L``: it is rewritten
+# as its intervals, and widened by moving an end that keeps moving to infinity.
+
+Intervals = list[tuple[float, float]]
+
+
+def _form_of(cond: Condition) -> tuple[dict, Intervals] | None:
+    """``(terms of L, the values of L where cond holds)``, if cond is about one form ``L``."""
+    cmps: list[Cmp] = []
+
+    def collect(c: Condition) -> bool:
+        if isinstance(c, Literal):
+            return True
+        if isinstance(c, Cmp):
+            cmps.append(c)
+            return True
+        if isinstance(c, (And, Or)):
+            return all(collect(p) for p in c.parts)
+        if isinstance(c, Not):
+            return collect(c.part)
+        return False
+
+    if not collect(cond) or not cmps:
+        return None
+    base, _ = cmps[0].diff.linear()
+    if not all(isinstance(a, Symbol) for a in base):
+        return None
+    neg = {a: -k for a, k in base.items()}
+    sign: dict[int, tuple[int, int]] = {}  # id(cmp) -> (s, c): diff = s * L + c
+    for c in cmps:
+        terms, const = c.diff.linear()
+        if terms != base and terms != neg:
+            return None
+        sign[id(c)] = (1 if terms == base else -1, const)
+    points = [-s * k for s, k in sign.values()]
+    lo, hi = min(points) - 1, max(points) + 1
+
+    def holds(c: Condition, v: int) -> bool:
+        if isinstance(c, Literal):
+            return c.value
+        if isinstance(c, Cmp):
+            s, k = sign[id(c)]
+            d = s * v + k
+            return {"==": d == 0, "!=": d != 0, "<": d < 0, "<=": d <= 0}[c.op]
+        if isinstance(c, And):
+            return all(holds(p, v) for p in c.parts)
+        if isinstance(c, Or):
+            return any(holds(p, v) for p in c.parts)
+        assert isinstance(c, Not)
+        return not holds(c.part, v)
+
+    out: Intervals = []
+    start: float | None = None
+    for v in range(lo, hi + 1):  # below lo and above hi every comparison is as at lo, hi
+        if holds(cond, v) and start is None:
+            start = -math.inf if v == lo else v
+        if not holds(cond, v) and start is not None:
+            out.append((start, v - 1))
+            start = None
+    if start is not None:
+        out.append((start, math.inf))
+    return base, out
+
+
+def _from_intervals(terms: dict, spans: Intervals) -> Condition:
+    form = sum((a * k for a, k in terms.items()), Const(0))
+    parts: list[Condition] = []
+    for a, b in spans:
+        if a == b:
+            parts.append(form.eq(int(a)))
+            continue
+        part: Condition = TRUE
+        if a != -math.inf:
+            part = part & (form >= int(a))
+        if b != math.inf:
+            part = part & (form <= int(b))
+        parts.append(part)
+    return simplify(Or.make(parts)) if parts else FALSE
+
+
+def _compact(cond: Condition) -> Condition:
+    """``cond`` as intervals of its one linear form, when it has one and that is smaller."""
+    found = _form_of(cond)
+    if found is None:
+        return cond
+    out = _from_intervals(*found)
+    return out if _atoms(out) < _atoms(cond) else cond
+
+
+def _widen(old: Condition, new: Condition) -> Condition:
+    """A superset of ``new`` whose ends that moved since ``old`` go to infinity (else TRUE)."""
+    a, b = _form_of(old), _form_of(new)
+    if a is None or b is None or a[0] != b[0] or not a[1] or not b[1]:
+        return TRUE
+    (_, was), (terms, now) = a, b
+    now = list(now)
+    if now[0][0] < was[0][0]:
+        now[0] = (-math.inf, now[0][1])
+    if now[-1][1] > was[-1][1]:
+        now[-1] = (now[-1][0], math.inf)
+    return _from_intervals(terms, now)
 
 
 def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Condition:
@@ -112,6 +220,8 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
             if part is None:
                 part = seen[key] = read_points(reader, edge.index, op, guard[reader.id] & cond)
             g = union(g, part)  # absorbs disjuncts one another implies
+            if _atoms(g) > MAX_ATOMS:
+                g = _compact(g)  # rather than every point, where it is about one form
             if g == TRUE or _atoms(g) > MAX_ATOMS:
                 g = TRUE
                 break
@@ -119,9 +229,13 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
             continue
         changes[op.id] += 1
         # Every cycle passes through a piecewise op; one whose guard keeps changing follows
-        # a shift around the cycle: widen it to every point (always sound).
+        # a shift around the cycle: widen it, first by sending the moving ends of its
+        # intervals to infinity (``t <= T - 2``), then, if it still changes, to every point.
         if prims.get(op.prim).traits.piecewise and changes[op.id] > WIDEN_AFTER:
-            g = TRUE
+            old = guard[op.id]
+            g = _widen(old, union(old, g)) if changes[op.id] <= 2 * WIDEN_AFTER else TRUE
+            if g == old:
+                continue
         guard[op.id] = g
         for e in op.inputs:
             src = e.src.id

@@ -122,6 +122,12 @@ def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> 
         return False
     axis = op.domain.index(dim)
     outer = tuple(op.domain[:axis])
+    enclosing = {node_at(here[:j]).dim for j in range(1, depth)}
+    if set(outer) != enclosing:
+        # The loops do not nest in the domain's order (the scheduler moved an inner dim out,
+        # ``x[i, t + 1] = f(x[I - 1, t])``): a free by leading coordinates cannot name this
+        # loop's points, so an enclosing loop (or the end) frees them.
+        return False
     allowed: set[Symbol] = set(outer) | {d.bound for d in op.domain} | {dim.bound}
     lags: list[int] = [0]
     pins: list[Expr] = []

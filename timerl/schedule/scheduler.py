@@ -14,6 +14,7 @@ loop that computes the stop condition first and fusing every earlier loop over t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -21,8 +22,19 @@ import networkx as nx
 
 from timerl.errors import BoundError, CycleError
 from timerl.ir.graph import Edge, Op
+from timerl.schedule.pin import pin, pin_points
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
-from timerl.symbolic import Dim, Expr, Slice, always_le0, always_lt0
+from timerl.symbolic import (
+    TRUE,
+    Condition,
+    Dim,
+    Expr,
+    Slice,
+    Symbol,
+    always_le0,
+    always_lt0,
+)
+from timerl.symbolic.expr import And, Cmp
 
 SAME, PAST, STRICT_PAST, FUTURE, STRICT_FUTURE, NONE = (
     "same",
@@ -34,20 +46,80 @@ SAME, PAST, STRICT_PAST, FUTURE, STRICT_FUTURE, NONE = (
 )
 
 
-def relation(index: Expr | Slice, dim: Dim) -> str:
-    """How the points read along ``dim`` relate to the reader's own point on ``dim``."""
+def relation(index: Expr | Slice, dim: Dim, where: Condition = TRUE) -> str:
+    """How the points read along ``dim`` relate to the reader's own point on ``dim``.
+
+    ``where``: a condition that holds wherever the read happens (the reader's guard). Its
+    bounds on ``dim`` (``t >= 1``, ``t != 0``, ``t <= T - 2``) narrow the points compared, so
+    ``x[t // 2]`` read only where ``t >= 1`` is strictly in the past.
+    """
     if isinstance(index, Expr) and index == dim:
         return SAME
     lo, hi = (index.start, index.stop - 1) if isinstance(index, Slice) else (index, index)
-    if always_lt0(hi - dim):
+    first, last = _dim_range(where, dim)
+    shift: dict[Symbol, Expr] = {}
+    if first or last:
+        # dim in [first, D - 1 - last] is the whole range of dim' = dim - first over a bound
+        # D' = D - first - last: the sign facts below hold over that canonical range.
+        shift = {dim: dim + first, dim.bound: dim.bound + (first + last)}
+
+    def at(e: Expr) -> Expr:
+        return e.substitute(shift) if shift else e
+
+    if always_lt0(at(hi - dim)):
         return STRICT_PAST
-    if always_le0(hi - dim):
+    if always_le0(at(hi - dim)):
         return PAST
-    if always_lt0(dim - lo):
+    if always_lt0(at(dim - lo)):
         return STRICT_FUTURE
-    if always_le0(dim - lo):
+    if always_le0(at(dim - lo)):
         return FUTURE
     return NONE
+
+
+@functools.lru_cache(maxsize=4096)
+def _dim_range(where: Condition, dim: Dim) -> tuple[int, int]:
+    """``(a, b)`` such that ``where`` implies ``a <= dim <= D - 1 - b`` (zeros when unsure)."""
+    parts = where.parts if isinstance(where, And) else (where,)
+    first = last = 0
+    not_first: set[int] = set()
+    not_last: set[int] = set()
+    for part in parts:
+        if not isinstance(part, Cmp):
+            continue
+        terms, c = part.diff.linear()
+        if terms == {dim: -1}:  # c - dim OP 0: a lower bound
+            if part.op == "!=":
+                not_first.add(c)
+            else:
+                first = max(first, c + (part.op == "<"))
+        elif terms == {dim: 1} and part.op in ("==", "!="):  # dim + c OP 0
+            if part.op == "!=":
+                not_first.add(-c)
+            else:
+                first = max(first, -c)
+        elif terms == {dim: 1, dim.bound: -1}:  # dim - D + c OP 0: an upper bound
+            if part.op == "!=":
+                not_last.add(c - 1)
+            elif part.op in ("<=", "=="):
+                last = max(last, c - 1)
+            elif part.op == "<":
+                last = max(last, c)
+        elif terms == {dim: -1, dim.bound: 1} and part.op == "!=":  # D - dim + c != 0
+            not_last.add(-c - 1)
+    while first in not_first:
+        first += 1
+    while last in not_last:
+        last += 1
+    return first, last
+
+
+def _dep_relation(reader: Op, edge: Edge, dim: Dim) -> str:
+    index = _index_on(edge, dim)
+    rel = relation(index, dim)
+    if rel in (SAME, STRICT_PAST, STRICT_FUTURE) or (reader.guard == TRUE and edge.cond == TRUE):
+        return rel  # nothing the guard could sharpen
+    return relation(index, dim, reader.guard & edge.cond)
 
 
 def _index_on(edge: Edge, dim: Dim) -> Expr | Slice:
@@ -66,24 +138,125 @@ class _Group:
     until: Op | None = None
 
 
+def schedule_program(
+    ops: Sequence[Op], dims: Sequence[Dim], until: Mapping[Dim, Op], fixed: set[int]
+) -> tuple[list[Op], Schedule]:
+    """The ops to run and their schedule: ``ops`` as given where they schedule as written,
+    else with ops pinned into the recurrences they read at one fixed point
+    (``timerl.schedule.pin``); when that fails too, the written program's error is raised.
+    ``fixed``: ops whose domain must not change (the tensors the user asked for)."""
+    ops = list(ops)
+    try:
+        return ops, schedule(ops, dims, until)
+    except CycleError as exc:
+        pins = pin_points(ops, fixed)
+        if not pins:
+            raise
+        pinned = pin(ops, pins, dims)
+        by_id = {op.id: op for op in pinned}
+        try:
+            return pinned, schedule(pinned, dims, {d: by_id[op.id] for d, op in until.items()})
+        except CycleError:
+            raise exc from None
+
+
 def schedule(ops: Sequence[Op], dims: Sequence[Dim], until: Mapping[Dim, Op]) -> Schedule:
     deps = [(op, e) for op in ops for e in op.inputs]
-    return Schedule(_level(list(ops), deps, tuple(dims), 0, until))
+    return Schedule(_level(list(ops), deps, tuple(dims), until))
 
 
 def _describe_cycle(ops: Sequence[Op]) -> str:
     return " -> ".join(op.where() for op in ops[:6]) + (" -> ..." if len(ops) > 6 else "")
 
 
-def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], level: int, until) -> list[Stmt]:
+def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) -> list[Stmt]:
+    """Loops for ``ops`` over ``dims`` (the dims no enclosing loop binds, outermost first).
+
+    The first dim some op runs over is tried first, so programs keep their written loop
+    order. Where that order has no valid schedule (``x[i, t + 1] = f(x[I - 1, t])``: for each
+    ``t`` all of ``x[:, t]`` is needed before any ``x[:, t + 1]``, so the loop over ``i`` must
+    sit inside the loop over ``t``), the other dims are tried as the outer loop in turn; if none
+    works, the error of the written order is raised. Dims with a dynamic bound are never moved.
+    """
     ids = {op.id for op in ops}
     deps = [(r, e) for r, e in deps if r.id in ids and e.src.id in ids]
-    if level == len(dims):
+    candidates = [d for d in dims if any(d in op.domain for op in ops)]
+    if not candidates:
         return _point_order(ops, deps)
-    dim = dims[level]
-    if not any(dim in op.domain for op in ops):
-        return _level(ops, deps, dims, level + 1, until)
+    if any(d in until for d in candidates):
+        candidates = candidates[:1]
+    first: CycleError | None = None
+    for dim in candidates:
+        rest = tuple(d for d in dims if d is not dim)
+        try:
+            return _loops_over(dim, ops, deps, rest, until)
+        except CycleError as exc:
+            first = first or exc
+    assert first is not None
+    if not any(d in until for d in candidates):
+        out = _distribute(ops, deps, dims, until)
+        if out is not None:
+            return out
+    raise first
 
+
+def _distribute(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) -> list[Stmt] | None:
+    """Independent recurrences that need different loop orders, one after the other.
+
+    ``x1`` recurring over ``i`` (``x1[i + 1, 0] = x1[i, T - 1]``) needs ``i`` outer, and ``x3``
+    reading it while recurring over ``t`` across ``i`` needs ``t`` outer: no one order runs
+    both, but all of ``x1`` can run before any of ``x3``. The strongly connected components are
+    taken in dependence order and packed greedily into runs that schedule together (so loops
+    still fuse where they can); each run completes before the next starts. None when the ops
+    form one component (there is nothing to split).
+    """
+    graph = nx.DiGraph()
+    graph.add_nodes_from(op.id for op in ops)
+    graph.add_edges_from((e.src.id, r.id) for r, e in deps)
+    comps = list(nx.strongly_connected_components(graph))
+    if len(comps) < 2:
+        return None
+    cond = nx.condensation(graph, scc=comps)
+    by_id = {op.id: op for op in ops}
+    order = [
+        sorted((by_id[k] for k in cond.nodes[n]["members"]), key=lambda o: o.id)
+        for n in nx.lexicographical_topological_sort(cond)
+    ]
+    out: list[Stmt] = []
+    run: list[Op] = []
+    tried: tuple[int, list[Stmt]] = (-1, [])  # the last run that scheduled, by its length
+    for comp in order:
+        # An op on no cycle cannot make a run fail (errors come from cycles), so only
+        # recurrences are tried against the run: a handful even in a large program.
+        if not run or (len(comp) == 1 and not graph.has_edge(comp[0].id, comp[0].id)):
+            run = run + comp
+            continue
+        trial = run + comp
+        if len(trial) < len(ops):  # all of them together is what just failed
+            try:
+                tried = (len(trial), _level(trial, deps, dims, until))
+                run = trial
+                continue
+            except CycleError:
+                pass
+        out.extend(tried[1] if tried[0] == len(run) else _level(run, deps, dims, until))
+        run, tried = list(comp), (-1, [])
+    if len(run) == len(ops):
+        if tried[0] < 0:
+            return None  # one recurrence (and ops on no cycle): nothing to split
+        # the last run that scheduled (itself split further down), then the ops on no cycle
+        # that came after it
+        out.extend(tried[1])
+        out.extend(_level(run[tried[0] :], deps, dims, until))
+        return out
+    out.extend(tried[1] if tried[0] == len(run) else _level(run, deps, dims, until))
+    return out
+
+
+def _loops_over(
+    dim: Dim, ops: list[Op], deps: list[Dep], rest: tuple[Dim, ...], until
+) -> list[Stmt]:
+    """``ops`` as loops over ``dim`` (and statements outside them), bodies over ``rest``."""
     graph = nx.DiGraph()
     graph.add_nodes_from(op.id for op in ops)
     graph.add_edges_from((e.src.id, r.id) for r, e in deps)
@@ -120,13 +293,13 @@ def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], level: int, un
 
     def flush_a() -> None:
         if pending_a:
-            out.extend(_level(list(pending_a), deps, dims, level + 1, until))
+            out.extend(_level(list(pending_a), deps, rest, until))
             pending_a.clear()
 
     def close_group() -> None:
         nonlocal group
         if group is not None:
-            out.append(_make_loop(group, deps, dims, level, dim, until))
+            out.append(_make_loop(group, deps, rest, dim, until))
             group = None
 
     while remaining:
@@ -177,7 +350,7 @@ def _carried_direction(comp: list[Op], deps: list[Dep], dim: Dim) -> bool | None
     for reader, edge in deps:
         if reader.id not in ids or edge.src.id not in ids:
             continue
-        rel = relation(_index_on(edge, dim), dim)
+        rel = _dep_relation(reader, edge, dim)
         if rel == NONE:
             raise CycleError(
                 f"{reader.where()} reads {edge.src.label}[{_index_on(edge, dim)}] inside a "
@@ -203,7 +376,7 @@ def _fusable(
     gids = {op.id for op in group.ops}
     for reader, edge in deps:
         if reader.id in ids and edge.src.id in gids:
-            rel = relation(_index_on(edge, dim), dim)
+            rel = _dep_relation(reader, edge, dim)
             if rel == SAME:
                 continue
             if rel in (PAST, STRICT_PAST) and want in (True, None):
@@ -223,7 +396,7 @@ def _add(group: _Group, comp: list[Op], direction: bool | None, deps: list[Dep],
         group.forward = direction
     for reader, edge in deps:
         if reader.id in ids and edge.src.id in gids:
-            rel = relation(_index_on(edge, dim), dim)
+            rel = _dep_relation(reader, edge, dim)
             if rel in (PAST, STRICT_PAST):
                 group.forward = True
             elif rel in (FUTURE, STRICT_FUTURE):
@@ -231,16 +404,16 @@ def _add(group: _Group, comp: list[Op], direction: bool | None, deps: list[Dep],
     group.ops.extend(comp)
 
 
-def _make_loop(group: _Group, deps: list[Dep], dims, level: int, dim: Dim, until) -> Loop:
+def _make_loop(group: _Group, deps: list[Dep], rest: tuple[Dim, ...], dim: Dim, until) -> Loop:
     forward = group.forward if group.forward is not None else True
     strict = STRICT_PAST if forward else STRICT_FUTURE
     ids = {op.id for op in group.ops}
     body_deps = [
         (r, e)
         for r, e in deps
-        if r.id in ids and e.src.id in ids and relation(_index_on(e, dim), dim) != strict
+        if r.id in ids and e.src.id in ids and _dep_relation(r, e, dim) != strict
     ]
-    body = _level(group.ops, body_deps, dims, level + 1, until)
+    body = _level(group.ops, body_deps, rest, until)
     return Loop(dim, forward, body, group.until)
 
 

@@ -46,11 +46,13 @@ def _linear_le0(terms: dict[Expr, int], const: int) -> bool:
                 worst = atom.divisor - 1 if coef > 0 else 0
                 return _linear_le0(rest, const + coef * worst)
             # arg // k lies in [(arg - k + 1) / k, arg / k]: scale by k and use the end that
-            # bounds coef * (arg // k) from above (sound, and exact enough for t // 2 <= t).
+            # bounds coef * (arg // k) from above. The form is an integer, so "<= 0" is
+            # "k * form <= k - 1": that slack makes it exact enough for t // 2 <= t and, at
+            # t >= 1, for (t + 1) // 2 < t + 1.
             k = atom.divisor
             rest = {a: c * k for a, c in terms.items() if a is not atom}
             arg = atom.arg if coef > 0 else atom.arg - (k - 1)
-            return _linear_le0(*_merge(rest, const * k, arg, coef))
+            return _linear_le0(*_merge(rest, const * k - (k - 1), arg, coef))
     pairs: dict[Symbol, list[int]] = {}
     for atom, coef in terms.items():
         if isinstance(atom, Dim):
