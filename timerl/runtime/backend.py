@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,22 +29,47 @@ class Backend:
     name = "abstract"
     # whether ``fuse`` compiles a run of pure statements into one function (jax: jax.jit)
     fuses = False
+    # The backend's lowering table (its own module's), primitive name -> function.
+    lowerings: Mapping[str, Callable[..., Any]] = {}
+    # Whether the library promotes mixed dtypes by numpy's rules, which the IR declares; if
+    # not (torch, jax: int64 + float32 -> float32), results are cast to the declared dtype.
+    promotes_like_numpy = True
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         self.device = device
         self.threads = threads
 
     def has_lowering(self, prim: str) -> bool:
-        raise NotImplementedError
+        return prim in self.lowerings
 
     def lowering(self, prim: str) -> Callable[..., Any]:
         """This backend's function for ``prim``: inputs positionally, attributes by keyword."""
-        raise NotImplementedError
+        try:
+            return self.lowerings[prim]
+        except KeyError:
+            raise BackendError(f"primitive {prim!r} has no {self.name} lowering") from None
 
     def kernel(self, op: Op) -> Callable[..., Any]:
-        """The function that computes ``op``'s value at one point."""
+        """The function that computes ``op``'s value at one point. Only ops with an operand
+        of another dtype than their own pay for the dtype check."""
         self.check([op])
-        return self.lowering(op.prim)
+        fn = self.lowering(op.prim)
+        if (
+            self.promotes_like_numpy
+            or prims.get(op.prim).traits.host
+            or all(e.src.dtype == op.dtype for e in op.inputs)
+        ):
+            return fn
+        cast, dtype = self.cast, op.dtype
+
+        def cast_result(*args: Any, **kwargs: Any) -> Any:
+            return cast(fn(*args, **kwargs), dtype)
+
+        return cast_result
+
+    def cast(self, value: Any, dtype: np.dtype) -> Any:
+        """``value`` as ``dtype`` (itself when it has it already)."""
+        raise NotImplementedError
 
     def check(self, ops: Iterable[Op]) -> None:
         """Fail before running when an op has no lowering here, naming the op and its line.

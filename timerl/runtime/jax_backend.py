@@ -20,8 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from timerl.errors import BackendError
-from timerl.ir import prims
-from timerl.ir.graph import Op
 from timerl.runtime.backend import Backend
 from timerl.runtime.jax_lowering import LOWERINGS, TRACED_ATTRS
 
@@ -35,6 +33,8 @@ class JaxBackend(Backend):
     """``threads`` is not applied: XLA sizes its CPU thread pool when jax starts."""
 
     name = "jax"
+    lowerings = LOWERINGS
+    promotes_like_numpy = False  # jax's own lattice: int64 + float32 -> float32
     fuses = True
     traced_attrs = TRACED_ATTRS
 
@@ -50,28 +50,9 @@ class JaxBackend(Backend):
         self.traces = 0
         self.trace_seconds = 0.0
 
-    def has_lowering(self, prim: str) -> bool:
-        return prim in LOWERINGS
-
-    def lowering(self, prim: str) -> Callable[..., Any]:
-        try:
-            return LOWERINGS[prim]
-        except KeyError:
-            raise BackendError(f"primitive {prim!r} has no jax lowering") from None
-
-    def kernel(self, op: Op) -> Callable[..., Any]:
-        """jax promotes mixed dtypes by its own lattice (int64 + float32 -> float32, where
-        numpy, whose rules the IR declares, gives float64): cast where they differ."""
-        fn = super().kernel(op)
-        if prims.get(op.prim).traits.host or all(e.src.dtype == op.dtype for e in op.inputs):
-            return fn
-        want = np.dtype(op.dtype)
-
-        def cast(*args: Any, **kwargs: Any) -> Any:
-            out = fn(*args, **kwargs)
-            return out if out.dtype == want else out.astype(want)
-
-        return cast
+    def cast(self, value: Any, dtype: np.dtype) -> Any:
+        want = np.dtype(dtype)
+        return value if value.dtype == want else value.astype(want)
 
     # --- jitted regions --------------------------------------------------------------------------
     def fuse(self, key: Hashable, fn: Callable[..., tuple]) -> Callable[..., tuple]:

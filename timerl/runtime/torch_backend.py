@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from timerl.errors import BackendError
-from timerl.ir import prims
-from timerl.ir.graph import Op
 from timerl.runtime.backend import Backend
 from timerl.runtime.torch_lowering import LOWERINGS, torch_dtype
 
 
 class TorchBackend(Backend):
     name = "torch"
+    lowerings = LOWERINGS
+    promotes_like_numpy = False  # int64 + float32 -> float32, int64 / 2 -> float32
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -25,31 +25,9 @@ class TorchBackend(Backend):
         super().__init__(device, threads)
         self._dev = torch.device(device)
 
-    def has_lowering(self, prim: str) -> bool:
-        return prim in LOWERINGS
-
-    def lowering(self, prim: str) -> Callable[..., Any]:
-        try:
-            return LOWERINGS[prim]
-        except KeyError:
-            raise BackendError(f"primitive {prim!r} has no torch lowering") from None
-
-    def kernel(self, op: Op) -> Callable[..., Any]:
-        """Torch promotes mixed dtypes differently from the numpy rules the IR declares
-        (int64 + float32 -> float32, int64 / 2 -> float32, not float64): cast where they differ.
-        Only ops with an operand of another dtype pay for the check."""
-        fn = super().kernel(op)
-        if not prims.get(op.prim).traits.elementwise or all(
-            e.src.dtype == op.dtype for e in op.inputs
-        ):
-            return fn
-        want = torch_dtype(op.dtype)
-
-        def cast(*args: Any, **kwargs: Any) -> Any:
-            out = fn(*args, **kwargs)
-            return out if out.dtype == want else out.to(want)
-
-        return cast
+    def cast(self, value: Any, dtype: np.dtype) -> Any:
+        want = torch_dtype(dtype)
+        return value if value.dtype == want else value.to(want)
 
     def asarray(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
