@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from core_helpers import until_program
 
 import timerl as tl
 from timerl.rl.algos import ppo
@@ -114,22 +115,9 @@ def test_a_block_outlives_its_views():
         assert frees and min(frees) > last_read
 
 
-def _until_program():
-    ctx = tl.Context(dims=("i", "t"))
-    i, t = ctx.dims
-    I, T = ctx.bounds
-    with ctx:
-        x = tl.RecurrentTensor.placeholder((), domain=(i, t))
-        x[i, 0] = tl.zeros(())
-        x[i, t + 1] = x[i, t] + 1.0
-        ctx.until(t, x >= tl.full((), i) + 2.0)
-        s = x[i, 0:T].sum(0)
-    return ctx, [s]
-
-
 def test_a_dynamic_extent_keeps_point_stores_and_says_why():
-    ctx, outs = _until_program()
-    prog = ctx.compile(bounds={"I": 3, "T": 50}, outputs=outs)
+    ctx, bounds, outs = until_program()
+    prog = ctx.compile(bounds=bounds, outputs=outs[1:])
     assert "block" not in _storage_kinds(prog).values()
     assert "known only while it runs" in prog.explain(full=True)
 

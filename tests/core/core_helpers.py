@@ -22,6 +22,19 @@ def ctx_it():
     return ctx, i, t, big_i, big_t
 
 
+def until_program():
+    """``x[i, t]`` counting up until it reaches ``i + 2`` (``ctx.until``: a loop whose extent is
+    known only while it runs), and its sum: returns (ctx, {I: 3, T: 50}, [x, s])."""
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(i, t))
+        x[i, 0] = tl.zeros(())
+        x[i, t + 1] = x[i, t] + 1.0
+        ctx.until(t, x >= tl.full((), i) + 2.0)
+        s = x[i, 0:big_t].sum(0)
+    return ctx, {big_i: 3, big_t: 50}, [x, s]
+
+
 def close(got, want, rtol=1e-5, atol=1e-5):
     """Compare arrays (or nested lists of arrays, for ragged values)."""
     if isinstance(want, (list, tuple)):

@@ -143,6 +143,22 @@ def test_traits_agree_with_the_flags_they_replace():
     )
 
 
+def _matches_reference(name, got, ref, inputs):
+    """A lowering's value equals the reference's. Where the library's promotion differs from
+    numpy's, the backend casts a mixed-dtype elementwise result to the declared dtype
+    (tests/runtime), so only there may the raw lowering's dtype differ."""
+    assert got.shape == ref.shape
+    cast_by_backend = prims.REGISTRY[name].traits.elementwise and any(
+        np.asarray(x).dtype != ref.dtype for x in inputs
+    )
+    if not cast_by_backend:
+        assert got.dtype == ref.dtype, (got.dtype, ref.dtype)
+    if np.issubdtype(ref.dtype, np.floating):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, ref)
+
+
 @needs_torch
 def test_every_primitive_but_host_calls_has_a_torch_lowering():
     host = {n for n, p in prims.REGISTRY.items() if p.traits.host}
@@ -179,18 +195,7 @@ def test_torch_lowering_matches_numpy_reference(name, k):
     ref = np.asarray(prims.REGISTRY[name].impl(*inputs, **attrs))
     t_attrs = {a: _to_torch(v) if a == "value" else v for a, v in attrs.items()}
     got = _to_numpy(LOWERINGS[name](*[_to_torch(x) for x in inputs], **t_attrs))
-    assert got.shape == ref.shape
-    # Where torch's promotion differs from numpy's, the torch backend casts an elementwise
-    # op's result to the declared dtype (tests/runtime); every other lowering must match.
-    cast_by_backend = prims.REGISTRY[name].traits.elementwise and any(
-        np.asarray(x).dtype != ref.dtype for x in inputs
-    )
-    if not cast_by_backend:
-        assert got.dtype == ref.dtype, (got.dtype, ref.dtype)
-    if np.issubdtype(ref.dtype, np.floating):
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
-    else:
-        np.testing.assert_array_equal(got, ref)
+    _matches_reference(name, got, ref, inputs)
 
 
 @needs_torch
@@ -267,18 +272,8 @@ def test_jax_lowering_matches_numpy_reference(name, k):
     with jax.enable_x64(True):
         eager = np.asarray(fn(*[_to_jax(x) for x in inputs], **j_attrs))
         jitted = np.asarray(jax.jit(lambda *xs: fn(*xs, **j_attrs))(*_to_jax(inputs)))
-    # as for torch, the backend casts a mixed-dtype elementwise result to the declared dtype
-    cast_by_backend = prims.REGISTRY[name].traits.elementwise and any(
-        np.asarray(x).dtype != ref.dtype for x in inputs
-    )
     for got in (eager, jitted):
-        assert got.shape == ref.shape
-        if not cast_by_backend:
-            assert got.dtype == ref.dtype, (got.dtype, ref.dtype)
-        if np.issubdtype(ref.dtype, np.floating):
-            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
-        else:
-            np.testing.assert_array_equal(got, ref)
+        _matches_reference(name, got, ref, inputs)
 
 
 @needs_jax

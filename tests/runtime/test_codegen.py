@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from core_helpers import until_program
 
 import timerl as tl
 from timerl.rl.algos import ppo, reinforce
@@ -27,20 +28,7 @@ def _recurrences():
     return ctx, {I: 3, T: 7}, [x, ret, prefix, window, total]
 
 
-def _until():
-    ctx = tl.Context(dims=("i", "t"))
-    i, t = ctx.dims
-    I, T = ctx.bounds
-    with ctx:
-        x = tl.RecurrentTensor.placeholder((), domain=(i, t))
-        x[i, 0] = tl.zeros(())
-        x[i, t + 1] = x[i, t] + 1.0
-        ctx.until(t, x >= tl.full((), i) + 2.0)
-        s = x[i, 0:T].sum(0)
-    return ctx, {I: 3, T: 50}, [x, s]
-
-
-@pytest.mark.parametrize("build", [_recurrences, _until], ids=["recurrences", "until"])
+@pytest.mark.parametrize("build", [_recurrences, until_program], ids=["recurrences", "until"])
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_generated_code_matches_interpreter(build, backend):
     results = []
