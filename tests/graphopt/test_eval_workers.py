@@ -20,6 +20,8 @@ ray = pytest.importorskip("ray", reason='needs the ray extra: pip install "timer
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
+    if ray.is_initialized():  # another module's Ray, in this test process: start our own
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     yield
     ray.shutdown()

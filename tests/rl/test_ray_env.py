@@ -26,6 +26,8 @@ from timerl.rl.train import train  # noqa: E402
 def local_ray():
     import logging
 
+    if ray.is_initialized():  # another module's Ray, in this test process: start our own
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     yield
     ray.shutdown()
