@@ -4,7 +4,6 @@ worker."""
 from __future__ import annotations
 
 import json
-import logging
 import sys
 
 import numpy as np
@@ -18,13 +17,7 @@ from timerl.graphopt.random_graph import random_graph
 ray = pytest.importorskip("ray", reason='needs the ray extra: pip install "timerl[ray]"')
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    if ray.is_initialized():  # another module's Ray, in this test process: start our own
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # tests/conftest.py
 
 
 @pytest.fixture

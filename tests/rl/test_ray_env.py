@@ -21,16 +21,7 @@ from timerl.rl import ray_env  # noqa: E402
 from timerl.rl.ray_env import RayVectorEnv  # noqa: E402
 from timerl.rl.train import train  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    import logging
-
-    if ray.is_initialized():  # another module's Ray, in this test process: start our own
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # tests/conftest.py
 
 
 def _actions(env, rng: np.random.Generator) -> np.ndarray:
