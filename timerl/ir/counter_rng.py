@@ -61,7 +61,14 @@ def bits(
 ) -> Any:
     """uint32 words of shape ``lead + shape``: ``lead`` is the batch of points the key's array
     coordinates broadcast to (empty for one point)."""
-    k0, k1 = key_words(xp, key)
+    return _lane_bits(xp, key_words(xp, key), shape, lane, lead)
+
+
+def _lane_bits(
+    xp: Any, words: tuple[Any, Any], shape: tuple[int, ...], lane: int, lead: tuple[int, ...]
+) -> Any:
+    """``bits`` from the key's words, so that several lanes of one key hash it once."""
+    k0, k1 = words
     if lane:
         k1 = (
             _mix((k1 + lane * _GOLDEN) & MASK32)
@@ -106,12 +113,13 @@ def uniform(
 ) -> Any:
     """Uniform in [0, 1): 24 random bits for 32-bit floats and below, 53 for float64."""
     key, lead = batched_key(xp, key, batch)
+    words = key_words(xp, key)
     dtype = np.dtype(dtype)
-    hi = bits(xp, key, shape, lead=lead)
+    hi = _lane_bits(xp, words, shape, 0, lead)
     if dtype.itemsize <= 4:
         u = (hi >> 8).astype(xp.float32) * xp.float32(2.0**-24)
         return u.astype(dtype)
-    lo = bits(xp, key, shape, lane=1, lead=lead)
+    lo = _lane_bits(xp, words, shape, 1, lead)
     whole = (hi >> 5).astype(xp.float64) * 2.0**26 + (lo >> 6).astype(xp.float64)
     return (whole * 2.0**-53).astype(dtype)
 
