@@ -65,86 +65,58 @@ def brkga(
     than the best seed. ``jobs`` processes score each generation (same result as one).
     """
     with Scorer(problem, jobs) as score:
-        return _brkga(
-            problem,
-            score,
-            budget,
-            population,
-            elite,
-            mutant,
-            bias,
-            alpha,
-            beta,
-            seeds,
-            seed,
-            method,
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(seed)
+        m = problem.num_keys
+        budget = max(int(budget), 1)
+        pop = population or int(np.clip(budget // 50, 20, 100))
+        pop = max(min(pop, budget), 2)
+        n_elite = max(1, int(round(elite * pop)))
+        n_mut = max(0, min(int(round(mutant * pop)), pop - n_elite))
+        a = _per_gene(alpha, 1.0, problem)
+        b = _per_gene(beta, 1.0, problem)
+        rho = _per_gene(bias, 0.7, problem)
+        uniform = alpha is None and beta is None
+
+        def sample(k: int) -> np.ndarray:
+            if uniform:
+                return rng.random((k, m))
+            return rng.beta(a, b, size=(k, m))
+
+        keys_list: list[np.ndarray] = [problem.encode(s) for s in seeds][:pop]
+        if len(keys_list) < pop:
+            keys_list.extend(sample(pop - len(keys_list)))
+        keys = np.stack(keys_list)
+        fit = np.full(pop, np.inf)
+        first = score(keys[: min(pop, budget)])
+        evals = len(first)
+        sols: list[Solution] = [sol for _, sol in first]
+        sols.extend([sols[0]] * (pop - evals))  # never chosen: their fitness stays inf
+        fit[:evals] = [val for val, _ in first]
+        best = int(np.argmin(fit))  # the first of equals, as scoring in order would keep
+        best_val, best_sol = float(fit[best]), sols[best]
+        history = [best_val]
+        while evals < budget:
+            rank = np.argsort(fit, kind="stable")
+            keys, fit = keys[rank], fit[rank]
+            sols = [sols[r] for r in rank]
+            n_child = pop - n_elite - n_mut
+            new = np.empty((n_mut + n_child, m))
+            new[:n_mut] = sample(n_mut)
+            if n_child:
+                pe = rng.integers(0, n_elite, n_child)
+                pn = rng.integers(n_elite, pop, n_child) if pop > n_elite else pe
+                take = rng.random((n_child, m)) < rho
+                new[n_mut:] = np.where(take, keys[pe], keys[pn])
+            new = new[: budget - evals]
+            for j, (val, sol) in enumerate(score(new)):
+                i = n_elite + j
+                keys[i], fit[i], sols[i] = new[j], val, sol
+                if val < best_val:
+                    best_val, best_sol = val, sol
+            evals += len(new)
+            history.append(float(best_val))
+        assert best_sol is not None
+        return SearchResult(
+            best_sol, float(best_val), evals, method, time.perf_counter() - t0, history
         )
-
-
-def _brkga(
-    problem: Problem,
-    score: Scorer,
-    budget: int,
-    population: int | None,
-    elite: float,
-    mutant: float,
-    bias: float | np.ndarray,
-    alpha: np.ndarray | None,
-    beta: np.ndarray | None,
-    seeds: Sequence[Solution],
-    seed: int,
-    method: str,
-) -> SearchResult:
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    m = problem.num_keys
-    budget = max(int(budget), 1)
-    pop = population or int(np.clip(budget // 50, 20, 100))
-    pop = max(min(pop, budget), 2)
-    n_elite = max(1, int(round(elite * pop)))
-    n_mut = max(0, min(int(round(mutant * pop)), pop - n_elite))
-    a = _per_gene(alpha, 1.0, problem)
-    b = _per_gene(beta, 1.0, problem)
-    rho = _per_gene(bias, 0.7, problem)
-    uniform = alpha is None and beta is None
-
-    def sample(k: int) -> np.ndarray:
-        if uniform:
-            return rng.random((k, m))
-        return rng.beta(a, b, size=(k, m))
-
-    keys_list: list[np.ndarray] = [problem.encode(s) for s in seeds][:pop]
-    if len(keys_list) < pop:
-        keys_list.extend(sample(pop - len(keys_list)))
-    keys = np.stack(keys_list)
-    fit = np.full(pop, np.inf)
-    first = score(keys[: min(pop, budget)])
-    evals = len(first)
-    sols: list[Solution] = [sol for _, sol in first]
-    sols.extend([sols[0]] * (pop - evals))  # never chosen: their fitness stays inf
-    fit[:evals] = [val for val, _ in first]
-    best = int(np.argmin(fit))  # the first of equals, as scoring in order would keep
-    best_val, best_sol = float(fit[best]), sols[best]
-    history = [best_val]
-    while evals < budget:
-        rank = np.argsort(fit, kind="stable")
-        keys, fit = keys[rank], fit[rank]
-        sols = [sols[r] for r in rank]
-        n_child = pop - n_elite - n_mut
-        new = np.empty((n_mut + n_child, m))
-        new[:n_mut] = sample(n_mut)
-        if n_child:
-            pe = rng.integers(0, n_elite, n_child)
-            pn = rng.integers(n_elite, pop, n_child) if pop > n_elite else pe
-            take = rng.random((n_child, m)) < rho
-            new[n_mut:] = np.where(take, keys[pe], keys[pn])
-        new = new[: budget - evals]
-        for j, (val, sol) in enumerate(score(new)):
-            i = n_elite + j
-            keys[i], fit[i], sols[i] = new[j], val, sol
-            if val < best_val:
-                best_val, best_sol = val, sol
-        evals += len(new)
-        history.append(float(best_val))
-    assert best_sol is not None
-    return SearchResult(best_sol, float(best_val), evals, method, time.perf_counter() - t0, history)
