@@ -173,3 +173,10 @@ def test_scoring_over_processes_gives_the_same_search():
             two.history,
         )
         assert one.solution.order.tolist() == two.solution.order.tolist()
+
+
+def test_a_job_count_below_one_is_refused():
+    from timerl.errors import GraphError
+
+    with pytest.raises(GraphError, match="--jobs must be at least 1, got 0"):
+        brkga(Problem(random_graph(10, seed=0)), budget=10, jobs=0)
