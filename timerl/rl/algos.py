@@ -19,6 +19,7 @@ from timerl.api.optim import Adam
 from timerl.api.tensor import RecurrentTensor, maximum
 from timerl.errors import EnvError, ProgramError
 from timerl.rl.environment import Env, make_env
+from timerl.rl.normalize import CLIP, EPS, OBS_STATE, discounted_return_estimate, running_moments
 from timerl.rl.returns import discounted_returns, gae
 from timerl.symbolic import Dim
 
@@ -52,6 +53,10 @@ class PPOConfig(AlgoConfig):
     vf_coef: float = 0.5
     ent_coef: float | None = None  # 0.01 for discrete actions, 0 for continuous
     norm_adv: bool = True
+    # running-statistics normalisation of the policy's input and of the rewards it learns from
+    # (timerl.rl.normalize); on by default for the MuJoCo environments
+    norm_obs: bool = False
+    norm_reward: bool = False
 
 
 @dataclass
@@ -76,7 +81,15 @@ ENV_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
         # MuJoCo locomotion: a smaller step and more epochs over longer rollouts (CleanRL's
         # continuous PPO: 2048 steps per iteration, 10 epochs, lr 3e-4).
         **{
-            env_id: {"num_envs": 8, "num_steps": 256, "epochs": 10, "minibatches": 8, "lr": 3e-4}
+            env_id: {
+                "num_envs": 8,
+                "num_steps": 256,
+                "epochs": 10,
+                "minibatches": 8,
+                "lr": 3e-4,
+                "norm_obs": True,
+                "norm_reward": True,
+            }
             for env_id in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5")
         },
     },
@@ -98,6 +111,11 @@ class AlgoProgram:
     metrics: dict[str, RecurrentTensor]  # each a scalar over (i,)
     bounds: dict[str, int]  # everything but the iteration bound I
     params: list[RecurrentTensor]
+    # how the acting network's input is normalised (names of the statistics in checkpoints'
+    # state and the constants), for ``timerl eval`` and ``timerl export``; None: raw input
+    obs_norm: dict[str, Any] | None = None
+    # the rollout's tensors (obs, action, reward, ...) by name, to sink or inspect
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -158,22 +176,33 @@ class Policy(Module):
         return ent if self.discrete else ent.sum(-1)
 
 
-def _rollout(env: Env, policy: Policy, i: Dim, t: Dim) -> dict[str, RecurrentTensor]:
-    """Act for T steps per iteration; episodes continue across iterations."""
+def _rollout(env: Env, policy: Policy, i: Dim, t: Dim, norm_obs: bool = False) -> dict[str, Any]:
+    """Act for T steps per iteration; episodes continue across iterations. ``norm_obs``: the
+    policy sees observations normalised by running statistics frozen over the iteration
+    (``policy_obs``), merged with this iteration's observations for the next one."""
     T = t.bound
     obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (i, t), name="obs")
     obs[0, 0] = env.reset()
+    stats = None
+    if norm_obs:
+        stats = running_moments(_batch(obs, i, t, T * env.num_envs), i, env.obs_shape, "obs")
     pi = policy.at(i)
-    dist = pi.dist(obs)
+    policy_obs = stats.normalize(obs, i) if stats is not None else obs
+    dist = pi.dist(policy_obs)
     action = dist.sample().named("action")
     logp = pi.log_prob(dist, action).named("logp")
-    value = pi.value(obs).named("value")
+    value = pi.value(policy_obs).named("value")
     next_obs, reward, done = env.step(action)
     obs[i, t + 1] = next_obs
     obs[i + 1, 0] = next_obs[i, T - 1]
-    last_value = pi.value(next_obs[i, T - 1]).named("last_value")
+    last_obs = next_obs[i, T - 1]
+    if stats is not None:
+        last_obs = stats.normalize(last_obs, i)
+    last_value = pi.value(last_obs).named("last_value")
     return {
         "obs": obs,
+        "policy_obs": policy_obs,
+        "obs_stats": stats,
         "action": action,
         "logp": logp,
         "value": value,
@@ -217,12 +246,15 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
     i, t, u = ctx.dims
     with ctx:
         policy = Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
-        ro = _rollout(env, policy, i, t)
-        adv = gae(
-            ro["reward"], ro["done"], ro["value"], cfg.gamma, cfg.gae_lambda, ro["last_value"]
-        )
+        ro = _rollout(env, policy, i, t, norm_obs=cfg.norm_obs)
+        reward = ro["reward"]
+        if cfg.norm_reward:
+            # rewards divided by the spread of a running discounted return (kept over i and t)
+            g = discounted_return_estimate(reward, ro["done"], cfg.gamma, i, t)
+            reward = running_moments(_batch(g, i, t, batch), i, (), "return").scale(reward, i)
+        adv = gae(reward, ro["done"], ro["value"], cfg.gamma, cfg.gae_lambda, ro["last_value"])
         ret = adv + ro["value"]
-        b_obs = _batch(ro["obs"], i, t, batch)
+        b_obs = _batch(ro["policy_obs"], i, t, batch)
         b_act = _batch(ro["action"], i, t, batch)
         b_logp, b_adv = _batch(ro["logp"], i, t, batch), _batch(adv, i, t, batch)
         b_ret = _batch(ret, i, t, batch)
@@ -256,7 +288,12 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         metrics = {name: value[i, last] for name, value in parts.items()}
         metrics["reward_mean"] = ro["reward"][i, 0 : t.bound].mean()
     bounds = {"T": cfg.num_steps, "U": cfg.epochs * cfg.minibatches}
-    return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters())
+    obs_norm = (
+        {"mean": OBS_STATE[0], "var": OBS_STATE[1], "eps": EPS, "clip": CLIP}
+        if cfg.norm_obs
+        else None
+    )
+    return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters(), obs_norm, ro)
 
 
 def ppo_loss(

@@ -14,7 +14,11 @@ What the network's output means follows from the environment and its size:
   [LOG_STD_MIN, LOG_STD_MAX] with tanh.
 
 The activation between layers is read off the compiled program at training time and stored in
-the checkpoint's header (``activations``).
+the checkpoint's header (``activations``). A program that normalises the policy's input
+(PPO's ``norm_obs``) records it in the header (``obs_norm``: the names of the running
+statistics in the checkpoint's state and the epsilon and clip of the formula); the network
+then acts on ``clip((obs - mean) / sqrt(var + eps), -clip, clip)`` with the checkpoint's
+statistics, as the program's next iteration would.
 
 Inference runs in numpy: evaluation needs no compiler and no program.
 """
@@ -65,6 +69,37 @@ def load_run_checkpoint(run_dir: str | Path, which: str = "latest") -> Checkpoin
 
 
 @dataclass
+class ObsNormalizer:
+    """The policy input a program with running observation statistics feeds its network."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    eps: float
+    clip: float
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        scale = np.sqrt(self.var.astype(np.float32) + np.float32(self.eps))
+        out = (np.asarray(obs, dtype=np.float32) - self.mean.astype(np.float32)) / scale
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
+
+def obs_normalizer(header: dict[str, Any], state: dict[str, np.ndarray]) -> ObsNormalizer | None:
+    """The normalisation a checkpoint's header declares, with its statistics; None if none."""
+    spec = header.get("obs_norm")
+    if not spec:
+        return None
+    missing = [spec[k] for k in ("mean", "var") if spec[k] not in state]
+    if missing:
+        raise CheckpointError(
+            f"the run normalises observations but the checkpoint holds no {', '.join(missing)} "
+            "(state/<name>): it cannot be acted with"
+        )
+    return ObsNormalizer(
+        state[spec["mean"]], state[spec["var"]], float(spec["eps"]), float(spec["clip"])
+    )
+
+
+@dataclass
 class PolicySpec:
     """An MLP acting network read from named parameters: enough to act without timerl."""
 
@@ -77,10 +112,14 @@ class PolicySpec:
     log_std: np.ndarray | None = None
     low: np.ndarray | None = None
     high: np.ndarray | None = None
+    normalizer: ObsNormalizer | None = None
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
-        """The network's raw output for a batch of observations."""
-        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), self.obs_dim)
+        """The network's raw output for a batch of (raw) observations."""
+        x = np.asarray(obs, dtype=np.float32)
+        if self.normalizer is not None:
+            x = self.normalizer(x)
+        x = x.reshape(len(obs), self.obs_dim)
         act = ACTIVATIONS[self.activation]
         n = len(self.weights)
         for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
@@ -137,10 +176,14 @@ def infer_activations(ops: list[Any]) -> dict[str, str]:
 
 
 def policy_spec(
-    params: dict[str, np.ndarray], env: Any, activation: str | dict[str, str] = "tanh"
+    params: dict[str, np.ndarray],
+    env: Any,
+    activation: str | dict[str, str] = "tanh",
+    normalizer: ObsNormalizer | None = None,
 ) -> PolicySpec:
     """The acting network among ``params`` for ``env`` (a timerl VectorEnv or Env);
-    ``activation``: one for every net, or per net name (missing ones: tanh)."""
+    ``activation``: one for every net, or per net name (missing ones: tanh); ``normalizer``:
+    what the network's input is, when not the raw observation."""
     vec = getattr(env, "vec", env)
     for net in ACTING_NETS:
         layers = _layers(params, net)
@@ -183,7 +226,21 @@ def policy_spec(
                 f"{vec.env_id}: actions have {size} dims, but {net} outputs {out} "
                 f"(expected {size} or {2 * size})"
             )
-    return PolicySpec(net, weights, biases, activation, kind, obs_dim, log_std, low, high)
+    if normalizer is not None and normalizer.mean.shape != tuple(vec.obs_shape):
+        raise EnvError(
+            f"{vec.env_id}: observations have shape {tuple(vec.obs_shape)} but the "
+            f"observation statistics have shape {normalizer.mean.shape}"
+        )
+    return PolicySpec(
+        net, weights, biases, activation, kind, obs_dim, log_std, low, high, normalizer
+    )
+
+
+def checkpoint_policy(ckpt: Checkpoint, env: Any) -> PolicySpec:
+    """The acting policy of a checkpoint: its network, activations and input normalisation."""
+    header = ckpt.header
+    normalizer = obs_normalizer(header, ckpt.state)
+    return policy_spec(ckpt.params, env, checkpoint_activations(header), normalizer)
 
 
 def _layers(params: dict[str, np.ndarray], net: str) -> list[tuple[np.ndarray, Any]]:
@@ -252,7 +309,7 @@ def evaluate_run(
     ckpt = load_run_checkpoint(run_dir, checkpoint)
     header = ckpt.header
     env = _make_env(header, seed)
-    spec = policy_spec(ckpt.params, env, checkpoint_activations(header))
+    spec = checkpoint_policy(ckpt, env)
     rng = np.random.default_rng(seed)
     returns = run_episodes(env, spec, episodes, deterministic, rng, max_steps)
     env.close()

@@ -5,7 +5,8 @@
 - ``onnx``: the same module as an ONNX graph, input ``obs`` and output ``action``; writing it
   needs the ``onnx`` extra (torch's exporter uses ``onnx`` and ``onnxscript``).
 
-The network is the one ``timerl eval`` acts with (see :mod:`timerl.rl.evaluation`).
+The network is the one ``timerl eval`` acts with (see :mod:`timerl.rl.evaluation`), input
+normalisation included: the exported module takes raw observations.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from timerl.errors import BackendError, CheckpointError
 from timerl.rl.evaluation import (
     PolicySpec,
     _make_env,
-    checkpoint_activations,
+    checkpoint_policy,
     load_run_checkpoint,
-    policy_spec,
 )
 
 FORMATS = {"torch": ".pt2", "onnx": ".onnx"}
@@ -55,8 +55,24 @@ def torch_module(spec: PolicySpec) -> Any:
             layers.append(acts[spec.activation]())
     low = torch.as_tensor(spec.low if spec.low is not None else np.zeros(1), dtype=torch.float32)
     high = torch.as_tensor(spec.high if spec.high is not None else np.zeros(1), dtype=torch.float32)
+    norm = spec.normalizer
+    # with no normalisation: mean 0, scale 1 and clip inf (an identity the module skips)
+    mean = torch.as_tensor(norm.mean if norm else np.zeros(1), dtype=torch.float32)
+    var = norm.var if norm else np.ones(1)
+    scale = torch.sqrt(torch.as_tensor(var, dtype=torch.float32) + (norm.eps if norm else 0.0))
+    clip = float(norm.clip) if norm else None
     policy = _policy_class()
-    return policy(nn.Sequential(*layers), spec.kind, spec.obs_dim, low, high, spec.low is not None)
+    return policy(
+        nn.Sequential(*layers),
+        spec.kind,
+        spec.obs_dim,
+        low,
+        high,
+        spec.low is not None,
+        mean,
+        scale,
+        clip,
+    )
 
 
 def _policy_class() -> Any:
@@ -74,6 +90,9 @@ def _policy_class() -> Any:
             low: Any,
             high: Any,
             bounded: bool,
+            obs_mean: Any,
+            obs_scale: Any,
+            obs_clip: float | None,
         ) -> None:
             super().__init__()
             self.net = net
@@ -82,9 +101,15 @@ def _policy_class() -> Any:
             self.bounded = bounded
             self.register_buffer("low", low)
             self.register_buffer("high", high)
+            self.register_buffer("obs_mean", obs_mean)
+            self.register_buffer("obs_scale", obs_scale)
+            self.obs_clip = obs_clip
 
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
-            out = self.net(obs.reshape(obs.shape[0], self.obs_dim).float())
+            x = obs.float()
+            if self.obs_clip is not None:
+                x = ((x - self.obs_mean) / self.obs_scale).clamp(-self.obs_clip, self.obs_clip)
+            out = self.net(x.reshape(obs.shape[0], self.obs_dim))
             if self.kind == "categorical" or self.kind == "greedy":
                 return out.argmax(-1)
             if self.kind == "gaussian":
@@ -108,7 +133,7 @@ def export_run(
         raise CheckpointError(f"unknown export format {fmt!r}; choose one of {sorted(FORMATS)}")
     ckpt = load_run_checkpoint(run_dir, checkpoint)
     env = _make_env(ckpt.header, seed=0)
-    spec = policy_spec(ckpt.params, env, checkpoint_activations(ckpt.header))
+    spec = checkpoint_policy(ckpt, env)
     example = env.reset()
     env.close()
     path = Path(out) if out is not None else Path(run_dir) / f"policy{FORMATS[fmt]}"

@@ -357,6 +357,7 @@ def train(
             "history": list(history),
             "param_names": [n for n in param_names if n in named],
             "activations": activations,
+            "obs_norm": program.obs_norm,
         }
         tail = [h["episodic_return"] for h in history[-10:]]
         tail = [r for r in tail if math.isfinite(r)]
