@@ -19,7 +19,7 @@ from timerl.errors import CheckpointError
 from timerl.rl.checkpoint import latest_checkpoint, load_checkpoint, named_state
 from timerl.rl.environment import make_env as make_program_env
 from timerl.rl.envs import make_env
-from timerl.rl.evaluation import policy_spec
+from timerl.rl.evaluation import checkpoint_policy, policy_spec
 from timerl.rl.train import build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +60,48 @@ def run(tmp_path_factory):
     argv = ["train", "ppo", "--env", "CartPole-v1", "--steps", "384", *TINY]
     assert main([*argv, "--log-dir", str(log), "--checkpoint-every", "1"]) == 0
     return log
+
+
+@pytest.fixture(scope="module")
+def norm_run(tmp_path_factory):
+    """A Gaussian policy trained on normalised observations: eval and export must normalise."""
+    log = tmp_path_factory.mktemp("norm_run")
+    argv = ["train", "ppo", "--env", "Pendulum-v1", "--steps", "384", *TINY]
+    argv += ["--norm-obs", "true", "--norm-reward", "true"]
+    assert main([*argv, "--log-dir", str(log), "--checkpoint-every", "1"]) == 0
+    return log
+
+
+# each run with the env it was trained on and raw observations (wide: some reach the clip)
+RUNS = {
+    "run": ("CartPole-v1", lambda rng, n: rng.uniform(-0.5, 0.5, (n, 4))),
+    "norm_run": ("Pendulum-v1", lambda rng, n: rng.uniform(-1.0, 1.0, (n, 3)) * [1, 1, 60]),
+}
+
+
+def _checkpoint_actions(run_dir, env_id, obs):
+    """The actions timerl's own policy takes on raw ``obs``: the program's acting network
+    rebuilt from the checkpoint, statistics included (checked against the program itself in
+    tests/rl/test_normalize.py)."""
+    ckpt = load_checkpoint(latest_checkpoint(run_dir))
+    spec = checkpoint_policy(ckpt, make_env(env_id))
+    assert (spec.normalizer is not None) == (ckpt.header.get("obs_norm") is not None)
+    return spec.act(obs, deterministic=True)
+
+
+def test_a_normalised_run_acts_on_its_checkpoints_statistics(norm_run, capsys):
+    ckpt = load_checkpoint(latest_checkpoint(norm_run))
+    spec = checkpoint_policy(ckpt, make_env("Pendulum-v1"))
+    norm = spec.normalizer
+    assert norm is not None
+    np.testing.assert_array_equal(norm.mean, ckpt.state["obs_mean"])
+    obs = RUNS["norm_run"][1](np.random.default_rng(5), 32).astype(np.float32)
+    by_hand = np.clip((obs - norm.mean) / np.sqrt(norm.var + np.float32(1e-8)), -10, 10)
+    raw = policy_spec(ckpt.params, make_env("Pendulum-v1"), "tanh")
+    np.testing.assert_allclose(spec.forward(obs), raw.forward(by_hand), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(spec.forward(obs), raw.forward(obs), atol=1e-3)
+    assert main(["eval", str(norm_run), "--episodes", "1", "--deterministic"]) == 0
+    assert "Pendulum-v1: return" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
@@ -158,12 +200,15 @@ print(json.dumps(policy(obs).tolist()))
 """
 
 
-def test_export_torch_runs_without_timerl_and_acts_like_timerl(run, tmp_path, capsys):
+@pytest.mark.parametrize("which", list(RUNS))
+def test_export_torch_runs_without_timerl_and_acts_like_timerl(which, request, tmp_path, capsys):
     pytest.importorskip("torch")
+    run = request.getfixturevalue(which)
+    env_id, draw = RUNS[which]
     out = tmp_path / "policy.pt2"
     assert main(["export", str(run), "--format", "torch", "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
-    obs = np.random.default_rng(1).uniform(-0.5, 0.5, (64, 4)).astype(np.float32)
+    obs = draw(np.random.default_rng(1), 64).astype(np.float32)
     np.save(tmp_path / "obs.npy", obs)
     env = dict(os.environ, PYTHONPATH="")
     done = subprocess.run(
@@ -176,13 +221,18 @@ def test_export_torch_runs_without_timerl_and_acts_like_timerl(run, tmp_path, ca
     )
     assert done.returncode == 0, done.stderr
     exported = np.array(json.loads(done.stdout))
-    ckpt = load_checkpoint(latest_checkpoint(run))
-    spec = policy_spec(ckpt.params, make_env("CartPole-v1"))
-    np.testing.assert_array_equal(exported, spec.act(obs, deterministic=True))
+    expected = _checkpoint_actions(run, env_id, obs)
+    if env_id == "CartPole-v1":
+        np.testing.assert_array_equal(exported, expected)
+    else:
+        np.testing.assert_allclose(exported, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_export_onnx_acts_like_timerl_or_names_the_extra(run, tmp_path, capsys):
+@pytest.mark.parametrize("which", list(RUNS))
+def test_export_onnx_acts_like_timerl_or_names_the_extra(which, request, tmp_path, capsys):
     pytest.importorskip("torch")
+    run = request.getfixturevalue(which)
+    env_id, draw = RUNS[which]
     out = tmp_path / "policy.onnx"
     code = main(["export", str(run), "--format", "onnx", "--out", str(out)])
     try:
@@ -195,11 +245,13 @@ def test_export_onnx_acts_like_timerl_or_names_the_extra(run, tmp_path, capsys):
     assert code == 0
     from onnx.reference import ReferenceEvaluator
 
-    obs = np.random.default_rng(2).uniform(-0.5, 0.5, (16, 4)).astype(np.float32)
+    obs = draw(np.random.default_rng(2), 16).astype(np.float32)
     (action,) = ReferenceEvaluator(onnx.load(str(out))).run(None, {"obs": obs})
-    ckpt = load_checkpoint(latest_checkpoint(run))
-    spec = policy_spec(ckpt.params, make_env("CartPole-v1"))
-    np.testing.assert_array_equal(action, spec.act(obs, deterministic=True))
+    expected = _checkpoint_actions(run, env_id, obs)
+    if env_id == "CartPole-v1":
+        np.testing.assert_array_equal(action, expected)
+    else:
+        np.testing.assert_allclose(action, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_a_checkpoint_without_an_acting_network_is_a_clear_error():
