@@ -19,7 +19,7 @@ from timerl.api.optim import Adam
 from timerl.api.tensor import RecurrentTensor, maximum
 from timerl.errors import EnvError, ProgramError
 from timerl.rl.environment import Env, make_env
-from timerl.rl.normalize import CLIP, EPS, OBS_STATE, discounted_return_estimate, running_moments
+from timerl.rl.normalize import CLIP, EPS, discounted_return_estimate, running_moments
 from timerl.rl.returns import discounted_returns, gae
 from timerl.symbolic import Dim
 
@@ -288,9 +288,10 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         metrics = {name: value[i, last] for name, value in parts.items()}
         metrics["reward_mean"] = ro["reward"][i, 0 : t.bound].mean()
     bounds = {"T": cfg.num_steps, "U": cfg.epochs * cfg.minibatches}
+    stats = ro["obs_stats"]
     obs_norm = (
-        {"mean": OBS_STATE[0], "var": OBS_STATE[1], "eps": EPS, "clip": CLIP}
-        if cfg.norm_obs
+        {"mean": stats.mean.name, "var": stats.var.name, "eps": EPS, "clip": CLIP}
+        if stats is not None
         else None
     )
     return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters(), obs_norm, ro)

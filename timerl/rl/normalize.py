@@ -22,7 +22,6 @@ from timerl.symbolic import Dim
 # a checkpoint's header records them for ``timerl eval`` and ``timerl export``
 EPS = 1e-8
 CLIP = 10.0
-OBS_STATE = ("obs_mean", "obs_var", "obs_count")
 
 
 @dataclass
