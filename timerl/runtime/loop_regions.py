@@ -100,7 +100,7 @@ class LoopRegion:
     closed: list[Edge]
     rows: list[Edge]
     finals: list[Op]
-    rows_out: list[tuple[Op, tuple[Expr, ...] | None]]  # None: every point; else pinned ones
+    rows_out: list[tuple[Op, tuple[int, ...] | None]]  # None: every point; else the ones kept
     outside_frees: list[Free]
     live_bytes: int
 
@@ -250,23 +250,17 @@ class LoopFusion:
                     outside_frees.append(s)
         last_index = extent - 1 if loop.forward else 0
         finals: list[Op] = []
-        rows_out: list[tuple[Op, tuple[Expr, ...] | None]] = []
+        rows_out: list[tuple[Op, tuple[int, ...] | None]] = []
         for op in ops:
-            fs = frees.get(op.id, [])
-            if not fs:
+            alive = self._survivors(op, frees.get(op.id, []), dim, extent)
+            if isinstance(alive, str):
+                return alive
+            if alive == tuple(range(extent)):
                 rows_out.append((op, None))
-                continue
-            if len(fs) > 1 or len(fs[0].prefix) != len(op.domain):
-                return f"{op.label} is freed other than point by point in the loop"
-            pins = fs[0].pinned
-            if not pins:
-                continue
-            if any(not isinstance(p.substitute(bounds), Const) for p in pins):
-                rows_out.append((op, pins))
-            elif [p.substitute(bounds).value for p in pins] == [last_index]:
+            elif alive == (last_index,):
                 finals.append(op)
-            else:
-                rows_out.append((op, pins))
+            elif alive:
+                rows_out.append((op, alive))
         stacked = {op.id for op, _ in rows_out}
         last: dict[int, tuple] = {}
         hist: dict[int, tuple] = {}
@@ -316,6 +310,28 @@ class LoopFusion:
         return LoopRegion(
             loop, plan, ops, closed, rows, finals, rows_out, outside_frees, live_bytes=live
         )
+
+    def _survivors(self, op: Op, frees: list[Free], dim: Dim, extent: int) -> tuple[int, ...] | str:
+        """The iterations whose point of ``op`` the loop's frees leave alive (a reason if they
+        are not frees of one point per iteration at a constant offset)."""
+        alive = set(range(extent))
+        for f in frees:
+            where = op.domain.index(dim)
+            if len(f.prefix) != len(op.domain) or any(
+                p is not d
+                for k, (p, d) in enumerate(zip(f.prefix, op.domain, strict=False))
+                if k != where
+            ):
+                return f"{op.label} is freed other than point by point in the loop"
+            off = f.prefix[where] - dim
+            pins = [p.substitute(self.fusion.bounds) for p in f.pinned]
+            if not isinstance(off, Const) or not all(isinstance(p, Const) for p in pins):
+                return f"{op.label} is freed at a point that is not a constant offset"
+            if pins and where != len(op.domain) - 1:
+                return f"{op.label} is freed around pinned points of another dim"
+            kept = {p.value for p in pins}
+            alive -= {k + off.value for k in range(extent)} - kept
+        return tuple(sorted(alive))
 
     # --- emitting ------------------------------------------------------------------------------
     def _read_shape(self, edge: Edge) -> tuple[int, ...]:
@@ -413,13 +429,13 @@ class LoopFusion:
             gen.emit(depth + 1, "pass")
         gen.emit(depth, "_f = _h = None")
 
-    def _store(self, op: Op, value: str, depth: int, pins: tuple[Expr, ...] | None, d: str) -> None:
+    def _store(self, op: Op, value: str, depth: int, pins: tuple[int, ...] | None, d: str) -> None:
         gen = self.gen
         conds = []
         if op.guard != TRUE:
             conds.append(gen.names.src(op.guard))
         if pins:
-            conds.append(f"{d} in {gen.key_src([gen.names.src(p) for p in pins])}")
+            conds.append(f"{d} in {gen.const('KEPT', frozenset(pins))}")
         if conds:
             gen.emit(depth, f"if {' and '.join(conds)}:")
             depth += 1
