@@ -204,3 +204,17 @@ def test_a_loop_freeing_all_but_its_last_point_keeps_exactly_that_point():
     assert list(calls.values()) == [1]
     assert "_f[" in prog._executor().source  # the last value returned, not every iteration's
     np.testing.assert_allclose(prog.value(final), 2.0 * (2.0 - 2.0**-6) * np.ones(4))
+
+
+def test_a_read_at_a_fixed_point_of_the_loop_sees_that_iterations_value():
+    """``x[t + 1] = f(x[t])`` with ``x[0]`` a value computed in the loop at ``t == 0`` and read
+    there in the same iteration: the carried array holds each value as soon as it is made."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        u0 = tl.from_numpy(np.array([0.25, 0.5, 0.75]), domain=(t,), dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[0] = u0[0]
+        x[t + 1] = (x[t] * 1.5).tanh()
+    prog, calls = _check(ctx, {T: 3}, [x], rtol=1e-12, atol=1e-12)
+    assert list(calls.values()) == [1]

@@ -50,7 +50,7 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
         init_hist = {m: jnp.zeros((n, *s), d) for m, (s, d) in plan.hist.items()}
 
         def body(k: Any, carry: tuple[dict, dict]) -> tuple[dict, dict]:
-            last, hist = carry
+            last, hist = carry[0], dict(carry[1])
             u = k if plan.forward else n - 1 - k
             env = dict(env0)
             env[plan.dim] = u
@@ -77,15 +77,16 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
                             _evaluate(cond, env), _exact(value, st.shape, st.dtype), out
                         )
                     vals[st.op_id] = out
-                    continue
-                extra = {name: _evaluate(v, env) for name, v in st.traced.items()}
-                if st.key is not None:
-                    (seed, stream), coords = st.key
-                    extra["key"] = (seed, stream, *_evaluate(tuple(coords), env))
-                vals[st.op_id] = _exact(st.fn(*ins, **st.kwargs, **extra), st.shape, st.dtype)
-            new_last = {m: vals[m] for m in last}
-            new_hist = {m: h.at[u].set(vals[m]) for m, h in hist.items()}
-            return new_last, new_hist
+                else:
+                    extra = {name: _evaluate(v, env) for name, v in st.traced.items()}
+                    if st.key is not None:
+                        (seed, stream), coords = st.key
+                        extra["key"] = (seed, stream, *_evaluate(tuple(coords), env))
+                    out = st.fn(*ins, **st.kwargs, **extra)
+                    vals[st.op_id] = _exact(out, st.shape, st.dtype)
+                if st.op_id in hist:  # at once: a later read at a fixed point may be this one
+                    hist[st.op_id] = hist[st.op_id].at[u].set(vals[st.op_id])
+            return {m: vals[m] for m in last}, hist
 
         last, hist = lax.fori_loop(0, n, body, (init_last, init_hist))
         finals = {m: last[m] for m in plan.finals}
