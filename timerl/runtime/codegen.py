@@ -26,7 +26,7 @@ from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
 from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
-from timerl.runtime.stores import StorePlan
+from timerl.runtime.stores import RowStore, StorePlan
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
@@ -347,6 +347,7 @@ class CodeGen:
             FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
             FREE_ALL_VIEW=functools.partial(_free_all, nbytes=_no_bytes),
             FREE_PREFIX_VIEW=functools.partial(_free_prefix, nbytes=_no_bytes),
+            ROWSTORE=RowStore.adopt,
         )
         if self.fusion is not None:
             self.fusion.set_bounds(static_bounds)
@@ -354,7 +355,12 @@ class CodeGen:
         for b, v in static_bounds.items():
             head.append(f"    {self.names.of(b)} = {int(v)}")
         self.body(self.schedule.body, 1, outer)
-        stores = "".join(f"    S{i} = STORES[{i}]\n" for i in self.ops if i not in self.locals)
+        rows = self.loops.row_stores if self.loops is not None else set()
+        stores = "".join(
+            f"    S{i} = ROWSTORE(STORES, {i})\n" if i in rows else f"    S{i} = STORES[{i}]\n"
+            for i in self.ops
+            if i not in self.locals
+        )
         stores += "".join(f"    BL{i} = S{i}.blocks\n" for i in self.plan.blocks)
         src = (
             "def run(STORES, M, C, CTL):\n"

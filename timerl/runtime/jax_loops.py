@@ -4,8 +4,9 @@ The carry holds, per value read at another iteration or kept after the loop, eit
 value or an array of every iteration's value (``loop_regions`` decides which). Index
 expressions, merge conditions and random keys are evaluated on the traced loop index with
 ``vevaluate`` over ``jax.numpy``. The function returns the last iteration's values and, for
-values whose points outlive the loop, one array per iteration, split inside the compiled call
-so that storing them costs no further dispatch.
+values whose points outlive the loop, the array of every iteration's value (stored whole:
+``stores.RowStore``; splitting it inside the compiled call would make XLA's compilation of a
+128-step loop take seconds per output).
 """
 
 from __future__ import annotations
@@ -38,14 +39,15 @@ def _evaluate(item: Any, env: dict) -> Any:
 
 def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
     """``fn(closed, rows, symbols)``: ``closed`` the values read once, ``rows`` per
-    per-iteration input a tuple of ``plan.extent`` values (iteration ``k`` at ``k``),
-    ``symbols`` the enclosing loops' indices; returns ``(finals, rows_out)``."""
+    per-iteration input one array of ``plan.extent`` rows (iteration ``k`` at ``k``),
+    ``symbols`` the enclosing loops' indices; returns ``(finals, rows_out)``, ``rows_out`` one
+    array of every iteration's value per value."""
     n = plan.extent
 
     def run(closed: tuple, rows: tuple, symbols: tuple) -> tuple[dict, dict]:
         env0: dict = dict(plan.consts)
         env0.update(zip(plan.symbols, symbols, strict=True))
-        stacked = [jnp.stack(r) for r in rows]
+        stacked = rows
         init_last = {m: jnp.zeros(s, d) for m, (s, d) in plan.last.items()}
         init_hist = {m: jnp.zeros((n, *s), d) for m, (s, d) in plan.hist.items()}
 
@@ -88,9 +90,12 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
                     hist[st.op_id] = hist[st.op_id].at[u].set(vals[st.op_id])
             return {m: vals[m] for m in last}, hist
 
-        last, hist = lax.fori_loop(0, n, body, (init_last, init_hist))
+        if n == 1:  # one iteration (one epoch of one minibatch): no XLA while loop around it
+            last, hist = body(0, (init_last, init_hist))
+        else:
+            last, hist = lax.fori_loop(0, n, body, (init_last, init_hist))
         finals = {m: last[m] for m in plan.finals}
-        rows_out = {m: tuple(hist[m][k] for k in range(n)) for m in plan.rows_out}
+        rows_out = {m: hist[m] for m in plan.rows_out}
         return finals, rows_out
 
     return run

@@ -126,6 +126,10 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
+def _rows_or(rows: Any, gather: Callable[[], Any]) -> Any:
+    return rows if rows is not None else gather()
+
+
 def _optional(thunk: Callable[[], Any]) -> Any:
     """A value read for a branch or guard that may not hold: None where it does not exist."""
     try:
@@ -141,6 +145,8 @@ class LoopFusion:
         self.fusion = fusion
         self.gen = fusion.gen
         self.notes: dict[str, str] = getattr(self.gen.backend, "loop_notes", {})
+        # ops whose every-iteration values a fused loop stores stacked (``stores.RowStore``)
+        self.row_stores: set[int] = set()
 
     # --- which loops ---------------------------------------------------------------------------
     def region(self, loop: Loop, outer: Loop | None) -> LoopRegion | None:
@@ -343,6 +349,17 @@ class LoopFusion:
         ]
         return (*lead, *fusion._static_shape(edge.src.shape))
 
+    def _stacked_src(self, edge: Edge, loop: Loop, n: int) -> str | None:
+        """Source handing over ``edge``'s rows for every iteration at once, where its store
+        may hold them stacked (written by an earlier fused loop): None if it cannot."""
+        src = edge.src
+        if src.id not in self.row_stores or edge.index[-1] is not loop.dim:
+            return None
+        if any(loop.dim in _symbols(i) for i in edge.index[:-1]):
+            return None
+        outer = self.gen.key_src([self.gen.names.src(i) for i in edge.index[:-1]])
+        return f"S{src.id}.stacked({outer}, {n})"
+
     def _optional_src(self, edge: Edge) -> str:
         gen = self.gen
         if edge.src.id in gen.locals:
@@ -378,15 +395,16 @@ class LoopFusion:
         closed_fill = gen.const(
             "FILL", filler([(self._read_shape(e), e.src.dtype) for e in region.closed])
         )
-        row_fills = [
-            gen.const("FILL", filler([(self._read_shape(e), e.src.dtype)] * plan.extent))
-            for e in region.rows
-        ]
+        gen.ns.setdefault("ROWS_OR", _rows_or)
+        stack = gen.const("STACK", backend.stack)
+        rows_srcs = []
+        for e in region.rows:
+            fill = gen.const("FILL", filler([(self._read_shape(e), e.src.dtype)] * plan.extent))
+            gathered = f"{stack}(list({fill}([{self._optional_src(e)} for {d} in range({b})])))"
+            whole = self._stacked_src(e, loop, plan.extent)
+            rows_srcs.append(f"ROWS_OR({whole}, lambda: {gathered})" if whole else gathered)
         closed_src = ", ".join(self._optional_src(e) for e in region.closed)
-        rows_src = ", ".join(
-            f"{fill}([{self._optional_src(e)} for {d} in range({b})])"
-            for e, fill in zip(region.rows, row_fills, strict=True)
-        )
+        rows_src = ", ".join(rows_srcs)
         syms_src = "".join(f"{gen.names.of(s)}, " for s in plan.symbols)
         key = (
             "loop",
@@ -417,13 +435,30 @@ class LoopFusion:
             gen.emit(depth + 1, f"{d} = {last}")
             for op in region.finals:
                 self._store(op, f"_f[{op.id}]", depth + 1, None, d)
+        # every iteration's values, stored stacked (split only where a row is read alone)
+        for op, pins in region.rows_out:
+            if op.domain[-1] is not loop.dim:
+                continue  # stored row by row below
+            self.row_stores.add(op.id)
+            conds = [gen.names.src(op.guard)] if op.guard != TRUE else []
+            if pins:
+                conds.append(f"{d} in {gen.const('KEPT', frozenset(pins))}")
+            where = f" if {' and '.join(conds)}" if conds else ""
+            outer = gen.key_src([gen.names.of(x) for x in op.domain[:-1]])
+            row = _nbytes(*plan.hist[op.id])
+            gen.emit(depth, f"_ks = [{d} for {d} in range({b}){where}]")
+            gen.emit(depth, f"S{op.id}.put_rows({outer}, _h[{op.id}], _ks)")
+            gen.emit(depth, f"M[0] += len(_ks) * {row}")
+            gen.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
         # every iteration's: surviving points, statement counts, frees of outside values
-        if region.rows_out or guarded or region.outside_frees:
+        rest = [op for op, _ in region.rows_out if op.id not in self.row_stores]
+        if rest or guarded or region.outside_frees:
             gen.emit(depth, f"for {d} in range({b}):")
             for cond, n in guarded.items():
                 gen.emit(depth + 1, f"if {cond}: C[0] += {n}")
             for op, pins in region.rows_out:
-                self._store(op, f"_h[{op.id}][{d}]", depth + 1, pins, d)
+                if op.id not in self.row_stores:
+                    self._store(op, f"_h[{op.id}][{d}]", depth + 1, pins, d)
             for stmt in region.outside_frees:
                 gen.free(stmt, depth + 1)
             gen.emit(depth + 1, "pass")
