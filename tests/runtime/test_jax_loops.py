@@ -218,3 +218,42 @@ def test_a_read_at_a_fixed_point_of_the_loop_sees_that_iterations_value():
         x[t + 1] = (x[t] * 1.5).tanh()
     prog, calls = _check(ctx, {T: 3}, [x], rtol=1e-12, atol=1e-12)
     assert list(calls.values()) == [1]
+
+
+def test_a_row_store_hands_rows_over_stacked_until_one_is_rewritten():
+    from timerl.runtime.stores import RowStore
+
+    rows = np.arange(12.0).reshape(4, 3)
+    store = RowStore({(0, 0): np.zeros(3)})
+    store.put_rows((1,), rows, [0, 1, 3])  # row 2 not kept (guarded off)
+    assert store.stacked((1,), 4) is rows and store.stacked((0,), 4) is None
+    assert len(store) == 4 and (1, 3) in store and (1, 2) not in store
+    np.testing.assert_array_equal(store[(1, 1)], rows[1])  # split out alone
+    assert store.stacked((1,), 4) is rows
+    assert sorted(store.keys()) == [(0, 0), (1, 0), (1, 1), (1, 3)]
+    assert store.pop((1, 0)).nbytes == 24  # freed without being split: its bytes
+    assert sum(getattr(v, "nbytes", 0) for v in store.values()) == 24 + 24 + 24
+    store[(1, 3)] = np.ones(3)  # rewritten: the stacked array is stale now
+    assert store.stacked((1,), 4) is None
+    np.testing.assert_array_equal(store[(1, 3)], np.ones(3))
+    assert dict(store.items()).keys() == {(0, 0), (1, 1), (1, 3)}
+    store.clear()
+    assert not store and store.stacked((1,), 4) is None
+
+
+def test_a_loop_reads_an_earlier_loops_rows_stacked():
+    """A loop's every-iteration values, read per iteration by a later fused loop and as a
+    whole slice, are handed over as the one array the first loop returned."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(2,), domain=(t,))
+        x[0] = tl.ones((2,))
+        x[t + 1] = x[t] * 0.5 + 1.0
+        y = tl.RecurrentTensor.placeholder(shape=(2,), domain=(t,))
+        y[t.eq(T - 1)] = x * 2.0
+        y[True] = x * 2.0 + y[t + 1]
+        total = x[0:T].sum(0)
+    prog, calls = _check(ctx, {T: 6}, [y, total])
+    assert len(calls) == 2 and set(calls.values()) == {1}
+    assert ".stacked(" in prog._executor().source
