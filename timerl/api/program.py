@@ -180,12 +180,35 @@ class Program:
                 f"{regions['jit_regions']} jitted, {regions['jit_traces']} traces, "
                 f"{regions['jit_trace_compile_seconds']:.2f} s tracing and compiling"
             )
+        if getattr(self.backend, "fuses_loops", False):
+            lines += self._loop_lines()
         if full:
             lines += ["schedule:", self.schedule.dump()]
         else:
             lines += ["schedule (summary; explain(full=True) lists every statement):"]
             lines += ["  " + line for line in self.schedule.summary().splitlines()]
         return "\n".join(lines)
+
+    def _loop_lines(self) -> list[str]:
+        """Which loops run as one compiled loop and why the others do not; decided when code
+        is generated (static bounds known), so generated now if the program has not run."""
+        notes = self.backend.loop_notes
+        if not notes and self.optimize:
+            Executor(
+                self.schedule,
+                self.ops,
+                self.backend,
+                self.static,
+                self.dynamic,
+                self.seed,
+                keep=self.keep,
+                storage=self.compiled.storage,
+            ).prepare(hooked=False)
+        if not notes:
+            return ["loops: all run in Python (the interpreter does not fuse them)"]
+        lines = ["loops (one XLA loop each, or why not):"]
+        lines += [f"  {loop} -> {what}" for loop, what in notes.items()]
+        return lines
 
     def _storage_lines(self, full: bool) -> list[str]:
         """Each tensor's storage and why: blocks and views always, point stores if ``full``

@@ -93,7 +93,15 @@ def prepare_call(op: Op, backend: Backend, seed: int) -> OpCall:
 def gather_points(
     store: dict, axes: list, kinds: list[bool], stack: Callable, missing: Callable, empty: Callable
 ) -> Any:
-    """Stack the points of a (multi-)slice read; ragged shapes stay a list."""
+    """Stack the points of a (multi-)slice read; ragged shapes stay a list. A store holding
+    the slice's rows stacked already (``stores.RowStore``) hands them over as they are."""
+    stacked = getattr(store, "stacked", None)
+    if stacked is not None and all(kinds[-1:]) and not any(kinds[:-1]):
+        rows = axes[-1]
+        if rows.start == 0 and rows.step == 1:
+            found = stacked(tuple(a[0] for a in axes[:-1]), len(rows))
+            if found is not None:
+                return found
 
     def rec(prefix: tuple, level: int) -> Any:
         if level == len(axes):

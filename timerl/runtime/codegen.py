@@ -24,8 +24,9 @@ from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import element_shape, gather_points, prepare_call
+from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
-from timerl.runtime.stores import StorePlan
+from timerl.runtime.stores import RowStore, StorePlan
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
@@ -93,6 +94,9 @@ class CodeGen:
         self.locals = self._local_ops()
         # runs of pure statements compiled as one function, on backends that can (jax)
         self.fusion = Fusion(self) if backend.fuses else None
+        # whole loops as one compiled call, on backends that can trace a loop (jax)
+        fuses_loops = self.fusion is not None and getattr(backend, "fuses_loops", False)
+        self.loops = LoopFusion(self.fusion) if fuses_loops else None
 
     # --- which values can live in locals -------------------------------------------------------
     def _local_ops(self) -> set[int]:
@@ -280,6 +284,11 @@ class CodeGen:
             self.emit(depth, f"FREE_PREFIX{view}(S{op.id}, {key}, M)")
 
     def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
+        if self.loops is not None:
+            region = self.loops.region(loop, outer)
+            if region is not None:  # the whole loop as one compiled call
+                self.loops.emit(region, depth)
+                return
         for line in self.plan.allocate_src(loop, self.names.of):
             self.emit(depth, line)
         d = self.names.of(loop.dim)
@@ -338,6 +347,7 @@ class CodeGen:
             FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
             FREE_ALL_VIEW=functools.partial(_free_all, nbytes=_no_bytes),
             FREE_PREFIX_VIEW=functools.partial(_free_prefix, nbytes=_no_bytes),
+            ROWSTORE=RowStore.adopt,
         )
         if self.fusion is not None:
             self.fusion.set_bounds(static_bounds)
@@ -345,7 +355,12 @@ class CodeGen:
         for b, v in static_bounds.items():
             head.append(f"    {self.names.of(b)} = {int(v)}")
         self.body(self.schedule.body, 1, outer)
-        stores = "".join(f"    S{i} = STORES[{i}]\n" for i in self.ops if i not in self.locals)
+        rows = self.loops.row_stores if self.loops is not None else set()
+        stores = "".join(
+            f"    S{i} = ROWSTORE(STORES, {i})\n" if i in rows else f"    S{i} = STORES[{i}]\n"
+            for i in self.ops
+            if i not in self.locals
+        )
         stores += "".join(f"    BL{i} = S{i}.blocks\n" for i in self.plan.blocks)
         src = (
             "def run(STORES, M, C, CTL):\n"

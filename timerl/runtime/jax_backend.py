@@ -21,7 +21,9 @@ import numpy as np
 
 from timerl.errors import BackendError
 from timerl.runtime.backend import Backend
+from timerl.runtime.jax_loops import loop_function
 from timerl.runtime.jax_lowering import LOWERINGS, TRACED_ATTRS
+from timerl.runtime.loop_regions import LoopPlan
 
 
 def _x64() -> Any:
@@ -36,6 +38,7 @@ class JaxBackend(Backend):
     lowerings = LOWERINGS
     promotes_like_numpy = False  # jax's own lattice: int64 + float32 -> float32
     fuses = True
+    fuses_loops = True  # a loop whose body traces runs as one lax.fori_loop (jax_loops.py)
     traced_attrs = TRACED_ATTRS
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
@@ -47,6 +50,9 @@ class JaxBackend(Backend):
         except (RuntimeError, IndexError) as exc:
             raise BackendError(f"device {device!r} asked for, but jax has none: {exc}") from None
         self._regions: dict[Hashable, Callable[..., Any]] = {}
+        self._loops: dict[Hashable, Callable[..., Any]] = {}
+        # per loop of the program (as explain() names it): fused, or why it runs in Python
+        self.loop_notes: dict[str, str] = {}
         self.traces = 0
         self.trace_seconds = 0.0
 
@@ -79,8 +85,34 @@ class JaxBackend(Backend):
         self._regions[key] = call
         return call
 
+    def fuse_loop(self, key: Hashable, plan: LoopPlan) -> Callable[..., Any]:
+        """The loop ``plan`` describes as one jitted ``lax.fori_loop``, once per ``key`` for
+        the life of this backend; its traces count with the regions'."""
+        cached = self._loops.get(key)
+        if cached is not None:
+            return cached
+        fn = loop_function(plan)
+
+        def traced(*args: Any) -> Any:
+            self.traces += 1
+            return fn(*args)
+
+        jitted = jax.jit(traced)
+
+        def call(*args: Any) -> Any:
+            before = self.traces
+            start = time.perf_counter()
+            out = jitted(*args)
+            if self.traces != before:
+                self.trace_seconds += time.perf_counter() - start
+            return out
+
+        self._loops[key] = call
+        return call
+
     def region_stats(self) -> dict[str, Any]:
         return {
+            "jit_loops": len(self._loops),
             "jit_regions": len(self._regions),
             "jit_traces": self.traces,
             "jit_trace_compile_seconds": self.trace_seconds,

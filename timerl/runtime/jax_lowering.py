@@ -15,6 +15,7 @@ the same process (a baseline, a user's model) keeps jax's default.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -193,14 +194,33 @@ register_lowering("iota", lambda length, dtype="int64": jnp.arange(length, dtype
 # Random values come from the reference's counter-based generator, computed in jnp: the same
 # bits as numpy (32-bit integer arithmetic is exact everywhere) and traceable, so a draw can
 # run inside a jitted function.
-register_lowering(
-    "uniform",
-    lambda shape, dtype, key, batch=(): counter_rng.uniform(jnp, key, tuple(shape), dtype, batch),
-)
-register_lowering(
-    "normal",
-    lambda shape, dtype, key, batch=(): counter_rng.normal(jnp, key, tuple(shape), dtype, batch),
-)
+# Each draw is jitted on its own (its coordinates traced, seed, stream, shape and batch static):
+# eagerly the generator is some thirty dispatches, and a draw outside any region (a rollout's
+# noise, vectorised over its steps) would pay for each.
+def _jitted_draw(draw: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.partial(jax.jit, static_argnames=("prefix", "shape", "dtype", "batch"))
+    def jitted(coords: tuple, prefix: tuple, shape: tuple, dtype: Any, batch: tuple) -> Any:
+        return draw(jnp, (*prefix, *coords), shape, dtype, batch)
+
+    def lowering(shape: Any, dtype: Any, key: tuple, batch: Any = ()) -> Any:
+        coords = key[2:]
+        if any(isinstance(c, int) and not 0 <= c < 2**32 for c in coords):
+            # hashed as a Python int (64 bits), as the reference does; a traced one is 32
+            return draw(jnp, key, tuple(shape), dtype, batch)
+        frozen = tuple((int(size), tuple(map(tuple, moved))) for size, moved in batch)
+        return jitted(
+            tuple(coords),
+            prefix=tuple(int(k) for k in key[:2]),
+            shape=tuple(int(s) for s in shape),
+            dtype=np.dtype(dtype),
+            batch=frozen,
+        )
+
+    return lowering
+
+
+register_lowering("uniform", _jitted_draw(counter_rng.uniform))
+register_lowering("normal", _jitted_draw(counter_rng.normal))
 
 # --- structure ---------------------------------------------------------------------------------
 

@@ -112,25 +112,38 @@ class Fusion:
     def _fixed(self, shape: tuple) -> bool:
         return all(_static(s, self.bounds)[0] for s in shape)
 
+    def _static_value(self, value: Any) -> tuple[bool, Any]:
+        return _static(value, self.bounds)
+
+    def _static_shape(self, shape: tuple) -> tuple[int, ...]:
+        return tuple(int(v) for v in _static(tuple(shape), self.bounds)[1])
+
     # --- which statements ----------------------------------------------------------------------
     def eligible(self, op: Op) -> bool:
+        traits = prims.get(op.prim).traits
+        return not traits.random and self.why_not_traced(op) is None
+
+    def why_not_traced(self, op: Op) -> str | None:
+        """Why ``op`` cannot be traced into a compiled function (None: it can); a random op
+        can (its key's coordinates may be traced)."""
         rule = prims.get(op.prim)
-        traits = rule.traits
-        if traits.host or traits.random or rule.extra.get("ragged"):
-            return False
+        if rule.traits.host:
+            return f"{op.label} ({op.prim}) is a host call"
+        if rule.extra.get("ragged"):
+            return f"{op.label} ({op.prim}) is ragged"
         if not self._fixed(op.shape):
-            return False
+            return f"the shape of {op.label} changes from point to point"
         traced = self.traced.get(op.prim, ())
         for n in rule.point_attrs:
             if n in op.attrs and n not in traced and not _static(op.attrs[n], self.bounds)[0]:
-                return False
+                return f"attribute {n} of {op.label} ({op.prim}) changes from point to point"
         for e in op.inputs:
             if not self._fixed(e.src.shape):
-                return False
+                return f"{op.label} reads {e.src.label}, whose shape changes from point to point"
             for idx in e.index:
                 if isinstance(idx, Slice) and not _static(idx.stop - idx.start, self.bounds)[0]:
-                    return False
-        return True
+                    return f"{op.label} reads a slice of {e.src.label} whose length changes"
+        return None
 
     def group(self, stmts: list[Stmt]) -> list[Stmt | Region]:
         """The statements, with each run of at least ``MIN_OPS`` fusible ops as one region."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 from timerl.errors import IndexExprError
 
@@ -713,9 +713,11 @@ def compile_exprs(
     return eval(code, {"min": min, "max": max})  # noqa: S307 - source built from our own nodes
 
 
-def vevaluate(item: Expr | Condition, env: Mapping[Symbol, object]) -> object:
-    """Evaluate over numpy arrays of points at once (validation checks whole domains)."""
-    import numpy as np
+def vevaluate(item: Expr | Condition, env: Mapping[Symbol, object], xp: Any = None) -> object:
+    """Evaluate over arrays of points at once (validation checks whole domains); ``xp`` is the
+    array module (numpy by default; ``jax.numpy`` where the values are traced)."""
+    if xp is None:
+        import numpy as xp
 
     if isinstance(item, Const):
         return item.value
@@ -724,32 +726,32 @@ def vevaluate(item: Expr | Condition, env: Mapping[Symbol, object]) -> object:
     if isinstance(item, Affine):
         total: object = item.const
         for atom, coef in item.terms:
-            total = total + coef * vevaluate(atom, env)  # type: ignore[operator]
+            total = total + coef * vevaluate(atom, env, xp)  # type: ignore[operator]
         return total
     if isinstance(item, MinMax):
-        fn = np.minimum if item.kind == "min" else np.maximum
-        values = [vevaluate(a, env) for a in item.args]
+        fn = xp.minimum if item.kind == "min" else xp.maximum
+        values = [vevaluate(a, env, xp) for a in item.args]
         out = values[0]
         for v in values[1:]:
             out = fn(out, v)
         return out
     if isinstance(item, DivMod):
-        arg = vevaluate(item.arg, env)
+        arg = vevaluate(item.arg, env, xp)
         return arg // item.divisor if item.kind == "//" else arg % item.divisor  # type: ignore[operator]
     if isinstance(item, Literal):
         return item.value
     if isinstance(item, Cmp):
-        return _CMP[item.op](vevaluate(item.diff, env))
+        return _CMP[item.op](vevaluate(item.diff, env, xp))
     if isinstance(item, And):
         out = True
         for p in item.parts:
-            out = np.logical_and(out, vevaluate(p, env))
+            out = xp.logical_and(out, vevaluate(p, env, xp))
         return out
     if isinstance(item, Or):
         out = False
         for p in item.parts:
-            out = np.logical_or(out, vevaluate(p, env))
+            out = xp.logical_or(out, vevaluate(p, env, xp))
         return out
     if isinstance(item, Not):
-        return np.logical_not(vevaluate(item.part, env))
+        return xp.logical_not(vevaluate(item.part, env, xp))
     raise TypeError(f"cannot evaluate {item!r}")

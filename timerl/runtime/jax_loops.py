@@ -1,0 +1,101 @@
+"""A ``loop_regions.LoopPlan`` traced as one ``lax.fori_loop``.
+
+The carry holds, per value read at another iteration or kept after the loop, either its latest
+value or an array of every iteration's value (``loop_regions`` decides which). Index
+expressions, merge conditions and random keys are evaluated on the traced loop index with
+``vevaluate`` over ``jax.numpy``. The function returns the last iteration's values and, for
+values whose points outlive the loop, the array of every iteration's value (stored whole:
+``stores.RowStore``; splitting it inside the compiled call would make XLA's compilation of a
+128-step loop take seconds per output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from timerl.runtime.loop_regions import LoopPlan
+from timerl.symbolic import Condition, Expr, vevaluate
+
+
+def _exact(value: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """``value`` with exactly the declared shape and dtype (a loop carry's type is fixed)."""
+    value = jnp.asarray(value)
+    if tuple(value.shape) != tuple(shape):
+        value = jnp.broadcast_to(value, shape)
+    return lax.convert_element_type(value, dtype)
+
+
+def _evaluate(item: Any, env: dict) -> Any:
+    if isinstance(item, (tuple, list)):
+        return tuple(_evaluate(x, env) for x in item)
+    if isinstance(item, (Expr, Condition)):
+        return vevaluate(item, env, jnp)
+    return item
+
+
+def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
+    """``fn(closed, rows, symbols)``: ``closed`` the values read once, ``rows`` per
+    per-iteration input one array of ``plan.extent`` rows (iteration ``k`` at ``k``),
+    ``symbols`` the enclosing loops' indices; returns ``(finals, rows_out)``, ``rows_out`` one
+    array of every iteration's value per value."""
+    n = plan.extent
+
+    def run(closed: tuple, rows: tuple, symbols: tuple) -> tuple[dict, dict]:
+        env0: dict = dict(plan.consts)
+        env0.update(zip(plan.symbols, symbols, strict=True))
+        stacked = rows
+        init_last = {m: jnp.zeros(s, d) for m, (s, d) in plan.last.items()}
+        init_hist = {m: jnp.zeros((n, *s), d) for m, (s, d) in plan.hist.items()}
+
+        def body(k: Any, carry: tuple[dict, dict]) -> tuple[dict, dict]:
+            last, hist = carry[0], dict(carry[1])
+            u = k if plan.forward else n - 1 - k
+            env = dict(env0)
+            env[plan.dim] = u
+            vals: dict[int, Any] = {}
+
+            def read(ref: tuple) -> Any:
+                kind = ref[0]
+                if kind == "val":
+                    return vals[ref[1]]
+                if kind == "last":
+                    return last[ref[1]]
+                if kind == "hist":
+                    return hist[ref[1]][_evaluate(ref[2], env)]
+                if kind == "closed":
+                    return closed[ref[1]]
+                return stacked[ref[1]][u]
+
+            for st in plan.steps:
+                ins = [read(r) for r in st.refs]
+                if st.fn is None:  # a merge: the first branch whose condition holds
+                    out = _exact(ins[-1], st.shape, st.dtype)
+                    for cond, value in zip(st.conds[-2::-1], ins[-2::-1], strict=True):
+                        out = jnp.where(
+                            _evaluate(cond, env), _exact(value, st.shape, st.dtype), out
+                        )
+                    vals[st.op_id] = out
+                else:
+                    extra = {name: _evaluate(v, env) for name, v in st.traced.items()}
+                    if st.key is not None:
+                        (seed, stream), coords = st.key
+                        extra["key"] = (seed, stream, *_evaluate(tuple(coords), env))
+                    out = st.fn(*ins, **st.kwargs, **extra)
+                    vals[st.op_id] = _exact(out, st.shape, st.dtype)
+                if st.op_id in hist:  # at once: a later read at a fixed point may be this one
+                    hist[st.op_id] = hist[st.op_id].at[u].set(vals[st.op_id])
+            return {m: vals[m] for m in last}, hist
+
+        if n == 1:  # one iteration (one epoch of one minibatch): no XLA while loop around it
+            last, hist = body(0, (init_last, init_hist))
+        else:
+            last, hist = lax.fori_loop(0, n, body, (init_last, init_hist))
+        finals = {m: last[m] for m in plan.finals}
+        rows_out = {m: hist[m] for m in plan.rows_out}
+        return finals, rows_out
+
+    return run
