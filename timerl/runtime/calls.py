@@ -59,8 +59,18 @@ def host_call(op: Op, backend: Backend) -> Callable[..., Any]:
     return call_at if op.attrs.get("pass_point", False) else call
 
 
-def prepare_call(op: Op, backend: Backend, seed: int) -> OpCall:
-    """The kernel with static attributes bound, and what is left to evaluate per point."""
+def _writing_into(fn: Callable[..., Any], k: int) -> Callable[..., Any]:
+    def call(*xs: Any, **attrs: Any) -> Any:
+        return fn(*xs, out=xs[k], **attrs)
+
+    return call
+
+
+def prepare_call(op: Op, backend: Backend, seed: int, donate: int | None = None) -> OpCall:
+    """The kernel with static attributes bound, and what is left to evaluate per point.
+
+    ``donate``: the position of an input whose buffer the kernel writes its result into
+    (``compiler/donation.py``), through the backend's donating lowering."""
     rule = prims.get(op.prim)
     traits = rule.traits
     if traits.piecewise:
@@ -74,6 +84,11 @@ def prepare_call(op: Op, backend: Backend, seed: int) -> OpCall:
         if k not in per_point and k not in META_ATTRS
     }
     kernel = backend.kernel(op)
+    if donate is not None:
+        writer = backend.donating_lowering(op.prim)
+        if writer is None:
+            raise ValueError(f"{op.where()}: the {backend.name} backend cannot write into inputs")
+        kernel = _writing_into(writer, donate)
     fn = functools.partial(kernel, **static) if static else kernel
     point_attrs = tuple(
         (name, op.attrs[name])

@@ -76,9 +76,14 @@ class CodeGen:
         seed: int,
         keep: set[int],
         storage: Mapping[int, Any] | None = None,
+        donations: Mapping[int, int] | None = None,
     ) -> None:
         self.schedule = schedule
         self.plan = StorePlan(schedule, storage or {})
+        # op id -> input position it writes into; a donor's point leaves its store there
+        self.donations = dict(donations or {})
+        by_id = {op.id: op for op in ops}
+        self.donors = {by_id[i].inputs[k].src.id for i, k in self.donations.items()}
         self.ops = {op.id: op for op in ops}
         self.backend = backend
         self.seed = seed
@@ -176,6 +181,8 @@ class CodeGen:
     def alloc(self, op: Op, depth: int, var: str) -> None:
         if op.id in self.plan.blocks or op.id in self.plan.views:
             return  # a row of a block allocated with its loop, or a view of one
+        if op.id in self.donations:
+            return  # written into a dead input's buffer: those bytes were counted
         n = _static_nbytes(op)
         size = str(n) if n is not None else f"NB({var})"
         self.emit(depth, f"M[0] += {size}")
@@ -216,8 +223,14 @@ class CodeGen:
         self.emit(depth, f"{var} = {bc}({var}, {shape_src}, {dt})")
 
     def call(self, op: Op, depth: int, var: str, point: str) -> None:
-        call = prepare_call(op, self.backend, self.seed)
+        donate = self.donations.get(op.id)
+        call = prepare_call(op, self.backend, self.seed, donate)
         args = [self.read_src(e) for e in op.inputs]
+        if donate is not None and op.inputs[donate].src.id not in self.locals:
+            # take the point out of the donor's store: the free after this finds nothing
+            e = op.inputs[donate]
+            key = self.key_src([self.names.src(i) for i in e.index])
+            args[donate] = f"S{e.src.id}.pop({key})"
         fn = self.const("K", call.fn)
         if call.pass_point:
             args.append(point)
@@ -258,6 +271,8 @@ class CodeGen:
             return
         n = 0 if op.id in self.plan.views else _static_nbytes(op)
         if op.id in self.locals:
+            if op.id in self.donors:
+                return  # its one point was handed to the op that wrote into it
             size = n if n is not None else f"NB(v{op.id})"
             if op.guard != TRUE:  # a local is freed at its own point, so where it was computed
                 self.emit(depth, f"if {self.names.src(op.guard)}: M[0] -= {size}")
