@@ -9,9 +9,10 @@ be ``X``'s alone, written by nothing else:
 * ``X`` computes a fresh array (an elementwise op that is not a view, or a matmul): not a view
   of another tensor, not a constant the program holds, not a host call's value;
 * no view or merge reads ``X`` (its value would share the buffer and outlive the free);
-* ``X`` is a point store (not a block's row), not a kept output, and unguarded;
+* ``X`` is a point store (not a block's row), not a kept output, computed exactly where ``Y``
+  runs (both unguarded, or the same guard and ``Y`` reads ``X`` at its own point);
 * same static shape and dtype as ``Y`` (no broadcast into it), every input of ``Y`` of that
-  dtype (the result is computed in it), ``Y`` unguarded, of rank at least one.
+  dtype (the result is computed in it), ``Y`` of rank at least one.
 
 The table maps ``Y``'s op id to the position of the input it writes into. ``Y`` takes that
 point out of ``X``'s store, so the free after it releases nothing: a donated result allocates
@@ -49,7 +50,7 @@ def _writes_into(y: Op) -> bool:
     if not t.elementwise or t.view or t.piecewise or t.host or t.random or t.constant:
         return False
     shape = _static_shape(y)
-    return y.guard == TRUE and shape is not None and len(shape) >= 1
+    return shape is not None and len(shape) >= 1
 
 
 def plan_donations(
@@ -105,7 +106,7 @@ def _donor(x: Op, y: Op, e, keep: set[int], aliased: set[int], kind: str) -> boo
         and kind == "point"
         and x.id not in keep
         and x.id not in aliased
-        and x.guard == TRUE
+        and _runs_with(x, y, e)
         and x.dtype == y.dtype
         and _static_shape(x) == _static_shape(y)
         and e.cond == TRUE
@@ -127,6 +128,18 @@ def _same_read(a, b) -> bool:
 
 def _equal(a, b) -> bool:
     return always_le0(a - b) and always_le0(b - a)
+
+
+def _runs_with(x: Op, y: Op, e) -> bool:
+    """Whether ``x``'s point is computed exactly where ``y`` runs, so that the donation
+    consumes every point the free after ``y`` would release: both unguarded, or ``y`` reads
+    ``x`` at its own point under the same guard."""
+    if y.guard == TRUE:
+        return x.guard == TRUE
+    same_point = tuple(x.domain) == tuple(y.domain) and all(
+        i is d for i, d in zip(e.index, y.domain, strict=True)
+    )
+    return same_point and x.guard == y.guard
 
 
 def _frees_read(free: Free, e) -> bool:

@@ -107,9 +107,20 @@ class CodeGen:
             for e in op.inputs:
                 readers[e.src.id].append(e)
         frees: dict[int, list[Free]] = {}
-        for s in self.schedule.statements():
-            if isinstance(s, Free):
-                frees.setdefault(s.op.id, []).append(s)
+        body_of: dict[int, int] = {}  # id of a statement -> id of the loop body holding it
+
+        def visit(body: list[Stmt]) -> None:
+            for s in body:
+                body_of[id(s)] = id(body)
+                if isinstance(s, Free):
+                    frees.setdefault(s.op.id, []).append(s)
+                elif isinstance(s, Loop):
+                    visit(s.body)
+
+        visit(self.schedule.body)
+        computed_in = {
+            s.op.id: body_of[id(s)] for s in self.schedule.statements() if isinstance(s, Compute)
+        }
         out = set()
         for op in self.ops.values():
             if op.id in self.keep or prims.get(op.prim).traits.host or not readers[op.id]:
@@ -120,7 +131,14 @@ class CodeGen:
                 all(i is d for i, d in zip(e.index, op.domain, strict=True)) for e in readers[op.id]
             )
             fs = frees.get(op.id, [])
-            point_free = len(fs) == 1 and fs[0].prefix == tuple(op.domain) and not fs[0].pinned
+            # freed once, in the body that computes it (a free moved into an inner loop runs
+            # at every iteration of it, and would count the bytes out each time)
+            point_free = (
+                len(fs) == 1
+                and fs[0].prefix == tuple(op.domain)
+                and not fs[0].pinned
+                and body_of[id(fs[0])] == computed_in.get(op.id)
+            )
             if same and point_free:
                 out.add(op.id)
         return out
