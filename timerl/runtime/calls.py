@@ -31,13 +31,15 @@ class OpCall:
     ``point_attrs`` are ``(name, value)`` with ``value`` an index expression, a literal, or a
     tuple of those, evaluated at each point. ``key`` is ``None`` or, for a random op, the
     ``(seed, stream)`` prefix and the coordinates (expressions) that complete its key.
-    ``pass_point``: a host op that receives the point as its last argument.
+    ``pass_point``: a host op that receives the point as its last argument. ``out``: the
+    position of the input whose buffer ``fn`` writes into, passed again as ``out=``.
     """
 
     fn: Callable[..., Any]
     point_attrs: tuple[tuple[str, Any], ...]
     key: tuple[tuple[int, int], tuple[Any, ...]] | None
     pass_point: bool
+    out: int | None = None
 
 
 def host_call(op: Op, backend: Backend) -> Callable[..., Any]:
@@ -57,13 +59,6 @@ def host_call(op: Op, backend: Backend) -> Callable[..., Any]:
         return native(fn(*[to_np(x) for x in args], point))
 
     return call_at if op.attrs.get("pass_point", False) else call
-
-
-def _writing_into(fn: Callable[..., Any], k: int) -> Callable[..., Any]:
-    def call(*xs: Any, **attrs: Any) -> Any:
-        return fn(*xs, out=xs[k], **attrs)
-
-    return call
 
 
 def prepare_call(op: Op, backend: Backend, seed: int, donate: int | None = None) -> OpCall:
@@ -88,7 +83,7 @@ def prepare_call(op: Op, backend: Backend, seed: int, donate: int | None = None)
         writer = backend.donating_lowering(op.prim)
         if writer is None:
             raise ValueError(f"{op.where()}: the {backend.name} backend cannot write into inputs")
-        kernel = _writing_into(writer, donate)
+        kernel = writer
     fn = functools.partial(kernel, **static) if static else kernel
     point_attrs = tuple(
         (name, op.attrs[name])
@@ -102,7 +97,7 @@ def prepare_call(op: Op, backend: Backend, seed: int, donate: int | None = None)
         stream = op.attrs.get("stream", op.id)
         coords = op.attrs.get("key_at")
         key = ((seed, stream), tuple(op.domain) if coords is None else tuple(coords))
-    return OpCall(fn, point_attrs, key, False)
+    return OpCall(fn, point_attrs, key, False, donate)
 
 
 def gather_points(

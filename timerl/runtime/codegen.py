@@ -248,7 +248,8 @@ class CodeGen:
             # take the point out of the donor's store: the free after this finds nothing
             e = op.inputs[donate]
             key = self.key_src([self.names.src(i) for i in e.index])
-            args[donate] = f"S{e.src.id}.pop({key})"
+            self.emit(depth, f"_d = S{e.src.id}.pop({key})")
+            args[donate] = "_d"
         fn = self.const("K", call.fn)
         if call.pass_point:
             args.append(point)
@@ -262,6 +263,8 @@ class CodeGen:
             (seed, stream), coords = call.key
             items = [str(seed), str(stream), *(self._attr_src(c) for c in coords)]
             kwargs.append(f"key={self.key_src(items)}")
+        if donate is not None:
+            kwargs.append(f"out={args[donate]}")
         self.emit(depth, f"{var} = {fn}({', '.join(args + kwargs)})")
 
     def _attr_src(self, value: Any) -> str:

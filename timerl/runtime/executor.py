@@ -288,6 +288,7 @@ class Executor:
             return run_merge
         call = prepare_call(op, backend, self.seed, donate)
         kernel = call.fn
+        out = call.out
         layout: list[tuple[str, int, bool]] = []  # name, count, is_tuple
         point_items: list[Expr | Condition] = []
         for name, value in call.point_attrs:
@@ -317,6 +318,8 @@ class Executor:
             if key_fn is not None:
                 attrs = dict(attrs)
                 attrs["key"] = key_prefix + tuple(key_fn(env))
+            if out is not None:
+                attrs = dict(attrs, out=args[out])
             value = kernel(*args, point) if udf_point else kernel(*args, **attrs)
             store[point] = value
             meter.add(0 if shared else backend.nbytes(value))
