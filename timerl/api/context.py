@@ -222,6 +222,7 @@ class Context(Scope):
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
         compiled = compile_program(spec, optimize=optimize)
         planned = None
+        be = make_backend(backend, device)
         if budget is not None:
             spec_c = compiled.spec
             # jax keeps point stores (its arrays are immutable): plan with those
@@ -235,6 +236,7 @@ class Context(Scope):
                     spec_c.static,
                     spec_c.dynamic,
                     budget,
+                    be.donations(compiled.donations, spec_c.ops),
                 ),
             )
             compiled.report.notes.extend(notes)
@@ -242,7 +244,7 @@ class Context(Scope):
             compiled = dataclasses.replace(compiled, schedule=swapped)
         return Program(
             compiled,
-            make_backend(backend, device),
+            be,
             seed=seed,
             memory_budget=budget,
             planned=planned,

@@ -10,6 +10,7 @@ import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
 from timerl.compiler.budget import PlannedPeak, planned_peak
+from timerl.compiler.donation import describe as describe_donations
 from timerl.compiler.pipeline import Compiled, CompileReport
 from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
@@ -95,6 +96,7 @@ class Program:
             keep=self.keep,
             compiled=compiled,
             storage=self.compiled.storage,
+            donations=self.compiled.donations,
         )
         return self._last
 
@@ -104,8 +106,9 @@ class Program:
         if self._planned is None:
             spec = self.compiled.spec
             storage = self.compiled.storage if self.backend.name != "jax" else {}
+            donations = self.backend.donations(self.compiled.donations, self.ops)
             self._planned = planned_peak(
-                self.schedule, self.ops, storage, spec.static, spec.dynamic
+                self.schedule, self.ops, storage, spec.static, spec.dynamic, donations
             )
         return self._planned
 
@@ -173,6 +176,7 @@ class Program:
         lines += [f"  {name:<28} {sec * 1e3:8.2f} ms" for name, sec in self.report.timings]
         lines += [f"  {note}" for note in _notes(self.report.notes, full)]
         lines += self._storage_lines(full)
+        lines += self._donation_lines(full)
         regions = self.backend.region_stats()
         if regions is not None:
             lines.append(
@@ -228,6 +232,19 @@ class Program:
             lines.append(f"  {op.label}: {st.kind} ({st.why})")
         if points:
             lines.append(f"  {points} other tensors: point stores (explain(full=True) says why)")
+        return lines
+
+    def _donation_lines(self, full: bool, shown: int = 10) -> list[str]:
+        """The ops that write into a dead input's buffer on this backend (all if ``full``)."""
+        donated = describe_donations(
+            self.backend.donations(self.compiled.donations, self.ops), self.ops
+        )
+        if not donated:
+            return []
+        lines = [f"donations: {len(donated)} ops write into an input that dies at them"]
+        lines += [f"  {line}" for line in (donated if full else donated[:shown])]
+        if not full and len(donated) > shown:
+            lines.append(f"  ... {len(donated) - shown} more (explain(full=True) lists them)")
         return lines
 
     def render(self) -> str:

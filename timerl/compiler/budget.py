@@ -2,7 +2,8 @@
 
 ``planned_peak`` replays the schedule's compute and memory statements with the program's
 static bounds, counting what the run's meter counts: each point's bytes from its static
-shape, a block's rows once when its loop starts, views and aliases of blocks nothing. A
+shape, a block's rows once when its loop starts, views and aliases of blocks nothing, and a
+donated result (``compiler/donation.py``) the bytes its dead input hands over, nothing new. A
 training program's outer loop repeats the same work: a top-level loop around other loops
 stops being replayed once its live bytes are equal after ``MAX_OUTER`` consecutive
 iterations (a heuristic: an iteration whose guards pick other branches later is not seen). A dynamic dim is replayed to its cap; one without a cap
@@ -88,8 +89,10 @@ def planned_peak(
     storage: Mapping[int, Storage],
     static: Mapping[Bound, int],
     dynamic: Mapping[Bound, int | None],
+    donations: Mapping[int, int] | None = None,
 ) -> PlannedPeak:
     ops = list(ops)
+    donations = donations or {}
     env: dict[Symbol, int] = {b: int(v) for b, v in static.items()}
     for b, cap in dynamic.items():
         if cap is None:
@@ -145,6 +148,9 @@ def planned_peak(
                 kind = storage.get(op.id, _POINT).kind
                 if kind != "point" or (op.guard != TRUE and not op.guard.evaluate(env)):
                     continue
+                if op.id in donations:  # the dead input's point becomes this op's
+                    e = op.inputs[donations[op.id]]
+                    drop(e.src.id, [tuple(int(x.evaluate(env)) for x in e.index)])
                 add(op.id, tuple(env[d] for d in op.domain), nbytes(op))
             elif isinstance(s, Free):
                 free(s)
@@ -227,6 +233,7 @@ def plan_swaps(
     static: Mapping[Bound, int],
     dynamic: Mapping[Bound, int | None],
     budget: int,
+    donations: Mapping[int, int] | None = None,
 ) -> tuple[Schedule, PlannedPeak, list[str]]:
     """Swap block stores to disk where that brings the planned peak under ``budget``.
 
@@ -234,7 +241,7 @@ def plan_swaps(
     the body holding its loop: after the loop that writes it (or a reader) and before its next
     reader. Candidates are tried largest first; a swap is kept when it lowers the peak.
     """
-    plan = planned_peak(sched, ops, storage, static, dynamic)
+    plan = planned_peak(sched, ops, storage, static, dynamic, donations)
     notes: list[str] = []
     if plan.peak_bytes is None or plan.peak_bytes <= budget:
         return sched, plan, notes
@@ -276,7 +283,7 @@ def plan_swaps(
                 {(path, before): SwapIn(op, prefix)},
             )
         )
-        tried = planned_peak(trial, ops, storage, static, dynamic)
+        tried = planned_peak(trial, ops, storage, static, dynamic, donations)
         if tried.peak_bytes is not None and tried.peak_bytes < (plan.peak_bytes or 0):
             sched, plan = trial, tried
             notes.append(f"swap: {op.label} to disk while it is idle")

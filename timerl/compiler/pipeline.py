@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from timerl.compiler.cse import merge_duplicates
 from timerl.compiler.dce import eliminate_dead_code
+from timerl.compiler.donation import plan_donations
 from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
 from timerl.compiler.simplify import simplify
@@ -51,6 +52,8 @@ class Compiled:
     schedule: Schedule
     report: CompileReport
     storage: Mapping[int, Storage] = field(default_factory=dict)  # op id -> storage (else point)
+    # op id -> the input position whose dead buffer it writes into (compiler/donation.py)
+    donations: Mapping[int, int] = field(default_factory=dict)
 
 
 def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
@@ -95,6 +98,7 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
             report.notes.append(f"op order: {reordered} loop-body blocks reordered for peak memory")
     planned = report.timed("memory statements", lambda: add_frees(sched, ops, spec.keep))
     table: dict[int, Storage] = {}
+    donations: dict[int, int] = {}
     if optimize:
         planned, table = report.timed(
             "storage", lambda: plan_storage(sched, planned, ops, spec.static, spec.keep)
@@ -103,5 +107,8 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
         if blocks:
             views = sum(1 for s in table.values() if s.kind == "view")
             report.notes.append(f"storage: {blocks} block stores, {views} views of blocks")
+        donations = report.timed("donation", lambda: plan_donations(planned, ops, table, spec.keep))
+        if donations:
+            report.notes.append(f"donation: {len(donations)} ops write into a dead input's buffer")
     report.notes.append(f"{given} ops given, {len(ops)} compiled")
-    return Compiled(spec, planned, report, table)
+    return Compiled(spec, planned, report, table, donations)

@@ -31,6 +31,9 @@ class Backend:
     fuses = False
     # The backend's lowering table (its own module's), primitive name -> function.
     lowerings: Mapping[str, Callable[..., Any]] = {}
+    # Lowerings that write the result into a given array, ``fn(*inputs, out=array)``: what
+    # lets an op reuse the buffer of an input that dies at it (``compiler/donation.py``).
+    donating_lowerings: Mapping[str, Callable[..., Any]] = {}
     # Whether the library promotes mixed dtypes by numpy's rules, which the IR declares; if
     # not (torch, jax: int64 + float32 -> float32), results are cast to the declared dtype.
     promotes_like_numpy = True
@@ -48,6 +51,19 @@ class Backend:
             return self.lowerings[prim]
         except KeyError:
             raise BackendError(f"primitive {prim!r} has no {self.name} lowering") from None
+
+    def donating_lowering(self, prim: str) -> Callable[..., Any] | None:
+        """``prim``'s lowering that writes into ``out=``, or None where it has none."""
+        return self.donating_lowerings.get(prim)
+
+    def donations(self, table: Mapping[int, int], ops: Iterable[Op]) -> dict[int, int]:
+        """The entries of a donation table (op id -> input position) this backend lowers."""
+        prim_of = {op.id: op.prim for op in ops}
+        return {
+            i: k
+            for i, k in table.items()
+            if i in prim_of and self.donating_lowering(prim_of[i]) is not None
+        }
 
     def kernel(self, op: Op) -> Callable[..., Any]:
         """The function that computes ``op``'s value at one point. Only ops with an operand

@@ -31,13 +31,15 @@ class OpCall:
     ``point_attrs`` are ``(name, value)`` with ``value`` an index expression, a literal, or a
     tuple of those, evaluated at each point. ``key`` is ``None`` or, for a random op, the
     ``(seed, stream)`` prefix and the coordinates (expressions) that complete its key.
-    ``pass_point``: a host op that receives the point as its last argument.
+    ``pass_point``: a host op that receives the point as its last argument. ``out``: the
+    position of the input whose buffer ``fn`` writes into, passed again as ``out=``.
     """
 
     fn: Callable[..., Any]
     point_attrs: tuple[tuple[str, Any], ...]
     key: tuple[tuple[int, int], tuple[Any, ...]] | None
     pass_point: bool
+    out: int | None = None
 
 
 def host_call(op: Op, backend: Backend) -> Callable[..., Any]:
@@ -59,8 +61,11 @@ def host_call(op: Op, backend: Backend) -> Callable[..., Any]:
     return call_at if op.attrs.get("pass_point", False) else call
 
 
-def prepare_call(op: Op, backend: Backend, seed: int) -> OpCall:
-    """The kernel with static attributes bound, and what is left to evaluate per point."""
+def prepare_call(op: Op, backend: Backend, seed: int, donate: int | None = None) -> OpCall:
+    """The kernel with static attributes bound, and what is left to evaluate per point.
+
+    ``donate``: the position of an input whose buffer the kernel writes its result into
+    (``compiler/donation.py``), through the backend's donating lowering."""
     rule = prims.get(op.prim)
     traits = rule.traits
     if traits.piecewise:
@@ -74,6 +79,11 @@ def prepare_call(op: Op, backend: Backend, seed: int) -> OpCall:
         if k not in per_point and k not in META_ATTRS
     }
     kernel = backend.kernel(op)
+    if donate is not None:
+        writer = backend.donating_lowering(op.prim)
+        if writer is None:
+            raise ValueError(f"{op.where()}: the {backend.name} backend cannot write into inputs")
+        kernel = writer
     fn = functools.partial(kernel, **static) if static else kernel
     point_attrs = tuple(
         (name, op.attrs[name])
@@ -87,7 +97,7 @@ def prepare_call(op: Op, backend: Backend, seed: int) -> OpCall:
         stream = op.attrs.get("stream", op.id)
         coords = op.attrs.get("key_at")
         key = ((seed, stream), tuple(op.domain) if coords is None else tuple(coords))
-    return OpCall(fn, point_attrs, key, False)
+    return OpCall(fn, point_attrs, key, False, donate)
 
 
 def gather_points(

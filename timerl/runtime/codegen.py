@@ -77,9 +77,14 @@ class CodeGen:
         seed: int,
         keep: set[int],
         storage: Mapping[int, Any] | None = None,
+        donations: Mapping[int, int] | None = None,
     ) -> None:
         self.schedule = schedule
         self.plan = StorePlan(schedule, storage or {})
+        # op id -> input position it writes into; a donor's point leaves its store there
+        self.donations = dict(donations or {})
+        by_id = {op.id: op for op in ops}
+        self.donors = {by_id[i].inputs[k].src.id for i, k in self.donations.items()}
         self.ops = {op.id: op for op in ops}
         self.backend = backend
         self.seed = seed
@@ -106,9 +111,20 @@ class CodeGen:
             for e in op.inputs:
                 readers[e.src.id].append(e)
         frees: dict[int, list[Free]] = {}
-        for s in self.schedule.statements():
-            if isinstance(s, Free):
-                frees.setdefault(s.op.id, []).append(s)
+        body_of: dict[int, int] = {}  # id of a statement -> id of the loop body holding it
+
+        def visit(body: list[Stmt]) -> None:
+            for s in body:
+                body_of[id(s)] = id(body)
+                if isinstance(s, Free):
+                    frees.setdefault(s.op.id, []).append(s)
+                elif isinstance(s, Loop):
+                    visit(s.body)
+
+        visit(self.schedule.body)
+        computed_in = {
+            s.op.id: body_of[id(s)] for s in self.schedule.statements() if isinstance(s, Compute)
+        }
         out = set()
         for op in self.ops.values():
             if op.id in self.keep or prims.get(op.prim).traits.host or not readers[op.id]:
@@ -119,7 +135,14 @@ class CodeGen:
                 all(i is d for i, d in zip(e.index, op.domain, strict=True)) for e in readers[op.id]
             )
             fs = frees.get(op.id, [])
-            point_free = len(fs) == 1 and fs[0].prefix == tuple(op.domain) and not fs[0].pinned
+            # freed once, in the body that computes it (a free moved into an inner loop runs
+            # at every iteration of it, and would count the bytes out each time)
+            point_free = (
+                len(fs) == 1
+                and fs[0].prefix == tuple(op.domain)
+                and not fs[0].pinned
+                and body_of[id(fs[0])] == computed_in.get(op.id)
+            )
             if same and point_free:
                 out.add(op.id)
         return out
@@ -180,6 +203,8 @@ class CodeGen:
     def alloc(self, op: Op, depth: int, var: str) -> None:
         if op.id in self.plan.blocks or op.id in self.plan.views:
             return  # a row of a block allocated with its loop, or a view of one
+        if op.id in self.donations:
+            return  # written into a dead input's buffer: those bytes were counted
         n = _static_nbytes(op)
         size = str(n) if n is not None else f"NB({var})"
         self.emit(depth, f"M[0] += {size}")
@@ -220,8 +245,15 @@ class CodeGen:
         self.emit(depth, f"{var} = {bc}({var}, {shape_src}, {dt})")
 
     def call(self, op: Op, depth: int, var: str, point: str) -> None:
-        call = prepare_call(op, self.backend, self.seed)
+        donate = self.donations.get(op.id)
+        call = prepare_call(op, self.backend, self.seed, donate)
         args = [self.read_src(e) for e in op.inputs]
+        if donate is not None and op.inputs[donate].src.id not in self.locals:
+            # take the point out of the donor's store: the free after this finds nothing
+            e = op.inputs[donate]
+            key = self.key_src([self.names.src(i) for i in e.index])
+            self.emit(depth, f"_d = S{e.src.id}.pop({key})")
+            args[donate] = "_d"
         fn = self.const("K", call.fn)
         if call.pass_point:
             args.append(point)
@@ -235,6 +267,8 @@ class CodeGen:
             (seed, stream), coords = call.key
             items = [str(seed), str(stream), *(self._attr_src(c) for c in coords)]
             kwargs.append(f"key={self.key_src(items)}")
+        if donate is not None:
+            kwargs.append(f"out={args[donate]}")
         self.emit(depth, f"{var} = {fn}({', '.join(args + kwargs)})")
 
     def _attr_src(self, value: Any) -> str:
@@ -262,6 +296,8 @@ class CodeGen:
             return
         n = 0 if op.id in self.plan.views else _static_nbytes(op)
         if op.id in self.locals:
+            if op.id in self.donors:
+                return  # its one point was handed to the op that wrote into it
             size = n if n is not None else f"NB(v{op.id})"
             if op.guard != TRUE:  # a local is freed at its own point, so where it was computed
                 self.emit(depth, f"if {self.names.src(op.guard)}: M[0] -= {size}")

@@ -108,8 +108,11 @@ class Executor:
         keep: set[int] | None = None,
         compiled: bool = True,
         storage: Mapping[int, Any] | None = None,
+        donations: Mapping[int, int] | None = None,
     ) -> None:
         self.schedule = schedule
+        # op id -> the input whose buffer it writes into, where this backend can
+        self.donations = backend.donations(donations or {}, ops)
         # block stores write points in place: a backend of immutable arrays (jax) keeps a
         # point store per op (the schedule's frees are valid for both)
         self.storage = dict(storage or {}) if backend.name != "jax" else {}
@@ -136,7 +139,9 @@ class Executor:
         self._free_fns: dict[int, Callable] = {}
 
     # --- preparing statements -----------------------------------------------------------------
-    def _reader(self, edge: Edge) -> Callable[[dict], Any]:
+    def _reader(self, edge: Edge, take: bool = False) -> Callable[[dict], Any]:
+        """Read ``edge`` at a point; ``take`` also removes the point from its store (a
+        donated input: its buffer becomes the reader's result)."""
         src = edge.src
         store = self.stores[src.id]
         parts: list[Expr | Condition] = []
@@ -157,6 +162,17 @@ class Executor:
                 f"{label} at {key} is not available: it was never computed or already freed "
                 "(this is a scheduling bug; please report it with the program)"
             )
+
+        if take:
+
+            def take_point(env: dict) -> Any:
+                key = fn(env)
+                try:
+                    return store.pop(key)
+                except KeyError:
+                    return missing(key)
+
+            return take_point
 
         if not slices:
 
@@ -248,7 +264,9 @@ class Executor:
                 written[point[:-1]][1][point[-1]] = True
 
             return mark
-        readers = [self._reader(e) for e in op.inputs]
+        donate = self.donations.get(op.id)
+        readers = [self._reader(e, take=k == donate) for k, e in enumerate(op.inputs)]
+        shared = shared or donate is not None  # a donated result is its input's bytes
         if prims.get(op.prim).traits.piecewise:
             conds = _compile(exclusive_conditions(op))
             shape_fn = _compile(list(op.shape))
@@ -268,8 +286,9 @@ class Executor:
                 meter.add(0 if shared else backend.nbytes(value))
 
             return run_merge
-        call = prepare_call(op, backend, self.seed)
+        call = prepare_call(op, backend, self.seed, donate)
         kernel = call.fn
+        out = call.out
         layout: list[tuple[str, int, bool]] = []  # name, count, is_tuple
         point_items: list[Expr | Condition] = []
         for name, value in call.point_attrs:
@@ -299,6 +318,8 @@ class Executor:
             if key_fn is not None:
                 attrs = dict(attrs)
                 attrs["key"] = key_prefix + tuple(key_fn(env))
+            if out is not None:
+                attrs = dict(attrs, out=args[out])
             value = kernel(*args, point) if udf_point else kernel(*args, **attrs)
             store[point] = value
             meter.add(0 if shared else backend.nbytes(value))
@@ -400,6 +421,7 @@ class Executor:
                 self.seed,
                 self.keep,
                 self.storage,
+                self.donations,
             )
             self._generated[hooked] = gen.generate(self.bounds, outer)
             self.source = gen.source

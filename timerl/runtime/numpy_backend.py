@@ -16,9 +16,30 @@ from timerl.errors import BackendError
 from timerl.ir import prims
 from timerl.runtime.backend import Backend
 
+# ufuncs that write into ``out=``: the reference semantics of these primitives, computed in
+# the buffer of an input that dies at the op (same shape and dtype, see compiler/donation.py)
+DONATING: dict[str, Callable[..., Any]] = {
+    "neg": np.negative,
+    "exp": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sqrt": np.sqrt,
+    "abs": np.abs,
+    "sin": np.sin,
+    "cos": np.cos,
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
+
 
 class NumpyBackend(Backend):
     name = "numpy"
+    donating_lowerings = DONATING
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         if device != "cpu":

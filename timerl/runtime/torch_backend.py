@@ -11,12 +11,13 @@ import torch
 
 from timerl.errors import BackendError
 from timerl.runtime.backend import Backend
-from timerl.runtime.torch_lowering import LOWERINGS, torch_dtype
+from timerl.runtime.torch_lowering import DONATING, LOWERINGS, torch_dtype
 
 
 class TorchBackend(Backend):
     name = "torch"
     lowerings = LOWERINGS
+    donating_lowerings = DONATING
     promotes_like_numpy = False  # int64 + float32 -> float32, int64 / 2 -> float32
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:

@@ -76,6 +76,26 @@ for _name, _fn in [
 
 register_lowering("cast", lambda x, dtype: x.to(torch_dtype(dtype)))
 
+# the same elementwise primitives written into ``out=`` (an input that dies at the op, of the
+# op's shape and dtype: compiler/donation.py)
+DONATING: dict[str, Callable[..., Any]] = {
+    "neg": torch.neg,
+    "exp": torch.exp,
+    "log": torch.log,
+    "tanh": torch.tanh,
+    "sqrt": torch.sqrt,
+    "abs": torch.abs,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "pow": torch.pow,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+}
+
 # --- reductions --------------------------------------------------------------------------------
 
 

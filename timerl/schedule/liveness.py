@@ -5,8 +5,14 @@ loop reads a window at most ``k`` points behind ``d`` (``t``, ``t - 1``, ``max(t
 and every other read hits one fixed point (``x[0]``, ``x[T - 1]``, inside or after the loop),
 then after each iteration's last reader the point ``d - max k`` is dead unless pinned: a
 per-iteration free that makes the store a sliding window (a circular buffer of ``k + 1``
-points plus the pinned ones). Otherwise try the enclosing loop; at the top, X is freed whole
-after its last reader. Tensors the user asked for are kept.
+points plus the pinned ones), placed after the last reader of that oldest point (not after
+the iteration's last reader: ``m[u - 1]`` dies at the one op that reads it, before the
+others read ``m[u]``). Otherwise try the enclosing loop; at the top, X is freed whole after
+its last reader. Where that last reader sits in a loop over a dim X lacks and every read in
+it happens at the loop's first point (``w[i]`` read at ``u == 0``, an initial value read at
+``i == 0``), the free moves into that loop, after the reader: it releases X in the first
+iteration (later ones find nothing), instead of keeping it for the whole loop. Tensors the
+user asked for are kept.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from collections.abc import Iterable, Mapping
 
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
-from timerl.symbolic import Dim, Expr, Slice, Symbol, always_le0
+from timerl.symbolic import TRUE, Dim, Expr, Slice, Symbol, always_le0
+from timerl.symbolic.expr import And, Cmp, Condition
 
 
 def _positions(body: list[Stmt], path: tuple, out: dict[int, tuple]) -> None:
@@ -54,9 +61,24 @@ class _Read:
     """A read that is not an edge of the graph: a view's reader reading the view's base."""
 
     __slots__ = ("index",)
+    cond = TRUE
 
     def __init__(self, index: tuple) -> None:
         self.index = index
+
+
+def _at_first(cond: Condition, loop: Loop) -> bool:
+    """Whether ``cond`` holds only at the first point ``loop`` visits (``u == 0``)."""
+    d = loop.dim
+    first = d - 0 if loop.forward else d - (d.bound - 1)
+    parts = cond.parts if isinstance(cond, And) else (cond,)
+    for c in parts:
+        if isinstance(c, Cmp) and c.op == "==":
+            if always_le0(c.diff - first) and always_le0(first - c.diff):
+                return True
+            if always_le0(c.diff + first) and always_le0(-first - c.diff):
+                return True
+    return False
 
 
 def add_frees(
@@ -86,6 +108,7 @@ def add_frees(
         return node if isinstance(node, Loop) else None
 
     def add(path: tuple, after: int, free: Free) -> None:
+        path, after = _into_first_iteration(free.op, path, after, pos, readers, node_at)
         inserts.setdefault((path, after), []).append(free)
 
     for op in ops:
@@ -106,6 +129,28 @@ def add_frees(
             last = max(pos[r.id][0] for r, _ in reads)
             add((), max(last, here[0]), Free(op, ()))
     return Schedule(_rebuild(sched.body, (), inserts))
+
+
+def _into_first_iteration(op: Op, path: tuple, after: int, pos, readers, node_at) -> tuple:
+    """Where a free placed after statement ``after`` of body ``path`` can go instead: into
+    that statement, when it is a loop over a dim ``op`` lacks, ``op`` is not computed in it,
+    and every read of ``op`` inside it happens at its first point (then after the last
+    statement there that holds a reader, and so on inward)."""
+    while True:
+        loop = node_at(path + (after,))
+        if loop is None or loop.dim in op.domain:
+            return path, after
+        inner = path + (after,)
+        if pos.get(op.id, ())[: len(inner)] == inner:
+            return path, after
+        inside = [
+            (r, e)
+            for r, e in readers.get(op.id, [])
+            if r.id in pos and pos[r.id][: len(inner)] == inner
+        ]
+        if not inside or not all(_at_first(And.make([e.cond, r.guard]), loop) for r, e in inside):
+            return path, after
+        path, after = inner, max(pos[r.id][len(inner)] for r, _ in inside)
 
 
 def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> bool | str:
@@ -130,6 +175,7 @@ def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> 
         return False
     allowed: set[Symbol] = set(outer) | {d.bound for d in op.domain} | {dim.bound}
     lags: list[int] = [0]
+    lag_at: list[tuple[int, int]] = []  # (lag, body position) of each window reader
     pins: list[Expr] = []
     inside_last = here[depth]
     outside_last: int | None = None
@@ -150,6 +196,7 @@ def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> 
             k = _window(index, dim, loop.forward)
             if k is not None:
                 lags.append(k)
+                lag_at.append((k, path[depth]))
                 inside_last = max(inside_last, path[depth])
                 continue
             pin = _pinned(index, allowed)
@@ -168,7 +215,11 @@ def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> 
     k = max(lags)
     at = dim - k if loop.forward else dim + k
     unique_pins = tuple(dict.fromkeys(pins))
-    add(here[:depth], inside_last, Free(op, outer + (at,), unique_pins))
+    # the oldest point (lag k) is read in this iteration only by the readers of lag k; a
+    # pinned point is never freed here, and for k == 0 the point is this iteration's own
+    oldest = [p for lag, p in lag_at if lag == k]
+    last = max(oldest) if k > 0 and oldest else inside_last
+    add(here[:depth], last, Free(op, outer + (at,), unique_pins))
     if across:
         return "partial"
     if k > 0 or unique_pins:

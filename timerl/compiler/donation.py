@@ -1,0 +1,161 @@
+"""Donation: an elementwise op writes its result into the buffer of an input that dies at it.
+
+Decided on the schedule with its memory statements: op ``Y`` (elementwise, not a view) donates
+input ``X`` when the statements right after ``Y``'s (its frees) free exactly the point of ``X``
+that ``Y`` reads, so no one reads that point after ``Y``. Its buffer is then ``Y``'s to write
+(``out=`` on numpy and torch), and the old and new values are never both live. The buffer must
+be ``X``'s alone, written by nothing else:
+
+* ``X`` computes a fresh array (an elementwise op that is not a view, or a matmul): not a view
+  of another tensor, not a constant the program holds, not a host call's value;
+* no view or merge reads ``X`` (its value would share the buffer and outlive the free);
+* ``X`` is a point store (not a block's row), not a kept output, computed exactly where ``Y``
+  runs (both unguarded, or the same guard and ``Y`` reads ``X`` at its own point);
+* same static shape and dtype as ``Y`` (no broadcast into it), every input of ``Y`` of that
+  dtype (the result is computed in it), ``Y`` of rank at least one.
+
+The table maps ``Y``'s op id to the position of the input it writes into. ``Y`` takes that
+point out of ``X``'s store, so the free after it releases nothing: a donated result allocates
+nothing new, and the meter and ``planned_peak`` count it so. Backends without a lowering that
+writes into an input (jax: immutable arrays) skip the entries
+(``Backend.donations``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from timerl.ir import prims
+from timerl.ir.graph import Op
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.symbolic import TRUE, Const, Slice, always_le0
+
+
+def _fresh(op: Op) -> bool:
+    """Whether ``op``'s kernel always returns a new array of its own."""
+    t = prims.get(op.prim).traits
+    if t.view or t.piecewise or t.host or t.constant:
+        return False
+    return t.elementwise or op.prim == "matmul"
+
+
+def _static_shape(op: Op) -> tuple[int, ...] | None:
+    if not all(isinstance(s, Const) for s in op.shape):
+        return None
+    return tuple(int(s.value) for s in op.shape)
+
+
+def _writes_into(y: Op) -> bool:
+    t = prims.get(y.prim).traits
+    if not t.elementwise or t.view or t.piecewise or t.host or t.random or t.constant:
+        return False
+    shape = _static_shape(y)
+    return shape is not None and len(shape) >= 1
+
+
+def plan_donations(
+    sched: Schedule, ops: Iterable[Op], storage: Mapping[int, object], keep: set[int]
+) -> dict[int, int]:
+    """Op id -> the input position whose buffer it writes its result into."""
+    ops = list(ops)
+    aliased: set[int] = set()  # ops read by a view or a merge: their buffer is shared
+    for op in ops:
+        t = prims.get(op.prim).traits
+        if t.view or t.piecewise:
+            aliased.update(e.src.id for e in op.inputs)
+    out: dict[int, int] = {}
+    taken: set[int] = set()  # frees already consumed by a donation
+
+    def point_kind(op_id: int) -> str:
+        st = storage.get(op_id)
+        return getattr(st, "kind", "point") if st is not None else "point"
+
+    def visit(body: list[Stmt]) -> None:
+        for j, s in enumerate(body):
+            if isinstance(s, Loop):
+                visit(s.body)
+                continue
+            if not isinstance(s, Compute) or not _writes_into(s.op):
+                continue
+            y = s.op
+            if point_kind(y.id) != "point" or any(e.src.dtype != y.dtype for e in y.inputs):
+                continue
+            frees: list[Free] = []
+            for nxt in body[j + 1 :]:
+                if not isinstance(nxt, Free):
+                    break
+                frees.append(nxt)
+            for e in y.inputs:
+                x = e.src
+                if not _donor(x, y, e, keep, aliased, point_kind(x.id)):
+                    continue
+                free = next((f for f in frees if id(f) not in taken and _frees_read(f, e)), None)
+                if free is not None:
+                    # the last input reading that point takes it (inputs are read in order)
+                    out[y.id] = max(j for j, f in enumerate(y.inputs) if _same_read(f, e))
+                    taken.add(id(free))
+                    break
+
+    visit(sched.body)
+    return out
+
+
+def _donor(x: Op, y: Op, e, keep: set[int], aliased: set[int], kind: str) -> bool:
+    return (
+        _fresh(x)
+        and kind == "point"
+        and x.id not in keep
+        and x.id not in aliased
+        and _runs_with(x, y, e)
+        and x.dtype == y.dtype
+        and _static_shape(x) == _static_shape(y)
+        and e.cond == TRUE
+        and not any(isinstance(i, Slice) for i in e.index)
+    )
+
+
+def _same_read(a, b) -> bool:
+    return (
+        a.src is b.src
+        and a.cond == b.cond
+        and len(a.index) == len(b.index)
+        and all(
+            not isinstance(x, Slice) and not isinstance(y, Slice) and _equal(x, y)
+            for x, y in zip(a.index, b.index, strict=True)
+        )
+    )
+
+
+def _equal(a, b) -> bool:
+    return always_le0(a - b) and always_le0(b - a)
+
+
+def _runs_with(x: Op, y: Op, e) -> bool:
+    """Whether ``x``'s point is computed exactly where ``y`` runs, so that the donation
+    consumes every point the free after ``y`` would release: both unguarded, or ``y`` reads
+    ``x`` at its own point under the same guard."""
+    if y.guard == TRUE:
+        return x.guard == TRUE
+    same_point = tuple(x.domain) == tuple(y.domain) and all(
+        i is d for i, d in zip(e.index, y.domain, strict=True)
+    )
+    return same_point and x.guard == y.guard
+
+
+def _frees_read(free: Free, e) -> bool:
+    """Whether ``free`` releases exactly the one point that edge ``e`` reads."""
+    if free.op is not e.src or free.pinned or len(free.prefix) != len(e.src.domain):
+        return False
+    return all(_equal(a, b) for a, b in zip(free.prefix, e.index, strict=True))
+
+
+def describe(donations: Mapping[int, int], ops: Iterable[Op]) -> list[str]:
+    """One line per donation, for ``explain``."""
+    by_id = {op.id: op for op in ops}
+    lines = []
+    for i, k in donations.items():
+        y = by_id.get(i)
+        if y is None:
+            continue
+        lines.append(f"{y.label} writes into {y.inputs[k].src.label}'s buffer (its last reader)")
+    return lines
