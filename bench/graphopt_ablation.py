@@ -38,6 +38,7 @@ def run_graph(
     policies: dict[str, PolicyWeights],
     budgets: list[int],
     seed: int,
+    uniform: bool = True,
 ) -> dict[str, Any]:
     """Every method's peak on one graph at every budget."""
     problem = Problem(Graph.load(corpus / entry["path"]))
@@ -50,16 +51,30 @@ def run_graph(
         "values": {},
     }
     for budget in budgets:
-        vals = {"uniform": brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed)}
+        vals = {}
+        if uniform:
+            vals["uniform"] = brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed)
         for name, w in policies.items():
             vals[name] = learned_search(problem, w, budget=budget, seed=seed, seeds=seeds)
         rec["values"][str(budget)] = {k: r.value for k, r in vals.items()}
     return rec
 
 
+def merge(files: list[Path]) -> list[dict[str, Any]]:
+    """Records of several runs over the same graphs (e.g. one policy each), values combined."""
+    merged: dict[str, dict[str, Any]] = {}
+    for f in files:
+        for r in json.loads(f.read_text()):
+            into = merged.setdefault(r["name"], {**r, "values": {}})
+            for budget, vals in r["values"].items():
+                into["values"].setdefault(budget, {}).update(vals)
+    return list(merged.values())
+
+
 def summary(records: list[dict[str, Any]], budget: int, best: dict[str, float]) -> str:
     """Markdown rows per kind of graph and method, against uniform BRKGA at ``budget``."""
     methods = list(records[0]["values"][str(budget)])
+    records = [r for r in records if set(r["values"].get(str(budget), {})) >= set(methods)]
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault(r["kind"], []).append(r)
@@ -106,7 +121,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-nodes", type=int, default=None, help="skip larger graphs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="records JSON, after every graph")
+    ap.add_argument(
+        "--only-weights", action="store_true", help="run no uniform and no untrained search"
+    )
+    ap.add_argument(
+        "--merge", type=Path, nargs="+", default=None, help="summarise these records; run nothing"
+    )
     args = ap.parse_args(argv)
+    best: dict[str, float] = {}
+    if args.headroom is not None:
+        best = {r["name"]: r["best"] for r in json.loads(args.headroom.read_text())}
+    if args.merge is not None:
+        records = merge(args.merge)
+        for budget in args.budgets:
+            print(f"\nbudget {budget}, {len(records)} graphs merged from {len(args.merge)} runs:\n")
+            print(summary(records, budget, best))
+        return 0
     policies: dict[str, PolicyWeights] = {}
     for spec in args.weights:
         name, sep, path = spec.partition("=")
@@ -115,16 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         policies[name] = load_policy(path)
     first = next(iter(policies.values()), None)
     hidden, rounds = (first.hidden, first.rounds) if first is not None else (32, 3)
-    policies = {"untrained": PolicyWeights.random(hidden, rounds, seed=args.seed), **policies}
+    if not args.only_weights:
+        untrained = PolicyWeights.random(hidden, rounds, seed=args.seed)
+        policies = {"untrained": untrained, **policies}
     entries = load_index(args.corpus, args.split)
     if args.max_nodes is not None:
         entries = [e for e in entries if e["nodes"] <= args.max_nodes]
     if not entries:
         print(f"{args.corpus}: no graphs in split {args.split!r}", file=sys.stderr)
         return 1
-    best: dict[str, float] = {}
-    if args.headroom is not None:
-        best = {r["name"]: r["best"] for r in json.loads(args.headroom.read_text())}
     print(
         f"# graphopt ablation: {' '.join(sys.argv)}\n"
         f"# split {args.split}, {len(entries)} graphs, peak memory on one device, budgets "
@@ -134,14 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     records = []
     for e in entries:
-        rec = run_graph(e, args.corpus, policies, args.budgets, args.seed)
+        rec = run_graph(
+            e, args.corpus, policies, args.budgets, args.seed, uniform=not args.only_weights
+        )
         records.append(rec)
         print(f"{rec['name']}: {json.dumps(rec['values'])}", flush=True)
         if args.out is not None:
             args.out.write_text(json.dumps(records, indent=1))
-    for budget in args.budgets:
-        print(f"\nbudget {budget}:\n")
-        print(summary(records, budget, best))
+    if not args.only_weights:
+        for budget in args.budgets:
+            print(f"\nbudget {budget}:\n")
+            print(summary(records, budget, best))
     print(f"\n# load at the end {os.getloadavg()}")
     return 0
 

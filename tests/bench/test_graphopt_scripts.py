@@ -77,3 +77,19 @@ def test_ablation_compares_every_policy_with_uniform(corpus, tmp_path, capsys):
     assert (
         "| all | mine | 2 |" in text and "| all | uniform | 2 | +0.000 | +0.000 | 0/2/0 |" in text
     )
+
+
+def test_ablation_runs_merge_per_graph(corpus, tmp_path, capsys):
+    weights = tmp_path / "w.npz"
+    PolicyWeights.random(8, 1, seed=5).save(weights)
+    base, extra = tmp_path / "base.json", tmp_path / "extra.json"
+    argv = ["--corpus", str(corpus), "--budgets", "40"]
+    assert graphopt_ablation.main([*argv, "--out", str(base)]) == 0
+    only = ["--only-weights", "--weights", f"mine={weights}", "--out", str(extra)]
+    assert graphopt_ablation.main([*argv, *only]) == 0
+    assert set(json.loads(extra.read_text())[0]["values"]["40"]) == {"mine"}
+    capsys.readouterr()
+    assert graphopt_ablation.main(["--budgets", "40", "--merge", str(base), str(extra)]) == 0
+    text = capsys.readouterr().out
+    assert "2 graphs merged from 2 runs" in text
+    assert "| all | untrained | 2 |" in text and "| all | mine | 2 |" in text
