@@ -95,3 +95,9 @@ def test_train_then_optimize_with_the_trained_weights(tmp_path, graph_file, caps
     opt = ["graphopt", "optimize", str(graph_file), "--weights", str(weights)]
     assert main([*opt, "--budget", "100", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["detail"] == "learned"
+    # the decode reward's flags reach the run and its weights' record of the settings
+    dec = ["--reward", "decode", "--samples", "4", "--entropy", "0.01", "--iterations", "2"]
+    assert main([*args, "--checkpoint", str(tmp_path / "d.ckpt.npz"), *dec]) == 0
+    assert "decoded vs portfolio" in capsys.readouterr().out
+    config = PolicyWeights.load(weights).meta["config"]
+    assert (config["reward"], config["samples"], config["entropy"]) == ("decode", 4, 0.01)

@@ -93,6 +93,14 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     t.add_argument("--rounds", type=int, default=3)
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument(
+        "--reward",
+        choices=("search", "decode"),
+        default="search",
+        help="search: steered vs uniform BRKGA; decode: the proposals' sampled keys decoded",
+    )
+    t.add_argument("--samples", type=int, default=16, help="decode reward: keys per problem")
+    t.add_argument("--entropy", type=float, default=1e-3, help="entropy bonus")
     _workers_flags(t, "searches of an update run at a time, as Ray tasks")
     t.set_defaults(func=cmd_train)
 
@@ -291,6 +299,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         lr=args.lr,
         seed=args.seed,
+        reward=args.reward,
+        samples=args.samples,
+        entropy=args.entropy,
     )
     bar, show = rich_progress()
     if bar is not None:

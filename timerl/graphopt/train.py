@@ -13,6 +13,12 @@ current policy over the one that sampled it, clipped as in PPO. The log-probabil
 action is the mean over the genes it sets, so the ratio is a per-gene geometric mean and stays
 usable on graphs of thousands of nodes (a product over all genes would be 0 or infinity).
 
+That reward costs two BRKGA runs per sample and is noisy (the two runs' random streams part
+after the first draw), so it buys few updates. The ``decode`` reward is cheaper: keys drawn
+from the policy's own Beta proposals are decoded straight into schedules and scored, a decode
+per sample, and the samples of one problem are each other's baseline. It teaches the policy
+where good keys lie, which is what BRKGA's initial population and mutants are drawn from.
+
 Checkpoints are ``.npz`` files (weights plus optimiser state, replay buffer and reward
 baselines, all plain arrays; the rest as JSON bytes), written atomically; ``resume`` continues
 from one exactly where it stopped.
@@ -41,6 +47,8 @@ from timerl.graphopt.learned import learned_search, problem_features
 from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.perfmodel import Cluster, PeakMemory
 from timerl.graphopt.policy import (
+    BASE_KAPPA,
+    LOG_KAPPA_RANGE,
     OUTPUTS,
     PolicyWeights,
     key_groups,
@@ -48,6 +56,7 @@ from timerl.graphopt.policy import (
 )
 
 LOG_STD_RANGE = (-3.0, 0.5)
+REWARDS = ("search", "decode")
 
 
 @dataclass
@@ -71,6 +80,8 @@ class TrainConfig:
     rounds: int = 3
     uniform_seeds: int = 3  # random seeds cycled (so uniform BRKGA values are cached)
     seed: int = 0
+    reward: str = "search"  # "search": steered vs uniform BRKGA; "decode": sampled keys decoded
+    samples: int = 16  # decode reward: key vectors drawn per problem and update
 
 
 @dataclass
@@ -83,6 +94,7 @@ class Task:
     seeds: dict[str, Solution]
     groups: int
     uniform: dict[int, float] = field(default_factory=dict)
+    reference: float = 0.0  # the best portfolio schedule's value
 
 
 def _torch() -> Any:
@@ -119,7 +131,8 @@ def make_tasks(config: TrainConfig, log: Callable[[str], None] = print) -> list[
             seeds = portfolio_solutions(problem)
             feats = problem_features(problem, seeds)
             groups = key_groups(problem.place, problem.swaps)
-            tasks.append(Task(f"{e['name']}:{tag}", problem, feats, seeds, groups))
+            ref = min(problem.evaluate(s) for s in seeds.values())
+            tasks.append(Task(f"{e['name']}:{tag}", problem, feats, seeds, groups, reference=ref))
     log(f"{len(tasks)} training problems from {len(entries)} graphs of {config.corpus}")
     return tasks
 
@@ -215,6 +228,10 @@ def train(
 
     ``workers > 1`` runs each update's searches as Ray tasks (on the cluster at
     ``ray_address``, or a local Ray): the same samples, rewards and weights as one worker."""
+    if config.reward not in REWARDS:
+        raise GraphError(f"--reward {config.reward!r}: choose from {', '.join(REWARDS)}")
+    if config.reward == "decode" and config.samples < 2:
+        raise GraphError(f"--samples {config.samples}: the decode reward needs at least 2")
     torch = _torch()
     torch.set_num_threads(1)
     out = Path(out)
@@ -245,55 +262,64 @@ def train(
                 break
             it = state["iteration"]
             rng = np.random.default_rng([config.seed, it])
-            drawn = []
-            for _ in range(config.batch):
-                k = _pick(rng, tasks, config.runtime_share)
-                task = tasks[k]
-                with torch.no_grad():
-                    mean = net.forward(k, task.feats)
-                    std = net.log_std().exp()
-                z = mean + std * torch.tensor(rng.standard_normal(mean.shape), dtype=torch.float32)
-                cols = used_columns(task.groups)
-                with torch.no_grad():
-                    lp = float(net.mean_logp(mean, z, cols))
-                s = int(rng.integers(config.uniform_seeds))
-                drawn.append((k, z.numpy().copy(), lp, s))
-            # the searches (uniform BRKGA where not cached, and the steered one) are independent:
-            # run them together, on Ray tasks with workers > 1
-            missing = sorted({(k, s) for k, _, _, s in drawn if s not in tasks[k].uniform})
-            calls = [(shared[k], config.budget, s, None, None) for k, s in missing]
-            calls += [(shared[k], config.budget, s, weights, z) for k, z, _, s in drawn]
-            values = pool.map(search_value, calls)
-            for (k, s), v in zip(missing, values, strict=False):
-                tasks[k].uniform[s] = v
-            fresh = []
-            for (k, z, lp, s), val in zip(drawn, values[len(missing) :], strict=True):
-                base = tasks[k].uniform[s]
-                reward = 0.0 if base <= 0 else (base - val) / base
-                fresh.append((k, z, reward, lp))
-                recent.append(reward)
-                state["samples"] += 1
-            # per-problem baseline, updated with the fresh rewards
-            for k, _, r, _ in fresh:
-                baseline[k] = r if np.isnan(baseline[k]) else 0.9 * baseline[k] + 0.1 * r
-            batch = list(fresh)
-            if replay:
-                pick = rng.choice(
-                    len(replay), size=min(config.replay_batch, len(replay)), replace=False
-                )
-                batch.extend(replay[i] for i in pick.tolist())
-            replay.extend(fresh)
-            del replay[: max(0, len(replay) - config.replay)]
-            adv = np.array([r - baseline[k] for k, _, r, _ in batch])
-            scale = adv.std() + 1e-4 if len(adv) > 1 else 1.0
-            loss = 0.0
-            for (k, z, _, lp_old), a in zip(batch, adv / scale, strict=True):
-                mean = net.forward(k, tasks[k].feats)
-                lp = net.mean_logp(mean, torch.tensor(z), used_columns(tasks[k].groups))
-                ratio = (lp - lp_old).clamp(-20, 20).exp()
-                surr = torch.minimum(ratio * a, ratio.clamp(1 - config.clip, 1 + config.clip) * a)
-                loss = loss - surr / len(batch)
-            loss = loss - config.entropy * net.log_std().sum()
+            if config.reward == "decode":
+                loss, rewards = decode_loss(net, tasks, config, rng)
+                recent.extend(rewards)
+                state["samples"] += len(rewards)
+            else:
+                drawn = []
+                for _ in range(config.batch):
+                    k = _pick(rng, tasks, config.runtime_share)
+                    task = tasks[k]
+                    with torch.no_grad():
+                        mean = net.forward(k, task.feats)
+                        std = net.log_std().exp()
+                    z = mean + std * torch.tensor(
+                        rng.standard_normal(mean.shape), dtype=torch.float32
+                    )
+                    cols = used_columns(task.groups)
+                    with torch.no_grad():
+                        lp = float(net.mean_logp(mean, z, cols))
+                    s = int(rng.integers(config.uniform_seeds))
+                    drawn.append((k, z.numpy().copy(), lp, s))
+                # the searches (uniform BRKGA where not cached, and the steered one) are independent:
+                # run them together, on Ray tasks with workers > 1
+                missing = sorted({(k, s) for k, _, _, s in drawn if s not in tasks[k].uniform})
+                calls = [(shared[k], config.budget, s, None, None) for k, s in missing]
+                calls += [(shared[k], config.budget, s, weights, z) for k, z, _, s in drawn]
+                values = pool.map(search_value, calls)
+                for (k, s), v in zip(missing, values, strict=False):
+                    tasks[k].uniform[s] = v
+                fresh = []
+                for (k, z, lp, s), val in zip(drawn, values[len(missing) :], strict=True):
+                    base = tasks[k].uniform[s]
+                    reward = 0.0 if base <= 0 else (base - val) / base
+                    fresh.append((k, z, reward, lp))
+                    recent.append(reward)
+                    state["samples"] += 1
+                # per-problem baseline, updated with the fresh rewards
+                for k, _, r, _ in fresh:
+                    baseline[k] = r if np.isnan(baseline[k]) else 0.9 * baseline[k] + 0.1 * r
+                batch = list(fresh)
+                if replay:
+                    pick = rng.choice(
+                        len(replay), size=min(config.replay_batch, len(replay)), replace=False
+                    )
+                    batch.extend(replay[i] for i in pick.tolist())
+                replay.extend(fresh)
+                del replay[: max(0, len(replay) - config.replay)]
+                adv = np.array([r - baseline[k] for k, _, r, _ in batch])
+                scale = adv.std() + 1e-4 if len(adv) > 1 else 1.0
+                loss = 0.0
+                for (k, z, _, lp_old), a in zip(batch, adv / scale, strict=True):
+                    mean = net.forward(k, tasks[k].feats)
+                    lp = net.mean_logp(mean, torch.tensor(z), used_columns(tasks[k].groups))
+                    ratio = (lp - lp_old).clamp(-20, 20).exp()
+                    surr = torch.minimum(
+                        ratio * a, ratio.clamp(1 - config.clip, 1 + config.clip) * a
+                    )
+                    loss = loss - surr / len(batch)
+                loss = loss - config.entropy * net.log_std().sum()
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -302,7 +328,8 @@ def train(
             state["iteration"] = it + 1
             state["seconds"] = time.perf_counter() - t_start
             mean_r = 100 * float(np.mean(recent[-40:]))
-            show(state["iteration"], iterations, f"reward {mean_r:+.2f}% vs uniform (last 40)")
+            versus = "decoded vs portfolio" if config.reward == "decode" else "vs uniform"
+            show(state["iteration"], iterations, f"reward {mean_r:+.2f}% {versus} (last 40)")
             if state["iteration"] % checkpoint_every == 0 or state["iteration"] == iterations:
                 _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
     finally:
@@ -320,6 +347,51 @@ def train(
     final.save(out)
     log(f"wrote {out} after {state['iteration']} updates, {state['seconds']:.0f}s")
     return final
+
+
+def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
+    """``proposal``'s per-gene Beta(a, b) in torch, so the keys' log-density has a gradient."""
+    cols = [0] if groups == 1 else ([0, 4] if groups == -2 else [0, 2, 4][:groups])
+    a_parts, b_parts = [], []
+    for c in cols:
+        m = torch.sigmoid(action[:, c])
+        kappa = BASE_KAPPA * torch.exp(action[:, c + 1].clamp(*LOG_KAPPA_RANGE))
+        a_parts.append((m * kappa).clamp(min=1e-3))
+        b_parts.append(((1.0 - m) * kappa).clamp(min=1e-3))
+    return torch.cat(a_parts), torch.cat(b_parts)
+
+
+def decode_loss(
+    net: TorchPolicy, tasks: list[Task], config: TrainConfig, rng: np.random.Generator
+) -> tuple[Any, list[float]]:
+    """Policy gradient on the proposals themselves: keys drawn from the policy's Beta per gene
+    and decoded straight into schedules (one decode per sample instead of two BRKGA runs).
+
+    A decode is deterministic, so the only noise is the sampling: each problem's ``samples``
+    draws share their mean as the baseline and are scaled by their spread, so every problem
+    weighs the same whatever its reward's scale. Returns the loss and the rewards (relative
+    improvement over the best portfolio schedule)."""
+    torch = net.torch
+    loss: Any = 0.0
+    rewards: list[float] = []
+    for _ in range(config.batch):
+        k = _pick(rng, tasks, config.runtime_share)
+        task = tasks[k]
+        a, b = beta_params(torch, net.forward(k, task.feats), task.groups)
+        keys = rng.beta(
+            a.detach().double().numpy(), b.detach().double().numpy(), (config.samples, len(a))
+        )
+        keys = np.clip(keys, 1e-6, 1.0 - 1e-6)
+        vals = np.array([task.problem.fitness(row)[0] for row in keys])
+        ref = task.reference if task.reference > 0 else 1.0
+        r = (ref - vals) / ref
+        rewards.extend(r.tolist())
+        adv = (r - r.mean()) / (r.std() + 1e-4)
+        dist = torch.distributions.Beta(a, b)
+        logp = dist.log_prob(torch.tensor(keys, dtype=torch.float32)).mean(dim=1)
+        term = (torch.tensor(adv, dtype=torch.float32) * logp).mean()
+        loss = loss - (term + config.entropy * dist.entropy().mean()) / config.batch
+    return loss, rewards
 
 
 def search_value(
@@ -388,8 +460,9 @@ def _load_checkpoint(
         raise CheckpointError(f"checkpoint {path}: holds weights only, no training state")
     doc = json.loads(extra["train_state"].tobytes().decode())
     saved = doc["config"]
+    defaults = asdict(TrainConfig())  # settings added since the checkpoint was written
     for key, value in asdict(config).items():
-        if saved.get(key) != value:
+        if saved.get(key, defaults[key]) != value:
             raise CheckpointError(
                 f"checkpoint {path}: was trained with {key}={saved.get(key)!r}, "
                 f"this run asks for {key}={value!r}"

@@ -1,0 +1,182 @@
+"""Does the learned policy steer BRKGA better than uniform proposals? The ablation, per graph.
+
+On every graph of a split (peak memory on one device), at each ``--budgets`` evaluation
+budget and the same seed: uniform BRKGA, the network with its untrained (random) parameters,
+and BRKGA steered by each ``--weights NAME=PATH`` file; every one seeded with the portfolio.
+Reported per kind of graph: the mean and median % lower peak than uniform BRKGA, wins / ties /
+losses against it, the share of uniform's gap to the best known order that the method closes
+(best known: the best of these runs and of ``--headroom``'s records, the long runs and CP-SAT
+of ``bench/graphopt_headroom.py``), and the graphs worse than the portfolio (none, by
+construction: the portfolio seeds every search).
+
+Run: ``python bench/graphopt_ablation.py --corpus corpus --weights shipped=timerl/graphopt/data/policy.npz``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from timerl.graphopt.baselines import portfolio_solutions
+from timerl.graphopt.brkga import brkga
+from timerl.graphopt.decoders import Problem
+from timerl.graphopt.evaluate import load_index
+from timerl.graphopt.graph import Graph
+from timerl.graphopt.learned import learned_search, load_policy
+from timerl.graphopt.policy import PolicyWeights
+
+
+def run_graph(
+    entry: dict[str, Any],
+    corpus: Path,
+    policies: dict[str, PolicyWeights],
+    budgets: list[int],
+    seed: int,
+    uniform: bool = True,
+) -> dict[str, Any]:
+    """Every method's peak on one graph at every budget."""
+    problem = Problem(Graph.load(corpus / entry["path"]))
+    seeds = portfolio_solutions(problem)
+    rec: dict[str, Any] = {
+        "name": entry["name"],
+        "kind": entry["kind"],
+        "nodes": entry["nodes"],
+        "portfolio": min(problem.evaluate(s) for s in seeds.values()),
+        "values": {},
+    }
+    for budget in budgets:
+        vals = {}
+        if uniform:
+            vals["uniform"] = brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed)
+        for name, w in policies.items():
+            vals[name] = learned_search(problem, w, budget=budget, seed=seed, seeds=seeds)
+        rec["values"][str(budget)] = {k: r.value for k, r in vals.items()}
+    return rec
+
+
+def merge(files: list[Path]) -> list[dict[str, Any]]:
+    """Records of several runs over the same graphs (e.g. one policy each), values combined."""
+    merged: dict[str, dict[str, Any]] = {}
+    for f in files:
+        for r in json.loads(f.read_text()):
+            into = merged.setdefault(r["name"], {**r, "values": {}})
+            for budget, vals in r["values"].items():
+                into["values"].setdefault(budget, {}).update(vals)
+    return list(merged.values())
+
+
+def summary(records: list[dict[str, Any]], budget: int, best: dict[str, float]) -> str:
+    """Markdown rows per kind of graph and method, against uniform BRKGA at ``budget``."""
+    methods = list(records[0]["values"][str(budget)])
+    records = [r for r in records if set(r["values"].get(str(budget), {})) >= set(methods)]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(r["kind"], []).append(r)
+    groups["all"] = records
+    lines = [
+        "| group | method | graphs | % vs uniform (mean) | (median) | W/T/L vs uniform | "
+        "gap to best known % (mean) | uniform's gap closed % | worse than portfolio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for gname, rs in groups.items():
+        for m in methods:
+            gain, gap, closed, room = [], [], 0.0, 0.0
+            w = t = loss = worse = 0
+            for r in rs:
+                v = r["values"][str(budget)]
+                u, x = v["uniform"], v[m]
+                b = min(best.get(r["name"], x), *v.values())
+                gain.append(100.0 * (u - x) / u if u > 0 else 0.0)
+                gap.append(100.0 * (x - b) / b if b > 0 else 0.0)
+                if u > 0:
+                    closed += (u - x) / u
+                    room += (u - b) / u
+                rel = (u - x) / u if u > 0 else 0.0
+                w, t, loss = w + (rel > 1e-9), t + (abs(rel) <= 1e-9), loss + (rel < -1e-9)
+                worse += x > r["portfolio"]
+            share = f"{100.0 * closed / room:.1f}" if room > 0 else "-"
+            lines.append(
+                f"| {gname} | {m} | {len(rs)} | {statistics.mean(gain):+.3f} | "
+                f"{statistics.median(gain):+.3f} | {w}/{t}/{loss} | {statistics.mean(gap):.3f} | "
+                f"{share} | {worse} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--corpus", type=Path, default=Path("corpus"))
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[500, 5000])
+    ap.add_argument(
+        "--weights", nargs="+", default=[], metavar="NAME=PATH", help="policies to compare"
+    )
+    ap.add_argument("--headroom", type=Path, default=None, help="graphopt_headroom.py records")
+    ap.add_argument("--max-nodes", type=int, default=None, help="skip larger graphs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="records JSON, after every graph")
+    ap.add_argument(
+        "--only-weights", action="store_true", help="run no uniform and no untrained search"
+    )
+    ap.add_argument(
+        "--merge", type=Path, nargs="+", default=None, help="summarise these records; run nothing"
+    )
+    args = ap.parse_args(argv)
+    best: dict[str, float] = {}
+    if args.headroom is not None:
+        best = {r["name"]: r["best"] for r in json.loads(args.headroom.read_text())}
+    if args.merge is not None:
+        records = merge(args.merge)
+        for budget in args.budgets:
+            print(f"\nbudget {budget}, {len(records)} graphs merged from {len(args.merge)} runs:\n")
+            print(summary(records, budget, best))
+        return 0
+    policies: dict[str, PolicyWeights] = {}
+    for spec in args.weights:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            ap.error(f"--weights {spec!r}: expected NAME=PATH")
+        policies[name] = load_policy(path)
+    first = next(iter(policies.values()), None)
+    hidden, rounds = (first.hidden, first.rounds) if first is not None else (32, 3)
+    if not args.only_weights:
+        untrained = PolicyWeights.random(hidden, rounds, seed=args.seed)
+        policies = {"untrained": untrained, **policies}
+    entries = load_index(args.corpus, args.split)
+    if args.max_nodes is not None:
+        entries = [e for e in entries if e["nodes"] <= args.max_nodes]
+    if not entries:
+        print(f"{args.corpus}: no graphs in split {args.split!r}", file=sys.stderr)
+        return 1
+    print(
+        f"# graphopt ablation: {' '.join(sys.argv)}\n"
+        f"# split {args.split}, {len(entries)} graphs, peak memory on one device, budgets "
+        f"{args.budgets}, seed {args.seed}, methods uniform + {list(policies)}\n"
+        f"# {platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()}",
+        flush=True,
+    )
+    records = []
+    for e in entries:
+        rec = run_graph(
+            e, args.corpus, policies, args.budgets, args.seed, uniform=not args.only_weights
+        )
+        records.append(rec)
+        print(f"{rec['name']}: {json.dumps(rec['values'])}", flush=True)
+        if args.out is not None:
+            args.out.write_text(json.dumps(records, indent=1))
+    if not args.only_weights:
+        for budget in args.budgets:
+            print(f"\nbudget {budget}:\n")
+            print(summary(records, budget, best))
+    print(f"\n# load at the end {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

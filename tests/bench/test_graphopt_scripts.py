@@ -1,0 +1,95 @@
+"""The graphopt headroom and ablation scripts on a tiny corpus: their records are consistent
+with a direct run of the searches they name."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `bench` is a top-level directory, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench import graphopt_ablation, graphopt_headroom  # noqa: E402
+from timerl.graphopt.baselines import portfolio_solutions  # noqa: E402
+from timerl.graphopt.brkga import brkga  # noqa: E402
+from timerl.graphopt.decoders import Problem  # noqa: E402
+from timerl.graphopt.graph import Graph  # noqa: E402
+from timerl.graphopt.policy import PolicyWeights  # noqa: E402
+from timerl.graphopt.random_graph import random_graph  # noqa: E402
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = tmp_path / "corpus"
+    (root / "test" / "rand").mkdir(parents=True)
+    entries = []
+    for k, n in enumerate((24, 40)):
+        rel = f"test/rand/g{k}.json"
+        random_graph(n, seed=10 + k, view_prob=0.1).save(root / rel)
+        entries.append(
+            {
+                "name": f"g{k}",
+                "family": "rand",
+                "kind": "synthetic",
+                "split": "test",
+                "nodes": n,
+                "path": rel,
+            }
+        )
+    (root / "index.json").write_text(json.dumps({"graphs": entries}))
+    return root
+
+
+def test_headroom_records_match_a_direct_run(corpus, tmp_path, capsys):
+    out = tmp_path / "h.json"
+    args = ["--corpus", str(corpus), "--budget", "60", "--long", "300", "--exact-nodes", "0"]
+    assert graphopt_headroom.main([*args, "--out", str(out)]) == 0
+    records = json.loads(out.read_text())
+    assert [r["name"] for r in records] == ["g0", "g1"]
+    for r in records:
+        problem = Problem(Graph.load(corpus / f"test/rand/{r['name']}.json"))
+        seeds = list(portfolio_solutions(problem).values())
+        assert r["uniform"] == brkga(problem, budget=60, seeds=seeds, seed=0).value
+        assert r["best"] == min(r["uniform"], r.get("long", r["uniform"])) <= r["portfolio"]
+        assert r["headroom"] == pytest.approx(100 * (r["uniform"] - r["best"]) / r["uniform"])
+        assert r["proven"] == (r["best"] <= r["bound"])
+    text = capsys.readouterr().out
+    assert "uniform BRKGA, 60 evaluations" in text and "| test/all | 2 |" in text
+
+
+def test_ablation_compares_every_policy_with_uniform(corpus, tmp_path, capsys):
+    weights = tmp_path / "w.npz"
+    PolicyWeights.random(8, 1, seed=5).save(weights)
+    out = tmp_path / "a.json"
+    argv = ["--corpus", str(corpus), "--budgets", "40", "80", "--weights", f"mine={weights}"]
+    assert graphopt_ablation.main([*argv, "--out", str(out)]) == 0
+    records = json.loads(out.read_text())
+    for r in records:
+        for budget in ("40", "80"):
+            vals = r["values"][budget]
+            assert set(vals) == {"uniform", "untrained", "mine"}
+            assert max(vals.values()) <= r["portfolio"]
+    text = capsys.readouterr().out
+    assert (
+        "| all | mine | 2 |" in text and "| all | uniform | 2 | +0.000 | +0.000 | 0/2/0 |" in text
+    )
+
+
+def test_ablation_runs_merge_per_graph(corpus, tmp_path, capsys):
+    weights = tmp_path / "w.npz"
+    PolicyWeights.random(8, 1, seed=5).save(weights)
+    base, extra = tmp_path / "base.json", tmp_path / "extra.json"
+    argv = ["--corpus", str(corpus), "--budgets", "40"]
+    assert graphopt_ablation.main([*argv, "--out", str(base)]) == 0
+    only = ["--only-weights", "--weights", f"mine={weights}", "--out", str(extra)]
+    assert graphopt_ablation.main([*argv, *only]) == 0
+    assert set(json.loads(extra.read_text())[0]["values"]["40"]) == {"mine"}
+    capsys.readouterr()
+    assert graphopt_ablation.main(["--budgets", "40", "--merge", str(base), str(extra)]) == 0
+    text = capsys.readouterr().out
+    assert "2 graphs merged from 2 runs" in text
+    assert "| all | untrained | 2 |" in text and "| all | mine | 2 |" in text
