@@ -36,7 +36,7 @@ def _fresh(op: Op) -> bool:
     t = prims.get(op.prim).traits
     if t.view or t.piecewise or t.host or t.constant:
         return False
-    return t.elementwise or op.prim == "matmul"
+    return t.fresh
 
 
 def _static_shape(op: Op) -> tuple[int, ...] | None:

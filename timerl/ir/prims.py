@@ -49,6 +49,9 @@ class Traits:
     constant: bool = False
     stops_gradient: bool = False
     broadcast: bool = False
+    # its kernel always returns a new array of its own, never an input's buffer, so a later op
+    # may write into it (donation)
+    fresh: bool = False
 
     @property
     def mergeable(self) -> bool:
@@ -908,15 +911,16 @@ def _declare(names: tuple[str, ...], cost: Callable | None = None, **flags: bool
 
 
 for _p in list(REGISTRY.values()):
-    _declare((_p.name,), elementwise=_p.elementwise, random=_p.keyed)
+    _declare((_p.name,), elementwise=_p.elementwise, random=_p.keyed, fresh=_p.elementwise)
 _declare(("sum", "max", "argmax"), reduction=True, cost=lambda o, i, a: float(i[0]))
 _declare(("cumsum",), cost=lambda o, i, a: float(i[0]))
 _declare(("argsort",), cost=lambda o, i, a: float(i[0]) * max(np.log2(max(i[0], 2)), 1.0))
 # matmul: 2 m n k operations; out = m n (batched), the first input m k
-_declare(("matmul",), cost=lambda o, i, a: 2.0 * o * (i[0] * i[1] / max(o, 1)) ** 0.5)
+_declare(("matmul",), cost=lambda o, i, a: 2.0 * o * (i[0] * i[1] / max(o, 1)) ** 0.5, fresh=True)
 _declare(
     ("reshape", "permute", "expand", "identity", "detach", "select_at", "narrow", "tuple_get"),
     view=True,
+    fresh=False,
     cost=lambda o, i, a: 0.0,
 )
 _declare(("detach",), stops_gradient=True)
