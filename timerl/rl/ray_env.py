@@ -8,10 +8,12 @@ truncated and, when an episode ended, the final obs, side by side), never one ob
 
 The per-step cost of Ray, not the env, is what limits the speed-up of a few workers on a
 small machine: an ordinary actor call (submit, schedule, object store, ``ray.get``) costs a few
-milliseconds a step. So by default the actors' ``step`` is run as a Ray Compiled Graph
-(``ray.dag``, compiled once, on the first step): its actors loop waiting on shared-memory
-channels, and one step costs a channel write and read per actor. ``compiled=False`` (or a
-Ray that cannot compile the graph) uses plain actor calls.
+milliseconds a step. So each actor on the driver's node also serves its steps over a Unix
+socket of its own (authenticated with a key made per env; a blocking read in a thread of the
+actor): one step is then a send and a receive per actor, a fraction of a millisecond. Actors on
+other nodes, or ``direct=False``, use plain actor calls. (Ray Compiled Graphs cut the round
+trip too, but their actors and the driver spin on their channels while they wait, a whole
+core each, which on a machine with few cores starves the envs they should run.)
 
 Each actor holds an ordinary ``make_env`` batch built with the seeds its envs have in the
 single-process batch (gymnasium ids: ``seed + first index``; ``Synthetic-v0``: the same seed,
@@ -22,10 +24,9 @@ Faults: actors are created with ``max_restarts``; when one dies, Ray restarts it
 re-creates its envs from their seeds. The step that was lost is not replayed: the dead
 actor's envs end their episodes there (``done``, truncated, reward 0, ``final_obs`` the last
 observation seen) and start fresh ones, so the program keeps running and no episode mixes two
-simulators. Those cut episodes are left out of the episode statistics. A compiled graph does
-not survive the death of one of its actors: it is torn down, the live actors' results of that
-step are fetched by plain calls (each actor keeps its last result and counts its steps, so a
-step is never run twice nor skipped), and the graph is compiled again on the next step.
+simulators. Those cut episodes are left out of the episode statistics. A dead actor's
+socket closes, which is how the driver learns of the death; the restarted actor serves a
+new socket.
 
 ``workers=0`` means no Ray at all. :func:`env_workers` sets the number of workers for every
 env built inside it (``timerl train --workers N`` uses it around the algorithm's builder).
@@ -36,9 +37,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
+from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 import numpy as np
@@ -153,7 +158,6 @@ def unpack_steps(
     finals = any(p.shape[1] > d + 3 for p in parts)
     if finals:  # a slice without ended episodes stands in its obs for the final obs
         parts = [p if p.shape[1] > d + 3 else np.concatenate([p, p[:, :d]], axis=1) for p in parts]
-    # a copy: the arrays a compiled graph returns may live in a buffer it reuses
     batch = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
     return (
         batch[:, :d],
@@ -165,23 +169,17 @@ def unpack_steps(
 
 
 class _Worker:
-    """One actor: an ordinary vector env over a slice of the batch.
-
-    It counts its steps since the last reset and keeps the last result, so that after a
-    compiled graph breaks the driver can tell whether this actor ran the lost step."""
+    """One actor: an ordinary vector env over a slice of the batch."""
 
     def __init__(
         self, env_id: str, num_envs: int, seed: int, backend: str, kwargs: dict[str, Any]
     ) -> None:
         self.env = make_vector_env(env_id, num_envs=num_envs, seed=seed, backend=backend, **kwargs)
-        self.steps = 0
-        self.last = _RESTARTED
 
     def pid(self) -> int:
         return os.getpid()
 
     def reset(self) -> np.ndarray:
-        self.steps, self.last = 0, _RESTARTED
         return self.env.reset()
 
     def step(self, actions: np.ndarray) -> np.ndarray:
@@ -191,13 +189,45 @@ class _Worker:
         if env._needs_reset:
             return _RESTARTED
         obs, reward, _ = env.step(actions)
-        self.steps += 1
-        self.last = pack_step(obs, reward, env.terminated, env.truncated, env.final_obs)
-        return self.last
+        return pack_step(obs, reward, env.terminated, env.truncated, env.final_obs)
 
-    def last_step(self) -> tuple[int, np.ndarray]:
-        """(steps since the last reset, the last step's packed result)."""
-        return self.steps, self.last
+    def serve(self, authkey: bytes) -> tuple[str, str]:
+        """Listen for one driver on a fresh Unix socket; (this node's id, the socket path).
+
+        A thread accepts the driver, removes the socket file (no one else may connect) and
+        then answers every actions message with :meth:`step`'s array, or ``("error", exc)``."""
+        import ray
+
+        folder = tempfile.mkdtemp(prefix="timerl-env-")
+        path = os.path.join(folder, "step.sock")
+        listener = Listener(path, family="AF_UNIX", authkey=authkey)
+        threading.Thread(target=self._serve, args=(listener, folder), daemon=True).start()
+        return ray.get_runtime_context().get_node_id(), path
+
+    def _serve(self, listener: Listener, folder: str) -> None:
+        try:
+            conn = listener.accept()
+        except OSError:
+            return
+        finally:
+            listener.close()  # unlinks the socket
+            shutil.rmtree(folder, ignore_errors=True)
+        with conn:
+            while True:
+                try:
+                    actions = conn.recv()
+                except (EOFError, OSError):
+                    return  # the driver closed the env
+                try:
+                    out: Any = self.step(actions)
+                except Exception as err:  # noqa: BLE001 - the driver raises it
+                    out = ("error", err)
+                try:
+                    conn.send(out)
+                except (EOFError, OSError):
+                    return
+                except Exception as err:  # noqa: BLE001 - an exception that does not pickle
+                    conn.send(("error", RuntimeError(f"{type(err).__name__}: {err}")))
 
     def state_dict(self) -> dict[str, Any]:
         return self.env.state_dict()
@@ -205,7 +235,6 @@ class _Worker:
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Restore; True when episodes continue (False: they restart at the next reset)."""
         self.env.load_state_dict(state)
-        self.steps, self.last = 0, _RESTARTED
         return self.env._needs_reset == bool(state["needs_reset"])
 
     def close(self) -> None:
@@ -214,7 +243,8 @@ class _Worker:
 
 class RayVectorEnv(VectorEnv):
     """``num_envs`` envs of ``env_id`` split as evenly as possible over ``workers`` actors;
-    ``compiled`` steps them through a Ray Compiled Graph (False: plain actor calls)."""
+    ``direct`` steps the actors on this node over their own sockets (False: plain actor
+    calls)."""
 
     def __init__(
         self,
@@ -226,7 +256,7 @@ class RayVectorEnv(VectorEnv):
         workers: int = 1,
         ray_address: str | None = None,
         max_restarts: int = 3,
-        compiled: bool = True,
+        direct: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(env_id, num_envs, seed)
@@ -271,9 +301,10 @@ class RayVectorEnv(VectorEnv):
                 f"{env_id}: {workers} env workers need {workers} CPUs; the Ray cluster has {cpus:g}"
             )
         self._ray = ray
-        self._dag: Any = None
-        self._compiled = bool(compiled)
-        self._sent = [0] * int(workers)  # steps sent to each worker since its last reset
+        self._direct = bool(direct)
+        self._authkey = os.urandom(32)
+        # per worker: its socket, None (connect at the next step) or False (plain calls)
+        self._conns: list[Connection | None | bool] = [None] * int(workers)
         self._max_restarts = int(max_restarts)
         self._bounds = [(lo, hi) for lo, hi, _, _ in slices]
         remote = ray.remote(_Worker).options(
@@ -289,10 +320,9 @@ class RayVectorEnv(VectorEnv):
         return len(self._actors)
 
     @property
-    def compiled(self) -> bool:
-        """Whether steps go through a compiled graph (False: plain actor calls, as asked or
-        because this Ray could not compile one)."""
-        return self._compiled
+    def direct(self) -> list[bool]:
+        """Per worker, whether its steps go over its socket (False: plain actor calls)."""
+        return [bool(c) for c in self._conns]
 
     def worker_pids(self) -> list[int]:
         """Process ids of the actors (for monitoring, and for tests that kill one)."""
@@ -317,20 +347,13 @@ class RayVectorEnv(VectorEnv):
 
     def _reset_batch(self) -> np.ndarray:
         outs = self._gather([a.reset.remote() for a in self._actors], what="reset")
-        self._sent = [0] * len(self._actors)
         return np.concatenate([self._recover(k) if o is _DEAD else o for k, o in outs])
 
     def _step_batch(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        self._sent = [n + 1 for n in self._sent]
         slices = [actions[lo:hi] for lo, hi in self._bounds]
-        if self._graph() is not None:
-            outs = self._step_compiled(slices)
-        else:
-            outs = self._gather(
-                [a.step.remote(x) for a, x in zip(self._actors, slices, strict=True)], what="step"
-            )
+        outs = self._step_all(slices)
         parts = []
         lost = []
         for k, out in outs:
@@ -346,63 +369,73 @@ class RayVectorEnv(VectorEnv):
         self._lost = np.asarray(lost, dtype=np.int64)
         return unpack_steps(parts, int(np.prod(self.obs_shape, dtype=np.int64)))
 
-    # -- the compiled graph ------------------------------------------------------------
-    def _graph(self) -> Any:
-        """The compiled graph of the actors' step (compiled on first use), or None for
-        plain calls: not wanted, or this Ray could not compile it."""
-        if self._dag is None and self._compiled:
-            try:
-                from ray.dag import InputNode, MultiOutputNode
-
-                with InputNode() as inp:
-                    outs = [a.step.bind(inp[k]) for k, a in enumerate(self._actors)]
-                    dag = MultiOutputNode(outs)
-                self._dag = dag.experimental_compile()
-            except Exception as err:  # noqa: BLE001 - any failure: the plain calls still work
-                self._compiled = False
-                warnings.warn(
-                    f"{self.env_id}: Ray could not compile the env workers' step "
-                    f"({type(err).__name__}: {err}); stepping with plain actor calls",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-        return self._dag
-
-    def _drop_graph(self) -> None:
-        dag, self._dag = getattr(self, "_dag", None), None
-        if dag is not None:
-            with contextlib.suppress(Exception):
-                dag.teardown()
-
-    def _step_compiled(self, slices: list[np.ndarray]) -> list[tuple[int, Any]]:
-        """One step through the compiled graph; when it breaks, the step by plain calls
-        for exactly the actors that did not run it."""
+    # -- sockets ---------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Open a socket to every worker that has none (first step, or restarted)."""
+        todo = [k for k, c in enumerate(self._conns) if c is None]
+        if not todo:
+            return
+        if not self._direct:
+            for k in todo:
+                self._conns[k] = False
+            return
         ray = self._ray
-        k = 0
-        try:
-            refs = self._dag.execute(*slices)
-            out = []
-            for k, ref in enumerate(refs):
-                # no time limit, as a plain ray.get: an env step may take long
-                out.append((k, ref.get(timeout=-1)))
-            return out
-        except ray.exceptions.RayTaskError as err:  # the env itself failed
-            self._drop_graph()
-            raise self._task_failure(k, "step", err) from None
-        except Exception:  # noqa: BLE001 - an actor died: the graph is broken, find out who
-            self._drop_graph()
-        done: dict[int, Any] = {}
-        for k, a in enumerate(self._actors):
+        here = ray.get_runtime_context().get_node_id()
+        for k in todo:
             try:
-                steps, last = ray.get(a.last_step.remote())
+                node, path = ray.get(self._actors[k].serve.remote(self._authkey))
+                # another node's socket is out of reach: plain calls for that worker
+                self._conns[k] = (
+                    Client(path, family="AF_UNIX", authkey=self._authkey) if node == here else False
+                )
             except ray.exceptions.RayActorError:
-                continue  # dead or restarting: its plain step call below says which
-            if steps == self._sent[k]:
-                done[k] = last  # it ran this step before the graph broke
-        todo = [k for k in range(len(self._actors)) if k not in done]
-        redo = self._gather([self._actors[k].step.remote(slices[k]) for k in todo], what="step")
-        done.update((todo[i], out) for i, out in redo)
-        return sorted(done.items(), key=lambda item: item[0])
+                pass  # it died: the step's plain call finds out and recovers it
+            except Exception as err:  # noqa: BLE001 - any failure: the plain calls still work
+                self._conns[k] = False
+                warnings.warn(
+                    f"{self.env_id}: env worker {k} cannot step over a socket "
+                    f"({type(err).__name__}: {err}); stepping it with plain actor calls",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
+
+    def _drop(self, k: int) -> None:
+        conn, self._conns[k] = self._conns[k], None
+        if conn:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _step_all(self, slices: list[np.ndarray]) -> list[tuple[int, Any]]:
+        """Every worker's packed step in worker order (``_DEAD`` for one that died): all the
+        actions go out before any result is awaited, so the actors step concurrently."""
+        self._connect()
+        out: dict[int, Any] = {}
+        calls: dict[int, Any] = {}
+        for k, conn in enumerate(self._conns):
+            if conn:
+                try:
+                    conn.send(slices[k])
+                except OSError:
+                    out[k] = _DEAD
+                    self._drop(k)
+            else:
+                calls[k] = self._actors[k].step.remote(slices[k])
+        for k, conn in enumerate(self._conns):
+            if conn and k not in out:
+                try:
+                    got = conn.recv()
+                except (EOFError, OSError):  # the actor's process is gone
+                    out[k] = _DEAD
+                    self._drop(k)
+                    continue
+                if isinstance(got, tuple):  # the env raised: drop every socket (unread
+                    for j in range(len(self._conns)):  # results must not answer a later step)
+                        self._drop(j)
+                    raise self._task_failure(k, "step", got[1])
+                out[k] = got
+        ks = list(calls)
+        out.update((ks[i], got) for i, got in self._gather([calls[k] for k in ks], what="step"))
+        return sorted(out.items(), key=lambda item: item[0])
 
     def _gather(self, futures: list[Any], what: str) -> list[tuple[int, Any]]:
         """Every future's value in worker order; ``_DEAD`` for a worker that died."""
@@ -441,7 +474,7 @@ class RayVectorEnv(VectorEnv):
             RuntimeWarning,
             stacklevel=3,
         )
-        self._drop_graph()  # a graph over the dead actor cannot run again
+        self._drop(k)  # the restarted actor serves a new socket
         for _ in range(self._max_restarts + 1):
             try:
                 first = ray.get(self._actors[k].reset.remote())
@@ -452,7 +485,6 @@ class RayVectorEnv(VectorEnv):
                     f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) died and could not be "
                     f"restarted (its restarts are used up): {err}"
                 ) from err
-            self._sent[k] = 0
             return first
         raise EnvError(f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) did not come back")
 
@@ -475,14 +507,14 @@ class RayVectorEnv(VectorEnv):
                 for a, s in zip(self._actors, state["slices"], strict=True)
             ]
         )
-        self._sent = [0] * len(self._actors)
         return all(exact)
 
     def close(self) -> None:
         """Stop the actors (and the local Ray this module started, once no env needs it)."""
         ray = getattr(self, "_ray", None)
         if ray is not None:
-            self._drop_graph()
+            for k in range(len(self._conns)):
+                self._drop(k)
             for a in self._actors:
                 with contextlib.suppress(Exception):
                     ray.kill(a, no_restart=True)
