@@ -158,6 +158,7 @@ def unpack_steps(
     finals = any(p.shape[1] > d + 3 for p in parts)
     if finals:  # a slice without ended episodes stands in its obs for the final obs
         parts = [p if p.shape[1] > d + 3 else np.concatenate([p, p[:, :d]], axis=1) for p in parts]
+    # a copy: an array from ray.get is a read-only view of the object store
     batch = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
     return (
         batch[:, :d],
