@@ -11,7 +11,8 @@ small machine: an ordinary actor call (submit, schedule, object store, ``ray.get
 milliseconds a step. So each actor on the driver's node also serves its steps over a Unix
 socket of its own (authenticated with a key made per env; a blocking read in a thread of the
 actor): one step is then a send and a receive per actor, a fraction of a millisecond. Actors on
-other nodes, or ``direct=False``, use plain actor calls. (Ray Compiled Graphs cut the round
+other nodes, or ``direct=False``, use plain actor calls (the socket's thread steps the env, so
+an env that must run on its process's main thread needs ``direct=False``). (Ray Compiled Graphs cut the round
 trip too, but their actors and the driver spin on their channels while they wait, a whole
 core each, which on a machine with few cores starves the envs they should run.)
 
