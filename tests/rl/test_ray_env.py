@@ -46,15 +46,17 @@ def _trajectory(env, steps: int, seed: int = 7) -> dict[str, list[np.ndarray]]:
     return out
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["socket", "calls"])
 @pytest.mark.parametrize(
     "env_id, kwargs", [("CartPole-v1", {}), ("Synthetic-v0", {"episode_length": 7})]
 )
-def test_two_workers_step_exactly_the_single_process_batch(env_id, kwargs):
+def test_two_workers_step_exactly_the_single_process_batch(env_id, kwargs, direct):
     single = make_vector_env(env_id, num_envs=5, seed=3, **kwargs)
-    split = RayVectorEnv(env_id, num_envs=5, seed=3, workers=2, **kwargs)
+    split = RayVectorEnv(env_id, num_envs=5, seed=3, workers=2, direct=direct, **kwargs)
     assert split.workers == 2 and len(set(split.worker_pids())) == 2
     assert split.worker_pids()[0] != os.getpid()
     want, got = _trajectory(single, 40), _trajectory(split, 40)
+    assert split.direct == [direct, direct]
     split.close()
     assert sum(d.sum() for d in want["d"]) > 0  # episodes ended (and auto-reset) on the way
     for key in want:
@@ -62,8 +64,27 @@ def test_two_workers_step_exactly_the_single_process_batch(env_id, kwargs):
             np.testing.assert_array_equal(a, b, err_msg=f"{env_id}: {key}")
 
 
-def test_a_killed_worker_restarts_and_its_envs_start_over():
-    env = RayVectorEnv("CartPole-v1", num_envs=4, seed=1, workers=2)
+def test_packed_steps_unpack_to_the_arrays_value_for_value():
+    rng = np.random.default_rng(0)
+    obs = [rng.normal(size=(n, 2, 3)).astype(np.float32) for n in (2, 3)]
+    reward = [rng.normal(size=n).astype(np.float32) for n in (2, 3)]
+    term = [np.array([True, False]), np.array([False, False, True])]
+    trunc = [np.array([False, True]), np.array([False, False, False])]
+    final = [obs[0] + 1, None]  # one slice had an episode end, the other did not
+    parts = [ray_env.pack_step(*x) for x in zip(obs, reward, term, trunc, final, strict=True)]
+    assert [p.shape for p in parts] == [(2, 15), (3, 9)] and parts[0].dtype == np.float32
+    o, r, te, tr, f = ray_env.unpack_steps(parts, obs_size=6)
+    np.testing.assert_array_equal(o, np.concatenate(obs).reshape(5, 6))
+    np.testing.assert_array_equal(r, np.concatenate(reward))
+    np.testing.assert_array_equal(te, np.concatenate(term))
+    np.testing.assert_array_equal(tr, np.concatenate(trunc))
+    np.testing.assert_array_equal(f, np.concatenate([final[0], obs[1]]).reshape(5, 6))
+    assert ray_env.unpack_steps(parts[1:], obs_size=6)[4] is None
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["socket", "calls"])
+def test_a_killed_worker_restarts_and_its_envs_start_over(direct):
+    env = RayVectorEnv("CartPole-v1", num_envs=4, seed=1, workers=2, direct=direct)
     first = env.reset()
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -82,7 +103,49 @@ def test_a_killed_worker_restarts_and_its_envs_start_over():
     assert env.completed_returns().size == int(done[:2].sum())  # cut episodes not counted
     assert env.worker_pids()[1] != pid
     env.step(_actions(env, rng))  # and it keeps stepping
+    assert env.direct == [direct, direct]  # the restarted worker serves a new socket
     env.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["socket", "calls"])
+def test_the_live_worker_neither_skips_nor_repeats_the_step_a_worker_died_in(direct):
+    kwargs = {"episode_length": 50, "obs_shape": [3]}
+    single = make_vector_env("Synthetic-v0", num_envs=4, seed=5, **kwargs)
+    env = RayVectorEnv("Synthetic-v0", num_envs=4, seed=5, workers=2, direct=direct, **kwargs)
+    rng = np.random.default_rng(1)
+    single.reset(), env.reset()
+    for step in range(8):
+        actions = _actions(env, rng)
+        if step == 3:
+            os.kill(env.worker_pids()[0], signal.SIGKILL)
+            with pytest.warns(RuntimeWarning, match="worker 0"):
+                obs, reward, done = env.step(actions)
+            assert done[:2].all() and not done[2:].any()
+        else:
+            obs, reward, done = env.step(actions)
+        want_obs, want_reward, _ = single.step(actions)
+        # worker 1 (envs 2, 3) runs every step exactly once, the kill notwithstanding
+        np.testing.assert_array_equal(obs[2:], want_obs[2:])
+        np.testing.assert_array_equal(reward[2:], want_reward[2:])
+    assert [k for k, _ in env.recoveries] == [0]
+    env.close()
+
+
+def test_a_worker_that_cannot_serve_a_socket_steps_by_plain_calls(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("no sockets here")
+
+    monkeypatch.setattr(ray_env, "Client", refuse)
+    single = make_vector_env("Synthetic-v0", num_envs=5, seed=3, episode_length=7)
+    split = RayVectorEnv("Synthetic-v0", num_envs=5, seed=3, workers=2, episode_length=7)
+    with pytest.warns(RuntimeWarning, match="worker 0 cannot step over a socket.*no sockets"):
+        got = _trajectory(split, 12)
+    assert split.direct == [False, False]
+    want = _trajectory(single, 12)
+    split.close()
+    for key in want:
+        for a, b in zip(want[key], got[key], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=key)
 
 
 def _ppo(**extra):

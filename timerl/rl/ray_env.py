@@ -2,9 +2,19 @@
 
 Only the environment is distributed: the compiled program still calls ``env.step(actions)``
 once per time step and sees one batch. Here that call sends each actor its slice of the
-actions, all at once, then gathers every slice's arrays together (``ray.get`` on all the
-futures), so the actors step concurrently; observations travel as one numpy array per actor
-through Ray's object store, never one object per env.
+actions, all at once, then gathers every slice's result together, so the actors step
+concurrently. Each actor answers with one packed float32 array (obs, reward, terminated,
+truncated and, when an episode ended, the final obs, side by side), never one object per env.
+
+The per-step cost of Ray, not the env, is what limits the speed-up of a few workers on a
+small machine: an ordinary actor call (submit, schedule, object store, ``ray.get``) costs a few
+milliseconds a step. So each actor on the driver's node also serves its steps over a Unix
+socket of its own (authenticated with a key made per env; a blocking read in a thread of the
+actor): one step is then a send and a receive per actor, a fraction of a millisecond. Actors on
+other nodes, or ``direct=False``, use plain actor calls (the socket's thread steps the env, so
+an env that must run on its process's main thread needs ``direct=False``). (Ray Compiled Graphs cut the round
+trip too, but their actors and the driver spin on their channels while they wait, a whole
+core each, which on a machine with few cores starves the envs they should run.)
 
 Each actor holds an ordinary ``make_env`` batch built with the seeds its envs have in the
 single-process batch (gymnasium ids: ``seed + first index``; ``Synthetic-v0``: the same seed,
@@ -15,7 +25,9 @@ Faults: actors are created with ``max_restarts``; when one dies, Ray restarts it
 re-creates its envs from their seeds. The step that was lost is not replayed: the dead
 actor's envs end their episodes there (``done``, truncated, reward 0, ``final_obs`` the last
 observation seen) and start fresh ones, so the program keeps running and no episode mixes two
-simulators. Those cut episodes are left out of the episode statistics.
+simulators. Those cut episodes are left out of the episode statistics. A dead actor's
+socket closes, which is how the driver learns of the death; the restarted actor serves a
+new socket.
 
 ``workers=0`` means no Ray at all. :func:`env_workers` sets the number of workers for every
 env built inside it (``timerl train --workers N`` uses it around the algorithm's builder).
@@ -26,9 +38,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
+from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 import numpy as np
@@ -109,6 +125,49 @@ def _slice_spec(
 
 
 _DEAD = object()  # what _gather yields for a worker whose actor died
+# What a restarted actor answers to step: its envs were never reset, the driver starts them over.
+_RESTARTED = np.empty((0, 0), dtype=np.float32)
+
+
+def pack_step(
+    obs: np.ndarray,
+    reward: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    final_obs: np.ndarray | None,
+) -> np.ndarray:
+    """One float32 array ``(n, D + 3 [+ D])`` for a slice's step: one object to serialise and
+    send instead of five. Lossless: obs and rewards are float32 already, flags are 0/1."""
+    n = len(reward)
+    cols = [
+        np.asarray(obs, np.float32).reshape(n, -1),
+        np.asarray(reward, np.float32).reshape(n, 1),
+        np.asarray(terminated, np.float32).reshape(n, 1),
+        np.asarray(truncated, np.float32).reshape(n, 1),
+    ]
+    if final_obs is not None:
+        cols.append(np.asarray(final_obs, np.float32).reshape(n, -1))
+    return np.concatenate(cols, axis=1)
+
+
+def unpack_steps(
+    parts: list[np.ndarray], obs_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """The whole batch's ``(obs, reward, terminated, truncated, final_obs)`` from the slices'
+    packed arrays (in batch order); obs are flat rows, the caller reshapes them."""
+    d = obs_size
+    finals = any(p.shape[1] > d + 3 for p in parts)
+    if finals:  # a slice without ended episodes stands in its obs for the final obs
+        parts = [p if p.shape[1] > d + 3 else np.concatenate([p, p[:, :d]], axis=1) for p in parts]
+    # a copy: an array from ray.get is a read-only view of the object store
+    batch = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+    return (
+        batch[:, :d],
+        batch[:, d],
+        batch[:, d + 1] != 0,
+        batch[:, d + 2] != 0,
+        batch[:, d + 3 :] if finals else None,
+    )
 
 
 class _Worker:
@@ -125,14 +184,52 @@ class _Worker:
     def reset(self) -> np.ndarray:
         return self.env.reset()
 
-    def step(self, actions: np.ndarray) -> tuple[Any, ...] | None:
-        """One step of the slice; None when its envs were never reset: this actor is a
-        restart after a crash, and the driver starts its episodes over."""
+    def step(self, actions: np.ndarray) -> np.ndarray:
+        """One step of the slice, packed (:func:`pack_step`); ``_RESTARTED`` (no rows) when
+        its envs were never reset: this actor is a restart after a crash."""
         env = self.env
         if env._needs_reset:
-            return None
+            return _RESTARTED
         obs, reward, _ = env.step(actions)
-        return obs, reward, env.terminated, env.truncated, env.final_obs
+        return pack_step(obs, reward, env.terminated, env.truncated, env.final_obs)
+
+    def serve(self, authkey: bytes) -> tuple[str, str]:
+        """Listen for one driver on a fresh Unix socket; (this node's id, the socket path).
+
+        A thread accepts the driver, removes the socket file (no one else may connect) and
+        then answers every actions message with :meth:`step`'s array, or ``("error", exc)``."""
+        import ray
+
+        folder = tempfile.mkdtemp(prefix="timerl-env-")
+        path = os.path.join(folder, "step.sock")
+        listener = Listener(path, family="AF_UNIX", authkey=authkey)
+        threading.Thread(target=self._serve, args=(listener, folder), daemon=True).start()
+        return ray.get_runtime_context().get_node_id(), path
+
+    def _serve(self, listener: Listener, folder: str) -> None:
+        try:
+            conn = listener.accept()
+        except OSError:
+            return
+        finally:
+            listener.close()  # unlinks the socket
+            shutil.rmtree(folder, ignore_errors=True)
+        with conn:
+            while True:
+                try:
+                    actions = conn.recv()
+                except (EOFError, OSError):
+                    return  # the driver closed the env
+                try:
+                    out: Any = self.step(actions)
+                except Exception as err:  # noqa: BLE001 - the driver raises it
+                    out = ("error", err)
+                try:
+                    conn.send(out)
+                except (EOFError, OSError):
+                    return
+                except Exception as err:  # noqa: BLE001 - an exception that does not pickle
+                    conn.send(("error", RuntimeError(f"{type(err).__name__}: {err}")))
 
     def state_dict(self) -> dict[str, Any]:
         return self.env.state_dict()
@@ -147,7 +244,9 @@ class _Worker:
 
 
 class RayVectorEnv(VectorEnv):
-    """``num_envs`` envs of ``env_id`` split as evenly as possible over ``workers`` actors."""
+    """``num_envs`` envs of ``env_id`` split as evenly as possible over ``workers`` actors;
+    ``direct`` steps the actors on this node over their own sockets (False: plain actor
+    calls)."""
 
     def __init__(
         self,
@@ -159,6 +258,7 @@ class RayVectorEnv(VectorEnv):
         workers: int = 1,
         ray_address: str | None = None,
         max_restarts: int = 3,
+        direct: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(env_id, num_envs, seed)
@@ -203,6 +303,10 @@ class RayVectorEnv(VectorEnv):
                 f"{env_id}: {workers} env workers need {workers} CPUs; the Ray cluster has {cpus:g}"
             )
         self._ray = ray
+        self._direct = bool(direct)
+        self._authkey = os.urandom(32)
+        # per worker: its socket, None (connect at the next step) or False (plain calls)
+        self._conns: list[Connection | None | bool] = [None] * int(workers)
         self._max_restarts = int(max_restarts)
         self._bounds = [(lo, hi) for lo, hi, _, _ in slices]
         remote = ray.remote(_Worker).options(
@@ -216,6 +320,11 @@ class RayVectorEnv(VectorEnv):
     @property
     def workers(self) -> int:
         return len(self._actors)
+
+    @property
+    def direct(self) -> list[bool]:
+        """Per worker, whether its steps go over its socket (False: plain actor calls)."""
+        return [bool(c) for c in self._conns]
 
     def worker_pids(self) -> list[int]:
         """Process ids of the actors (for monitoring, and for tests that kill one)."""
@@ -245,33 +354,90 @@ class RayVectorEnv(VectorEnv):
     def _step_batch(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        futures = [
-            a.step.remote(actions[lo:hi])
-            for a, (lo, hi) in zip(self._actors, self._bounds, strict=True)
-        ]
+        slices = [actions[lo:hi] for lo, hi in self._bounds]
+        outs = self._step_all(slices)
         parts = []
         lost = []
-        for k, out in self._gather(futures, what="step"):
+        for k, out in outs:
             lo, hi = self._bounds[k]
-            if out is None or out is _DEAD:  # the worker died (or was restarted)
+            if out is _DEAD or len(out) == 0:  # the worker died (or was restarted)
                 first = self._recover(k, "died during step" if out is _DEAD else "restarted")
                 n = hi - lo
                 last = self.last_obs[lo:hi] if self.last_obs is not None else first
-                out = (first, np.zeros(n, np.float32), np.zeros(n, bool), np.ones(n, bool), last)
+                zeros = np.zeros(n, np.float32)
+                out = pack_step(first, zeros, zeros, np.ones(n, np.float32), last)
                 lost.extend(range(lo, hi))
             parts.append(out)
         self._lost = np.asarray(lost, dtype=np.int64)
-        obs = np.concatenate([p[0] for p in parts])
-        final = None
-        if any(p[4] is not None for p in parts):
-            final = np.concatenate([p[0] if p[4] is None else p[4] for p in parts])
-        return (
-            obs,
-            np.concatenate([p[1] for p in parts]),
-            np.concatenate([p[2] for p in parts]),
-            np.concatenate([p[3] for p in parts]),
-            final,
-        )
+        return unpack_steps(parts, int(np.prod(self.obs_shape, dtype=np.int64)))
+
+    # -- sockets ---------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Open a socket to every worker that has none (first step, or restarted)."""
+        todo = [k for k, c in enumerate(self._conns) if c is None]
+        if not todo:
+            return
+        if not self._direct:
+            for k in todo:
+                self._conns[k] = False
+            return
+        ray = self._ray
+        here = ray.get_runtime_context().get_node_id()
+        for k in todo:
+            try:
+                node, path = ray.get(self._actors[k].serve.remote(self._authkey))
+                # another node's socket is out of reach: plain calls for that worker
+                self._conns[k] = (
+                    Client(path, family="AF_UNIX", authkey=self._authkey) if node == here else False
+                )
+            except ray.exceptions.RayActorError:
+                pass  # it died: the step's plain call finds out and recovers it
+            except Exception as err:  # noqa: BLE001 - any failure: the plain calls still work
+                self._conns[k] = False
+                warnings.warn(
+                    f"{self.env_id}: env worker {k} cannot step over a socket "
+                    f"({type(err).__name__}: {err}); stepping it with plain actor calls",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
+
+    def _drop(self, k: int) -> None:
+        conn, self._conns[k] = self._conns[k], None
+        if conn:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _step_all(self, slices: list[np.ndarray]) -> list[tuple[int, Any]]:
+        """Every worker's packed step in worker order (``_DEAD`` for one that died): all the
+        actions go out before any result is awaited, so the actors step concurrently."""
+        self._connect()
+        out: dict[int, Any] = {}
+        calls: dict[int, Any] = {}
+        for k, conn in enumerate(self._conns):
+            if conn:
+                try:
+                    conn.send(slices[k])
+                except OSError:
+                    out[k] = _DEAD
+                    self._drop(k)
+            else:
+                calls[k] = self._actors[k].step.remote(slices[k])
+        for k, conn in enumerate(self._conns):
+            if conn and k not in out:
+                try:
+                    got = conn.recv()
+                except (EOFError, OSError):  # the actor's process is gone
+                    out[k] = _DEAD
+                    self._drop(k)
+                    continue
+                if isinstance(got, tuple):  # the env raised: drop every socket (unread
+                    for j in range(len(self._conns)):  # results must not answer a later step)
+                        self._drop(j)
+                    raise self._task_failure(k, "step", got[1])
+                out[k] = got
+        ks = list(calls)
+        out.update((ks[i], got) for i, got in self._gather([calls[k] for k in ks], what="step"))
+        return sorted(out.items(), key=lambda item: item[0])
 
     def _gather(self, futures: list[Any], what: str) -> list[tuple[int, Any]]:
         """Every future's value in worker order; ``_DEAD`` for a worker that died."""
@@ -287,14 +453,18 @@ class RayVectorEnv(VectorEnv):
             except ray.exceptions.RayActorError:
                 out.append((k, _DEAD))  # Ray restarts it
             except ray.exceptions.RayTaskError as err:
-                cause = getattr(err, "cause", None) or err
-                if isinstance(cause, EnvError):
-                    raise cause from None  # as the env in one process would raise it
-                raise EnvError(
-                    f"{self.env_id}: env worker {k} failed in {what}: "
-                    f"{type(cause).__name__}: {cause}"
-                ) from err
+                raise self._task_failure(k, what, err) from None
         return out
+
+    def _task_failure(self, k: int, what: str, err: Exception) -> EnvError:
+        """The error to raise for an exception inside worker ``k``: the env's own EnvError as
+        one process would raise it, any other named with the worker."""
+        cause = getattr(err, "cause", None) or err
+        if isinstance(cause, EnvError):
+            return cause
+        return EnvError(
+            f"{self.env_id}: env worker {k} failed in {what}: {type(cause).__name__}: {cause}"
+        )
 
     def _recover(self, k: int, why: str = "died during reset") -> np.ndarray:
         """Wait for Ray to restart worker ``k`` (new envs from their seeds); reset them."""
@@ -306,9 +476,10 @@ class RayVectorEnv(VectorEnv):
             RuntimeWarning,
             stacklevel=3,
         )
+        self._drop(k)  # the restarted actor serves a new socket
         for _ in range(self._max_restarts + 1):
             try:
-                return ray.get(self._actors[k].reset.remote())
+                first = ray.get(self._actors[k].reset.remote())
             except ray.exceptions.ActorUnavailableError:
                 continue  # still restarting
             except ray.exceptions.RayActorError as err:
@@ -316,6 +487,7 @@ class RayVectorEnv(VectorEnv):
                     f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) died and could not be "
                     f"restarted (its restarts are used up): {err}"
                 ) from err
+            return first
         raise EnvError(f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) did not come back")
 
     # -- state -------------------------------------------------------------------------
@@ -343,6 +515,8 @@ class RayVectorEnv(VectorEnv):
         """Stop the actors (and the local Ray this module started, once no env needs it)."""
         ray = getattr(self, "_ray", None)
         if ray is not None:
+            for k in range(len(self._conns)):
+                self._drop(k)
             for a in self._actors:
                 with contextlib.suppress(Exception):
                     ray.kill(a, no_restart=True)
