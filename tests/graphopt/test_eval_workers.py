@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -50,6 +51,21 @@ def test_pool_keeps_call_order_and_names_a_failed_task():
         with pytest.raises(GraphError, match="task 1 failed.*negative -1"):
             pool.map(_square, [(1,), (-1,)])
     assert ray.is_initialized()  # the pool leaves a Ray it did not start running
+
+
+def _started_at(k: int) -> tuple[int, float]:
+    start = time.time()
+    time.sleep(0.3)
+    return k, start
+
+
+def test_pool_starts_the_largest_calls_first_and_keeps_call_order():
+    with TaskPool(2) as pool:
+        got = pool.map(_started_at, [(k,) for k in range(5)], sizes=[1, 2, 3, 4, 5])
+    assert [k for k, _ in got] == list(range(5))  # results in call order
+    start = {k: t for k, t in got}
+    # the two largest run first, the smallest only once two calls have finished
+    assert max(start[4], start[3]) + 0.25 < start[0]
 
 
 def test_eval_with_two_workers_matches_one(corpus, tmp_path):

@@ -200,7 +200,8 @@ def evaluate_corpus(
 
     with TaskPool(workers, ray_address) as pool:
         shared = pool.put(settings)
-        return pool.map(evaluate_graph, [(e, shared) for e in entries], on_done=done)
+        sizes = [float(e.get("nodes", 0)) for e in entries]
+        return pool.map(evaluate_graph, [(e, shared) for e in entries], on_done=done, sizes=sizes)
 
 
 def evaluate_graph(entry: dict[str, Any], settings: tuple[Any, ...]) -> GraphRecord:

@@ -55,9 +55,13 @@ class TaskPool:
         fn: Callable[..., Any],
         calls: Sequence[tuple[Any, ...]],
         on_done: Callable[[int, Any], None] | None = None,
+        sizes: Sequence[float] | None = None,
     ) -> list[Any]:
         """``[fn(*args) for args in calls]``; ``on_done(index, result)`` as each finishes.
 
+        ``sizes`` (a rough cost per call) starts the largest calls first: a long call that
+        started last would run alone while the other workers idle (longest-first is the
+        classic cure for that tail). Results stay in call order either way.
         ``fn`` must be a module-level function (Ray workers import it by name)."""
         if self._ray is None:
             out = []
@@ -73,6 +77,8 @@ class TaskPool:
         results: list[Any] = [None] * len(calls)
         pending: dict[Any, int] = {}
         todo = list(enumerate(calls))
+        if sizes is not None:
+            todo.sort(key=lambda item: -sizes[item[0]])  # stable: ties keep call order
         todo.reverse()
         while todo or pending:
             while todo and len(pending) < self.workers:
