@@ -84,9 +84,11 @@ class Program:
         generated code is tested against. By default an optimised program runs generated code
         and an unoptimised one (``optimize=False``) is interpreted.
         """
-        if compiled is None:
-            compiled = self.optimize
-        self._last = Executor(
+        self._last = self._new_executor(self.optimize if compiled is None else compiled)
+        return self._last
+
+    def _new_executor(self, compiled: bool) -> Executor:
+        return Executor(
             self.schedule,
             self.ops,
             self.backend,
@@ -98,7 +100,6 @@ class Program:
             storage=self.compiled.storage,
             donations=self.compiled.donations,
         )
-        return self._last
 
     def planned_peak(self) -> PlannedPeak:
         """The peak of live bytes the schedule reaches, known before running (see
@@ -198,16 +199,7 @@ class Program:
         is generated (static bounds known), so generated now if the program has not run."""
         notes = self.backend.loop_notes
         if not notes and self.optimize:
-            Executor(
-                self.schedule,
-                self.ops,
-                self.backend,
-                self.static,
-                self.dynamic,
-                self.seed,
-                keep=self.keep,
-                storage=self.compiled.storage,
-            ).prepare(hooked=False)
+            self._new_executor(compiled=True).prepare(hooked=False)
         if not notes:
             return ["loops: all run in Python (the interpreter does not fuse them)"]
         lines = ["loops (one XLA loop each, or why not):"]
