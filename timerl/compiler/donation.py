@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from timerl.ir import prims
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
-from timerl.symbolic import TRUE, Const, Slice, always_le0
+from timerl.symbolic import TRUE, Const, Slice, always_eq
 
 
 def _fresh(op: Op) -> bool:
@@ -120,14 +120,10 @@ def _same_read(a, b) -> bool:
         and a.cond == b.cond
         and len(a.index) == len(b.index)
         and all(
-            not isinstance(x, Slice) and not isinstance(y, Slice) and _equal(x, y)
+            not isinstance(x, Slice) and not isinstance(y, Slice) and always_eq(x, y)
             for x, y in zip(a.index, b.index, strict=True)
         )
     )
-
-
-def _equal(a, b) -> bool:
-    return always_le0(a - b) and always_le0(b - a)
 
 
 def _runs_with(x: Op, y: Op, e) -> bool:
@@ -146,7 +142,7 @@ def _frees_read(free: Free, e) -> bool:
     """Whether ``free`` releases exactly the one point that edge ``e`` reads."""
     if free.op is not e.src or free.pinned or len(free.prefix) != len(e.src.domain):
         return False
-    return all(_equal(a, b) for a, b in zip(free.prefix, e.index, strict=True))
+    return all(always_eq(a, b) for a, b in zip(free.prefix, e.index, strict=True))
 
 
 def describe(donations: Mapping[int, int], ops: Iterable[Op]) -> list[str]:

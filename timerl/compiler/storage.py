@@ -26,7 +26,7 @@ from timerl.ir import prims
 from timerl.ir.graph import Op
 from timerl.schedule.liveness import add_frees
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
-from timerl.symbolic import TRUE, Bound, Const, Dim, Expr, Slice, always_le0
+from timerl.symbolic import TRUE, Bound, Const, Dim, Slice, always_eq
 
 # primitives whose output is the input array itself or a view of it on a contiguous input
 VIEW_PRIMS = frozenset({"identity", "detach", "reshape"})
@@ -43,10 +43,6 @@ class Storage:
     extent: int | None = None  # block: rows allocated
     base: int | None = None  # view, alias: the block op whose memory it is
     contiguous: bool = True  # view: False after a permute or expand (a reshape may copy)
-
-
-def _same(a: Expr, b: Expr) -> bool:
-    return always_le0(a - b) and always_le0(b - a)
 
 
 def _loops_around(body: list[Stmt], out: dict[int, tuple[Loop, ...]], path: tuple = ()) -> None:
@@ -198,7 +194,7 @@ def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[in
         return None
     if not isinstance(last, Slice) or src.dim is None:
         return None
-    if not (_same(last.start, Const(0)) and _same(last.stop, src.dim.bound)):
+    if not (always_eq(last.start, Const(0)) and always_eq(last.stop, src.dim.bound)):
         return None
     base = src.base if src.kind == "alias" else e.src.id
     assert base is not None

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
-from timerl.symbolic import TRUE, Dim, Expr, Slice, Symbol, always_le0
+from timerl.symbolic import TRUE, Dim, Expr, Slice, Symbol, always_eq, always_le0
 from timerl.symbolic.expr import And, Cmp, Condition
 
 
@@ -72,13 +72,12 @@ def _at_first(cond: Condition, loop: Loop) -> bool:
     d = loop.dim
     first = d - 0 if loop.forward else d - (d.bound - 1)
     parts = cond.parts if isinstance(cond, And) else (cond,)
-    for c in parts:
-        if isinstance(c, Cmp) and c.op == "==":
-            if always_le0(c.diff - first) and always_le0(first - c.diff):
-                return True
-            if always_le0(c.diff + first) and always_le0(-first - c.diff):
-                return True
-    return False
+    return any(
+        isinstance(c, Cmp)
+        and c.op == "=="
+        and (always_eq(c.diff, first) or always_eq(c.diff, -first))
+        for c in parts
+    )
 
 
 def add_frees(

@@ -1,6 +1,6 @@
 """Index expressions: dims, bounds, affine arithmetic, min/max, slices and conditions."""
 
-from timerl.symbolic.bounds import always_le0, always_lt0, pieces, simplify
+from timerl.symbolic.bounds import always_eq, always_le0, always_lt0, pieces, simplify
 from timerl.symbolic.expr import (  # noqa: I001
     FALSE,
     TRUE,
@@ -33,6 +33,7 @@ __all__ = [
     "Index",
     "Slice",
     "Symbol",
+    "always_eq",
     "always_le0",
     "always_lt0",
     "as_condition",

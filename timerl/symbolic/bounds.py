@@ -92,7 +92,12 @@ def always_lt0(expr: Expr) -> bool:
     return always_le0(expr + 1)
 
 
-__all__ = ["always_le0", "always_lt0", "simplify"]
+def always_eq(a: Expr, b: Expr) -> bool:
+    """True iff ``a == b`` at every point of the iteration space (False when unsure)."""
+    return always_le0(a - b) and always_le0(b - a)
+
+
+__all__ = ["always_eq", "always_le0", "always_lt0", "simplify"]
 
 
 # Conditions are immutable values and guard inference asks the same questions about them
