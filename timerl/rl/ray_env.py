@@ -348,7 +348,7 @@ class RayVectorEnv(VectorEnv):
         return obs, reward, done
 
     def _reset_batch(self) -> np.ndarray:
-        outs = self._gather([a.reset.remote() for a in self._actors], what="reset")
+        outs = self._gather({k: a.reset.remote() for k, a in enumerate(self._actors)}, what="reset")
         return np.concatenate([self._recover(k) if o is _DEAD else o for k, o in outs])
 
     def _step_batch(
@@ -435,19 +435,19 @@ class RayVectorEnv(VectorEnv):
                         self._drop(j)
                     raise self._task_failure(k, "step", got[1])
                 out[k] = got
-        ks = list(calls)
-        out.update((ks[i], got) for i, got in self._gather([calls[k] for k in ks], what="step"))
+        out.update(self._gather(calls, what="step"))
         return sorted(out.items(), key=lambda item: item[0])
 
-    def _gather(self, futures: list[Any], what: str) -> list[tuple[int, Any]]:
-        """Every future's value in worker order; ``_DEAD`` for a worker that died."""
+    def _gather(self, futures: dict[int, Any], what: str) -> list[tuple[int, Any]]:
+        """``(worker, value)`` per future (keyed by worker), in that order; ``_DEAD`` for a
+        worker that died."""
         ray = self._ray
         try:
-            return list(enumerate(ray.get(futures)))
+            return list(zip(futures, ray.get(list(futures.values())), strict=True))
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
             pass  # find out which workers failed, and how
         out = []
-        for k, f in enumerate(futures):
+        for k, f in futures.items():
             try:
                 out.append((k, ray.get(f)))
             except ray.exceptions.RayActorError:
