@@ -264,62 +264,12 @@ def train(
             rng = np.random.default_rng([config.seed, it])
             if config.reward == "decode":
                 loss, rewards = decode_loss(net, tasks, config, rng)
-                recent.extend(rewards)
-                state["samples"] += len(rewards)
             else:
-                drawn = []
-                for _ in range(config.batch):
-                    k = _pick(rng, tasks, config.runtime_share)
-                    task = tasks[k]
-                    with torch.no_grad():
-                        mean = net.forward(k, task.feats)
-                        std = net.log_std().exp()
-                    z = mean + std * torch.tensor(
-                        rng.standard_normal(mean.shape), dtype=torch.float32
-                    )
-                    cols = used_columns(task.groups)
-                    with torch.no_grad():
-                        lp = float(net.mean_logp(mean, z, cols))
-                    s = int(rng.integers(config.uniform_seeds))
-                    drawn.append((k, z.numpy().copy(), lp, s))
-                # the searches (uniform BRKGA where not cached, and the steered one) are independent:
-                # run them together, on Ray tasks with workers > 1
-                missing = sorted({(k, s) for k, _, _, s in drawn if s not in tasks[k].uniform})
-                calls = [(shared[k], config.budget, s, None, None) for k, s in missing]
-                calls += [(shared[k], config.budget, s, weights, z) for k, z, _, s in drawn]
-                values = pool.map(search_value, calls)
-                for (k, s), v in zip(missing, values, strict=False):
-                    tasks[k].uniform[s] = v
-                fresh = []
-                for (k, z, lp, s), val in zip(drawn, values[len(missing) :], strict=True):
-                    base = tasks[k].uniform[s]
-                    reward = 0.0 if base <= 0 else (base - val) / base
-                    fresh.append((k, z, reward, lp))
-                    recent.append(reward)
-                    state["samples"] += 1
-                # per-problem baseline, updated with the fresh rewards
-                for k, _, r, _ in fresh:
-                    baseline[k] = r if np.isnan(baseline[k]) else 0.9 * baseline[k] + 0.1 * r
-                batch = list(fresh)
-                if replay:
-                    pick = rng.choice(
-                        len(replay), size=min(config.replay_batch, len(replay)), replace=False
-                    )
-                    batch.extend(replay[i] for i in pick.tolist())
-                replay.extend(fresh)
-                del replay[: max(0, len(replay) - config.replay)]
-                adv = np.array([r - baseline[k] for k, _, r, _ in batch])
-                scale = adv.std() + 1e-4 if len(adv) > 1 else 1.0
-                loss = 0.0
-                for (k, z, _, lp_old), a in zip(batch, adv / scale, strict=True):
-                    mean = net.forward(k, tasks[k].feats)
-                    lp = net.mean_logp(mean, torch.tensor(z), used_columns(tasks[k].groups))
-                    ratio = (lp - lp_old).clamp(-20, 20).exp()
-                    surr = torch.minimum(
-                        ratio * a, ratio.clamp(1 - config.clip, 1 + config.clip) * a
-                    )
-                    loss = loss - surr / len(batch)
-                loss = loss - config.entropy * net.log_std().sum()
+                loss, rewards = search_loss(
+                    net, tasks, config, rng, pool, shared, weights, baseline, replay
+                )
+            recent.extend(rewards)
+            state["samples"] += len(rewards)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -359,6 +309,71 @@ def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
         a_parts.append((m * kappa).clamp(min=1e-3))
         b_parts.append(((1.0 - m) * kappa).clamp(min=1e-3))
     return torch.cat(a_parts), torch.cat(b_parts)
+
+
+def search_loss(
+    net: TorchPolicy,
+    tasks: list[Task],
+    config: TrainConfig,
+    rng: np.random.Generator,
+    pool: TaskPool,
+    shared: list[Any],
+    weights: PolicyWeights,
+    baseline: np.ndarray,
+    replay: list[tuple[int, np.ndarray, float, float]],
+) -> tuple[Any, list[float]]:
+    """Clipped policy gradient on steered-vs-uniform BRKGA: ``batch`` sampled proposals, each
+    searched once, rewarded by its relative improvement over uniform BRKGA with the same seed
+    (cached per problem and seed), plus a replayed batch weighted by importance ratios.
+    Updates ``baseline`` (per problem), ``replay`` and the tasks' uniform caches in place.
+    Returns the loss and the fresh rewards."""
+    torch = _torch()
+    drawn = []
+    for _ in range(config.batch):
+        k = _pick(rng, tasks, config.runtime_share)
+        task = tasks[k]
+        with torch.no_grad():
+            mean = net.forward(k, task.feats)
+            std = net.log_std().exp()
+        z = mean + std * torch.tensor(rng.standard_normal(mean.shape), dtype=torch.float32)
+        cols = used_columns(task.groups)
+        with torch.no_grad():
+            lp = float(net.mean_logp(mean, z, cols))
+        s = int(rng.integers(config.uniform_seeds))
+        drawn.append((k, z.numpy().copy(), lp, s))
+    # the searches (uniform BRKGA where not cached, and the steered one) are independent:
+    # run them together, on Ray tasks with workers > 1
+    missing = sorted({(k, s) for k, _, _, s in drawn if s not in tasks[k].uniform})
+    calls = [(shared[k], config.budget, s, None, None) for k, s in missing]
+    calls += [(shared[k], config.budget, s, weights, z) for k, z, _, s in drawn]
+    values = pool.map(search_value, calls)
+    for (k, s), v in zip(missing, values, strict=False):
+        tasks[k].uniform[s] = v
+    fresh = []
+    for (k, z, lp, s), val in zip(drawn, values[len(missing) :], strict=True):
+        base = tasks[k].uniform[s]
+        reward = 0.0 if base <= 0 else (base - val) / base
+        fresh.append((k, z, reward, lp))
+    # per-problem baseline, updated with the fresh rewards
+    for k, _, r, _ in fresh:
+        baseline[k] = r if np.isnan(baseline[k]) else 0.9 * baseline[k] + 0.1 * r
+    batch = list(fresh)
+    if replay:
+        pick = rng.choice(len(replay), size=min(config.replay_batch, len(replay)), replace=False)
+        batch.extend(replay[i] for i in pick.tolist())
+    replay.extend(fresh)
+    del replay[: max(0, len(replay) - config.replay)]
+    adv = np.array([r - baseline[k] for k, _, r, _ in batch])
+    scale = adv.std() + 1e-4 if len(adv) > 1 else 1.0
+    loss = 0.0
+    for (k, z, _, lp_old), a in zip(batch, adv / scale, strict=True):
+        mean = net.forward(k, tasks[k].feats)
+        lp = net.mean_logp(mean, torch.tensor(z), used_columns(tasks[k].groups))
+        ratio = (lp - lp_old).clamp(-20, 20).exp()
+        surr = torch.minimum(ratio * a, ratio.clamp(1 - config.clip, 1 + config.clip) * a)
+        loss = loss - surr / len(batch)
+    loss = loss - config.entropy * net.log_std().sum()
+    return loss, [r for _, _, r, _ in fresh]
 
 
 def decode_loss(
