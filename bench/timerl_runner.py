@@ -163,7 +163,7 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
     """
     from timerl.errors import BackendError
     from timerl.rl.envs import VectorEnv
-    from timerl.runtime.backend import BACKENDS, backend_class
+    from timerl.runtime.backend import BACKENDS, Backend, backend_class
 
     timers = _Timers()
     saved: list[tuple[type, str, Any]] = []
@@ -200,6 +200,14 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
 
         return lowering
 
+    def timed_donating(original: Any) -> Any:
+        # kernels that write into a dead input's buffer (``out=``) come from this table
+        def lowering(self: Any, prim: str) -> Any:
+            kernel = original(self, prim)
+            return None if kernel is None else timed_lowering(lambda _s, _p: kernel)(self, prim)
+
+        return lowering
+
     patch(VectorEnv, "step", timed_env)
     patch(VectorEnv, "reset", timed_env)
     if kernels:
@@ -210,6 +218,7 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
                 continue
             if "lowering" in cls.__dict__:
                 patch(cls, "lowering", timed_lowering)
+        patch(Backend, "donating_lowering", timed_donating)
     try:
         yield timers
     finally:

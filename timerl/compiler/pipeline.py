@@ -18,6 +18,8 @@ from timerl.compiler.dce import eliminate_dead_code
 from timerl.compiler.donation import plan_donations
 from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
+from timerl.compiler.reuse import enabled as reuse_enabled
+from timerl.compiler.reuse import reuse_first_iteration
 from timerl.compiler.simplify import simplify
 from timerl.compiler.spec import ProgramSpec
 from timerl.compiler.storage import Storage, plan_storage
@@ -78,6 +80,8 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
         # hoisting first: what it moves out of every loop is often constant, and then folds
         rewrite("loop-invariant hoisting", hoist_invariants, "hoisted")
         rewrite("simplification", simplify, "ops removed by folding and identities")
+        if reuse_enabled():
+            rewrite("first-iteration reuse", lambda s: reuse_first_iteration(s, report.notes))
         if vectorize_enabled():
             rewrite("vectorisation", lambda s: vectorize(s, report.notes))
     rewrite("domain conditions", add_guards)

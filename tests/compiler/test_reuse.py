@@ -1,0 +1,107 @@
+"""First-iteration reuse: an update's first forward pass reads the rollout's rows, same values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from core_helpers import BACKENDS, close
+
+import timerl as tl
+from timerl.api.tensor import RecurrentTensor
+from timerl.compiler import reuse
+
+
+def _rand(*shape, seed=0):
+    return np.random.RandomState(seed).randn(*shape).astype(np.float32)
+
+
+def _program(start_scale: float = 1.0, rows: str = "all"):
+    """A rollout ``h[i, t] = tanh(x[i, t] @ w)`` and an update loop whose weights start at
+    ``w * start_scale`` and whose forward pass runs over the rollout's rows ``rows``."""
+    ctx = tl.Context(dims=("i", "t", "u"))
+    i, t, u = ctx.dims
+    big_i, big_t, big_u = ctx.bounds
+    with ctx:
+        x = tl.from_numpy(_rand(2, 5, 4, 3, seed=1), domain=(i, t))
+        w = tl.from_numpy(_rand(3, 6, seed=2))
+        h = (x @ w).tanh().named("h")
+        acted = h[i, 0:big_t].sum().named("acted")
+        wu = RecurrentTensor.placeholder((3, 6), domain=(i, u), name="wu")
+        wu[i, 0] = w * start_scale
+        if rows == "all":
+            batch = x[i, 0:big_t].detach().reshape(20, 3)
+        elif rows == "part":
+            batch = x[i, 0 : big_t - 1].detach().reshape(16, 3)
+        else:  # env-major: the same rows in another order
+            batch = x[i, 0:big_t].permute(1, 0, 2).reshape(20, 3)
+        hu = (batch @ wu).tanh().named("hu")
+        out = (hu * hu).sum().named("out")
+        wu[i, u + 1] = wu / (1.0 + out)  # the next update depends on this one (a recurrence)
+        total = out[i, 0:big_u].sum().named("total")
+    return [acted, total]
+
+
+def _compiled(outputs, backend, bounds):
+    ctx = outputs[0].ctx
+    prog = ctx.compile(outputs=outputs, bounds=bounds, backend=backend)
+    prog.run()
+    got = [prog.value(o) for o in outputs]
+    want = tl.evaluate(outputs, bounds=bounds, backend=backend, optimize=False)
+    for g, w in zip(got, want, strict=True):
+        close(g, w, rtol=1e-5, atol=1e-5)
+    return prog
+
+
+def _reused(prog):
+    return [n for n in prog.report.notes if n.startswith("reused ")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("updates", [1, 3])
+def test_first_update_reads_the_rollouts_rows(backend, updates):
+    prog = _compiled(_program(), backend, {"U": updates})
+    assert _reused(prog) == ["reused hu at u = 0: the rows of h over t (same weights and inputs)"]
+    hu = next(op for op in prog.compiled.spec.ops if op.name == "hu")
+    # the update computes its own forward pass only after its weights have moved (with one
+    # update per iteration: never)
+    assert str(hu.guard) == "u >= 1"
+
+
+@pytest.mark.parametrize("case", [{"start_scale": 2.0}, {"rows": "part"}, {"rows": "env-major"}])
+def test_other_weights_or_other_rows_are_not_reused(case):
+    prog = _compiled(_program(**case), "numpy", {"U": 2})
+    assert _reused(prog) == []
+
+
+def test_switched_off_without_optimisation():
+    outputs = _program()
+    prog = outputs[0].ctx.compile(outputs=outputs, bounds={"U": 1}, optimize=False)
+    assert _reused(prog) == []
+
+
+def test_switch_turns_the_pass_off(monkeypatch):
+    monkeypatch.setenv(reuse.DISABLE_ENV, "1")
+    assert _reused(_compiled(_program(), "numpy", {"U": 1})) == []
+
+
+def _ppo_metrics(backend, optimize):
+    from timerl.rl.algos import ppo
+
+    algo = ppo(num_envs=2, num_steps=8, hidden=(8, 8), epochs=1, minibatches=1)
+    outputs = list(algo.metrics.values())
+    prog = algo.ctx.compile(
+        bounds={"I": 3, **algo.bounds}, outputs=outputs, backend=backend, optimize=optimize
+    )
+    prog.run()
+    return prog, [prog.value(m) for m in outputs]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ppo_one_update_per_iteration_reuses_the_rollouts_forward_pass(backend):
+    prog, got = _ppo_metrics(backend, True)
+    notes = "\n".join(_reused(prog))
+    assert "the rows of value over t" in notes  # the critic
+    assert notes.count("reused tanh") == 4  # both hidden layers of actor and critic
+    _, want = _ppo_metrics(backend, False)
+    for g, w in zip(got, want, strict=True):
+        close(g, w, rtol=1e-4, atol=1e-5)
