@@ -97,6 +97,24 @@ def test_simplify_folds_constants_and_removes_identities():
     close(tl.evaluate(out, optimize=False), np.arange(4.0) + 21.0)
 
 
+def test_simplify_removes_a_gradient_with_one_contribution():
+    """Autodiff sums each gradient's contributions with add_n; with one it is its input."""
+    ctx, t, T = ctx_t()
+    with ctx:
+        w = tl.from_numpy(np.linspace(-1, 1, 4), requires_grad=True)
+        loss = ((w * 2.0).tanh() * 3.0).sum()
+        loss.backward()
+        out = w.grad * 1.5
+    spec = _spec(ctx, [out], {})
+    given = eliminate_dead_code(spec)
+    single = [op for op in given.ops if op.prim == "add_n" and len(op.inputs) == 1]
+    assert single
+    simple = simplify(given)
+    assert not [op for op in simple.ops if op.prim == "add_n" and len(op.inputs) == 1]
+    want = tl.evaluate(out, optimize=False)
+    close(tl.evaluate(out), want)
+
+
 def test_simplify_keeps_a_broadcasting_identity():
     # x * ones((3,)) changes x's shape: not an identity
     ctx, t, T = ctx_t()

@@ -136,7 +136,7 @@ def planned_peak(
                 find_blocks(s.body, s)
             elif isinstance(s, Compute) and loop is not None:
                 st = storage.get(s.op.id)
-                if st is not None and st.kind == "block":
+                if st is not None and st.kind in ("block", "ring"):
                     blocks_of.setdefault(id(loop), []).append(s.op)
 
     find_blocks(sched.body, None)

@@ -108,9 +108,12 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
             "storage", lambda: plan_storage(sched, planned, ops, spec.static, spec.keep)
         )
         blocks = sum(1 for s in table.values() if s.kind == "block")
-        if blocks:
+        rings = sum(1 for s in table.values() if s.kind == "ring")
+        if blocks or rings:
             views = sum(1 for s in table.values() if s.kind == "view")
-            report.notes.append(f"storage: {blocks} block stores, {views} views of blocks")
+            report.notes.append(
+                f"storage: {blocks} block stores, {views} views of blocks, {rings} circular buffers"
+            )
         donations = report.timed("donation", lambda: plan_donations(planned, ops, table, spec.keep))
         if donations:
             report.notes.append(f"donation: {len(donations)} ops write into a dead input's buffer")

@@ -173,7 +173,8 @@ def _involution(prim: str) -> Rule:
 
 
 def no_op_cast(op: Op, lookup: Lookup) -> Op | None:
-    """A cast, reshape or identity whose result equals its input is its input."""
+    """A cast, reshape, identity or one-input ``add_n`` (a gradient with one contribution)
+    whose result equals its input is its input: the meter would count it twice."""
     if len(op.inputs) != 1:
         return None
     return _operand(op, 0, lookup)
@@ -202,6 +203,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "cast": (no_op_cast,),
     "reshape": (no_op_cast,),
     "identity": (no_op_cast,),
+    "add_n": (no_op_cast,),
 }
 
 

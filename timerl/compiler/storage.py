@@ -11,6 +11,14 @@
 * **view**: ``identity``/``detach``/``reshape`` of a whole block (``x[i, 0:T]``), or of such a
   view at the same point. Its value aliases the block: it allocates nothing, and the block is
   freed only after the view's last reader (liveness is told so through ``alias_reads``).
+* **ring** (a circular buffer): a tensor written point by point along its last dim ``d``
+  and read only inside that loop, at the same outer point, within a bounded window behind the
+  loop (``x[t - 1]``, ``x[max(t - 3, 0):t + 1]``, ``x[t + 1]`` in a backward loop), by ops that
+  return fresh arrays. It keeps ``k + 1`` rows for a window of lag ``k``: point ``t`` lives in
+  row ``t mod (k + 1)``, written in place; a window slice is a view when its rows do not wrap,
+  else a gather of the rows in order. Unlike a block it needs no static extent and no
+  whole-block reader, and unlike a point store it holds ``k + 1`` rows even where liveness
+  cannot free point by point (a lag over ``liveness.MAX_LAG``).
 * **point**: everything else, a dict from point to value.
 
 The table is decided on a schedule that already has its memory statements (a block needs
@@ -24,7 +32,7 @@ from dataclasses import dataclass
 
 from timerl.ir import prims
 from timerl.ir.graph import Op
-from timerl.schedule.liveness import add_frees
+from timerl.schedule.liveness import add_frees, window_lag
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice, always_eq
 
@@ -37,10 +45,10 @@ STRIDED_VIEW_PRIMS = frozenset({"permute", "expand"})
 
 @dataclass(frozen=True)
 class Storage:
-    kind: str  # "point" | "block" | "alias" | "view"
+    kind: str  # "point" | "block" | "ring" | "alias" | "view"
     why: str
-    dim: Dim | None = None  # block: the dim the block runs along (the op's last dim)
-    extent: int | None = None  # block: rows allocated
+    dim: Dim | None = None  # block, ring: the dim it runs along (the op's last dim)
+    extent: int | None = None  # block, ring: rows allocated
     base: int | None = None  # view, alias: the block op whose memory it is
     contiguous: bool = True  # view: False after a permute or expand (a reshape may copy)
 
@@ -71,7 +79,7 @@ def analyse(
     table: dict[int, Storage] = {}
     for op in ops:
         if op.id in around:
-            table[op.id] = _block_or_point(op, around[op.id], frees, readers, static, keep)
+            table[op.id] = _block_or_point(op, around[op.id], frees, readers, static, keep, around)
     by_id = {op.id: op for op in ops}
     # row aliases: a view op at the same point of a block is the block's memory, reshaped
     changed = True
@@ -104,7 +112,7 @@ def analyse(
     return table
 
 
-def _block_or_point(op, loops, frees, readers, static, keep) -> Storage:
+def _block_or_point(op, loops, frees, readers, static, keep, around) -> Storage:
     traits = prims.get(op.prim).traits
     if op.id in keep:
         return Storage("point", "kept after the run (an output)")
@@ -118,6 +126,9 @@ def _block_or_point(op, loops, frees, readers, static, keep) -> Storage:
         return Storage("point", "not computed in one loop per dim of its domain")
     loop = loops[-1]
     dim = loop.dim
+    ring = _ring(op, loop, frees, readers, around, static)
+    if ring is not None:
+        return ring
     if loop.until is not None or dim.bound not in static:
         return Storage("point", f"the extent of {dim.name} is known only while it runs")
     sliced = [
@@ -141,6 +152,41 @@ def _block_or_point(op, loops, frees, readers, static, keep) -> Storage:
 
 
 _POINT = Storage("point", "")
+MAX_RING_LAG = 4096  # a longer window is not worth a search: the tensor stays a point store
+
+
+def _ring(op, loop, frees, readers, around, static) -> Storage | None:
+    """A circular buffer of ``k + 1`` rows when every read is a window of lag at most ``k``
+    behind ``loop`` (see the module docstring), else None."""
+    dim = loop.dim
+    reads = readers.get(op.id, [])
+    if not reads or any(f.pinned for f in frees.get(op.id, [])):
+        return None
+    outer = op.domain[:-1]
+    lag = 0
+    for r, e in reads:
+        traits = prims.get(r.prim).traits
+        # the reader's value must not alias a row: the row is overwritten k + 1 points later
+        if traits.host or not (traits.fresh or traits.reduction):
+            return None
+        if not any(x is loop for x in around.get(r.id, ())):
+            return None
+        if not all(i is d for i, d in zip(e.index[:-1], outer, strict=True)):
+            return None
+        k = window_lag(e.index[-1], dim, loop.forward, MAX_RING_LAG)
+        if k is None:
+            return None
+        lag = max(lag, k)
+    rows = lag + 1
+    if lag == 0 or (dim.bound in static and rows >= int(static[dim.bound])):
+        return None
+    return Storage(
+        "ring",
+        f"read only in a window of {rows} points along {dim.name}: circular, {rows} rows "
+        f"(point {dim.name} in row {dim.name} mod {rows})",
+        dim=dim,
+        extent=rows,
+    )
 
 
 def _is_alias(op: Op, table: Mapping[int, Storage], around: Mapping, keep: set[int]) -> bool:

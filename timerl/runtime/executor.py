@@ -220,8 +220,13 @@ class Executor:
 
     def _block_reader(self, edge: Edge, fn: Callable[[Mapping], tuple]) -> Callable[[dict], Any]:
         """A row of a block, or a view of rows: no stacked copy."""
-        blocks = self.stores[edge.src.id].blocks
+        store = self.stores[edge.src.id]
+        blocks = store.blocks
         outer = len(edge.index) - 1
+        if edge.src.id in self.plan.rings:  # rows mod the ring's size, checked as they are read
+            if isinstance(edge.index[-1], Slice):
+                return lambda env: store.window(*_split(fn(env), outer))
+            return lambda env: store[tuple(fn(env))]
         if isinstance(edge.index[-1], Slice):
 
             def read_rows(env: dict) -> Any:
@@ -559,6 +564,11 @@ def _as_expr(value: Any) -> Expr | Condition:
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return Const(int(value))
     return _Literal(value)
+
+
+def _split(vals: tuple, outer: int) -> tuple:
+    """``(outer point, start, stop)`` from a slice read's evaluated index."""
+    return tuple(vals[:outer]), vals[outer], vals[outer + 1]
 
 
 class _Literal(Expr):

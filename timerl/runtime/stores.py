@@ -1,4 +1,5 @@
-"""Block stores: an op's points along its last dim held in one preallocated array per outer point.
+"""Block stores and circular buffers: an op's points along its last dim held in one
+preallocated array per outer point.
 
 ``compiler/storage.py`` decides which ops get one. A block is allocated when the loop over its
 dim starts (``allocate``), each point is written in place into its row, and a slice read along
@@ -7,6 +8,7 @@ the dim is a view of the block (``rows``). It is freed whole (``free_all``/``fre
 ``BlockStore`` also answers the dict interface the rest of the runtime uses on point stores
 (``store[point]``, ``items``, ``pop``...), so snapshots, checkpoints and generic multi-slice
 gathers work on it unchanged; a row that was never written reads as missing (``KeyError``).
+``RingStore`` is the circular buffer: ``k`` rows, point ``p`` in row ``p % k``.
 """
 
 from __future__ import annotations
@@ -200,6 +202,81 @@ class BlockStore:
         return f"BlockStore({len(self.blocks)} blocks of {self.extent} x {self.elem})"
 
 
+class RingStore(BlockStore):
+    """A circular buffer: ``extent`` rows per outer point, point ``p`` along the dim in row
+    ``p % extent`` (``compiler/storage.py`` chose the window). Each row records which point it
+    holds, so reading a point that was overwritten or freed is a ``KeyError``, as on a dict."""
+
+    __slots__ = ("outer_len",)
+
+    def __init__(
+        self, extent: int, elem: tuple[int, ...], dtype: Any, backend: Any, outer_len: int
+    ) -> None:
+        super().__init__(extent, elem, dtype, backend)
+        self.outer_len = outer_len  # coordinates before the ring's dim
+
+    def allocate(self, outer: tuple) -> int:
+        if outer in self.blocks:
+            return 0
+        self.blocks[outer] = (
+            self.zeros((self.extent, *self.elem), self.dtype),
+            np.full(self.extent, -1, dtype=np.int64),
+        )
+        return self.block_bytes
+
+    def window(self, outer: tuple, start: int, stop: int) -> Any:
+        """Points ``start:stop`` in order: a view of the rows when they do not wrap around."""
+        rows, held = self.blocks[outer]
+        n = self.extent
+        for p in range(start, stop):
+            if held[p % n] != p:
+                raise KeyError(outer + (p,))
+        first = start % n if stop > start else 0
+        if first + (stop - start) <= n:
+            return rows[first : first + stop - start]
+        return rows[[p % n for p in range(start, stop)]]
+
+    def free_prefix(self, key: tuple) -> int:
+        if len(key) > self.outer_len:  # one point: its row stays until the buffer is freed
+            self.pop(key)
+            return 0
+        return BlockStore.free_prefix(self, key)
+
+    def __getitem__(self, point: tuple) -> Any:
+        rows, held = self.blocks[point[:-1]]
+        last = point[-1]
+        if held[last % self.extent] != last:
+            raise KeyError(point)
+        return rows[last % self.extent]
+
+    def __setitem__(self, point: tuple, value: Any) -> None:
+        outer, last = point[:-1], point[-1]
+        if outer not in self.blocks:
+            self.allocate(outer)
+        rows, held = self.blocks[outer]
+        rows[last % self.extent] = value
+        held[last % self.extent] = last
+
+    def pop(self, point: tuple, default: Any = None) -> Any:
+        """Forget one point (its row stays allocated until the buffer is freed)."""
+        value = self.get(point, default)
+        entry = self.blocks.get(point[:-1])
+        if entry is not None and entry[1][point[-1] % self.extent] == point[-1]:
+            entry[1][point[-1] % self.extent] = -1
+        return value
+
+    def items(self) -> Iterator[tuple[tuple, Any]]:
+        for outer, (rows, held) in list(self.blocks.items()):
+            for r in np.flatnonzero(held >= 0):
+                yield outer + (int(held[r]),), rows[r]
+
+    def __len__(self) -> int:
+        return sum(int((held >= 0).sum()) for _, held in self.blocks.values())
+
+    def __repr__(self) -> str:
+        return f"RingStore({len(self.blocks)} rings of {self.extent} x {self.elem})"
+
+
 class StorePlan:
     """The storage table as the executors need it: which ops are blocks or views of blocks,
     which loop allocates each block, and the source the code generator emits for them."""
@@ -208,6 +285,7 @@ class StorePlan:
         self.storage = storage
         self.blocks: dict[int, Op] = {}
         self.views = {i for i, s in storage.items() if s.kind == "view"}
+        self.rings = {i for i, s in storage.items() if s.kind == "ring"}
         self.aliases = {i for i, s in storage.items() if s.kind == "alias"}
         self.allocations: dict[int, list[Op]] = {}  # id(loop) -> blocks it allocates
 
@@ -218,7 +296,7 @@ class StorePlan:
                 elif isinstance(s, Compute) and loop is not None:
                     st = storage.get(s.op.id)
                     kind = st.kind if st is not None else "point"
-                    if kind in ("block", "alias") and s.op.id not in self.blocks:
+                    if kind in ("block", "ring", "alias") and s.op.id not in self.blocks:
                         self.blocks[s.op.id] = s.op
                         self.allocations.setdefault(id(loop), []).append(s.op)
 
@@ -231,6 +309,10 @@ class StorePlan:
             if op.id in self.blocks:
                 elem = tuple(int(s.value) for s in op.shape)
                 extent = self.storage[op.id].extent or 0
+                if op.id in self.rings:
+                    outer = len(op.domain) - 1
+                    out[op.id] = RingStore(extent, elem, op.dtype, backend, outer)
+                    continue
                 owns = op.id not in self.aliases
                 out[op.id] = BlockStore(extent, elem, op.dtype, backend, owns)
             else:
@@ -257,6 +339,13 @@ class StorePlan:
         last = name_of(op.domain[-1])
         if op.id in self.aliases:  # the row is already there: its base's row, reshaped
             return [f"BL{op.id}[{outer}][1][{last}] = True"]
+        if op.id in self.rings:  # row ``last mod rows``, which records the point it holds
+            n = self.storage[op.id].extent
+            return [
+                f"_b = BL{op.id}[{outer}]",
+                f"_b[0][{last} % {n}] = {var}",
+                f"_b[1][{last} % {n}] = {last}",
+            ]
         return [f"_b = BL{op.id}[{outer}]", f"_b[0][{last}] = {var}", f"_b[1][{last}] = True"]
 
     def block_read_src(self, edge: Edge, src_of: Callable) -> str | None:
@@ -264,7 +353,12 @@ class StorePlan:
         outer, last = edge.index[:-1], edge.index[-1]
         if any(isinstance(i, Slice) for i in outer):
             return None
-        rows = f"BL{edge.src.id}[{_key([src_of(i) for i in outer])}][0]"
+        key = _key([src_of(i) for i in outer])
+        if edge.src.id in self.rings:
+            if isinstance(last, Slice):
+                return f"S{edge.src.id}.window({key}, {src_of(last.start)}, {src_of(last.stop)})"
+            return f"S{edge.src.id}[{key[:-1]} {src_of(last)},)]"
+        rows = f"BL{edge.src.id}[{key}][0]"
         if isinstance(last, Slice):
             return f"{rows}[{src_of(last.start)}:{src_of(last.stop)}]"
         # ``[k, ...]`` keeps a 0-d row an array (``[k]`` would give a numpy scalar)
@@ -278,6 +372,8 @@ class StorePlan:
         return [f"M[0] += S{stmt.op.id}.swap_in({key})", "if M[0] > M[1]: M[1] = M[0]"]
 
     def block_free_src(self, stmt: Free, key: str) -> str:
+        if stmt.op.id in self.rings and len(stmt.prefix) == len(stmt.op.domain):
+            return f"S{stmt.op.id}.pop({key})"  # one point: the ring keeps its rows
         if not stmt.prefix:
             return f"M[0] -= S{stmt.op.id}.free_all()"
         return f"M[0] -= S{stmt.op.id}.free_prefix({key})"

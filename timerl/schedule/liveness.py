@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
-from timerl.symbolic import TRUE, Dim, Expr, Slice, Symbol, always_eq, always_le0
+from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, Symbol, always_eq, always_le0
 from timerl.symbolic.expr import And, Cmp, Condition
 
 
@@ -38,16 +38,22 @@ MAX_LAG = 64  # windows longer than this are kept whole until their loop ends
 
 def _window(index: Expr | Slice, dim: Dim, forward: bool) -> int | None:
     """k when every point read at iteration ``d`` lies in ``[d - k, d]`` (forward loop)."""
+    return window_lag(index, dim, forward, MAX_LAG)
+
+
+def window_lag(index: Expr | Slice, dim: Dim, forward: bool, limit: int) -> int | None:
+    """The smallest k <= ``limit`` such that every point ``index`` reads at iteration ``d``
+    lies in ``[d - k, d]`` (``[d, d + k]`` in a backward loop); None if there is none."""
     lo, hi = (index.start, index.stop - 1) if isinstance(index, Slice) else (index, index)
     if dim not in lo.symbols() or dim not in hi.symbols():
         return None
-    if forward:
-        if not always_le0(hi - dim):
-            return None
-        return next((k for k in range(MAX_LAG + 1) if always_le0(dim - k - lo)), None)
-    if not always_le0(dim - lo):
+    near, far = (hi - dim, dim - lo) if forward else (dim - lo, hi - dim)
+    if not always_le0(near):
         return None
-    return next((k for k in range(MAX_LAG + 1) if always_le0(hi - dim - k)), None)
+    if isinstance(far, Const):  # an affine offset (``t - 100``): no search
+        k = max(int(far.value), 0)
+        return k if k <= limit else None
+    return next((k for k in range(limit + 1) if always_le0(far - k)), None)
 
 
 def _pinned(index: Expr | Slice, allowed: set[Symbol]) -> Expr | None:
