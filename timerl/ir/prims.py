@@ -804,14 +804,15 @@ def _vjp_each(ap, op, i, o, g):
 # merge: the value of the first branch whose condition holds (the executor picks it); its
 # backward sends the gradient to every branch, and autodiff restricts each to where it won.
 register(Prim("merge", _declared, lambda *xs: xs[0], _vjp_each))
-register(
-    Prim(
-        "add_n",
-        _declared,
-        lambda *xs, **_: sum(xs[1:], xs[0]),
-        _vjp_each,
-    )
-)
+
+
+def _add_n(*xs: Any, **_: Any) -> Any:
+    # one term: a copy, never the input itself, so that a later op may write into the
+    # input's buffer (donation) without changing this value
+    return sum(xs[1:], xs[0]) if len(xs) > 1 else xs[0].copy()
+
+
+register(Prim("add_n", _declared, _add_n, _vjp_each))
 
 # --- indexing by tensors, scans, permutations --------------------------------------------------
 

@@ -225,4 +225,4 @@ register_lowering("normal", _keyed(REGISTRY["normal"].impl))
 
 register_lowering("tuple_get", lambda x, item, **_: x[item])
 register_lowering("merge", lambda *xs: xs[0])
-register_lowering("add_n", lambda *xs, **_: sum(xs[1:], xs[0]))
+register_lowering("add_n", lambda *xs, **_: sum(xs[1:], xs[0]) if len(xs) > 1 else xs[0].clone())
