@@ -105,3 +105,52 @@ def test_ppo_one_update_per_iteration_reuses_the_rollouts_forward_pass(backend):
     _, want = _ppo_metrics(backend, False)
     for g, w in zip(got, want, strict=True):
         close(g, w, rtol=1e-4, atol=1e-5)
+
+
+# --- random chains: the pass is exact whatever row-wise chain both loops compute -------------
+
+_STEPS = {
+    "tanh": lambda x, w, b: x.tanh(),
+    "matmul": lambda x, w, b: x @ w,
+    "bias": lambda x, w, b: x + b,
+    "scale": lambda x, w, b: x * 0.5,
+    "sumlast": lambda x, w, b: x.sum(-1, keepdim=True) * b,
+    "exp": lambda x, w, b: (x * 0.1).exp(),
+}
+
+
+def _chain_program(rng: np.random.RandomState):
+    names = [rng.choice(sorted(_STEPS)) for _ in range(rng.randint(1, 5))]
+    other = list(names)
+    differ = rng.rand() < 0.3
+    if differ:  # the update computes something else at one step
+        k = rng.randint(len(other))
+        other[k] = rng.choice([n for n in sorted(_STEPS) if n != other[k]])
+    ctx = tl.Context(dims=("i", "t", "u"))
+    i, t, u = ctx.dims
+    big_i, big_t, big_u = ctx.bounds
+    with ctx:
+        x = tl.from_numpy(_rand(2, 3, 4, 5, seed=rng.randint(1 << 16)), domain=(i, t))
+        w = tl.from_numpy(_rand(5, 5, seed=rng.randint(1 << 16)) * 0.5)
+        b = tl.from_numpy(_rand(5, seed=rng.randint(1 << 16)))
+        h = x @ w  # both chains start from the weights, so the update's runs over u
+        for n in names:
+            h = _STEPS[n](h, w, b)
+        acted = h[i, 0:big_t].sum().named("acted")
+        wu = RecurrentTensor.placeholder((5, 5), domain=(i, u), name="wu")
+        wu[i, 0] = w
+        hu = x[i, 0:big_t].detach().reshape(12, 5) @ wu
+        for n in other:
+            hu = _STEPS[n](hu, wu, b)
+        out = (hu * hu).sum().named("out")
+        wu[i, u + 1] = wu / (1.0 + out)
+        total = out[i, 0:big_u].sum().named("total")
+    return [acted, total], names, differ
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_row_wise_chains_match_the_reference(seed):
+    outputs, names, differ = _chain_program(np.random.RandomState(seed))
+    prog = _compiled(outputs, "numpy", {"U": 2})
+    if not differ:
+        assert _reused(prog), names  # the same chain on both sides: its end is read, not redone
