@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_helpers import BACKENDS, close
+from core_helpers import BACKENDS, against_reference, close
 
 import timerl as tl
 from timerl.api.tensor import RecurrentTensor
@@ -42,14 +42,7 @@ def _program(start_scale: float = 1.0, rows: str = "all"):
 
 
 def _compiled(outputs, backend, bounds):
-    ctx = outputs[0].ctx
-    prog = ctx.compile(outputs=outputs, bounds=bounds, backend=backend)
-    prog.run()
-    got = [prog.value(o) for o in outputs]
-    want = tl.evaluate(outputs, bounds=bounds, backend=backend, optimize=False)
-    for g, w in zip(got, want, strict=True):
-        close(g, w, rtol=1e-5, atol=1e-5)
-    return prog
+    return against_reference(outputs, bounds, backend, rtol=1e-5)
 
 
 def _reused(prog):
