@@ -77,10 +77,12 @@ def test_switch_turns_the_pass_off(monkeypatch):
     assert _reused(_compiled(_program(), "numpy", {"U": 1})) == []
 
 
-def _ppo_metrics(backend, optimize):
-    from timerl.rl.algos import ppo
+def _algo_metrics(name, backend, optimize):
+    from timerl.rl import a2c, algos
 
-    algo = ppo(num_envs=2, num_steps=8, hidden=(8, 8), epochs=1, minibatches=1)
+    build = {"ppo": algos.ppo, "reinforce": algos.reinforce, "a2c": a2c.a2c}[name]
+    extra = {"epochs": 1, "minibatches": 1} if name == "ppo" else {}
+    algo = build(num_envs=2, num_steps=8, hidden=(8, 8), **extra)
     outputs = list(algo.metrics.values())
     prog = algo.ctx.compile(
         bounds={"I": 3, **algo.bounds}, outputs=outputs, backend=backend, optimize=optimize
@@ -91,11 +93,24 @@ def _ppo_metrics(backend, optimize):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ppo_one_update_per_iteration_reuses_the_rollouts_forward_pass(backend):
-    prog, got = _ppo_metrics(backend, True)
+    prog, got = _algo_metrics("ppo", backend, True)
     notes = "\n".join(_reused(prog))
-    assert "the rows of value over t" in notes  # the critic
     assert notes.count("reused tanh") == 4  # both hidden layers of actor and critic
-    _, want = _ppo_metrics(backend, False)
+    assert notes.count("reused add") >= 1  # the critic's output layer
+    _, want = _algo_metrics("ppo", backend, False)
+    for g, w in zip(got, want, strict=True):
+        close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", ["reinforce", "a2c"])
+def test_full_batch_updates_read_the_rollouts_forward_pass(algo, backend):
+    # one update per iteration, outside any loop: the batch's forward pass is the rollout's
+    prog, got = _algo_metrics(algo, backend, True)
+    notes = _reused(prog)
+    assert sum(n.startswith("reused tanh") for n in notes) >= 2
+    assert all(" at " not in n.split(":")[0] for n in notes)  # no first-point definition
+    _, want = _algo_metrics(algo, backend, False)
     for g, w in zip(got, want, strict=True):
         close(g, w, rtol=1e-4, atol=1e-5)
 
