@@ -34,6 +34,8 @@ UNBOUNDED = 2**62
 
 
 def _static_nbytes(op: Op) -> int | None:
+    # a pure multi-output op counts its declared (nominal) size: its parts' bytes are counted
+    # by their tuple_get readers, which hold the very arrays
     if prims.get(op.prim).traits.host or not all(isinstance(s, Const) for s in op.shape):
         return None
     return int(np.prod([s.value for s in op.shape], dtype=np.int64)) * op.dtype.itemsize

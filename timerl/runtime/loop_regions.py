@@ -74,6 +74,7 @@ class LoopStep:
     traced: dict[str, Any] = field(default_factory=dict)  # attribute -> index expression(s)
     key: tuple | None = None  # ((seed, stream), coordinates) of a random op
     conds: tuple[Condition, ...] = ()
+    multi: bool = False  # returns a tuple (``Traits.multi_output``), taken apart by tuple_get
 
 
 @dataclass(eq=False)
@@ -111,6 +112,20 @@ def _symbols(item: Any) -> frozenset:
     if isinstance(item, (Expr, Condition, Slice)):
         return item.symbols()
     return frozenset()
+
+
+def _earlier_instance(edge: Edge, dim: Dim) -> bool:
+    """The read is of a point another run of this loop computed: some coordinate of an
+    enclosing dim is that dim plus a nonzero constant (``next_obs[i - 1, T - 1]``, read at
+    ``t == 0``). The schedule ran that point already, so it is read from its store like any
+    value from outside the loop."""
+    for i, d in zip(edge.index, edge.src.domain, strict=True):
+        if d is dim or isinstance(i, Slice):
+            continue
+        off = i - d
+        if isinstance(off, Const) and off.value != 0:
+            return True
+    return False
 
 
 def describe(loop: Loop, ops: list[Op]) -> str:
@@ -198,7 +213,7 @@ class LoopFusion:
             refs: list[tuple] = []
             for e in op.inputs:
                 src = e.src
-                if src.id in members:
+                if src.id in members and not _earlier_instance(e, dim):
                     if any(isinstance(i, Slice) for i in e.index):
                         return f"{op.label} reads a slice of {src.label}, computed in the loop"
                     for i, d in zip(e.index, src.domain, strict=True):
@@ -226,6 +241,7 @@ class LoopFusion:
                 refs.append((kind, arg_pos[akey]))
             shape = tuple(int(v) for v in fusion._static_shape(op.shape))
             step = LoopStep(op.id, shape, op.dtype, refs)
+            step.multi = prims.get(op.prim).traits.multi_output
             if prims.get(op.prim).traits.piecewise:
                 step.conds = tuple(e.cond for e in op.inputs)
                 used |= _symbols(step.conds)
