@@ -298,6 +298,16 @@ class LoopFusion:
         for op in finals:
             if op.id not in hist:
                 last[op.id] = shapes[op.id]
+        # a value kept stacked whose last iteration is kept too is also returned on its own, so
+        # reading that point (the next outer iteration's start) splits nothing out of the
+        # stack: a split is one eager dispatch, and its first one compiles
+        split_free = [
+            op
+            for op, pins in rows_out
+            if op.domain[-1] is dim and (pins is None or last_index in pins)
+        ]
+        for op in split_free:
+            last[op.id] = shapes[op.id]
         for st in steps:
             st.refs = [
                 (("hist", r[1], r[2]) if r[1] in hist else ("last", r[1])) if r[0] == "other" else r
@@ -323,7 +333,7 @@ class LoopFusion:
             consts=consts,
             last=last,
             hist=hist,
-            finals=tuple(op.id for op in finals),
+            finals=tuple(op.id for op in [*finals, *split_free]),
             rows_out=tuple(op.id for op, _ in rows_out),
         )
         live = sum(_nbytes(st.shape, st.dtype) for st in steps)
@@ -444,13 +454,21 @@ class LoopFusion:
             if op.guard != TRUE:
                 cond = gen.names.src(op.guard)
                 guarded[cond] = guarded.get(cond, 0) + 1
-        # the last iteration's values
-        if region.finals:
-            last = f"{b} - 1" if loop.forward else "0"
+        # the last iteration's values (also of values stored stacked, see _plan)
+        last = f"{b} - 1" if loop.forward else "0"
+        stacked_last = {
+            op.id: pins
+            for op, pins in region.rows_out
+            if op.domain[-1] is loop.dim and op.id in plan.finals
+        }
+        if region.finals or stacked_last:
             gen.emit(depth, f"if {b} > 0:")
             gen.emit(depth + 1, f"{d} = {last}")
             for op in region.finals:
                 self._store(op, f"_f[{op.id}]", depth + 1, None, d)
+            for op, pins in region.rows_out:
+                if op.id in stacked_last:
+                    self._store(op, f"_f[{op.id}]", depth + 1, pins, d)
         # every iteration's values, stored stacked (split only where a row is read alone)
         for op, pins in region.rows_out:
             if op.domain[-1] is not loop.dim:
@@ -459,6 +477,8 @@ class LoopFusion:
             conds = [gen.names.src(op.guard)] if op.guard != TRUE else []
             if pins:
                 conds.append(f"{d} in {gen.const('KEPT', frozenset(pins))}")
+            if op.id in stacked_last:  # stored on its own above
+                conds.append(f"{d} != {last}")
             where = f" if {' and '.join(conds)}" if conds else ""
             outer = gen.key_src([gen.names.of(x) for x in op.domain[:-1]])
             row = _nbytes(*plan.hist[op.id])
