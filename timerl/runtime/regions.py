@@ -275,7 +275,7 @@ class Fusion:
                     picked = f"({k} if {conds[k]} else {picked})"
                 picks.append(picked)
             refs: list[tuple[bool, int]] = []
-            for k, e in enumerate(op.inputs):
+            for e in op.inputs:
                 # a region op computed before this one, at this point; a later one (read at an
                 # earlier point, a recurrence) is read from its store like any other value
                 if e.src.id in done and _same_point(e):
