@@ -232,7 +232,7 @@ def _pure_call(*xs: torch.Tensor, fn: Any, **_: Any) -> tuple[torch.Tensor, ...]
     # evaluated eagerly on the host (``fn.host``), its results moved back to the inputs' device
     device = xs[0].device if xs else torch.device("cpu")
     outs = fn.host(*[x.detach().cpu().numpy() for x in xs])
-    return tuple(torch.from_numpy(np.ascontiguousarray(o)).to(device) for o in outs)
+    return tuple(torch.from_numpy(np.array(o)).to(device) for o in outs)
 
 
 register_lowering("pure_call", _pure_call)
