@@ -433,6 +433,10 @@ def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:
 
 
 def _free_prefix(store: dict, key: tuple, meter: list, nbytes: Callable[[Any], int]) -> None:
+    whole = getattr(store, "pop_prefix", None)  # a RowStore drops its stacked rows at once
+    if whole is not None:
+        meter[0] -= whole(key, nbytes)
+        return
     n = len(key)
     for point in [p for p in store if p[:n] == key]:
         meter[0] -= nbytes(store.pop(point))
