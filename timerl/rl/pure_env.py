@@ -144,29 +144,24 @@ class PureEnv:
         self.num_actions = jenv.num_actions
         self.action_shape = tuple(jenv.action_shape)
         self.vec = EpisodeReturns(env_id, num_envs)
-        # the reset key as the JAX baseline would take it from the seed (Synthetic-v0: the
-        # integer seed itself, which reproduces the numpy env)
-        reset_key: Any = seed if env_id == "Synthetic-v0" else None
         params = jenv.params
+
+        def reset_key() -> Any:
+            # Synthetic-v0 takes the integer seed itself (its numpy env's trajectories); the
+            # others a key made from it
+            return seed if env_id == "Synthetic-v0" else jax.random.key(seed)
+
         with jax.enable_x64(False):
-            state, _ = jax.eval_shape(
-                lambda: jenv.reset(
-                    reset_key if reset_key is not None else jax.random.key(seed), params
-                )
-            )
+            state, _ = jax.eval_shape(lambda: jenv.reset(reset_key(), params))
         leaves, treedef = jax.tree_util.tree_flatten(state)
         keyed = [jnp.issubdtype(x.dtype, jax.dtypes.prng_key) for x in leaves]
         with jax.enable_x64(False):
-            raw = jax.eval_shape(
-                lambda: [
-                    jax.random.key_data(jax.random.key(0)) if k else jnp.zeros(x.shape, x.dtype)
-                    for x, k in zip(leaves, keyed, strict=True)
-                ]
-            )
+            raw = [
+                jax.eval_shape(jax.random.key_data, x) if k else x
+                for x, k in zip(leaves, keyed, strict=True)
+            ]
         # (shape, dtype) of each leaf as the program holds it
         self.state_spec = [(tuple(x.shape), np.dtype(x.dtype)) for x in raw]
-        action_dtype = np.dtype("int64") if self.discrete else np.dtype("float32")
-        self._action_dtype = action_dtype
         spec = self.state_spec
         n = len(spec)
 
@@ -182,8 +177,7 @@ class PureEnv:
             return jax.tree_util.tree_unflatten(treedef, leaves)
 
         def reset() -> tuple:
-            key = reset_key if reset_key is not None else jax.random.key(seed)
-            state, obs = jenv.reset(key, params)
+            state, obs = jenv.reset(reset_key(), params)
             return (*flat(state), jnp.asarray(obs).astype(jnp.float32))
 
         def step(*xs: Any) -> tuple:
