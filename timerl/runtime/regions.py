@@ -71,10 +71,11 @@ def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
 
 
 def _optional(thunk: Any) -> Any:
-    """A branch's value, or None where its point does not exist (or was freed)."""
+    """A branch's value, or None where its point does not exist (or was freed; a local
+    computed only under a guard that did not hold is unbound)."""
     try:
         return thunk()
-    except (KeyError, UndefinedPointError):
+    except (KeyError, UndefinedPointError, NameError):
         return None
 
 
