@@ -20,6 +20,7 @@ from timerl.api.tensor import RecurrentTensor, maximum
 from timerl.errors import EnvError, ProgramError
 from timerl.rl.environment import Env, make_env
 from timerl.rl.normalize import CLIP, EPS, discounted_return_estimate, running_moments
+from timerl.rl.pure_env import PureEnv
 from timerl.rl.returns import discounted_returns, gae
 from timerl.symbolic import Dim
 
@@ -36,7 +37,7 @@ class AlgoConfig:
     max_grad_norm: float = 0.5
     seed: int = 0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    env_backend: str = "gymnasium"  # or "envpool"
+    env_backend: str = "gymnasium"  # or "envpool", or "jax" (rl/pure_env.py: ppo, reinforce)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -106,7 +107,7 @@ def default_config(algo: str, env_id: str) -> dict[str, Any]:
 class AlgoProgram:
     name: str
     ctx: Context
-    env: Env
+    env: Env | PureEnv
     config: AlgoConfig
     metrics: dict[str, RecurrentTensor]  # each a scalar over (i,)
     bounds: dict[str, int]  # everything but the iteration bound I
@@ -136,7 +137,7 @@ class Policy(Module):
     """Actor (logits or Gaussian mean) and critic MLPs over flattened observations."""
 
     def __init__(
-        self, env: Env, hidden: tuple[int, ...], domain: tuple[Dim, ...], seed: int
+        self, env: Env | PureEnv, hidden: tuple[int, ...], domain: tuple[Dim, ...], seed: int
     ) -> None:
         self.obs_dim = int(np.prod(env.obs_shape))
         self.discrete = env.discrete
@@ -176,13 +177,22 @@ class Policy(Module):
         return ent if self.discrete else ent.sum(-1)
 
 
-def _rollout(env: Env, policy: Policy, i: Dim, t: Dim, norm_obs: bool = False) -> dict[str, Any]:
+def _rollout(
+    env: Env | PureEnv, policy: Policy, i: Dim, t: Dim, norm_obs: bool = False
+) -> dict[str, Any]:
     """Act for T steps per iteration; episodes continue across iterations. ``norm_obs``: the
     policy sees observations normalised by running statistics frozen over the iteration
     (``policy_obs``), merged with this iteration's observations for the next one."""
     T = t.bound
     obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (i, t), name="obs")
-    obs[0, 0] = env.reset()
+    pure = isinstance(env, PureEnv)
+    if pure:
+        state = env.state_placeholders((i, t))
+        first, obs[0, 0] = env.reset_state()
+        for x, x0 in zip(state, first, strict=True):
+            x[0, 0] = x0
+    else:
+        obs[0, 0] = env.reset()
     stats = None
     if norm_obs:
         stats = running_moments(_batch(obs, i, t, T * env.num_envs), i, env.obs_shape, "obs")
@@ -192,7 +202,14 @@ def _rollout(env: Env, policy: Policy, i: Dim, t: Dim, norm_obs: bool = False) -
     action = dist.sample().named("action")
     logp = pi.log_prob(dist, action).named("logp")
     value = pi.value(policy_obs).named("value")
-    next_obs, reward, done = env.step(action)
+    if pure:
+        nxt, next_obs, reward, done = env.step_state(state, action)
+        for x, x1 in zip(state, nxt, strict=True):
+            x[i, t + 1] = x1
+            x[i + 1, 0] = x1[i, T - 1]
+        env.track(reward[i, 0:T], done[i, 0:T])
+    else:
+        next_obs, reward, done = env.step(action)
     obs[i, t + 1] = next_obs
     obs[i + 1, 0] = next_obs[i, T - 1]
     last_obs = next_obs[i, T - 1]
