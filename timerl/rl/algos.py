@@ -57,6 +57,8 @@ class PPOConfig(AlgoConfig):
     # (timerl.rl.normalize); on by default for the MuJoCo environments
     norm_obs: bool = False
     norm_reward: bool = False
+    # initial log standard deviation of the Gaussian policy (continuous actions only)
+    log_std_init: float = 0.0
 
 
 @dataclass
@@ -125,8 +127,8 @@ class AlgoProgram:
 class _LogStd(Module):
     """A state-independent log standard deviation for Gaussian policies."""
 
-    def __init__(self, size: int, domain: tuple[Dim, ...]) -> None:
-        self.log_std = _param(np.zeros(size, np.float32), domain, "policy.log_std")
+    def __init__(self, size: int, domain: tuple[Dim, ...], init: float = 0.0) -> None:
+        self.log_std = _param(np.full(size, init, np.float32), domain, "policy.log_std")
 
     def forward(self, x: RecurrentTensor) -> RecurrentTensor:
         return self.log_std
@@ -136,7 +138,12 @@ class Policy(Module):
     """Actor (logits or Gaussian mean) and critic MLPs over flattened observations."""
 
     def __init__(
-        self, env: Env, hidden: tuple[int, ...], domain: tuple[Dim, ...], seed: int
+        self,
+        env: Env,
+        hidden: tuple[int, ...],
+        domain: tuple[Dim, ...],
+        seed: int,
+        log_std_init: float = 0.0,
     ) -> None:
         self.obs_dim = int(np.prod(env.obs_shape))
         self.discrete = env.discrete
@@ -152,7 +159,7 @@ class Policy(Module):
         self.critic = MLP(
             [self.obs_dim, *hidden, 1], out_gain=1.0, domain=domain, seed=seed + 1, name="critic"
         )
-        self.std = None if env.discrete else _LogStd(out, domain)
+        self.std = None if env.discrete else _LogStd(out, domain, log_std_init)
 
     def flat(self, obs: RecurrentTensor) -> RecurrentTensor:
         return obs.reshape(obs.view.shape[0], self.obs_dim)
@@ -245,7 +252,7 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
     ctx = Context(dims=("i", "t", "u"))
     i, t, u = ctx.dims
     with ctx:
-        policy = Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
+        policy = Policy(env, cfg.hidden, (i,), cfg.seed * 10 + 1, cfg.log_std_init)
         ro = _rollout(env, policy, i, t, norm_obs=cfg.norm_obs)
         reward = ro["reward"]
         if cfg.norm_reward:
