@@ -226,3 +226,13 @@ def test_gaussian_policy_starts_at_the_given_log_std():
     entropy, noise = tl.evaluate(outs, bounds={"I": 1})
     np.testing.assert_allclose(entropy[0], 0.5 + 0.5 * np.log(2 * np.pi) - 0.7, rtol=1e-5)
     assert abs(noise[0].std() - np.exp(-0.7)) < 0.03  # 4096 draws: std error ~0.008
+
+
+def test_only_halfcheetah_defaults_to_a_narrower_initial_gaussian():
+    from timerl.rl.train import make_config
+
+    assert make_config("ppo", {"env_id": "HalfCheetah-v5"}).log_std_init == -0.5
+    for env_id in ("Hopper-v5", "Walker2d-v5", "Ant-v5", "Pendulum-v1", "CartPole-v1"):
+        assert make_config("ppo", {"env_id": env_id}).log_std_init == 0.0, env_id
+    given = {"env_id": "HalfCheetah-v5", "log_std_init": 0.0}
+    assert make_config("ppo", given).log_std_init == 0.0
