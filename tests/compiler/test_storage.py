@@ -138,3 +138,35 @@ def test_ppo_with_block_stores_matches_the_reference(backend):
         values.append([c.value(m) for m in metrics])
     for a, b in zip(*values, strict=True):
         np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-5, atol=1e-6)
+
+
+def _held(store) -> int:
+    """What a store keeps: its blocks (an alias's are another block's memory) or its points."""
+    return len(store.blocks) if hasattr(store, "blocks") else len(store)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_an_alias_of_a_block_is_freed_with_its_block(compiled):
+    """A detach at each point of a block is the block's rows: its store references the
+    block, so it must drop it when the block is freed, or every iteration's block stays."""
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t))
+        x[i, 0] = tl.full((3,), 1.0) * tl.full((), i)
+        d = x[i, t].detach()  # on the recurrence: computed in the loop over t
+        a = (d * 0.5).tanh()  # read at every t: d is computed at every t
+        x[i, t + 1] = a + 0.1
+        total = x[i, 0:T].sum(0).sum(0) + a[i, 0:T].sum(0).sum(0)
+    bounds = {"I": 4, "T": 6}
+    ref = ctx.compile(bounds=bounds, outputs=[total], optimize=False, seed=1)
+    prog = ctx.compile(bounds=bounds, outputs=[total], seed=1)
+    kinds = _storage_kinds(prog)
+    assert kinds[d.name] == "alias" and kinds[x.name] == "block", kinds
+    prog.run(compiled=compiled)
+    np.testing.assert_allclose(_values(ref, [total])[0], np.asarray(prog.value(total)), rtol=1e-6)
+    stores = prog._executor().stores
+    assert _held(stores[d.op.id]) == 0
+    left = {op.label: _held(stores[op.id]) for op in prog.ops if op.id not in prog.keep}
+    assert not any(left.values()), left

@@ -287,12 +287,47 @@ def plan_storage(
     table = analyse(planned, ops, static, keep)
     extra = alias_reads(ops, table)
     if not extra:
-        return planned, table
+        return free_aliases_with_base(planned, ops, table), table
     again = add_frees(scheduled, ops, keep, extra)
     second = analyse(again, ops, static, keep)
     if all(second.get(i) == s for i, s in table.items()):
-        return again, second
+        return free_aliases_with_base(again, ops, second), second
     for i, s in list(table.items()):
         if s.kind in ("view", "alias"):
             table[i] = Storage("point", "a view whose block cannot outlive it")
     return planned, table
+
+
+def free_aliases_with_base(
+    sched: Schedule, ops: Iterable[Op], table: Mapping[int, Storage]
+) -> Schedule:
+    """An alias's blocks are freed where its base's are, not where its own points die.
+
+    An alias's rows are its base block reshaped, so its store holds a reference to that
+    block; liveness frees the alias point by point (it was planned as a point store), and a
+    point free releases no block. Without a whole-block free the alias would keep every
+    iteration's base block alive. The base outlives every reader of its aliases
+    (``alias_reads``), so its frees are the alias's too."""
+    aliases: dict[int, list[Op]] = {}
+    for op in ops:
+        st = table.get(op.id)
+        if st is not None and st.kind == "alias" and st.base is not None:
+            aliases.setdefault(st.base, []).append(op)
+    if not aliases:
+        return sched
+    moved = {op.id for group in aliases.values() for op in group}
+
+    def rebuild(body: list[Stmt]) -> list[Stmt]:
+        out: list[Stmt] = []
+        for s in body:
+            if isinstance(s, Loop):
+                out.append(Loop(s.dim, s.forward, rebuild(s.body), s.until))
+            elif isinstance(s, Free) and s.op.id in moved:
+                continue
+            else:
+                out.append(s)
+                if isinstance(s, Free):
+                    out.extend(Free(a, s.prefix, s.pinned) for a in aliases.get(s.op.id, ()))
+        return out
+
+    return Schedule(rebuild(sched.body))
