@@ -35,6 +35,7 @@ from timerl.ir.graph import Op
 from timerl.schedule.liveness import add_frees, window_lag
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice, always_eq
+from timerl.symbolic.expr import Condition
 
 # primitives whose output is the input array itself or a view of it on a contiguous input
 VIEW_PRIMS = frozenset({"identity", "detach", "reshape"})
@@ -249,25 +250,27 @@ def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[in
 
 def alias_reads(
     ops: Iterable[Op], table: Mapping[int, Storage]
-) -> dict[int, list[tuple[Op, tuple]]]:
-    """For each block with views: every read of a view, as a read of the whole block.
+) -> dict[int, list[tuple[Op, tuple, Condition]]]:
+    """For each block with views: every read of a view, as a read of the whole block, under
+    the read's condition.
 
     Liveness adds these to the block's readers, so the block is freed after its views' last
-    reader (a view keeps its base alive).
+    reader (a view keeps its base alive); a block read through a view only at a loop's
+    first point (an update reading the rollout's rows at ``u == 0``) is freed there.
     """
-    out: dict[int, list[tuple[Op, tuple]]] = {}
+    out: dict[int, list[tuple[Op, tuple, Condition]]] = {}
     for op in ops:
         for e in op.inputs:
             st = table.get(e.src.id)
             if st is None or st.kind not in ("view", "alias") or st.base is None:
                 continue
             if st.kind == "alias":  # the same point of the block
-                out.setdefault(st.base, []).append((op, tuple(e.index)))
+                out.setdefault(st.base, []).append((op, tuple(e.index), e.cond))
                 continue
             dim = table[st.base].dim
             assert dim is not None
             whole = Slice(Const(0), dim.bound)
-            out.setdefault(st.base, []).append((op, tuple(e.index) + (whole,)))
+            out.setdefault(st.base, []).append((op, tuple(e.index) + (whole,), e.cond))
     return out
 
 
