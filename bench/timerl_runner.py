@@ -46,11 +46,21 @@ def system_name(algo: str, backend: str) -> str:
     return f"timerl_{backend}"
 
 
-def timerl_config(config: Config, algo: str = "ppo") -> dict[str, Any]:
+def env_backend(env_id: str, backend: str) -> str:
+    """On the jax backend, an env with a pure JAX version (``rl/jax_envs.py``: Synthetic-v0,
+    CartPole-v1) runs inside the program (``env_backend="jax"``), as the JAX baseline's does;
+    every other run steps the host env."""
+    from timerl.rl.jax_envs import JAX_ENV_IDS
+
+    return "jax" if backend == "jax" and env_id in JAX_ENV_IDS else "gymnasium"
+
+
+def timerl_config(config: Config, algo: str = "ppo", backend: str = "numpy") -> dict[str, Any]:
     """The timerl hyper-parameter dict equivalent to a resolved baseline config."""
     cfg = config.resolved()
     out: dict[str, Any] = {
         "env_id": cfg.env_id,
+        "env_backend": env_backend(cfg.env_id, backend),
         "num_envs": cfg.num_envs,
         "num_steps": cfg.num_steps,
         "lr": cfg.lr,
@@ -99,7 +109,7 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
     start = time.perf_counter()
     out = train(
         algo,
-        timerl_config(cfg, algo),
+        timerl_config(cfg, algo, backend),
         iterations=cfg.iterations,
         backend=backend,
         device=cfg.device,

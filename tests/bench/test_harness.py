@@ -131,6 +131,11 @@ def test_timerl_config_mapping():
     assert mapped["env_kwargs"]["obs_shape"] == (3, 4, 4) and mapped["lr"] == 3e-4
     assert mapped["epochs"] == 1 and mapped["minibatches"] == 1 and mapped["clip"] == 0.2
     assert timerl_runner.timerl_config(cfg, "reinforce")["baseline"] is True
+    # timerl_jax runs the JAX-native env inside the program where one exists, like jax_ppo
+    assert mapped["env_backend"] == "gymnasium"
+    assert timerl_runner.timerl_config(cfg, "ppo", "jax")["env_backend"] == "jax"
+    pendulum = Config("Pendulum-v1", num_envs=2, num_steps=4)
+    assert timerl_runner.timerl_config(pendulum, "ppo", "jax")["env_backend"] == "gymnasium"
 
 
 def test_timerl_runner_returns_and_profile():

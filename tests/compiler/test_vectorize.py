@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_helpers import BACKENDS, close, ctx_it, ctx_t
+from core_helpers import BACKENDS, against_reference, close, ctx_it, ctx_t
 
 import timerl as tl
 from timerl.api.tensor import RecurrentTensor
@@ -20,15 +20,8 @@ def _rand(*shape, seed=0):
 
 
 def _both(outputs, bounds, backend):
-    """Values with every optimisation, the reference's values, and the optimised program."""
-    ctx = outputs[0].ctx
-    prog = ctx.compile(outputs=outputs, bounds=bounds, backend=backend)
-    prog.run()
-    got = [prog.value(o) for o in outputs]
-    want = tl.evaluate(outputs, bounds=bounds, backend=backend, optimize=False)
-    for g, w in zip(got, want, strict=True):
-        close(g, w, rtol=1e-4, atol=1e-5)
-    return prog
+    """Values with every optimisation against the reference's; the optimised program."""
+    return against_reference(outputs, bounds, backend)
 
 
 def _notes(prog, kind="vectorised"):

@@ -51,6 +51,17 @@ def close(got, want, rtol=1e-5, atol=1e-5):
     )
 
 
+def against_reference(outputs, bounds, backend, rtol=1e-4, atol=1e-5):
+    """Compile and run with every optimisation, compare each output with the unoptimised
+    reference, and return the optimised program."""
+    prog = outputs[0].ctx.compile(outputs=outputs, bounds=bounds, backend=backend)
+    prog.run()
+    want = tl.evaluate(outputs, bounds=bounds, backend=backend, optimize=False)
+    for o, w in zip(outputs, want, strict=True):
+        close(prog.value(o), w, rtol=rtol, atol=atol)
+    return prog
+
+
 def check_temporal_slice_gradient(kind, backend):
     """Gradient of sum_t c[t] * read(u, t)**2 for a temporal read ``kind``, against torch."""
     import torch

@@ -38,6 +38,18 @@ def bools(*shape: int) -> np.ndarray:
 POS = {"log", "sqrt"}  # defined on positive inputs only
 UNARY = ["neg", "exp", "log", "tanh", "sigmoid", "sqrt", "abs", "sign", "sin", "cos", "floor"]
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne"]
+
+
+class _TwoOutputs:
+    """A ``pure_call`` function: traceable by any array module, ``host`` on numpy arrays."""
+
+    def __call__(self, x):
+        return x * 2.0, x + 1.0
+
+    def host(self, x):
+        return tuple(np.asarray(v) for v in self(np.asarray(x)))
+
+
 CASES: dict[str, list[tuple[list, dict]]] = {
     **{n: [([f32(3, 4, low=0.1) if n in POS else f32(3, 4)], {})] for n in UNARY},
     **{n: [([f32(3, 4), f32(4)], {}), ([i64(2, 3), i64(2, 3) + 1], {})] for n in BINARY},
@@ -86,6 +98,7 @@ CASES: dict[str, list[tuple[list, dict]]] = {
     "uniform": [([], {"shape": (2, 3), "dtype": "float32", "key": (7, 1, 2)})],
     "normal": [([], {"shape": (4,), "dtype": "float64", "key": (7, 3)})],
     "tuple_get": [([(f32(2), f32(3))], {"item": 1})],
+    "pure_call": [([f32(3)], {"fn": _TwoOutputs()})],
     "merge": [([f32(3), f32(3)], {})],
     "add_n": [([f32(2, 3), f32(2, 3), f32(2, 3)], {})],
     # the third point lies outside its input: zeros stand in (see the reference's comment)

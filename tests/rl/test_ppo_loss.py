@@ -197,3 +197,42 @@ def test_policy_rejects_two_dimensional_box_actions():
         (i,) = ctx.dims
         with pytest.raises(tl.TimerlError, match="Fake2D-v0.*flat Box"):
             Policy(FakeEnv(), HIDDEN, (i,), seed=0)
+
+
+def test_gaussian_policy_starts_at_the_given_log_std():
+    """``log_std_init`` sets the initial spread: the parameter, the entropy and the sampled
+    actions' deviations from the mean all agree with a Gaussian of that standard deviation."""
+    from timerl.rl.train import build
+
+    program = build(
+        "ppo",
+        {"env_id": "Pendulum-v1", "num_envs": 2, "num_steps": 4, "hidden": [8]}
+        | {"log_std_init": -0.7},
+    )
+    (log_std,) = [p for p in program.params if p.name == "policy.log_std"]
+    (value,) = tl.evaluate([log_std], bounds={"I": 1, **program.bounds})
+    np.testing.assert_array_equal(value[0], np.full(1, -0.7, np.float32))
+    program.env.close()
+
+    env = tl.rl.make_env("Pendulum-v1", 4)
+    ctx = tl.Context(dims=("i",))
+    (i,) = ctx.dims
+    obs = np.random.default_rng(0).standard_normal((4096, 3)).astype(np.float32)
+    with ctx:
+        policy = Policy(env, HIDDEN, (i,), seed=2, log_std_init=-0.7)
+        dist = policy.dist(tl.from_numpy(obs))
+        outs = [policy.entropy(dist).mean(), dist.sample() - dist.mean]
+    env.close()
+    entropy, noise = tl.evaluate(outs, bounds={"I": 1})
+    np.testing.assert_allclose(entropy[0], 0.5 + 0.5 * np.log(2 * np.pi) - 0.7, rtol=1e-5)
+    assert abs(noise[0].std() - np.exp(-0.7)) < 0.03  # 4096 draws: std error ~0.008
+
+
+def test_only_halfcheetah_defaults_to_a_narrower_initial_gaussian():
+    from timerl.rl.train import make_config
+
+    assert make_config("ppo", {"env_id": "HalfCheetah-v5"}).log_std_init == -0.5
+    for env_id in ("Hopper-v5", "Walker2d-v5", "Ant-v5", "Pendulum-v1", "CartPole-v1"):
+        assert make_config("ppo", {"env_id": env_id}).log_std_init == 0.0, env_id
+    given = {"env_id": "HalfCheetah-v5", "log_std_init": 0.0}
+    assert make_config("ppo", given).log_std_init == 0.0

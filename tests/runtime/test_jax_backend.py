@@ -223,3 +223,27 @@ def test_the_training_driver_runs_on_jax_and_agrees_with_numpy():
         for k in keys:
             if isinstance(want[k], float):
                 np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_a_region_merge_selects_its_branch_traced_even_over_values_not_computed():
+    """A merge in a jitted region gets every branch (zeros where a point does not exist or a
+    local was computed only under a guard that did not hold) and the taken one's index, so
+    the first point and the rest share a trace; values stay the reference's."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    u0 = np.array([0.0438, 0.3988, -0.4603])
+    u1 = np.array([0.3490, 0.8161, 0.3703])
+    with ctx:
+        a = tl.from_numpy(u0, domain=(t,), dtype="float64")
+        b = tl.from_numpy(u1, domain=(t,), dtype="float64")
+        x1 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        first = a[0] * 0.25 - 0.5 + a[0:T].sum(0).tanh()
+        x1[T - 1] = first + tl.where(a[T - 1] * 0.5 + 1.0 > 0, a[0:T].mean(0), b[0:2].sum(0))
+        x1[t] = (x1[t + 1] * 0.5 + x1[t + 1] * 2.0).tanh()
+        x2 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x2[t.eq(T - 1)] = b[t:T].min(0)
+        x2[True] = (x2[t + 1] * 0.5 + x2[t + 1]).tanh()
+    want = tl.evaluate([x1, x2], bounds={T: 3}, backend="numpy")
+    got = tl.evaluate([x1, x2], bounds={T: 3}, backend="jax")
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-12)

@@ -257,3 +257,22 @@ def test_a_loop_reads_an_earlier_loops_rows_stacked():
     prog, calls = _check(ctx, {T: 6}, [y, total])
     assert len(calls) == 2 and set(calls.values()) == {1}
     assert ".stacked(" in prog._executor().source
+
+
+def test_a_rollout_carried_across_outer_iterations_is_one_call_per_iteration():
+    """``x[i + 1, 0] = x[i, T - 1]``: at ``t == 0`` the loop reads a point an earlier run of
+    itself computed (from its store, as a value from outside); the merge of the three
+    definitions and the slice read after the loop need no Python iteration, and the next
+    outer iteration reads the last point without splitting it out of the stacked rows."""
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(3,), domain=(i, t))
+        x[0, 0] = tl.from_numpy(np.array([0.5, -1.0, 2.0], dtype=np.float32))
+        step = (x * 0.9).tanh() + 0.1
+        x[i, t + 1] = step
+        x[i + 1, 0] = step[i, T - 1]
+        total = x[i, 0:T].sum()
+    prog, calls = _check(ctx, {I: 3, T: 5}, [total])
+    assert list(calls.values()) == [3]  # one call per outer iteration
+    assert _explained(prog)["for t in 0 .. T-1"] == "one XLA loop"

@@ -228,7 +228,7 @@ class _Rollout:
 class _Update:
     """Numbers of ops at the first point (``u = 0``) of a loop dim ``u``."""
 
-    def __init__(self, num: _Numbering, rollout: _Rollout, u: Dim) -> None:
+    def __init__(self, num: _Numbering, rollout: _Rollout, u: Dim | None) -> None:
         self.num = num
         self.rollout = rollout
         self.u = u
@@ -242,7 +242,7 @@ class _Update:
 
     def _first(self, op: Op) -> _Val | None:
         u = self.u
-        if u not in op.domain:
+        if u is None or u not in op.domain:
             return self._batch(op)
         if prims.get(op.prim).traits.piecewise:
             for e in op.inputs:
@@ -268,7 +268,7 @@ class _Update:
     def _read(self, src: Op, index: tuple) -> _Val | None:
         if any(isinstance(i, Slice) for i in index):
             return None
-        if self.u in src.domain:
+        if self.u is not None and self.u in src.domain:
             same = all(i is d for i, d in zip(index, src.domain, strict=True))
             return self.first(src) if same else None
         if all(i is d for i, d in zip(index, src.domain, strict=True)):
@@ -328,7 +328,7 @@ class Reuse:
     """An update op whose value at ``u = 0`` is the rollout op's rows, flattened."""
 
     op: Op
-    dim: Dim  # u
+    dim: Dim | None  # u; None: an op computed once, after the loop over t
     source: Op  # over (.., t)
 
 
@@ -345,13 +345,16 @@ def find_reuse(spec: ProgramSpec) -> list[Reuse]:
             if any(d not in e.src.domain for e in op.inputs):
                 starts.add(d)
     fixed = {r.id for r in spec.roots} | spec.keep
-    candidates: list[tuple[Op, Dim, _Val]] = []
-    for u in sorted(starts, key=lambda d: d.name):
+    candidates: list[tuple[Op, Dim | None, _Val]] = []
+    # u = None: ops outside any such loop, run once per iteration after the rollout (the
+    # one full-batch update of REINFORCE and A2C)
+    for u in [None, *sorted(starts, key=lambda d: d.name)]:
         upd = _Update(num, rollout, u)
         for op in spec.ops:  # creation order: inputs first, so recursion stays shallow
-            if op.id in fixed or u not in op.domain or op.effect:
+            if op.id in fixed or op.effect or (u is not None and u not in op.domain):
                 continue
-            if prims.get(op.prim).traits.piecewise or op.prim in _TRANSPARENT:
+            traits = prims.get(op.prim).traits
+            if traits.piecewise or traits.view:  # a view computes nothing worth reusing
                 continue
             v = upd.first(op)
             if v is not None and v.row:
@@ -363,7 +366,10 @@ def find_reuse(spec: ProgramSpec) -> list[Reuse]:
     out: list[Reuse] = []
     for op, u, v in candidates:
         src = rollout.found.get(v.num)
-        if src is not None and _static(op.shape[0], static) == _flat_rows(src, static):
+        if src is None or _static(op.shape[0], static) != _flat_rows(src, static):
+            continue
+        outer = src.domain[:-1]
+        if (op.domain == outer) if u is None else (set(outer) <= set(op.domain)):
             out.append(Reuse(op, u, src))
     return out
 
@@ -398,8 +404,6 @@ def reuse_first_iteration(spec: ProgramSpec, notes: list[str] | None = None) -> 
         src = by_id[r.source.id]
         t = src.domain[-1]
         outer = src.domain[:-1]
-        if not set(outer) <= set(q.domain):
-            continue
         rows = Op(
             prim="reshape",
             domain=outer,
@@ -411,6 +415,16 @@ def reuse_first_iteration(spec: ProgramSpec, notes: list[str] | None = None) -> 
             site=q.site,
         )
         u = r.dim
+        if u is None:  # the op itself is the rollout's rows
+            created.append(rows)
+            for _reader, e in outside:
+                e.src = rows
+            if notes is not None:
+                notes.append(
+                    f"reused {q.label}: the rows of {src.label} over {t.name} "
+                    "(same weights and inputs)"
+                )
+            continue
         merged = Op(
             prim="merge",
             domain=q.domain,

@@ -119,6 +119,8 @@ def _block_or_point(op, loops, frees, readers, static, keep, around) -> Storage:
         return Storage("point", "kept after the run (an output)")
     if traits.host:
         return Storage("point", "a host call's value")
+    if traits.multi_output:
+        return Storage("point", "a tuple of values")
     if not op.domain:
         return Storage("point", "a single point")
     if not all(isinstance(s, Const) for s in op.shape):

@@ -37,7 +37,8 @@ class Traits:
     program's tensors); ``host`` ops call user Python (the function in their ``fn`` attr, on
     numpy arrays, outside any backend); ``constant`` ops hold a value fixed when the program is
     built; ``broadcast`` ops repeat their input along new or unit axes, so every element along
-    those axes is the same.
+    those axes is the same; ``multi_output`` ops return a tuple of arrays that ``tuple_get``
+    readers take apart (their declared shape and dtype describe nothing).
     """
 
     elementwise: bool = False
@@ -49,6 +50,7 @@ class Traits:
     constant: bool = False
     stops_gradient: bool = False
     broadcast: bool = False
+    multi_output: bool = False
     # its kernel always returns a new array of its own, never an input's buffer, so a later op
     # may write into it (donation)
     fresh: bool = False
@@ -821,6 +823,20 @@ for _name, _fn in (("uniform", _np_uniform), ("normal", _np_normal)):
 # --- user functions and piecewise definitions (run by the executor itself) -------------------
 
 register(Prim("udf", _declared, lambda *xs, fn, **_: fn(*xs), None, differentiable=False))
+# pure_call: a pure function of its inputs, given as the object in attr ``fn`` with two faces:
+# ``fn(*xs)`` traceable by jax (what the jax backend lowers it to, inside a jitted region or
+# loop) and ``fn.host(*xs)``, the same function evaluated on numpy arrays (the reference).
+# It returns a tuple of arrays, read through ``tuple_get``. Unlike a ``udf`` it is no host
+# call: passes may merge, hoist and reorder it, and a loop around it can be traced.
+register(
+    Prim(
+        "pure_call",
+        _declared,
+        lambda *xs, fn, **_: fn.host(*xs),
+        None,
+        differentiable=False,
+    )
+)
 register(
     Prim(
         "tuple_get",
@@ -839,14 +855,15 @@ def _vjp_each(ap, op, i, o, g):
 # merge: the value of the first branch whose condition holds (the executor picks it); its
 # backward sends the gradient to every branch, and autodiff restricts each to where it won.
 register(Prim("merge", _declared, lambda *xs: xs[0], _vjp_each))
-register(
-    Prim(
-        "add_n",
-        _declared,
-        lambda *xs, **_: sum(xs[1:], xs[0]),
-        _vjp_each,
-    )
-)
+
+
+def _add_n(*xs: Any, **_: Any) -> Any:
+    # one term: a copy, never the input itself, so that a later op may write into the
+    # input's buffer (donation) without changing this value
+    return sum(xs[1:], xs[0]) if len(xs) > 1 else xs[0].copy()
+
+
+register(Prim("add_n", _declared, _add_n, _vjp_each))
 
 # --- indexing by tensors, scans, permutations --------------------------------------------------
 
@@ -962,6 +979,7 @@ _declare(
 _declare(("detach",), stops_gradient=True)
 _declare(("merge",), piecewise=True)
 _declare(("udf",), host=True)
+_declare(("pure_call",), multi_output=True)
 _declare(("const", "full", "iota"), constant=True)
 _declare(("orthogonal",), fresh=True)
 _declare(("expand",), broadcast=True)

@@ -41,6 +41,7 @@ FIELD_HELP = {
     "vf_coef": "value-loss weight",
     "ent_coef": "entropy-bonus weight (None: 0.01 for discrete actions, 0 for continuous)",
     "norm_adv": "normalise advantages per minibatch (true/false)",
+    "log_std_init": "initial log standard deviation of a Gaussian policy (continuous actions)",
     "baseline": "subtract a learned value baseline (true/false)",
 }
 

@@ -8,7 +8,7 @@ inside episodes).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from timerl.ir.build import apply
 from timerl.ir.graph import View
 from timerl.rl.envs import VectorEnv
 from timerl.rl.envs import make_env as make_vector_env
+
+if TYPE_CHECKING:
+    from timerl.rl.pure_env import PureEnv
 
 
 class Env:
@@ -125,9 +128,11 @@ def make_env(
     workers: int | None = None,
     ray_address: str | None = None,
     **kwargs: Any,
-) -> Env:
+) -> Env | PureEnv:
     """``tl.rl.make_env``: a seeded batch of environments usable inside a program;
-    ``backend="envpool"`` simulates it with envpool (``pip install "timerl[envpool]"``).
+    ``backend="envpool"`` simulates it with envpool (``pip install "timerl[envpool]"``);
+    ``backend="jax"`` takes the env's pure JAX version (``rl/jax_envs.py``), whose state the
+    program carries (``rl/pure_env.py``).
 
     ``workers=N`` (N >= 1) steps the batch on N Ray actors (``pip install "timerl[ray]"``),
     joining the Ray cluster at ``ray_address`` or starting a local one; same seed, same
@@ -138,6 +143,15 @@ def make_env(
     workers, ray_address = placement(workers, ray_address)
     if workers < 0:
         raise EnvError(f"{env_id}: workers must be 0 (no Ray) or more, got {workers}")
+    if backend == "jax":
+        if workers:
+            raise EnvError(
+                f'{env_id}: env backend "jax" runs inside the program; it cannot be split '
+                f"over {workers} Ray workers"
+            )
+        from timerl.rl.pure_env import PureEnv
+
+        return PureEnv(env_id, num_envs, seed, **kwargs)
     if workers:
         from timerl.rl.ray_env import RayVectorEnv
 

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+import timerl.rl.synthetic as synthetic
 from timerl.errors import EnvError
-from timerl.rl import synthetic
 
 _REGISTERED = False
 

@@ -73,6 +73,7 @@ class Backend:
         if (
             self.promotes_like_numpy
             or prims.get(op.prim).traits.host
+            or prims.get(op.prim).traits.multi_output
             or all(e.src.dtype == op.dtype for e in op.inputs)
         ):
             return fn

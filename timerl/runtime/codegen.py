@@ -34,6 +34,8 @@ UNBOUNDED = 2**62
 
 
 def _static_nbytes(op: Op) -> int | None:
+    # a pure multi-output op counts its declared (nominal) size: its parts' bytes are counted
+    # by their tuple_get readers, which hold the very arrays
     if prims.get(op.prim).traits.host or not all(isinstance(s, Const) for s in op.shape):
         return None
     return int(np.prod([s.value for s in op.shape], dtype=np.int64)) * op.dtype.itemsize
@@ -431,6 +433,10 @@ def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:
 
 
 def _free_prefix(store: dict, key: tuple, meter: list, nbytes: Callable[[Any], int]) -> None:
+    whole = getattr(store, "pop_prefix", None)  # a RowStore drops its stacked rows at once
+    if whole is not None:
+        meter[0] -= whole(key, nbytes)
+        return
     n = len(key)
     for point in [p for p in store if p[:n] == key]:
         meter[0] -= nbytes(store.pop(point))

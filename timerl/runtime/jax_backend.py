@@ -157,6 +157,10 @@ class JaxBackend(Backend):
             want = np.dtype(dtype)
             return value if value.dtype == want else value.astype(want)
 
+    def select(self, cond: Any, a: Any, b: Any) -> Any:
+        """``a`` where ``cond`` holds, else ``b`` (inside a traced region)."""
+        return jnp.where(cond, a, b)
+
     def truth(self, value: Any) -> bool:
         return bool(np.asarray(value).all())
 

@@ -85,7 +85,7 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
                         (seed, stream), coords = st.key
                         extra["key"] = (seed, stream, *_evaluate(tuple(coords), env))
                     out = st.fn(*ins, **st.kwargs, **extra)
-                    vals[st.op_id] = _exact(out, st.shape, st.dtype)
+                    vals[st.op_id] = out if st.multi else _exact(out, st.shape, st.dtype)
                 if st.op_id in hist:  # at once: a later read at a fixed point may be this one
                     hist[st.op_id] = hist[st.op_id].at[u].set(vals[st.op_id])
             return {m: vals[m] for m in last}, hist

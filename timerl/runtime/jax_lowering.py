@@ -229,3 +229,5 @@ register_lowering("normal", _jitted_draw(counter_rng.normal))
 register_lowering("tuple_get", lambda x, item, **_: x[item])
 register_lowering("merge", lambda *xs: xs[0])
 register_lowering("add_n", lambda *xs, **_: sum(xs[1:], xs[0]))
+# a pure function handed over as a traceable jax function: traced into the region or loop
+register_lowering("pure_call", lambda *xs, fn, **_: fn(*xs))

@@ -74,6 +74,7 @@ class LoopStep:
     traced: dict[str, Any] = field(default_factory=dict)  # attribute -> index expression(s)
     key: tuple | None = None  # ((seed, stream), coordinates) of a random op
     conds: tuple[Condition, ...] = ()
+    multi: bool = False  # returns a tuple (``Traits.multi_output``), taken apart by tuple_get
 
 
 @dataclass(eq=False)
@@ -111,6 +112,20 @@ def _symbols(item: Any) -> frozenset:
     if isinstance(item, (Expr, Condition, Slice)):
         return item.symbols()
     return frozenset()
+
+
+def _earlier_instance(edge: Edge, dim: Dim) -> bool:
+    """The read is of a point another run of this loop computed: some coordinate of an
+    enclosing dim is that dim plus a nonzero constant (``next_obs[i - 1, T - 1]``, read at
+    ``t == 0``). The schedule ran that point already, so it is read from its store like any
+    value from outside the loop."""
+    for i, d in zip(edge.index, edge.src.domain, strict=True):
+        if d is dim or isinstance(i, Slice):
+            continue
+        off = i - d
+        if isinstance(off, Const) and off.value != 0:
+            return True
+    return False
 
 
 def describe(loop: Loop, ops: list[Op]) -> str:
@@ -198,7 +213,7 @@ class LoopFusion:
             refs: list[tuple] = []
             for e in op.inputs:
                 src = e.src
-                if src.id in members:
+                if src.id in members and not _earlier_instance(e, dim):
                     if any(isinstance(i, Slice) for i in e.index):
                         return f"{op.label} reads a slice of {src.label}, computed in the loop"
                     for i, d in zip(e.index, src.domain, strict=True):
@@ -226,6 +241,7 @@ class LoopFusion:
                 refs.append((kind, arg_pos[akey]))
             shape = tuple(int(v) for v in fusion._static_shape(op.shape))
             step = LoopStep(op.id, shape, op.dtype, refs)
+            step.multi = prims.get(op.prim).traits.multi_output
             if prims.get(op.prim).traits.piecewise:
                 step.conds = tuple(e.cond for e in op.inputs)
                 used |= _symbols(step.conds)
@@ -282,6 +298,16 @@ class LoopFusion:
         for op in finals:
             if op.id not in hist:
                 last[op.id] = shapes[op.id]
+        # a value kept stacked whose last iteration is kept too is also returned on its own, so
+        # reading that point (the next outer iteration's start) splits nothing out of the
+        # stack: a split is one eager dispatch, and its first one compiles
+        split_free = [
+            op
+            for op, pins in rows_out
+            if op.domain[-1] is dim and (pins is None or last_index in pins)
+        ]
+        for op in split_free:
+            last[op.id] = shapes[op.id]
         for st in steps:
             st.refs = [
                 (("hist", r[1], r[2]) if r[1] in hist else ("last", r[1])) if r[0] == "other" else r
@@ -307,7 +333,7 @@ class LoopFusion:
             consts=consts,
             last=last,
             hist=hist,
-            finals=tuple(op.id for op in finals),
+            finals=tuple(op.id for op in [*finals, *split_free]),
             rows_out=tuple(op.id for op, _ in rows_out),
         )
         live = sum(_nbytes(st.shape, st.dtype) for st in steps)
@@ -428,13 +454,21 @@ class LoopFusion:
             if op.guard != TRUE:
                 cond = gen.names.src(op.guard)
                 guarded[cond] = guarded.get(cond, 0) + 1
-        # the last iteration's values
-        if region.finals:
-            last = f"{b} - 1" if loop.forward else "0"
+        # the last iteration's values (also of values stored stacked, see _plan)
+        last = f"{b} - 1" if loop.forward else "0"
+        stacked_last = {
+            op.id: pins
+            for op, pins in region.rows_out
+            if op.domain[-1] is loop.dim and op.id in plan.finals
+        }
+        if region.finals or stacked_last:
             gen.emit(depth, f"if {b} > 0:")
             gen.emit(depth + 1, f"{d} = {last}")
             for op in region.finals:
                 self._store(op, f"_f[{op.id}]", depth + 1, None, d)
+            for op, pins in region.rows_out:
+                if op.id in stacked_last:
+                    self._store(op, f"_f[{op.id}]", depth + 1, pins, d)
         # every iteration's values, stored stacked (split only where a row is read alone)
         for op, pins in region.rows_out:
             if op.domain[-1] is not loop.dim:
@@ -443,6 +477,8 @@ class LoopFusion:
             conds = [gen.names.src(op.guard)] if op.guard != TRUE else []
             if pins:
                 conds.append(f"{d} in {gen.const('KEPT', frozenset(pins))}")
+            if op.id in stacked_last:  # stored on its own above
+                conds.append(f"{d} != {last}")
             where = f" if {' and '.join(conds)}" if conds else ""
             outer = gen.key_src([gen.names.of(x) for x in op.domain[:-1]])
             row = _nbytes(*plan.hist[op.id])

@@ -36,6 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from timerl.errors import UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
@@ -66,6 +68,36 @@ def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
     if isinstance(value, (Expr, Condition)):
         return False, None
     return True, value
+
+
+def _optional(thunk: Any) -> Any:
+    """A branch's value, or None where its point does not exist (or was freed; a local
+    computed only under a guard that did not hold is unbound)."""
+    try:
+        return thunk()
+    except (KeyError, UndefinedPointError, NameError):
+        return None
+
+
+def _picks(picks: tuple, merges: list[str] | None = None) -> Any:
+    """The merges' branch choices as one int32 array (one traced argument), or the error
+    naming the first merge with no definition at this point."""
+    if merges is not None:
+        raise UndefinedPointError(f"{merges[picks.index(-1)]} has no definition at this point")
+    return np.asarray(picks, dtype=np.int32)
+
+
+def _zeros_or(backend: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    zeros: list[Any] = []
+
+    def fill(value: Any) -> Any:
+        if value is not None:
+            return value
+        if not zeros:
+            zeros.append(backend.zeros(shape, dtype))
+        return zeros[0]
+
+    return fill
 
 
 def _same_point(edge: Edge) -> bool:
@@ -114,6 +146,13 @@ class Fusion:
 
     def _static_value(self, value: Any) -> tuple[bool, Any]:
         return _static(value, self.bounds)
+
+    def _read_shape(self, edge: Edge) -> tuple[int, ...]:
+        """The static shape of what ``edge`` reads (a slice's rows first)."""
+        lead = [
+            int(self._static_value(i.stop - i.start)[1]) for i in edge.index if isinstance(i, Slice)
+        ]
+        return (*lead, *self._static_shape(edge.src.shape))
 
     def _static_shape(self, shape: tuple) -> tuple[int, ...]:
         return tuple(int(v) for v in _static(tuple(shape), self.bounds)[1])
@@ -202,10 +241,14 @@ class Fusion:
         members = {m.id for m in region.ops}
         args: list[str] = []
         arg_keys: list[tuple] = []
-        # the static argument: per merge the index of the branch taken (-1: none), per guard
-        # whether it holds at this point; a guarded-off op is not computed (nor its reads made)
+        # the static argument: per guard whether it holds at this point; a guarded-off op is
+        # not computed (nor its reads made). The traced one: per merge the index of the branch
+        # taken, every branch passed (zeros where its point does not exist) and selected
+        # inside, so the first iteration and the rest share one trace.
         selectors: list[str] = []
+        picks: list[str] = []
         guards: dict[str, int] = {}
+        merge_ids: list[int] = []
 
         def arg(src: str, key: tuple) -> int:
             if src not in args:
@@ -226,31 +269,33 @@ class Fusion:
                 guard = guards[cond]
             merge = prims.get(op.prim).traits.piecewise
             if merge:
+                merge_ids.append(op.id)
                 conds = [gen.names.src(e.cond) for e in op.inputs]
                 picked = "-1"
                 for k in reversed(range(len(conds))):
                     picked = f"({k} if {conds[k]} else {picked})"
-                selectors.append(picked)
+                picks.append(picked)
             refs: list[tuple[bool, int]] = []
-            for k, e in enumerate(op.inputs):
+            for e in op.inputs:
                 # a region op computed before this one, at this point; a later one (read at an
                 # earlier point, a recurrence) is read from its store like any other value
                 if e.src.id in done and _same_point(e):
                     refs.append((False, e.src.id))
                     continue
                 src = gen.read_src(e)
-                # read only what is used here: a guarded-off op's or an untaken branch's
-                # points may not exist
-                when = [f"_sel[{guard}]"] if guard >= 0 else []
-                if merge:
-                    when.append(f"_sel[{len(selectors) - 1}] == {k}")
-                if when:
-                    src = f"({src} if {' and '.join(when)} else None)"
+                if merge:  # every branch, zeros where its point does not exist
+                    fill = gen.const(
+                        "ZEROS_OR", _zeros_or(gen.backend, self._read_shape(e), e.src.dtype)
+                    )
+                    src = f"{fill}(OPTIONAL(lambda: {src}))"
+                # read only what is used here: a guarded-off op's points may not exist
+                if guard >= 0:
+                    src = f"({src} if _sel[{guard}] else None)"
                 refs.append((True, arg(src, (e.src.id, tuple(str(i) for i in e.index), merge))))
             done.add(op.id)
             if merge:
                 shape = _static(op.shape, self.bounds)[1]
-                fn: Any = (len(selectors) - 1, shape, op.dtype, op.where())
+                fn: Any = (len(picks) - 1, shape, op.dtype, op.where())
                 plan.append((op, fn, guard, refs, {}, {}))
                 continue
             call = prepare_call(op, gen.backend, gen.seed)
@@ -274,19 +319,26 @@ class Fusion:
             or self.readers[m.id] - members
             or not all(isinstance(x, Const) for x in m.shape)
         }
-        broadcast = gen.backend.broadcast
+        broadcast, select = gen.backend.broadcast, gen.backend.select
 
-        def run(sel: tuple, *xs: Any) -> dict:
+        def run(sel: tuple, picked: Any, *xs: Any) -> dict:
             vals: dict[int, Any] = {}
             for op, fn, guard, refs, kwargs, dynamic in plan:
                 if guard >= 0 and not sel[guard]:
                     continue
-                if isinstance(fn, tuple):  # a merge: the branch picked outside
-                    which, shape, dtype, where = fn
-                    if sel[which] < 0:
-                        raise UndefinedPointError(f"{where} has no definition at this point")
-                    is_arg, k = refs[sel[which]]
-                    vals[op.id] = broadcast(xs[k] if is_arg else vals[k], shape, dtype)
+                if isinstance(fn, tuple):  # a merge: the branch picked outside, selected here
+                    which, shape, dtype, _ = fn
+                    out = None
+                    for k in reversed(range(len(refs))):
+                        is_arg, j = refs[k]
+                        value = xs[j] if is_arg else vals.get(j)
+                        if value is None:  # guarded off here, so never the branch taken
+                            continue
+                        value = broadcast(value, shape, dtype)
+                        out = value if out is None else select(picked[which] == k, value, out)
+                    if out is None:
+                        raise UndefinedPointError(f"{fn[3]} has no definition at this point")
+                    vals[op.id] = out
                     continue
                 ins = [xs[k] if is_arg else vals[k] for is_arg, k in refs]
                 extra = {name: xs[k] for name, k in dynamic.items()}
@@ -296,7 +348,15 @@ class Fusion:
         key = (tuple(m.id for m in region.ops), tuple(arg_keys), tuple(sorted(outs)))
         fused = gen.const("REGION", gen.backend.fuse(key, run))
         gen.emit(depth, f"_sel = ({''.join(f'{s}, ' for s in selectors)})")
-        gen.emit(depth, f"_r = {fused}(_sel, {', '.join(args)})")
+        picks_src = "None"
+        if picks:
+            gen.ns.setdefault("OPTIONAL", _optional)
+            gen.ns.setdefault("PICKS", _picks)
+            gen.emit(depth, f"_pk = ({''.join(f'{p}, ' for p in picks)})")
+            merges = gen.const("MERGES", [op.where() for op in region.ops if op.id in merge_ids])
+            gen.emit(depth, f"if -1 in _pk: PICKS(_pk, {merges})")
+            picks_src = "PICKS(_pk)"
+        gen.emit(depth, f"_r = {fused}(_sel, {picks_src}, {', '.join(args)})")
         for op in region.ops:
             body = depth
             if op.guard != TRUE:

@@ -489,6 +489,18 @@ class RowStore(dict):
             del self.lazy[key[:-1]]  # no row left to split out: drop the array
         return _Released(entry[2])
 
+    def pop_prefix(self, prefix: tuple, nbytes: Callable[[Any], int]) -> int:
+        """Drop every point under ``prefix`` at once (whole stacked arrays, not row by row);
+        the bytes released, as ``nbytes`` counts each point."""
+        n = len(prefix)
+        released = 0
+        for outer in [o for o in self.lazy if o[:n] == prefix]:
+            entry = self.lazy.pop(outer)
+            released += nbytes(_Released(entry[2])) * len(entry[1])
+        for point in [p for p in dict.keys(self) if p[:n] == prefix]:
+            released += nbytes(dict.pop(self, point))
+        return released
+
     def keys(self) -> Any:
         lazy = [(*o, k) for o, entry in self.lazy.items() for k in entry[1]]
         return list(dict.keys(self)) + lazy

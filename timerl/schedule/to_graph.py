@@ -95,7 +95,9 @@ _NAMED: dict[str, frozenset[str]] = {
     "reduction": frozenset({"sum", "max", "argmax"}),
     "matmul": frozenset({"matmul"}),
     "sort": frozenset({"argsort"}),
-    "tuple_source": frozenset({"udf"}),  # returns a tuple its tuple_get readers take apart
+    "tuple_source": frozenset(
+        {"udf", "pure_call"}
+    ),  # returns a tuple its tuple_get readers take apart
     "tuple_part": frozenset({"tuple_get"}),
     "picks": frozenset({"merge"}),  # hands back one of its inputs, chosen per point
     "ordered": frozenset({"udf"}),  # keeps its place among the effects even if not marked one
