@@ -115,6 +115,29 @@ def test_simplify_removes_a_gradient_with_one_contribution():
     close(tl.evaluate(out), want)
 
 
+def test_simplify_removes_a_detach_once_gradients_are_built():
+    """A compiled program differentiates nothing more: a detach is its input (counted once,
+    as the same array is), and the values and gradients stay the reference's."""
+    ctx, t, T = ctx_t()
+    with ctx:
+        w = tl.from_numpy(np.linspace(-1, 1, 4), requires_grad=True)
+        g = (w * 2.0).tanh()
+        loss = (g * g.detach()).sum()
+        loss.backward()
+        out = w.grad.detach() * 1.5
+    spec = _spec(ctx, [out, loss], {})
+    given = eliminate_dead_code(spec)
+    assert [op for op in given.ops if op.prim == "detach"]
+    simple = simplify(given)
+    assert not [op for op in simple.ops if op.prim == "detach"]
+    for a, b in zip(
+        tl.evaluate([out, loss]), tl.evaluate([out, loss], optimize=False), strict=True
+    ):
+        close(a, b)
+    x = np.tanh(2 * np.linspace(-1, 1, 4))
+    close(tl.evaluate(out), 1.5 * x * 2 * (1 - x**2))
+
+
 def test_simplify_keeps_a_broadcasting_identity():
     # x * ones((3,)) changes x's shape: not an identity
     ctx, t, T = ctx_t()

@@ -138,3 +138,71 @@ def test_ppo_with_block_stores_matches_the_reference(backend):
         values.append([c.value(m) for m in metrics])
     for a, b in zip(*values, strict=True):
         np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-5, atol=1e-6)
+
+
+def _held(store) -> int:
+    """What a store keeps: its blocks (an alias's are another block's memory) or its points."""
+    return len(store.blocks) if hasattr(store, "blocks") else len(store)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_an_alias_of_a_block_is_freed_with_its_block(compiled):
+    """A reshape at each point of a block is the block's rows: its store references the
+    block, so it must drop it when the block is freed, or every iteration's block stays."""
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((6,), domain=(i, t))
+        x[i, 0] = tl.full((6,), 1.0) * tl.full((), i)
+        d = x[i, t].reshape((2, 3))  # on the recurrence: computed in the loop over t
+        a = (d * 0.5).tanh()  # read at every t: d is computed at every t
+        x[i, t + 1] = a.reshape((6,)) + 0.1
+        total = x[i, 0:T].sum(0).sum(0) + a[i, 0:T].sum(0).sum(0)
+    bounds = {"I": 4, "T": 6}
+    ref = ctx.compile(bounds=bounds, outputs=[total], optimize=False, seed=1)
+    prog = ctx.compile(bounds=bounds, outputs=[total], seed=1)
+    kinds = _storage_kinds(prog)
+    assert kinds[d.name] == "alias" and kinds[x.name] == "block", kinds
+    prog.run(compiled=compiled)
+    np.testing.assert_allclose(_values(ref, [total])[0], np.asarray(prog.value(total)), rtol=1e-6)
+    stores = prog._executor().stores
+    assert _held(stores[d.op.id]) == 0
+    left = {op.label: _held(stores[op.id]) for op in prog.ops if op.id not in prog.keep}
+    assert not any(left.values()), left
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_a_block_read_through_a_view_at_the_first_update_is_freed_there(compiled):
+    """The rollout's rows read as an update's starting value (``z[i, 0] = x[i, 0:T]``) are
+    dead after the update's first point: the block is freed in that iteration, not after
+    the update loop, so it is not counted beside the value that took it over."""
+    ctx = tl.Context(dims=("i", "t", "u"))
+    i, t, u = ctx.dims
+    I, T, U = ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((64,), domain=(i, t))
+        x[i, 0] = tl.full((64,), 1.0) * tl.full((), i)
+        x[i, t + 1] = (x[i, t] * 0.5).tanh() + 0.1
+        z = tl.RecurrentTensor.placeholder((T, 64), domain=(i, u))
+        z[i, 0] = x[i, 0:T].detach()  # a view of the block, read at u == 0
+        z[i, u + 1] = (z[i, u] * 0.9).tanh()
+        total = z[i, U - 1].sum(0).sum(0)
+    bounds = {"I": 3, "T": 50, "U": 4}
+    ref = ctx.compile(bounds=bounds, outputs=[total], optimize=False, seed=1)
+    prog = ctx.compile(bounds=bounds, outputs=[total], seed=1)
+    assert _storage_kinds(prog)[x.name] == "block"
+
+    def free_depth(body, depth=0):
+        for s in body:
+            if isinstance(s, Free) and s.op.id == x.op.id:
+                yield depth, s
+            elif hasattr(s, "body"):
+                yield from free_depth(s.body, depth + 1)
+
+    frees = list(free_depth(prog.schedule.body))
+    assert frees and all(depth == 2 for depth, _ in frees), frees  # inside i, then u
+    planned = prog.planned_peak().peak_bytes
+    prog.run(compiled=compiled)
+    assert prog.stats()["peak_bytes"] == planned
+    np.testing.assert_allclose(_values(ref, [total])[0], np.asarray(prog.value(total)), rtol=1e-6)

@@ -69,6 +69,7 @@ CASES: dict[str, list[tuple[list, dict]]] = {
         ([f32(3, 4)], {"axes": ()}),
         ([bools(3, 4)], {"axes": (1,), "_sum": True}),
     ],
+    "sumsq": [([f32(3, 4, 2)], {}), ([f32()], {})],
     "max": [([f32(3, 4, 2)], {"axes": (1,)}), ([f32(3, 4)], {"axes": None, "keepdims": True})],
     "argmax": [([f32(3, 4)], {"axis": 1}), ([f32(3, 4)], {"axis": 0, "keepdims": True})],
     "reshape": [([f32(3, 4)], {"shape": (2, 6)}), ([f32(1)], {"shape": ()})],
@@ -92,6 +93,7 @@ CASES: dict[str, list[tuple[list, dict]]] = {
     "argsort": [([np.array([[3.0, 1.0, 3.0, 0.0]], dtype=np.float32)], {"axis": 1})],
     "full": [([], {"shape": (2, 3), "value": 1.5, "dtype": "float32"})],
     "const": [([], {"value": f32(2, 3)})],
+    "orthogonal": [([], {"shape": (5, 3), "dtype": "float32", "gain": 1.5, "seed": 3})],
     "iota": [([], {"length": 4}), ([], {"length": 3, "dtype": "float32"})],
     "uniform": [([], {"shape": (2, 3), "dtype": "float32", "key": (7, 1, 2)})],
     "normal": [([], {"shape": (4,), "dtype": "float64", "key": (7, 3)})],
@@ -323,3 +325,19 @@ def test_jax_traced_attributes_are_taken_as_traced_scalars():
                 np.testing.assert_allclose(got, ref, rtol=1e-6)
                 assert got.dtype == ref.dtype
             assert len(traces) == 1, name
+
+
+def test_sumsq_is_the_sum_of_squares_and_its_gradient_twice_the_input():
+    import timerl as tl
+
+    x = np.linspace(-2, 3, 12).reshape(3, 4)
+    with tl.Context(dims=("t",)):
+        w = tl.from_numpy(x, requires_grad=True)
+        loss = w.square_sum()
+        loss.backward()
+        outs = [loss, w.grad]
+    got, grad = tl.evaluate(outs)
+    np.testing.assert_allclose(got, (x.astype(np.float32) ** 2).sum(), rtol=1e-6)
+    np.testing.assert_allclose(grad, 2 * x, rtol=1e-6)
+    with pytest.raises(Exception, match="floating-point"):
+        prims.get("sumsq").infer([()], [np.dtype("int64")], {})

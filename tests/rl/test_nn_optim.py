@@ -75,6 +75,29 @@ def test_orthogonal_init_is_orthogonal(rows, cols, gain):
     np.testing.assert_allclose(gram, gain**2 * np.eye(min(rows, cols)), atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_initial_weights_are_drawn_at_run_time_and_freed(backend, compiled):
+    """The program holds a weight's seed, not its initial array: the value read at i == 0 is
+    the orthogonal draw of that seed, and no store keeps it after the first iteration."""
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    with ctx:
+        lin = tl.nn.Linear(64, 16, seed=5)
+        w = lin.weight
+        w[i + 1] = w[i] * 0.5  # an update (as an optimiser's)
+        s = w[i].sum(0).sum(0)
+    prog = ctx.compile(bounds={"I": 3}, outputs=[w, s], backend=backend)
+    assert not any(op.prim == "const" and op.attrs["value"].size >= 64 * 16 for op in prog.ops)
+    prog.run(compiled=compiled)
+    expect = tl.nn.orthogonal(64, 16, math.sqrt(2), np.random.default_rng(5))
+    got = np.asarray(prog.value(w))
+    np.testing.assert_array_equal(got[0], expect)
+    np.testing.assert_allclose(got[2], expect * 0.25, rtol=1e-6)
+    init = next(op for op in prog.ops if op.prim == "orthogonal")
+    assert not prog._executor().stores[init.id]
+
+
 def test_init_is_seeded():
     def weights(seed):
         with tl.Context(dims=("i", "t")):

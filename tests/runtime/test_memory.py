@@ -30,6 +30,41 @@ def _ppo(optimize: bool, backend: str = "numpy"):
     return c, metrics
 
 
+def _held(store) -> int:
+    """What a store keeps: its blocks (an alias's are another block's memory) or its points."""
+    return len(store.blocks) if hasattr(store, "blocks") else len(store)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_no_store_of_ppo_grows_with_the_iterations(compiled):
+    """A training run does not leak: after 4 iterations every store that is not an output
+    holds what it holds after 2 (the same program, compiled from one context)."""
+    prog = ppo(
+        env_id="Synthetic-v0",
+        num_envs=2,
+        num_steps=16,
+        hidden=(8,),
+        env_kwargs={"obs_shape": (3, 4, 4), "episode_length": 1000, "action_dim": 2},
+    )
+    metrics = list(prog.metrics.values())
+    held = []
+    for iterations in (2, 4):
+        c = prog.ctx.compile(bounds={"I": iterations, **prog.bounds}, outputs=metrics)
+        assert any(s.kind == "alias" for s in c.compiled.storage.values())
+        c.run(compiled=compiled)
+        stores = c._executor().stores
+        held.append(
+            {op.id: (op.label, _held(stores[op.id])) for op in c.ops if op.id not in c.keep}
+        )
+    # (constants folded at compile time are new ops in each program: compared by id, the rest)
+    both = held[0].keys() & held[1].keys()
+    assert len(both) > 0.9 * len(held[0])
+    grown = {
+        held[0][k][0]: (held[0][k][1], held[1][k][1]) for k in both if held[1][k][1] > held[0][k][1]
+    }
+    assert not grown, grown
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_ppo_rollout_memory_is_one_rollout(backend):
     prog, metrics = _ppo(True, backend)

@@ -17,18 +17,15 @@ import numpy as np
 from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import ProgramError
+from timerl.ir.build import apply
 from timerl.ir.graph import View
+from timerl.ir.prims import orthogonal_array
 from timerl.symbolic import Dim
 
 
 def orthogonal(rows: int, cols: int, gain: float, rng: np.random.Generator) -> np.ndarray:
     """An orthogonal init (well-conditioned at depth; the usual choice for RL policies)."""
-    a = rng.standard_normal((max(rows, cols), min(rows, cols)))
-    q, r = np.linalg.qr(a)
-    q *= np.sign(np.diag(r))
-    if rows < cols:
-        q = q.T
-    return (gain * q[:rows, :cols]).astype(np.float32)
+    return orthogonal_array(rows, cols, gain, rng)
 
 
 class Module:
@@ -128,16 +125,32 @@ class _Bound(RecurrentTensor):
         super().__init__(t.view, t.ctx, requires_grad=True)
 
 
-def _param(value: np.ndarray, domain: tuple[Dim, ...], name: str) -> RecurrentTensor:
+def _param(
+    value: np.ndarray | RecurrentTensor, domain: tuple[Dim, ...], name: str
+) -> RecurrentTensor:
     from timerl.api.context import from_numpy
 
-    p = RecurrentTensor.placeholder(value.shape, value.dtype, domain, requires_grad=True, name=name)
-    init = from_numpy(value, name=f"{name}.init")
+    init = value if isinstance(value, RecurrentTensor) else from_numpy(value, name=f"{name}.init")
+    p = RecurrentTensor.placeholder(init.shape, init.dtype, domain, requires_grad=True, name=name)
     if domain:
         p[tuple(0 for _ in domain)] = init
     else:
         p[True] = init
     return p
+
+
+def _orthogonal_init(rows: int, cols: int, gain: float, seed: int, name: str) -> RecurrentTensor:
+    """An orthogonal init drawn when the program runs: the program holds its seed, not the
+    array, so the initial weights are freed once the first iteration has read them."""
+    view = apply(
+        "orthogonal",
+        name=name,
+        shape=(rows, cols),
+        dtype=np.dtype(np.float32),
+        gain=float(gain),
+        seed=int(seed),
+    )
+    return RecurrentTensor(view, current())
 
 
 def _default_domain(domain: Sequence[Dim] | None) -> tuple[Dim, ...]:
@@ -162,10 +175,9 @@ class Linear(Module):
     ) -> None:
         ctx = current()
         dom = _default_domain(domain)
-        rng = np.random.default_rng(seed if seed is not None else ctx.next_stream())
-        self.weight = _param(
-            orthogonal(in_features, out_features, gain, rng), dom, f"{name}.weight"
-        )
+        stream = seed if seed is not None else ctx.next_stream()
+        init = _orthogonal_init(in_features, out_features, gain, stream, f"{name}.weight.init")
+        self.weight = _param(init, dom, f"{name}.weight")
         self.bias = (
             _param(np.zeros(out_features, np.float32), dom, f"{name}.bias") if bias else None
         )

@@ -92,7 +92,7 @@ class Optimizer:
                 raise ProgramError(f"optimizer.step(): {p.name} has no .grad; call loss.backward()")
             grads.append(p.grad.detach())
         if self.max_grad_norm is not None:
-            total = sum(((g * g).sum() for g in grads[1:]), (grads[0] * grads[0]).sum())
+            total = sum((g.square_sum() for g in grads[1:]), grads[0].square_sum())
             scale = (self.max_grad_norm / (total.sqrt() + 1e-6)).clamp(max=1.0)
             grads = [g * scale for g in grads]
         return grads

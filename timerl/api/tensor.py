@@ -373,6 +373,10 @@ class RecurrentTensor:
         src = self.to("int64") if self.dtype == np.dtype(bool) else self
         return self._new(apply("sum", src.view, axes=self._axes(dim), keepdims=keepdim))
 
+    def square_sum(self) -> RecurrentTensor:
+        """``(x * x).sum()`` as one reduction: no array of squares (a gradient norm's cost)."""
+        return self._new(apply("sumsq", self.view))
+
     def mean(
         self, dim: int | Sequence[int] | None = None, keepdim: bool = False
     ) -> RecurrentTensor:

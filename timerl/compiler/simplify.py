@@ -203,6 +203,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "cast": (no_op_cast,),
     "reshape": (no_op_cast,),
     "identity": (no_op_cast,),
+    "detach": (no_op_cast,),
     "add_n": (no_op_cast,),
 }
 

@@ -35,6 +35,7 @@ from timerl.ir.graph import Op
 from timerl.schedule.liveness import add_frees, window_lag
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice, always_eq
+from timerl.symbolic.expr import Condition
 
 # primitives whose output is the input array itself or a view of it on a contiguous input
 VIEW_PRIMS = frozenset({"identity", "detach", "reshape"})
@@ -251,25 +252,27 @@ def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[in
 
 def alias_reads(
     ops: Iterable[Op], table: Mapping[int, Storage]
-) -> dict[int, list[tuple[Op, tuple]]]:
-    """For each block with views: every read of a view, as a read of the whole block.
+) -> dict[int, list[tuple[Op, tuple, Condition]]]:
+    """For each block with views: every read of a view, as a read of the whole block, under
+    the read's condition.
 
     Liveness adds these to the block's readers, so the block is freed after its views' last
-    reader (a view keeps its base alive).
+    reader (a view keeps its base alive); a block read through a view only at a loop's
+    first point (an update reading the rollout's rows at ``u == 0``) is freed there.
     """
-    out: dict[int, list[tuple[Op, tuple]]] = {}
+    out: dict[int, list[tuple[Op, tuple, Condition]]] = {}
     for op in ops:
         for e in op.inputs:
             st = table.get(e.src.id)
             if st is None or st.kind not in ("view", "alias") or st.base is None:
                 continue
             if st.kind == "alias":  # the same point of the block
-                out.setdefault(st.base, []).append((op, tuple(e.index)))
+                out.setdefault(st.base, []).append((op, tuple(e.index), e.cond))
                 continue
             dim = table[st.base].dim
             assert dim is not None
             whole = Slice(Const(0), dim.bound)
-            out.setdefault(st.base, []).append((op, tuple(e.index) + (whole,)))
+            out.setdefault(st.base, []).append((op, tuple(e.index) + (whole,), e.cond))
     return out
 
 
@@ -289,12 +292,47 @@ def plan_storage(
     table = analyse(planned, ops, static, keep)
     extra = alias_reads(ops, table)
     if not extra:
-        return planned, table
+        return free_aliases_with_base(planned, ops, table), table
     again = add_frees(scheduled, ops, keep, extra)
     second = analyse(again, ops, static, keep)
     if all(second.get(i) == s for i, s in table.items()):
-        return again, second
+        return free_aliases_with_base(again, ops, second), second
     for i, s in list(table.items()):
         if s.kind in ("view", "alias"):
             table[i] = Storage("point", "a view whose block cannot outlive it")
     return planned, table
+
+
+def free_aliases_with_base(
+    sched: Schedule, ops: Iterable[Op], table: Mapping[int, Storage]
+) -> Schedule:
+    """An alias's blocks are freed where its base's are, not where its own points die.
+
+    An alias's rows are its base block reshaped, so its store holds a reference to that
+    block; liveness frees the alias point by point (it was planned as a point store), and a
+    point free releases no block. Without a whole-block free the alias would keep every
+    iteration's base block alive. The base outlives every reader of its aliases
+    (``alias_reads``), so its frees are the alias's too."""
+    aliases: dict[int, list[Op]] = {}
+    for op in ops:
+        st = table.get(op.id)
+        if st is not None and st.kind == "alias" and st.base is not None:
+            aliases.setdefault(st.base, []).append(op)
+    if not aliases:
+        return sched
+    moved = {op.id for group in aliases.values() for op in group}
+
+    def rebuild(body: list[Stmt]) -> list[Stmt]:
+        out: list[Stmt] = []
+        for s in body:
+            if isinstance(s, Loop):
+                out.append(Loop(s.dim, s.forward, rebuild(s.body), s.until))
+            elif isinstance(s, Free) and s.op.id in moved:
+                continue
+            else:
+                out.append(s)
+                if isinstance(s, Free):
+                    out.extend(Free(a, s.prefix, s.pinned) for a in aliases.get(s.op.id, ()))
+        return out
+
+    return Schedule(rebuild(sched.body))

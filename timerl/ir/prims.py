@@ -380,6 +380,21 @@ register(Prim("sum", _infer_reduce, _np_reduce(np.sum), _vjp_sum))
 register(Prim("max", _infer_reduce, _np_reduce(np.max), _vjp_max))
 
 
+def _infer_sumsq(shapes, dtypes, attrs):
+    if not np.issubdtype(dtypes[0], np.floating):
+        raise ShapeError(f"sumsq needs a floating-point input, got {dtypes[0]}")
+    return (), dtypes[0]
+
+
+def _vjp_sumsq(ap, op, i, o, g):
+    return [ap("mul", ap("add", i[0], i[0]), g)]
+
+
+# the sum of all squares without the squares as an array (a gradient's norm: one dot product,
+# not a temporary the size of the weights)
+register(Prim("sumsq", _infer_sumsq, lambda x: np.asarray(np.vdot(x, x)), _vjp_sumsq))
+
+
 def _infer_argmax(shapes, dtypes, attrs):
     shape = shapes[0]
     axis = norm_axis(attrs["axis"], len(shape))
@@ -762,6 +777,26 @@ register(
 )
 
 
+def orthogonal_array(rows: int, cols: int, gain: float, rng: np.random.Generator) -> np.ndarray:
+    """An orthogonal init (well-conditioned at depth; the usual choice for RL policies)."""
+    a = rng.standard_normal((max(rows, cols), min(rows, cols)))
+    q, r = np.linalg.qr(a)
+    q *= np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return (gain * q[:rows, :cols]).astype(np.float32)
+
+
+def _np_orthogonal(shape, dtype, gain, seed):
+    rows, cols = (int(n) for n in shape)
+    return orthogonal_array(rows, cols, gain, np.random.default_rng(seed)).astype(dtype)
+
+
+# a weight's initial value drawn when the program runs, from its seed: unlike a ``const`` it
+# holds no array, so once read (at i == 0) its memory goes back
+register(Prim("orthogonal", _declared, _np_orthogonal, None, differentiable=False))
+
+
 def _np_uniform(shape, dtype, key, batch=()):
     return counter_rng.uniform(np, key, tuple(shape), dtype, batch)
 
@@ -930,6 +965,7 @@ def _declare(names: tuple[str, ...], cost: Callable | None = None, **flags: bool
 for _p in list(REGISTRY.values()):
     _declare((_p.name,), elementwise=_p.elementwise, random=_p.keyed, fresh=_p.elementwise)
 _declare(("sum", "max", "argmax"), reduction=True, cost=lambda o, i, a: float(i[0]))
+_declare(("sumsq",), reduction=True, cost=lambda o, i, a: 2.0 * float(i[0]))
 _declare(("cumsum",), cost=lambda o, i, a: float(i[0]))
 _declare(("argsort",), cost=lambda o, i, a: float(i[0]) * max(np.log2(max(i[0], 2)), 1.0))
 # matmul: 2 m n k operations; out = m n (batched), the first input m k
@@ -945,4 +981,5 @@ _declare(("merge",), piecewise=True)
 _declare(("udf",), host=True)
 _declare(("pure_call",), multi_output=True)
 _declare(("const", "full", "iota"), constant=True)
+_declare(("orthogonal",), fresh=True)
 _declare(("expand",), broadcast=True)

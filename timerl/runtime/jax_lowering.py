@@ -102,6 +102,7 @@ def _reduce(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 register_lowering("sum", _reduce(jnp.sum))
+register_lowering("sumsq", lambda x: jnp.vdot(x, x))
 register_lowering("max", _reduce(jnp.max))
 register_lowering(
     "argmax", lambda x, axis, keepdims=False: jnp.argmax(x, axis=axis, keepdims=keepdims)
@@ -188,6 +189,7 @@ register_lowering(
     "full", lambda shape, value, dtype: jnp.full(tuple(shape), value, dtype=np.dtype(dtype))
 )
 register_lowering("const", lambda value: jnp.asarray(value))
+register_lowering("orthogonal", lambda **attrs: jnp.asarray(REGISTRY["orthogonal"].impl(**attrs)))
 register_lowering("iota", lambda length, dtype="int64": jnp.arange(length, dtype=np.dtype(dtype)))
 
 

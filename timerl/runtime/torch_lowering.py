@@ -110,6 +110,7 @@ def _reduce(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 register_lowering("sum", _reduce(torch.sum))
+register_lowering("sumsq", lambda x: torch.dot(x.reshape(-1), x.reshape(-1)))
 register_lowering("max", _reduce(torch.amax))
 register_lowering(
     "argmax", lambda x, axis, keepdims=False: torch.argmax(x, dim=axis, keepdim=keepdims)
@@ -206,6 +207,9 @@ register_lowering(
     "full", lambda shape, value, dtype: torch.full(tuple(shape), value, dtype=torch_dtype(dtype))
 )
 register_lowering("const", lambda value: torch.as_tensor(value))
+register_lowering(
+    "orthogonal", lambda **attrs: torch.as_tensor(REGISTRY["orthogonal"].impl(**attrs))
+)
 register_lowering(
     "iota",
     lambda length, dtype="int64": torch.arange(length, dtype=torch_dtype(dtype)),

@@ -64,13 +64,14 @@ def _pinned(index: Expr | Slice, allowed: set[Symbol]) -> Expr | None:
 
 
 class _Read:
-    """A read that is not an edge of the graph: a view's reader reading the view's base."""
+    """A read that is not an edge of the graph: a view's reader reading the view's base
+    (under the condition of its read of the view: ``merge(x[0:T] if u == 0, ...)``)."""
 
-    __slots__ = ("index",)
-    cond = TRUE
+    __slots__ = ("index", "cond")
 
-    def __init__(self, index: tuple) -> None:
+    def __init__(self, index: tuple, cond: Condition = TRUE) -> None:
         self.index = index
+        self.cond = cond
 
 
 def _at_first(cond: Condition, loop: Loop) -> bool:
@@ -90,9 +91,9 @@ def add_frees(
     sched: Schedule,
     ops: Iterable[Op],
     keep: set[int],
-    alias_reads: Mapping[int, list[tuple[Op, tuple]]] | None = None,
+    alias_reads: Mapping[int, list[tuple[Op, tuple, Condition]]] | None = None,
 ) -> Schedule:
-    """Frees after each buffer's last reader; ``alias_reads`` (op id -> (reader, index)) adds
+    """Frees after each buffer's last reader; ``alias_reads`` (op id -> (reader, index, cond)) adds
     reads that reach a buffer through a view of it (see ``compiler/storage.py``)."""
     ops = list(ops)
     pos: dict[int, tuple] = {}
@@ -102,7 +103,7 @@ def add_frees(
         for e in op.inputs:
             readers.setdefault(e.src.id, []).append((op, e))
     for src, extra in (alias_reads or {}).items():
-        readers.setdefault(src, []).extend((r, _Read(index)) for r, index in extra)
+        readers.setdefault(src, []).extend((r, _Read(index, cond)) for r, index, cond in extra)
     inserts: dict[tuple, list[Free]] = {}  # (body path, index after which) -> frees
 
     def node_at(path: tuple) -> Loop | None:
