@@ -37,11 +37,10 @@ from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice, always_eq
 from timerl.symbolic.expr import Condition
 
-# primitives whose output is the input array itself or a view of it on a contiguous input
-VIEW_PRIMS = frozenset({"identity", "detach", "reshape"})
-# primitives whose output is always a view (numpy and torch), but a strided one: a reshape
-# of it may copy
-STRIDED_VIEW_PRIMS = frozenset({"permute", "expand"})
+
+def _whole_view(op: Op) -> str | None:
+    """``"contiguous"``/``"strided"`` for a view of its whole input (``Traits.whole_view``)."""
+    return prims.get(op.prim).traits.whole_view
 
 
 @dataclass(frozen=True)
@@ -193,7 +192,9 @@ def _ring(op, loop, frees, readers, around, static) -> Storage | None:
 
 
 def _is_alias(op: Op, table: Mapping[int, Storage], around: Mapping, keep: set[int]) -> bool:
-    if op.prim not in VIEW_PRIMS or op.id in keep or len(op.inputs) != 1 or op.guard != TRUE:
+    if _whole_view(op) != "contiguous" or op.id in keep or len(op.inputs) != 1:
+        return False
+    if op.guard != TRUE:
         return False
     e = op.inputs[0]
     src = table.get(e.src.id)
@@ -212,8 +213,9 @@ def _is_alias(op: Op, table: Mapping[int, Storage], around: Mapping, keep: set[i
 def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[int, bool] | None:
     """The block op whose memory ``op``'s value aliases (and whether the view is contiguous),
     if it only aliases one."""
-    strided = op.prim in STRIDED_VIEW_PRIMS
-    if not (op.prim in VIEW_PRIMS or strided) or op.id in keep or len(op.inputs) != 1:
+    kind = _whole_view(op)
+    strided = kind == "strided"
+    if kind is None or op.id in keep or len(op.inputs) != 1:
         return None
     if op.guard != TRUE or op.id not in table:
         return None

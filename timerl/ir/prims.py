@@ -54,6 +54,11 @@ class Traits:
     # its kernel always returns a new array of its own, never an input's buffer, so a later op
     # may write into it (donation)
     fresh: bool = False
+    # a view of its whole input: ``"contiguous"`` when it is the input's buffer or a
+    # contiguous view of a contiguous input (identity, detach, reshape), ``"strided"`` when it
+    # is always a view but may be strided, so a reshape of it may copy (permute, expand);
+    # storage lets a block's rows be read through such views without a copy
+    whole_view: str | None = None
 
     @property
     def mergeable(self) -> bool:
@@ -976,6 +981,8 @@ _declare(
     fresh=False,
     cost=lambda o, i, a: 0.0,
 )
+_declare(("identity", "detach", "reshape"), whole_view="contiguous")
+_declare(("permute", "expand"), whole_view="strided")
 _declare(("detach",), stops_gradient=True)
 _declare(("merge",), piecewise=True)
 _declare(("udf",), host=True)

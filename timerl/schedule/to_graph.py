@@ -37,7 +37,7 @@ Modelling choices, all at the bounds the program was compiled with:
   other op the element count of its output. No per-op launch constant is added.
 * **Views**: ops whose numpy lowering returns its single input's buffer or a view of it
   (``reshape``, ``permute``, ``expand``, ``identity``, ``detach``, ``select_at``, ``narrow``,
-  ``tuple_get``, ``getitem`` with a basic key, ``add_n`` of one operand) are ``alias_of`` that
+  ``tuple_get``, ``getitem`` with a basic key) are ``alias_of`` that
   input and cost 0. ``merge`` (a piecewise definition) hands back the value of the branch that
   applies at the point. When every branch is read from outside the block (parameters at the
   first update, ``obs[i, t]`` from the reset or the previous step) the merge is a source of the
@@ -101,7 +101,6 @@ _NAMED: dict[str, frozenset[str]] = {
     "tuple_part": frozenset({"tuple_get"}),
     "picks": frozenset({"merge"}),  # hands back one of its inputs, chosen per point
     "ordered": frozenset({"udf"}),  # keeps its place among the effects even if not marked one
-    "view_if_one_input": frozenset({"add_n"}),  # add_n of one operand returns it
     "view_if_basic_key": frozenset({"getitem"}),
 }
 
@@ -352,7 +351,7 @@ def _is_view(op: Op) -> bool:
     if len(op.inputs) != 1:
         return False
     traits = op_traits(op.prim)
-    if "view" in traits or "view_if_one_input" in traits:
+    if "view" in traits:
         return True
     if "view_if_basic_key" in traits:
         return _basic_key(op.attrs.get("key", ()))
