@@ -33,6 +33,7 @@ from timerl.api.tensor import RecurrentTensor
 from timerl.errors import EnvError
 from timerl.ir.build import apply
 from timerl.rl.jax_envs import make_jax_env
+from timerl.rl.vector_env import EpisodeTally
 from timerl.symbolic import Dim
 
 
@@ -77,49 +78,27 @@ class EpisodeReturns:
     def __init__(self, env_id: str, num_envs: int) -> None:
         self.env_id = env_id
         self.num_envs = num_envs
-        self._running = np.zeros(num_envs, np.float64)
-        self._length = np.zeros(num_envs, np.int64)
-        self._done_returns: list[float] = []
-        self._done_lengths: list[int] = []
+        self.episodes = EpisodeTally(num_envs)
 
     def record(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
         """Add one iteration's ``(T, num_envs)`` rewards and dones."""
         for r, d in zip(np.asarray(reward), np.asarray(done, dtype=bool), strict=True):
-            self._running += r
-            self._length += 1
-            idx = np.flatnonzero(d)
-            self._done_returns.extend(self._running[idx].tolist())
-            self._done_lengths.extend(self._length[idx].tolist())
-            self._running[idx] = 0.0
-            self._length[idx] = 0
+            self.episodes.add(r, d)
         return np.zeros((), bool)
 
     def completed_returns(self) -> np.ndarray:
-        out = np.asarray(self._done_returns, dtype=np.float64)
-        self._done_returns = []
-        return out
+        return self.episodes.completed_returns()
 
     def completed_lengths(self) -> np.ndarray:
-        out = np.asarray(self._done_lengths, dtype=np.int64)
-        self._done_lengths = []
-        return out
+        return self.episodes.completed_lengths()
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "env_id": self.env_id,
-            "running": self._running.copy(),
-            "length": self._length.copy(),
-            "done_returns": list(self._done_returns),
-            "done_lengths": list(self._done_lengths),
-        }
+        return {"env_id": self.env_id, **self.episodes.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("env_id") != self.env_id:
             raise EnvError(f"{self.env_id}: saved env state is for {state.get('env_id')!r}")
-        self._running = np.asarray(state["running"], np.float64).copy()
-        self._length = np.asarray(state["length"], np.int64).copy()
-        self._done_returns = list(state["done_returns"])
-        self._done_lengths = list(state["done_lengths"])
+        self.episodes.load_state_dict(state)
 
     def close(self) -> None:
         pass

@@ -339,11 +339,12 @@ class RayVectorEnv(VectorEnv):
             ended = np.flatnonzero(done)
             keep = ~np.isin(ended, self._lost)
             n = len(ended)
-            self._done_returns[-n:] = [
-                r for r, k in zip(self._done_returns[-n:], keep, strict=True) if k
+            tally = self.episodes
+            tally.done_returns[-n:] = [
+                r for r, k in zip(tally.done_returns[-n:], keep, strict=True) if k
             ]
-            self._done_lengths[-n:] = [
-                x for x, k in zip(self._done_lengths[-n:], keep, strict=True) if k
+            tally.done_lengths[-n:] = [
+                x for x, k in zip(tally.done_lengths[-n:], keep, strict=True) if k
             ]
         return obs, reward, done
 

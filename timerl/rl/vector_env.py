@@ -24,6 +24,61 @@ def register_native(env_id: str, factory: Callable[..., VectorEnv]) -> None:
     _NATIVE[env_id] = factory
 
 
+class EpisodeTally:
+    """Running return and length of each env's episode, and the episodes ended since last asked.
+
+    Shared by every kind of env (stepped on the host, or pure ops of the program whose rewards
+    are counted after the rollout), so the training driver reads one format."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.running_return = np.zeros(num_envs, dtype=np.float64)
+        self.running_length = np.zeros(num_envs, dtype=np.int64)
+        self.done_returns: list[float] = []
+        self.done_lengths: list[int] = []
+
+    def restart(self) -> None:
+        """Every env starts a new episode (its partial return is dropped)."""
+        self.running_return[:] = 0.0
+        self.running_length[:] = 0
+
+    def add(self, reward: np.ndarray, done: np.ndarray) -> None:
+        """One step of every env; ``done`` ends the episodes it marks (this reward included)."""
+        self.running_return += reward
+        self.running_length += 1
+        if done.any():
+            idx = np.flatnonzero(done)
+            self.done_returns.extend(self.running_return[idx].tolist())
+            self.done_lengths.extend(self.running_length[idx].tolist())
+            self.running_return[idx] = 0.0
+            self.running_length[idx] = 0
+
+    def completed_returns(self) -> np.ndarray:
+        """Returns of the episodes finished since the last call (then forgotten)."""
+        out = np.asarray(self.done_returns, dtype=np.float64)
+        self.done_returns = []
+        return out
+
+    def completed_lengths(self) -> np.ndarray:
+        """Lengths of the episodes finished since the last call (then forgotten)."""
+        out = np.asarray(self.done_lengths, dtype=np.int64)
+        self.done_lengths = []
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "running_return": self.running_return.copy(),
+            "running_length": self.running_length.copy(),
+            "done_returns": list(self.done_returns),
+            "done_lengths": list(self.done_lengths),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.running_return = np.array(state["running_return"], dtype=np.float64)
+        self.running_length = np.array(state["running_length"], dtype=np.int64)
+        self.done_returns = list(state["done_returns"])
+        self.done_lengths = list(state["done_lengths"])
+
+
 class VectorEnv:
     """A batch of ``num_envs`` environments with same-step auto-reset.
 
@@ -60,17 +115,13 @@ class VectorEnv:
         # The obs returned by the last reset()/step(), so a resumed learner can pick up.
         self.last_obs: np.ndarray | None = None
         self._needs_reset = True
-        self._running_return = np.zeros(self.num_envs, dtype=np.float64)
-        self._running_length = np.zeros(self.num_envs, dtype=np.int64)
-        self._done_returns: list[float] = []
-        self._done_lengths: list[int] = []
+        self.episodes = EpisodeTally(self.num_envs)
 
     # -- contract ------------------------------------------------------------------------
     def reset(self) -> np.ndarray:
         """Start a fresh episode in every env; returns obs of shape ``(B, *obs_shape)``."""
         obs = self._reset_batch()
-        self._running_return[:] = 0.0
-        self._running_length[:] = 0
+        self.episodes.restart()
         self.terminated[:] = False
         self.truncated[:] = False
         self.final_obs = None
@@ -94,28 +145,17 @@ class VectorEnv:
         self.truncated = np.asarray(truncated, dtype=bool).reshape(self.num_envs) & ~self.terminated
         done = self.terminated | self.truncated
         self.final_obs = None if final_obs is None else self._as_obs(final_obs)
-        self._running_return += reward
-        self._running_length += 1
-        if done.any():
-            idx = np.flatnonzero(done)
-            self._done_returns.extend(self._running_return[idx].tolist())
-            self._done_lengths.extend(self._running_length[idx].tolist())
-            self._running_return[idx] = 0.0
-            self._running_length[idx] = 0
+        self.episodes.add(reward, done)
         self.last_obs = self._as_obs(obs)
         return self.last_obs, reward, done
 
     def completed_returns(self) -> np.ndarray:
         """Returns of the episodes finished since the last call (then forgotten)."""
-        out = np.asarray(self._done_returns, dtype=np.float64)
-        self._done_returns = []
-        return out
+        return self.episodes.completed_returns()
 
     def completed_lengths(self) -> np.ndarray:
         """Lengths of the episodes finished since the last call (then forgotten)."""
-        out = np.asarray(self._done_lengths, dtype=np.int64)
-        self._done_lengths = []
-        return out
+        return self.episodes.completed_lengths()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this batch later; plain Python/numpy values."""
@@ -124,10 +164,7 @@ class VectorEnv:
             "num_envs": self.num_envs,
             "seed": self.seed,
             "needs_reset": self._needs_reset,
-            "running_return": self._running_return.copy(),
-            "running_length": self._running_length.copy(),
-            "done_returns": list(self._done_returns),
-            "done_lengths": list(self._done_lengths),
+            **self.episodes.state_dict(),
             "last_obs": None if self.last_obs is None else self.last_obs.copy(),
             "sim": self._sim_state(),
         }
@@ -140,10 +177,7 @@ class VectorEnv:
                 f"{state.get('num_envs')} envs, not {self.env_id!r} with {self.num_envs}"
             )
         self.seed = int(state["seed"])
-        self._running_return = np.array(state["running_return"], dtype=np.float64)
-        self._running_length = np.array(state["running_length"], dtype=np.int64)
-        self._done_returns = list(state["done_returns"])
-        self._done_lengths = list(state["done_lengths"])
+        self.episodes.load_state_dict(state)
         self._needs_reset = bool(state["needs_reset"])
         last = state.get("last_obs")
         self.last_obs = None if last is None else np.array(last, dtype=np.float32)
@@ -151,8 +185,7 @@ class VectorEnv:
         if not exact and not self._needs_reset:
             # Only the random streams could be restored: episodes restart at the next reset().
             self._needs_reset = True
-            self._running_return[:] = 0.0
-            self._running_length[:] = 0
+            self.episodes.restart()
 
     def close(self) -> None:
         """Release simulator resources; the env cannot be used afterwards."""
