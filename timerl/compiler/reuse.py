@@ -38,12 +38,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
-from timerl.ir.graph import Edge, Op, consumers, copy_graph, walk
-from timerl.symbolic import TRUE, Bound, Const, Dim, Expr, Slice
+from timerl.ir.graph import Edge, Op, View, consumers, copy_graph, walk
+from timerl.symbolic import TRUE, Bound, Const, Dim, Expr, Slice, as_expr
 from timerl.symbolic.bounds import simplify as simplify_cond
 
 DISABLE_ENV = "TIMERL_NO_REUSE"  # set to 1 to measure the program without this pass
@@ -76,11 +75,14 @@ def _static(x: Expr, static: dict[Bound, int]) -> int | None:
     return int(v.value) if isinstance(v, Const) else None
 
 
-def _attrs_key(op: Op, drop: tuple[str, ...] = ()) -> tuple | None:
+def _at_own_point(src: Op, index: tuple) -> bool:
+    """``src`` read at its own point (``x[i, u]`` from an op over ``(i, u)``)."""
+    return View(src, index).is_identity
+
+
+def _attrs_key(op: Op) -> tuple | None:
     items = []
     for k, v in sorted(op.attrs.items()):
-        if k in drop:
-            continue
         try:
             hash(v)
         except TypeError:
@@ -216,9 +218,7 @@ class _Rollout:
         if e.cond != TRUE or any(isinstance(i, Slice) for i in e.index):
             return None
         if t in e.src.domain:
-            same = e.src.domain == op.domain and all(
-                i is d for i, d in zip(e.index, e.src.domain, strict=True)
-            )
+            same = e.src.domain == op.domain and _at_own_point(e.src, e.index)
             return self.stacked(e.src, t) if same else None
         if any(t in i.symbols() for i in e.index):
             return None
@@ -250,28 +250,19 @@ class _Update:
                 if at0 == TRUE:
                     return self._read(e.src, tuple(i.substitute({u: Const(0)}) for i in e.index))
             return None
-        vals = []
-        for e in op.inputs:
-            if e.cond != TRUE:
-                return None
-            if u in e.src.domain:
-                if not all(i is d for i, d in zip(e.index, e.src.domain, strict=True)):
-                    return None
-                v = self.first(e.src)
-            else:
-                v = self._read(e.src, e.index)
-            if v is None:
-                return None
-            vals.append(v)
+        if any(e.cond != TRUE for e in op.inputs):
+            return None
+        vals = [self._read(e.src, e.index) for e in op.inputs]
+        if any(v is None for v in vals):
+            return None
         return self.num.combine(op, vals)
 
     def _read(self, src: Op, index: tuple) -> _Val | None:
         if any(isinstance(i, Slice) for i in index):
             return None
         if self.u is not None and self.u in src.domain:
-            same = all(i is d for i, d in zip(index, src.domain, strict=True))
-            return self.first(src) if same else None
-        if all(i is d for i, d in zip(index, src.domain, strict=True)):
+            return self.first(src) if _at_own_point(src, index) else None
+        if _at_own_point(src, index):
             v = self.first(src)
             if v is not None:
                 return v
@@ -295,7 +286,7 @@ class _Update:
         e = op.inputs[0]
         src, index = e.src, e.index
         while src.prim in _TRANSPARENT and e.cond == TRUE and src.inputs:
-            if not all(i is d for i, d in zip(index, src.domain, strict=True)):
+            if not _at_own_point(src, index):
                 return None
             e = src.inputs[0]
             src, index = e.src, e.index
@@ -316,7 +307,7 @@ class _Update:
         if steps is None or per_step is None or stacked is None or not stacked.row:
             return None
         shape = op.attrs.get("shape", ())
-        if not shape or _static(Const(0) + shape[0], self.num.static) != steps * per_step:
+        if not shape or _static(as_expr(shape[0]), self.num.static) != steps * per_step:
             return None
         if tuple(map(str, shape[1:])) != tuple(map(str, src.shape[1:])):
             return None
@@ -394,10 +385,7 @@ def reuse_first_iteration(spec: ProgramSpec, notes: list[str] | None = None) -> 
     for r in found:
         q = by_id[r.op.id]
         outside = [
-            (c, e)
-            for c, e in readers[q.id]
-            if c.id not in matched
-            or not all(i is d for i, d in zip(e.index, q.domain, strict=True))
+            (c, e) for c, e in readers[q.id] if c.id not in matched or not _at_own_point(q, e.index)
         ]
         if not outside:
             continue
@@ -450,4 +438,4 @@ def reuse_first_iteration(spec: ProgramSpec, notes: list[str] | None = None) -> 
     return spec.with_ops(walk(spec.roots))
 
 
-__all__: list[Any] = ["Reuse", "find_reuse", "reuse_first_iteration"]
+__all__ = ["Reuse", "find_reuse", "reuse_first_iteration"]
