@@ -148,6 +148,29 @@ def test_a_worker_that_cannot_serve_a_socket_steps_by_plain_calls(monkeypatch):
             np.testing.assert_array_equal(a, b, err_msg=key)
 
 
+def test_an_env_that_raises_in_a_socket_step_is_named_and_every_socket_dropped():
+    env = RayVectorEnv("Synthetic-v0", num_envs=4, seed=0, workers=2, episode_length=7)
+    actions = np.zeros((4, *env.action_shape), np.float32)
+    env.reset()
+    env.step(actions)
+    assert env.direct == [True, True]
+    # worker 1's socket now answers from a worker in this process whose env raises
+    local = ray_env._Worker("Synthetic-v0", 2, 0, "gymnasium", {"episode_length": 7})
+
+    def explode(actions):
+        raise ValueError("simulator exploded")
+
+    local.step = explode
+    _, path = local.serve(env._authkey, env._action_dtype.str)
+    env._drop(1)
+    env._conns[1] = ray_env.Client(path, family="AF_UNIX", authkey=env._authkey)
+    with pytest.raises(EnvError, match="worker 1 failed in step: ValueError: simulator exploded"):
+        env.step(actions)
+    # worker 0's reply was left unread: its socket must not answer a later step
+    assert env._conns == [None, None]
+    env.close()
+
+
 def _ppo(**extra):
     config = {
         "env_id": "Synthetic-v0",

@@ -10,7 +10,10 @@ The per-step cost of Ray, not the env, is what limits the speed-up of a few work
 small machine: an ordinary actor call (submit, schedule, object store, ``ray.get``) costs a few
 milliseconds a step. So each actor on the driver's node also serves its steps over a Unix
 socket of its own (authenticated with a key made per env; a blocking read in a thread of the
-actor): one step is then a send and a receive per actor, a fraction of a millisecond. Actors on
+actor): one step is then a send and a receive per actor, a fraction of a millisecond. The
+socket carries raw array bytes, not pickles: the actions as the driver's dtype, the packed step
+behind a 4-byte tag (``OK``, or ``ERR`` and a pickled exception); pickling a small array costs
+more than sending it. Actors on
 other nodes, or ``direct=False``, use plain actor calls (the socket's thread steps the env, so
 an env that must run on its process's main thread needs ``direct=False``). (Ray Compiled Graphs cut the round
 trip too, but their actors and the driver spin on their channels while they wait, a whole
@@ -38,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import threading
@@ -127,6 +131,8 @@ def _slice_spec(
 _DEAD = object()  # what _gather yields for a worker whose actor died
 # What a restarted actor answers to step: its envs were never reset, the driver starts them over.
 _RESTARTED = np.empty((0, 0), dtype=np.float32)
+# The tag in front of a socket reply: 4 bytes, so the float32 payload behind it stays aligned.
+_OK, _ERR = b"OK\0\0", b"ERR\0"
 
 
 def pack_step(
@@ -193,20 +199,22 @@ class _Worker:
         obs, reward, _ = env.step(actions)
         return pack_step(obs, reward, env.terminated, env.truncated, env.final_obs)
 
-    def serve(self, authkey: bytes) -> tuple[str, str]:
+    def serve(self, authkey: bytes, action_dtype: str) -> tuple[str, str]:
         """Listen for one driver on a fresh Unix socket; (this node's id, the socket path).
 
         A thread accepts the driver, removes the socket file (no one else may connect) and
-        then answers every actions message with :meth:`step`'s array, or ``("error", exc)``."""
+        then answers every actions message (raw bytes of ``action_dtype``) with :meth:`step`'s
+        array behind ``_OK``, or ``_ERR`` and the pickled exception."""
         import ray
 
         folder = tempfile.mkdtemp(prefix="timerl-env-")
         path = os.path.join(folder, "step.sock")
         listener = Listener(path, family="AF_UNIX", authkey=authkey)
-        threading.Thread(target=self._serve, args=(listener, folder), daemon=True).start()
+        dtype = np.dtype(action_dtype)
+        threading.Thread(target=self._serve, args=(listener, folder, dtype), daemon=True).start()
         return ray.get_runtime_context().get_node_id(), path
 
-    def _serve(self, listener: Listener, folder: str) -> None:
+    def _serve(self, listener: Listener, folder: str, dtype: np.dtype) -> None:
         try:
             conn = listener.accept()
         except OSError:
@@ -214,22 +222,24 @@ class _Worker:
         finally:
             listener.close()  # unlinks the socket
             shutil.rmtree(folder, ignore_errors=True)
+        shape = (self.env.num_envs, *self.env.action_shape)
         with conn:
             while True:
                 try:
-                    actions = conn.recv()
+                    actions = np.frombuffer(conn.recv_bytes(), dtype=dtype).reshape(shape)
                 except (EOFError, OSError):
                     return  # the driver closed the env
                 try:
-                    out: Any = self.step(actions)
+                    reply = _OK + self.step(actions).tobytes()
                 except Exception as err:  # noqa: BLE001 - the driver raises it
-                    out = ("error", err)
+                    try:
+                        reply = _ERR + pickle.dumps(err)
+                    except Exception:  # noqa: BLE001 - an exception that does not pickle
+                        reply = _ERR + pickle.dumps(RuntimeError(f"{type(err).__name__}: {err}"))
                 try:
-                    conn.send(out)
+                    conn.send_bytes(reply)
                 except (EOFError, OSError):
                     return
-                except Exception as err:  # noqa: BLE001 - an exception that does not pickle
-                    conn.send(("error", RuntimeError(f"{type(err).__name__}: {err}")))
 
     def state_dict(self) -> dict[str, Any]:
         return self.env.state_dict()
@@ -289,6 +299,8 @@ class RayVectorEnv(VectorEnv):
         ):
             setattr(self, name, getattr(probe, name))
         probe.close()
+        # what _prepare_actions hands to _step_batch, and the socket's actions dtype
+        self._action_dtype = np.dtype(np.int64 if self.discrete else self.action_dtype)
         ray = require_ray()
         started = ensure_ray(int(workers), ray_address)
         if started:
@@ -386,7 +398,9 @@ class RayVectorEnv(VectorEnv):
         here = ray.get_runtime_context().get_node_id()
         for k in todo:
             try:
-                node, path = ray.get(self._actors[k].serve.remote(self._authkey))
+                node, path = ray.get(
+                    self._actors[k].serve.remote(self._authkey, self._action_dtype.str)
+                )
                 # another node's socket is out of reach: plain calls for that worker
                 self._conns[k] = (
                     Client(path, family="AF_UNIX", authkey=self._authkey) if node == here else False
@@ -417,7 +431,7 @@ class RayVectorEnv(VectorEnv):
         for k, conn in enumerate(self._conns):
             if conn:
                 try:
-                    conn.send(slices[k])
+                    conn.send_bytes(np.ascontiguousarray(slices[k], dtype=self._action_dtype))
                 except OSError:
                     out[k] = _DEAD
                     self._drop(k)
@@ -426,17 +440,20 @@ class RayVectorEnv(VectorEnv):
         for k, conn in enumerate(self._conns):
             if conn and k not in out:
                 try:
-                    got = conn.recv()
+                    got = conn.recv_bytes()
                 except (EOFError, OSError):  # the actor's process is gone
                     out[k] = _DEAD
                     self._drop(k)
                     continue
-                if isinstance(got, tuple):  # the env raised: drop every socket (unread
-                    for j in range(len(self._conns)):  # results must not answer a later step)
+                if got[:4] == _ERR:  # the env raised: drop every socket (unread results
+                    for j in range(len(self._conns)):  # must not answer a later step)
                         self._drop(j)
-                    raise self._task_failure(k, "step", got[1])
-                out[k] = got
-        out.update(self._gather(calls, what="step"))
+                    raise self._task_failure(k, "step", pickle.loads(got[4:]))
+                lo, hi = self._bounds[k]
+                packed = np.frombuffer(got, dtype=np.float32, offset=4)
+                out[k] = packed.reshape(hi - lo, -1) if packed.size else _RESTARTED
+        if calls:
+            out.update(self._gather(calls, what="step"))
         return sorted(out.items(), key=lambda item: item[0])
 
     def _gather(self, futures: dict[int, Any], what: str) -> list[tuple[int, Any]]:
