@@ -5,16 +5,34 @@ is a pure function of its arguments, so it can run anywhere: :class:`TaskPool` r
 in this process (``workers=1``) or as Ray tasks, at most ``workers`` at a time, and returns
 the results in call order, so results do not depend on the number of workers. Kept apart from
 the RL layer's Ray code because graphopt stands alone.
+
+Starting a local Ray takes seconds (about 7 s on a 2-core machine: its servers, then the
+raylet's registration), as long as several whole searches. When the pool starts Ray itself,
+one of its ``workers`` slots is a process of its own (spawned at once, no Ray in it) that
+starts on the first call while Ray comes up, and keeps taking calls afterwards; the other
+slots are Ray tasks. ``ray.init`` cannot run on a thread beside the work (it must be called
+from the main thread), hence the process.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 from timerl.errors import GraphError, TimerlError
+
+
+class Shared:
+    """A large argument shared by many calls: put into Ray's object store once, the first time
+    a Ray task needs it; the value itself for a call that runs without Ray."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.ref: Any = None
 
 
 class TaskPool:
@@ -24,8 +42,11 @@ class TaskPool:
         if int(workers) < 1:
             raise GraphError(f"--workers must be at least 1, got {workers}")
         self.workers = int(workers)
+        self._address = ray_address
         self._ray: Any = None
-        self._started = False
+        self._started = False  # this pool started Ray (and shuts it down)
+        self._starting = False  # Ray is to be started by the first map, beside the work
+        self._local: ProcessPoolExecutor | None = None
         self._remote: dict[Callable[..., Any], Any] = {}
         if self.workers > 1 or ray_address:
             try:
@@ -34,21 +55,35 @@ class TaskPool:
                 raise GraphError(
                     'graphopt --workers N needs ray: pip install "timerl[ray]"'
                 ) from None
+            self._ray = ray
             if not ray.is_initialized():
                 if ray_address:
                     ray.init(address=ray_address, logging_level=logging.WARNING)
+                    self._started = True
                 else:
-                    ray.init(
-                        num_cpus=max(self.workers, os.cpu_count() or 1),
-                        include_dashboard=False,
-                        logging_level=logging.WARNING,
-                    )
-                self._started = True
-            self._ray = ray
+                    self._starting = True
 
-    def put(self, value: Any) -> Any:
-        """Share a large argument once (Ray's object store); a plain value without Ray."""
-        return value if self._ray is None else self._ray.put(value)
+    def put(self, value: Any) -> Shared:
+        """Share a large argument between calls (see :class:`Shared`)."""
+        return Shared(value)
+
+    def _start_ray(self) -> None:
+        self._ray.init(
+            num_cpus=max(self.workers, os.cpu_count() or 1),
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
+        self._started, self._starting = True, False
+
+    def _for_ray(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        out = []
+        for a in args:
+            if isinstance(a, Shared):
+                if a.ref is None:
+                    a.ref = self._ray.put(a.value)
+                a = a.ref
+            out.append(a)
+        return tuple(out)
 
     def map(
         self,
@@ -66,44 +101,68 @@ class TaskPool:
         if self._ray is None:
             out = []
             for i, args in enumerate(calls):
-                out.append(fn(*args))
+                out.append(fn(*_plain(args)))
                 if on_done is not None:
                     on_done(i, out[-1])
             return out
-        ray = self._ray
-        remote = self._remote.get(fn)
-        if remote is None:
-            remote = self._remote[fn] = ray.remote(num_cpus=1, max_retries=1)(fn)
         results: list[Any] = [None] * len(calls)
-        pending: dict[Any, int] = {}
         todo = list(enumerate(calls))
         if sizes is not None:
             todo.sort(key=lambda item: -sizes[item[0]])  # stable: ties keep call order
         todo.reverse()
-        while todo or pending:
-            while todo and len(pending) < self.workers:
-                i, args = todo.pop()
-                pending[remote.remote(*args)] = i
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
-            i = pending.pop(ref)
+        local: tuple[Future, int] | None = None  # the call in this pool's own process
+        if self._starting:
+            ctx = multiprocessing.get_context("spawn")  # no inherited threads or Ray state
+            self._local = ProcessPoolExecutor(1, mp_context=ctx)
+            i, args = todo.pop()
+            local = (self._local.submit(fn, *_plain(args)), i)
+            self._start_ray()
+        ray = self._ray
+        remote = self._remote.get(fn)
+        if remote is None:
+            remote = self._remote[fn] = ray.remote(num_cpus=1, max_retries=1)(fn)
+        pending: dict[Any, int] = {}
+        slots = self.workers - (self._local is not None)  # Ray tasks in flight at most
+
+        def finish(i: int, get: Callable[[], Any]) -> None:
             try:
-                results[i] = ray.get(ref)
+                results[i] = get()
             except ray.exceptions.RayTaskError as err:
-                cause = getattr(err, "cause", None) or err
-                if isinstance(cause, TimerlError):
-                    raise cause from None  # timerl's own error, as one process would raise it
-                raise GraphError(
-                    f"graphopt worker task {i} failed: {type(cause).__name__}: {cause}"
-                ) from err
+                raise _failure(i, getattr(err, "cause", None) or err) from err
+            except TimerlError:
+                raise  # timerl's own error, as one process would raise it
+            except Exception as err:  # noqa: BLE001 - raised in the pool's own process
+                raise _failure(i, err) from err
             if on_done is not None:
                 on_done(i, results[i])
+
+        while todo or pending or local:
+            if local is None and todo and self._local is not None:
+                i, args = todo.pop()
+                local = (self._local.submit(fn, *_plain(args)), i)
+            while todo and len(pending) < slots:
+                i, args = todo.pop()
+                pending[remote.remote(*self._for_ray(args))] = i
+            if local is not None and (local[0].done() or not pending):
+                future, i = local
+                local = None
+                finish(i, future.result)
+                continue
+            # with a local call in flight, look at it every few milliseconds
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.005 if local else None)
+            for ref in ready:
+                finish(pending.pop(ref), lambda ref=ref: ray.get(ref))
         return results
 
     def close(self) -> None:
-        """Shut down the local Ray this pool started (a joined or outer one is left alone)."""
+        """Shut down the pool's own process and the local Ray this pool started (a joined or
+        outer one is left alone)."""
+        if self._local is not None:
+            self._local.shutdown(cancel_futures=True)
+            self._local = None
         if self._started and self._ray is not None:
             self._ray.shutdown()
-        self._started = False
+        self._started = self._starting = False
         self._ray = None
 
     def __enter__(self) -> TaskPool:
@@ -111,3 +170,13 @@ class TaskPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _plain(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(a.value if isinstance(a, Shared) else a for a in args)
+
+
+def _failure(i: int, cause: BaseException) -> Exception:
+    if isinstance(cause, TimerlError):
+        return cause
+    return GraphError(f"graphopt worker task {i} failed: {type(cause).__name__}: {cause}")

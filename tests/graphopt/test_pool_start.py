@@ -1,0 +1,39 @@
+"""A pool that starts Ray itself: its own process works while Ray comes up, and the results
+are the same, in call order."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from timerl.errors import GraphError
+from timerl.graphopt.parallel import TaskPool
+
+ray = pytest.importorskip("ray", reason='needs the ray extra: pip install "timerl[ray]"')
+
+
+def _pid_of_square(x: int) -> tuple[int, int]:
+    time.sleep(0.2)
+    if x < 0:
+        raise ValueError(f"negative {x}")
+    return x * x, os.getpid()
+
+
+def test_a_pool_that_starts_ray_works_in_its_own_process_meanwhile():
+    if ray.is_initialized():  # another module's Ray in this test process
+        ray.shutdown()
+    pool = TaskPool(2)
+    assert not ray.is_initialized()  # started by the first map, beside the first call
+    shared = pool.put(3)
+    got = pool.map(_pid_of_square, [(k,) for k in range(8)] + [(shared,)])
+    assert ray.is_initialized()
+    assert [v for v, _ in got] == [k * k for k in range(8)] + [9]
+    pids = {pid for _, pid in got}
+    assert os.getpid() not in pids
+    assert len(pids) == 2  # the pool's own process and Ray's one worker both took calls
+    with pytest.raises(GraphError, match="task 1 failed.*negative -1"):
+        pool.map(_pid_of_square, [(1,), (-1,)])
+    pool.close()
+    assert not ray.is_initialized()  # the pool started it, the pool stops it
