@@ -171,6 +171,58 @@ def test_an_env_that_raises_in_a_socket_step_is_named_and_every_socket_dropped()
     env.close()
 
 
+def test_a_started_step_is_the_step_and_a_program_overlaps_it():
+    from timerl.api.context import Context
+    from timerl.api.tensor import RecurrentTensor, full
+    from timerl.rl.environment import Env
+    from timerl.schedule.program import Start
+
+    single = make_vector_env("Synthetic-v0", num_envs=4, seed=3, episode_length=7)
+    split = RayVectorEnv("Synthetic-v0", num_envs=4, seed=3, workers=2, episode_length=7)
+    rng = np.random.default_rng(0)
+    single.reset(), split.reset()
+    for _ in range(9):
+        a = _actions(single, rng)
+        split.step_async(a)
+        for got, want in zip(split.step(a), single.step(a), strict=True):
+            np.testing.assert_array_equal(got, want)
+    split.step_async(a)
+    with pytest.raises(EnvError, match="other actions.*call reset"):
+        split.step(a + 0.5)
+    with pytest.raises(EnvError, match="reset"):
+        split.step(a)
+    np.testing.assert_array_equal(split.reset(), single.reset())  # the sockets are clean
+    for got, want in zip(split.step(a), single.step(a), strict=True):
+        np.testing.assert_array_equal(got, want)
+    split.close()  # its actors hold both of the local Ray's CPUs
+
+    def rollout(vec):
+        ctx = Context(dims=("t",))
+        (t,) = ctx.dims
+        with ctx:
+            env = Env(vec)
+            obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (t,), name="obs")
+            obs[0] = env.reset()
+            action = (obs.sum(-1, keepdim=True) * np.float32(0.1)).tanh()
+            acc = RecurrentTensor.placeholder((8,), "float32", (t,), name="acc")
+            acc[0] = full((8,), 1.0)
+            acc[t + 1] = (acc[t] * np.float32(0.5) + np.float32(1.0)).tanh()
+            next_obs, reward, _ = env.step(action)
+            obs[t + 1] = next_obs
+        return ctx.compile(bounds={"T": 12}, outputs=[reward, acc]), reward, acc
+
+    kw = {"episode_length": 7, "obs_shape": (4,), "action_dim": 1}
+    prog_env = RayVectorEnv("Synthetic-v0", 4, seed=3, workers=2, **kw)
+    prog, reward, acc = rollout(prog_env)
+    assert any(isinstance(s, Start) for s in prog.schedule.statements())
+    prog.run()
+    ref, reward1, acc1 = rollout(make_vector_env("Synthetic-v0", 4, seed=3, **kw))
+    ref.run()
+    np.testing.assert_array_equal(prog.value(reward), ref.value(reward1))
+    np.testing.assert_array_equal(prog.value(acc), ref.value(acc1))
+    prog_env.close()
+
+
 def _ppo(**extra):
     config = {
         "env_id": "Synthetic-v0",

@@ -165,7 +165,7 @@ def planned_peak(
                 back = [sk for sk in swapped if sk[0] == s.op.id and sk[1][: len(key)] == key]
                 for sk in back:
                     add(s.op.id, sk[1], swapped.pop(sk))
-            else:
+            elif isinstance(s, Loop):
                 for op in blocks_of.get(id(s), []):
                     st = storage[op.id]
                     outer = tuple(env[d] for d in op.domain[:-1])

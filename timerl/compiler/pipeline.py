@@ -28,6 +28,7 @@ from timerl.compiler.vectorize import vectorize
 from timerl.ir.validate import check_not_empty, validate
 from timerl.schedule.liveness import add_frees
 from timerl.schedule.order import order_blocks
+from timerl.schedule.overlap import overlap_host_calls
 from timerl.schedule.program import Schedule
 from timerl.schedule.scheduler import schedule_program
 
@@ -100,6 +101,8 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
         )
         if reordered:
             report.notes.append(f"op order: {reordered} loop-body blocks reordered for peak memory")
+        sched, notes = report.timed("overlap", lambda: overlap_host_calls(sched))
+        report.notes.extend(notes)
     planned = report.timed("memory statements", lambda: add_frees(sched, ops, spec.keep))
     table: dict[int, Storage] = {}
     donations: dict[int, int] = {}

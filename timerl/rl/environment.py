@@ -82,6 +82,9 @@ class Env:
             final = obs if vec.final_obs is None else vec.final_obs
             return (*out, vec.terminated.astype(bool), np.asarray(final, dtype=np.float32))
 
+        # an env stepped elsewhere (Ray workers) can be started and waited for separately,
+        # so the program computes what does not need the step meanwhile (schedule/overlap.py)
+        start = getattr(vec, "step_async", None)
         call = apply(
             "udf",
             action.view,
@@ -90,6 +93,7 @@ class Env:
             dtype=np.dtype(bool),
             effect=True,
             name=f"{vec.env_id}.step",
+            **({"begin": start} if start is not None else {}),
         )
         ctx.add_root(call.op)
         parts = [

@@ -328,6 +328,8 @@ class RayVectorEnv(VectorEnv):
         #: (worker index, error text) of every worker lost and restarted
         self.recoveries: list[tuple[int, str]] = []
         self._lost: np.ndarray | None = None
+        # (actions, what _send_all returned) of a step started by step_async
+        self._pending: tuple[np.ndarray, tuple[dict, dict]] | None = None
 
     @property
     def workers(self) -> int:
@@ -343,6 +345,17 @@ class RayVectorEnv(VectorEnv):
         return list(self._ray.get([a.pid.remote() for a in self._actors]))
 
     # -- the contract ------------------------------------------------------------------
+    def step_async(self, actions: Any) -> None:
+        """Send this step's actions to the workers and return at once; the next
+        :meth:`step` with the same actions waits for the results. The compiled program calls
+        it first when it has work that does not need the step (``schedule/overlap.py``)."""
+        if self._needs_reset:
+            raise EnvError(f"{self.env_id}: call reset() before step_async()")
+        if self._pending is not None:
+            raise EnvError(f"{self.env_id}: step_async() twice without a step() between")
+        acts = self._prepare_actions(actions)
+        self._pending = (acts, self._send_all(self._slices(acts)))
+
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """As :meth:`VectorEnv.step`; episodes cut by a lost worker are not counted."""
         self._lost = None
@@ -361,14 +374,27 @@ class RayVectorEnv(VectorEnv):
         return obs, reward, done
 
     def _reset_batch(self) -> np.ndarray:
+        if self._pending is not None:  # a started step nobody waited for: drain its replies
+            pending, self._pending = self._pending, None
+            self._receive_all(*pending[1])
         outs = self._gather({k: a.reset.remote() for k, a in enumerate(self._actors)}, what="reset")
         return np.concatenate([self._recover(k) if o is _DEAD else o for k, o in outs])
 
     def _step_batch(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        slices = [actions[lo:hi] for lo, hi in self._bounds]
-        outs = self._step_all(slices)
+        pending, self._pending = self._pending, None
+        if pending is not None and not np.array_equal(pending[0], actions):
+            # the workers took the started step: its replies must not answer a later one,
+            # and the driver's view of the episodes is behind theirs
+            self._receive_all(*pending[1])
+            self._needs_reset = True
+            raise EnvError(
+                f"{self.env_id}: step() with other actions than step_async()'s; the workers "
+                "stepped with the started ones: call reset() before stepping again"
+            )
+        sent = pending[1] if pending else self._send_all(self._slices(actions))
+        outs = self._receive_all(*sent)
         parts = []
         lost = []
         for k, out in outs:
@@ -383,6 +409,9 @@ class RayVectorEnv(VectorEnv):
             parts.append(out)
         self._lost = np.asarray(lost, dtype=np.int64)
         return unpack_steps(parts, int(np.prod(self.obs_shape, dtype=np.int64)))
+
+    def _slices(self, actions: np.ndarray) -> list[np.ndarray]:
+        return [actions[lo:hi] for lo, hi in self._bounds]
 
     # -- sockets ---------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -422,9 +451,9 @@ class RayVectorEnv(VectorEnv):
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def _step_all(self, slices: list[np.ndarray]) -> list[tuple[int, Any]]:
-        """Every worker's packed step in worker order (``_DEAD`` for one that died): all the
-        actions go out before any result is awaited, so the actors step concurrently."""
+    def _send_all(self, slices: list[np.ndarray]) -> tuple[dict[int, Any], dict[int, Any]]:
+        """Send every worker its slice of the actions; (results known already: ``_DEAD`` for a
+        socket that failed, futures of the plain calls). Returns without waiting."""
         self._connect()
         out: dict[int, Any] = {}
         calls: dict[int, Any] = {}
@@ -437,6 +466,10 @@ class RayVectorEnv(VectorEnv):
                     self._drop(k)
             else:
                 calls[k] = self._actors[k].step.remote(slices[k])
+        return out, calls
+
+    def _receive_all(self, out: dict[int, Any], calls: dict[int, Any]) -> list[tuple[int, Any]]:
+        """Every worker's packed step in worker order (``_DEAD`` for one that died)."""
         for k, conn in enumerate(self._conns):
             if conn and k not in out:
                 try:

@@ -42,9 +42,10 @@ class OpCall:
     out: int | None = None
 
 
-def host_call(op: Op, backend: Backend) -> Callable[..., Any]:
-    """Call the user function of a host op on numpy arrays, returning backend arrays."""
-    to_np, as_native, fn = backend.to_numpy, backend.asarray, op.attrs["fn"]
+def host_call(op: Op, backend: Backend, attr: str = "fn") -> Callable[..., Any]:
+    """Call the user function of a host op on numpy arrays, returning backend arrays
+    (``attr="begin"``: the function that starts it, see ``schedule/overlap.py``)."""
+    to_np, as_native, fn = backend.to_numpy, backend.asarray, op.attrs[attr]
 
     def native(out: Any) -> Any:
         if isinstance(out, tuple):

@@ -23,11 +23,11 @@ import numpy as np
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
-from timerl.runtime.calls import element_shape, gather_points, prepare_call
+from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
 from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
 from timerl.runtime.stores import RowStore, StorePlan
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
 UNBOUNDED = 2**62
@@ -233,6 +233,14 @@ class CodeGen:
         self.alloc(op, body_depth, var)
         self.emit(body_depth, "C[0] += 1")
 
+    def start(self, op: Op, depth: int) -> None:
+        """Start ``op``'s host call in the background; its compute later waits for it."""
+        if op.guard != TRUE:
+            self.emit(depth, f"if {self.names.src(op.guard)}:")
+            depth += 1
+        begin = self.const("K", host_call(op, self.backend, "begin"))
+        self.emit(depth, f"{begin}({', '.join(self.read_src(e) for e in op.inputs)})")
+
     def merge(self, op: Op, depth: int, var: str) -> None:
         shape_src = self.key_src([self.names.src(s) for s in op.shape])
         for k, e in enumerate(op.inputs):
@@ -368,6 +376,8 @@ class CodeGen:
                 self.compute(s.op, depth)
             elif isinstance(s, Free):
                 self.free(s, depth)
+            elif isinstance(s, Start):
+                self.start(s.op, depth)
             elif isinstance(s, (SwapOut, SwapIn)):
                 key = self.key_src([self.names.src(p) for p in s.prefix])
                 for line in self.plan.swap_src(s, key):

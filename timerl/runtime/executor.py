@@ -21,10 +21,10 @@ from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.ir.validate import exclusive_conditions
 from timerl.runtime.backend import Backend
-from timerl.runtime.calls import element_shape, gather_points, prepare_call
+from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
 from timerl.runtime.codegen import CodeGen
 from timerl.runtime.stores import BlockStore, StorePlan
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
 
 
@@ -137,6 +137,7 @@ class Executor:
         self._on_iteration: Callable[[int], None] | None = None
         self._before_outer: Callable[[], None] | None = None
         self._free_fns: dict[int, Callable] = {}
+        self._start_fns: dict[int, Callable] = {}
 
     # --- preparing statements -----------------------------------------------------------------
     def _reader(self, edge: Edge, take: bool = False) -> Callable[[dict], Any]:
@@ -252,6 +253,18 @@ class Executor:
                 run(env)
 
         return guarded
+
+    def _prepare_start(self, op: Op) -> Callable[[dict], None]:
+        """Start ``op``'s host call in the background; its Compute later waits for it."""
+        begin = host_call(op, self.backend, "begin")
+        readers = [self._reader(e) for e in op.inputs]
+        guard = _compile([op.guard]) if op.guard != TRUE else None
+
+        def start(env: dict) -> None:
+            if guard is None or guard(env)[0]:
+                begin(*[read(env) for read in readers])
+
+        return start
 
     def _prepare_unguarded(self, op: Op) -> Callable[[dict], None]:
         backend = self.backend
@@ -503,6 +516,11 @@ class Executor:
                 fn = self._free_fns.get(id(stmt))
                 if fn is None:
                     fn = self._free_fns[id(stmt)] = self._prepare_free(stmt)
+                fn(env)
+            elif isinstance(stmt, Start):
+                fn = self._start_fns.get(id(stmt))
+                if fn is None:
+                    fn = self._start_fns[id(stmt)] = self._prepare_start(stmt.op)
                 fn(env)
             elif isinstance(stmt, (SwapOut, SwapIn)):
                 store = self.stores[stmt.op.id]

@@ -45,6 +45,15 @@ class SwapIn:
 
 
 @dataclass(eq=False)
+class Start:
+    """Begin a host call that can run in the background (its op's ``begin`` attribute, e.g. an
+    env step sent to remote workers); the op's ``Compute``, later in the same body, waits for
+    it. The statements between do not depend on it (``schedule/overlap.py``)."""
+
+    op: Op
+
+
+@dataclass(eq=False)
 class Loop:
     dim: Dim
     forward: bool
@@ -52,7 +61,7 @@ class Loop:
     until: Op | None = None  # ends the loop after the first point where this bool op holds
 
 
-Stmt = Union[Compute, Free, Loop, SwapOut, SwapIn]
+Stmt = Union[Compute, Free, Loop, SwapOut, SwapIn, Start]
 
 
 @dataclass(eq=False)
@@ -125,6 +134,9 @@ class Schedule:
                     point = ", ".join(d.name for d in op.domain)
                     reads = ", ".join(map(repr, op.inputs))
                     lines.append(f"{pad}{op.label}[{point}] = {op.prim}({reads})")
+                elif isinstance(s, Start):
+                    reads = ", ".join(map(repr, s.op.inputs))
+                    lines.append(f"{pad}start {s.op.label}({reads}) (runs while the next compute)")
                 elif isinstance(s, (SwapOut, SwapIn)):
                     verb = "swap out" if isinstance(s, SwapOut) else "swap in"
                     where = ", ".join(map(str, s.prefix)) if s.prefix else "*"
