@@ -109,3 +109,22 @@ def check_temporal_slice_gradient(kind, backend):
     (want,) = torch.autograd.grad(tloss, [tu])
     close(lv, np.array([(read_torch(tu, k) ** 2 * tc[k]).sum().item() for k in range(n)]))
     close(g, want.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def rollout_beside_recurrence(vec):
+    """A rollout over t of the env batch ``vec`` (obs of shape (n,), one action) whose loop also
+    advances ``acc``, a recurrence that never reads the env: returns (ctx, reward, acc)."""
+    from timerl.rl.environment import Env
+
+    ctx, t, _ = ctx_t()
+    with ctx:
+        env = Env(vec)
+        obs = tl.RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (t,), name="obs")
+        obs[0] = env.reset()
+        action = (obs.sum(-1, keepdim=True) * np.float32(0.1)).tanh().named("action")
+        acc = tl.RecurrentTensor.placeholder((8,), "float32", (t,), name="acc")
+        acc[0] = tl.full((8,), 1.0)
+        acc[t + 1] = (acc[t] * np.float32(0.5) + np.float32(1.0)).tanh()
+        next_obs, reward, _ = env.step(action)
+        obs[t + 1] = next_obs
+    return ctx, reward, acc

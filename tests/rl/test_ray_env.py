@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from core_helpers import rollout_beside_recurrence
 
 from timerl.errors import CheckpointError, EnvError
 from timerl.rl.envs import make_env as make_vector_env
@@ -172,9 +173,6 @@ def test_an_env_that_raises_in_a_socket_step_is_named_and_every_socket_dropped()
 
 
 def test_a_started_step_is_the_step_and_a_program_overlaps_it():
-    from timerl.api.context import Context
-    from timerl.api.tensor import RecurrentTensor, full
-    from timerl.rl.environment import Env
     from timerl.schedule.program import Start
 
     single = make_vector_env("Synthetic-v0", num_envs=4, seed=3, episode_length=7)
@@ -196,27 +194,14 @@ def test_a_started_step_is_the_step_and_a_program_overlaps_it():
         np.testing.assert_array_equal(got, want)
     split.close()  # its actors hold both of the local Ray's CPUs
 
-    def rollout(vec):
-        ctx = Context(dims=("t",))
-        (t,) = ctx.dims
-        with ctx:
-            env = Env(vec)
-            obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (t,), name="obs")
-            obs[0] = env.reset()
-            action = (obs.sum(-1, keepdim=True) * np.float32(0.1)).tanh()
-            acc = RecurrentTensor.placeholder((8,), "float32", (t,), name="acc")
-            acc[0] = full((8,), 1.0)
-            acc[t + 1] = (acc[t] * np.float32(0.5) + np.float32(1.0)).tanh()
-            next_obs, reward, _ = env.step(action)
-            obs[t + 1] = next_obs
-        return ctx.compile(bounds={"T": 12}, outputs=[reward, acc]), reward, acc
-
     kw = {"episode_length": 7, "obs_shape": (4,), "action_dim": 1}
     prog_env = RayVectorEnv("Synthetic-v0", 4, seed=3, workers=2, **kw)
-    prog, reward, acc = rollout(prog_env)
+    ctx, reward, acc = rollout_beside_recurrence(prog_env)
+    prog = ctx.compile(bounds={"T": 12}, outputs=[reward, acc])
     assert any(isinstance(s, Start) for s in prog.schedule.statements())
     prog.run()
-    ref, reward1, acc1 = rollout(make_vector_env("Synthetic-v0", 4, seed=3, **kw))
+    ctx, reward1, acc1 = rollout_beside_recurrence(make_vector_env("Synthetic-v0", 4, seed=3, **kw))
+    ref = ctx.compile(bounds={"T": 12}, outputs=[reward1, acc1])
     ref.run()
     np.testing.assert_array_equal(prog.value(reward), ref.value(reward1))
     np.testing.assert_array_equal(prog.value(acc), ref.value(acc1))

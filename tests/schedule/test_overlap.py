@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from core_helpers import rollout_beside_recurrence
 
-from timerl.api.context import Context
-from timerl.api.tensor import RecurrentTensor, full
-from timerl.rl.environment import Env
 from timerl.rl.synthetic import SyntheticVectorEnv
 from timerl.schedule.program import Compute, Loop, Start
 
@@ -34,23 +32,6 @@ class _StartableSynthetic(SyntheticVectorEnv):
         return super().step(actions)
 
 
-def _program(vec):
-    """A rollout over t whose loop also advances a recurrence that never reads the env."""
-    ctx = Context(dims=("t",))
-    (t,) = ctx.dims
-    with ctx:
-        env = Env(vec)
-        obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (t,), name="obs")
-        obs[0] = env.reset()
-        action = (obs.sum(-1, keepdim=True) * np.float32(0.1)).tanh().named("action")
-        acc = RecurrentTensor.placeholder((8,), "float32", (t,), name="acc")
-        acc[0] = full((8,), 1.0)
-        acc[t + 1] = (acc[t] * np.float32(0.5) + np.float32(1.0)).tanh()
-        next_obs, reward, _ = env.step(action)
-        obs[t + 1] = next_obs
-    return ctx, reward, acc
-
-
 def _body(prog) -> list:
     (loop,) = [s for s in prog.schedule.body if isinstance(s, Loop)]
     return loop.body
@@ -59,7 +40,7 @@ def _body(prog) -> list:
 @pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
 def test_independent_statements_run_between_start_and_wait(compiled):
     vec = _StartableSynthetic(num_envs=3, seed=0, obs_shape=(4,), action_dim=1)
-    ctx, reward, acc = _program(vec)
+    ctx, reward, acc = rollout_beside_recurrence(vec)
     prog = ctx.compile(bounds={"T": 6}, outputs=[reward, acc])
     body = _body(prog)
     kinds = [(type(s).__name__, s.op.name) for s in body if isinstance(s, (Compute, Start))]
@@ -74,7 +55,7 @@ def test_independent_statements_run_between_start_and_wait(compiled):
     assert vec.calls == ["start", "wait"] * 6
 
     plain = _StartableSynthetic(num_envs=3, seed=0, obs_shape=(4,), action_dim=1)
-    ctx, reward2, acc2 = _program(plain)
+    ctx, reward2, acc2 = rollout_beside_recurrence(plain)
     ref = ctx.compile(bounds={"T": 6}, outputs=[reward2, acc2], optimize=False)
     ref.run()
     assert plain.calls == ["wait"] * 6  # the reference never starts early
@@ -84,7 +65,7 @@ def test_independent_statements_run_between_start_and_wait(compiled):
 
 def test_an_env_that_cannot_start_early_keeps_its_place():
     vec = SyntheticVectorEnv(num_envs=3, seed=0, obs_shape=(4,), action_dim=1)
-    ctx, reward, acc = _program(vec)
+    ctx, reward, acc = rollout_beside_recurrence(vec)
     prog = ctx.compile(bounds={"T": 6}, outputs=[reward, acc])
     assert not any(isinstance(s, Start) for s in _body(prog))
     assert not any("overlap" in line for line in prog.report.notes)
