@@ -92,6 +92,8 @@ CASES: dict[str, list[tuple[list, dict]]] = {
         ([f32(6, 3), i64(4, high=6), f32(3, 2)], {"trans": False}),
         ([f32(6, 3), i64(2, 2, high=6), f32(3, 2)], {}),
         ([f32(6, 3), i64(4, high=6), f32(4, 5)], {"trans": True}),
+        ([f32(6, 2, 3), i64(4, high=6), f32(6, 2)], {}),  # rows flattened
+        ([f32(6, 2, 3), i64(4, high=6), f32(4, 5)], {"trans": True}),
     ],
     "index_add": [([f32(2, 2, 3), np.array([[0, 4], [4, 1]])], {"axis": 0, "size": 5})],
     "cumsum": [([f32(3, 4)], {"axis": 1}), ([f32(3, 4)], {"axis": 0, "reverse": True})],

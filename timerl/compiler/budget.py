@@ -16,6 +16,7 @@ bytes at the peak, so a program that would not fit never starts.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from timerl.compiler.storage import Storage
 from timerl.errors import MemoryBudgetError
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
-from timerl.symbolic import TRUE, Bound, Symbol
+from timerl.symbolic import TRUE, Bound, Slice, Symbol
 
 MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
 
@@ -168,6 +169,8 @@ def planned_peak(
             else:
                 for op in blocks_of.get(id(s), []):
                     st = storage[op.id]
+                    if st.streamed:  # its rows go to a file as they are computed
+                        continue
                     outer = tuple(env[d] for d in op.domain[:-1])
                     add(op.id, outer, nbytes(op) * int(st.extent or 0))
                 extent = env[s.dim.bound]
@@ -221,7 +224,8 @@ def check_budget(plan: PlannedPeak, budget: int) -> None:
         f"smallest budget that fits is memory_budget={plan.peak_bytes}. The largest tensor "
         f"live then is {top[0]} ({format_bytes(top[1])})"
         + (f"; next: {others}" if others else "")
-        + ". Swapping idle blocks to disk does not bring it lower. Lower the batch "
+        + ". Swapping idle blocks to disk and streaming blocks read by rows do not bring it "
+        "lower. Lower the batch "
         "(envs x steps) or the observation size, or raise the budget."
     )
 
@@ -290,6 +294,130 @@ def plan_swaps(
             if plan.peak_bytes is not None and plan.peak_bytes <= budget:
                 break
     return sched, plan, notes
+
+
+# whole views a streamed block's rows may be read through (each a row source, ir/rowwise.py)
+_ROW_VIEWS = {"identity", "detach", "reshape", "permute"}
+
+
+def streamable(
+    op_id: int, ops: list[Op], storage: Mapping[int, Storage], static: Mapping[Bound, int]
+) -> str | None:
+    """None when every reader of block ``op_id`` can read it by rows, else why not.
+
+    The block, and each alias of it, is read at single points (one row, read back from the
+    file) or as a whole slice by a view; a view (a row source) is read by views that keep
+    its rows (identity, detach, a reshape of the rows, the 2-D transpose), as the first
+    operand of a matmul (chunked) or the matrix of a ``take_matmul``."""
+    by_id = {op.id: op for op in ops}
+    family = {op_id} | {
+        i for i, s in storage.items() if s.kind in ("alias", "view") and s.base == op_id
+    }
+    transposed: dict[int, bool] = {op_id: False}
+    for _ in family:  # a view is transposed when an odd number of permutes lead to it
+        for fid in family - {op_id}:
+            src = by_id[fid].inputs[0].src.id if by_id[fid].inputs else op_id
+            transposed[fid] = transposed.get(src, False) ^ (by_id[fid].prim == "permute")
+    readers: dict[int, list[tuple[Op, int]]] = {}
+    for op in ops:
+        for k, e in enumerate(op.inputs):
+            if e.src.id in family:
+                readers.setdefault(e.src.id, []).append((op, k))
+    for fid in family:
+        kind = storage[fid].kind
+        whole = kind == "view"
+        for reader, k in readers.get(fid, []):
+            edge = reader.inputs[k]
+            sliced = any(isinstance(i, Slice) for i in edge.index)
+            if reader.id in family:
+                if storage[reader.id].kind == "alias":
+                    continue
+                if reader.prim not in _ROW_VIEWS:
+                    return f"{reader.label} views it as {reader.prim}"
+                if reader.prim == "permute":
+                    if tuple(reader.attrs.get("perm", ())) != (1, 0) or transposed[fid]:
+                        return f"{reader.label} permutes its axes"
+                elif transposed[fid] or not reader.shape or not _splits_rows(reader, static):
+                    return f"{reader.label} reshapes its rows"
+                continue
+            if not whole:
+                if sliced:
+                    return f"{reader.label} ({reader.prim}) reads a slice of it"
+                continue  # one row, read back from the file
+            if sliced or k != 0 or reader.prim not in ("matmul", "take_matmul"):
+                return f"{reader.label} ({reader.prim}) reads it whole"
+            if reader.prim == "take_matmul" and transposed[fid]:
+                return f"{reader.label} gathers from its transpose"
+            if reader.prim == "matmul" and len(reader.inputs[1].src.shape) != 2:
+                return f"{reader.label} multiplies it by a batch of matrices"
+            if reader.prim == "matmul" and transposed[fid] and len(by_id[fid].shape) != 2:
+                return f"{reader.label} multiplies its transpose as a batch"
+    return None
+
+
+def _splits_rows(view: Op, static: Mapping[Bound, int]) -> bool:
+    """The view keeps a row source's rows whole: it has a multiple of the rows of its input
+    (the whole block's ``extent``, or a view of it) in front (``(T, E, D) -> (T * E, D)``)."""
+    src = view.inputs[0]
+    env = {b: int(v) for b, v in static.items()}
+    try:
+        rows = int(view.shape[0].evaluate(env))
+        before = src.src.shape
+        first = (
+            int(src.index[-1].stop.evaluate(env)) - int(src.index[-1].start.evaluate(env))
+            if isinstance(src.index[-1], Slice)
+            else int(before[0].evaluate(env))
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    return first > 0 and rows % first == 0
+
+
+def plan_streams(
+    sched: Schedule,
+    ops: list[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    dynamic: Mapping[Bound, int | None],
+    budget: int,
+    donations: Mapping[int, int] | None = None,
+) -> tuple[dict[int, Storage], PlannedPeak, list[str]]:
+    """Stream block stores to disk (``Storage.streamed``) where that lowers the planned peak.
+
+    A candidate is a block every reader of which reads it by rows (``streamable``); the
+    largest are tried first, and each is kept when the replayed peak drops, until the peak
+    fits ``budget``."""
+    table = dict(storage)
+    plan = planned_peak(sched, ops, table, static, dynamic, donations)
+    notes: list[str] = []
+    if plan.peak_bytes is None or plan.peak_bytes <= budget:
+        return table, plan, notes
+    by_id = {op.id: op for op in ops}
+    swapped = {s.op.id for s in sched.statements() if isinstance(s, SwapOut)}
+    blocks = [
+        i
+        for i, s in table.items()
+        if s.kind == "block" and not s.streamed and i in by_id and i not in swapped
+    ]
+    blocks.sort(key=lambda i: -int(table[i].extent or 0) * _row_bytes(by_id[i]))
+    for op_id in blocks:
+        if streamable(op_id, ops, table, static) is not None:
+            continue
+        st = table[op_id]
+        trial = dict(table)
+        trial[op_id] = dataclasses.replace(
+            st,
+            streamed=True,
+            why=st.why + "; streamed to disk: rows written as computed, read back by rows",
+        )
+        tried = planned_peak(sched, ops, trial, static, dynamic, donations)
+        if tried.peak_bytes is not None and tried.peak_bytes < (plan.peak_bytes or 0):
+            table, plan = trial, tried
+            size = format_bytes(int(st.extent or 0) * _row_bytes(by_id[op_id]))
+            notes.append(f"stream: {by_id[op_id].label} ({size} a block) streamed to disk")
+            if plan.peak_bytes is not None and plan.peak_bytes <= budget:
+                break
+    return table, plan, notes
 
 
 def _insert(

@@ -197,8 +197,9 @@ def _point_read(edge: Edge) -> bool:
 
 def matmul_of_gather(op: Op, lookup: Lookup) -> Op | None:
     """``take(x, idx) @ w`` is ``take_matmul(x, idx, w)`` and ``take(x, idx).T @ g`` is
-    ``take_matmul(x, idx, g, trans=True)`` (a weight's gradient): the product walks the
-    rows in chunks, so the gathered minibatch is never built."""
+    ``take_matmul(x, idx, g, trans=True)`` (a weight's gradient), also with the gathered rows
+    flattened by a reshape in between: the product walks the rows in chunks, so the
+    gathered minibatch is never built."""
     if len(op.inputs) != 2 or not _is_identity(op.inputs[0]) or op.inputs[1].cond != TRUE:
         return None
     a = lookup(op.inputs[0].src)
@@ -207,13 +208,19 @@ def matmul_of_gather(op: Op, lookup: Lookup) -> Op | None:
         if not _is_identity(a.inputs[0]):
             return None
         a, trans = lookup(a.inputs[0].src), True
-    if a.prim != "take" or len(a.shape) != 2 or len(op.shape) != 2:
+    if a.prim == "reshape" and len(a.shape) == 2 and _is_identity(a.inputs[0]):
+        # the gathered rows flattened (a policy's input layer): take_matmul flattens rows
+        inner = lookup(a.inputs[0].src)
+        if inner.prim != "take" or not inner.shape or inner.shape[0] != a.shape[0]:
+            return None
+        a = inner
+    if a.prim != "take" or len(op.shape) != 2 or a.attrs.get("axis", 0) != 0:
         return None
     x_edge, idx_edge = a.inputs
     if not (_point_read(x_edge) and _point_read(idx_edge)):
         return None
     x, idx = lookup(x_edge.src), lookup(idx_edge.src)
-    if len(x.shape) != 2 or len(idx.shape) != 1 or a.attrs.get("axis", 0) not in (0, -2):
+    if len(x.shape) < 2 or len(idx.shape) != 1:
         return None
     if x.dtype != op.dtype:
         return None

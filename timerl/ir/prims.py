@@ -664,29 +664,44 @@ def _vjp_matmul(ap, op, i, o, g):
 register(Prim("matmul", _infer_matmul, rowwise.rows_matmul, _vjp_matmul))
 
 
+def _row_size(x: Shape) -> Expr:
+    """The elements of one row of ``x`` (its axes after the first, flattened)."""
+    size: Expr = Const(1)
+    for s in x[1:]:
+        size = s if size == Const(1) else size * s
+    return size
+
+
 def _infer_take_matmul(shapes, dtypes, attrs):
     x, idx, w = shapes
-    if len(x) != 2 or len(w) != 2:
-        raise ShapeError(f"take_matmul needs a matrix and a matrix, got {x} and {w}")
+    if len(x) < 2 or len(w) != 2:
+        raise ShapeError(f"take_matmul needs rows (rank >= 2) and a matrix, got {x} and {w}")
     if not np.issubdtype(dtypes[1], np.integer):
         raise ShapeError(f"take_matmul: index dtype must be integer, got {dtypes[1]}")
+    k = _row_size(x)
     if attrs.get("trans", False):
         if len(idx) != 1 or idx[0] != w[0]:
             raise ShapeError(f"take_matmul(trans): {tuple(idx)} rows against {tuple(w)}")
-        return (x[1], w[1]), promote(dtypes[0], dtypes[2])
-    if x[1] != w[0]:
-        raise ShapeError(f"take_matmul: inner sizes differ: {tuple(x)} @ {tuple(w)}")
+        return (k, w[1]), promote(dtypes[0], dtypes[2])
+    if k != w[0]:
+        raise ShapeError(f"take_matmul: inner sizes differ: rows of {tuple(x)} @ {tuple(w)}")
     return tuple(idx) + (w[1],), promote(dtypes[0], dtypes[2])
 
 
 def _vjp_take_matmul(ap, op, i, o, g):
     x, idx, w = i
     size = x.shape[0]
+
+    def rows(m):  # a gradient of the gathered rows, shaped as x's rows
+        if len(x.shape) == 2 and len(idx.shape) == 1:
+            return m
+        return ap("reshape", m, shape=tuple(idx.shape) + tuple(x.shape[1:]))
+
     if op.attrs.get("trans", False):  # out = x[idx].T @ w
-        gx = ap("index_add", ap("matmul", w, _swap(ap, g)), idx, axis=0, size=size)
+        gx = ap("index_add", rows(ap("matmul", w, _swap(ap, g))), idx, axis=0, size=size)
         return [gx, None, ap("take_matmul", x, idx, g, trans=False)]
     # out = x[idx] @ w
-    gx = ap("index_add", ap("matmul", g, _swap(ap, w)), idx, axis=0, size=size)
+    gx = ap("index_add", rows(ap("matmul", g, _swap(ap, w))), idx, axis=0, size=size)
     if len(idx.shape) != 1:
         n = 1
         for s in idx.shape:
@@ -696,7 +711,8 @@ def _vjp_take_matmul(ap, op, i, o, g):
     return [gx, None, ap("take_matmul", x, idx, g, trans=True)]
 
 
-# x[idx] @ w, or x[idx].T @ w with ``trans``, walking the rows a chunk at a time (rowwise.py)
+# x[idx] @ w, or x[idx].T @ w with ``trans`` (each row of x flattened), walking the rows a
+# chunk at a time (rowwise.py)
 register(Prim("take_matmul", _infer_take_matmul, rowwise.take_matmul, _vjp_take_matmul))
 
 

@@ -64,17 +64,31 @@ class RowSource:
     def row_bytes(self) -> int:
         return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
 
-    def _with(self, row_shape: tuple[int, ...], transposed: bool) -> RowSource:
-        read, take = self._read, self._take
-        shape = tuple(row_shape)
-        return RowSource(
-            self.nrows,
-            shape,
-            self.dtype,
-            lambda a, b: read(a, b).reshape((b - a, *shape)),
-            lambda ids: take(ids).reshape((len(ids), *shape)),
-            transposed,
-        )
+    def _with(self, nrows: int, row_shape: tuple[int, ...], transposed: bool) -> RowSource:
+        """The same bytes seen as ``nrows`` rows of ``row_shape``: each row split into
+        ``nrows // self.nrows`` consecutive rows (a reshape of a batch of per-step rows)."""
+        split = nrows // self.nrows if self.nrows else 1
+        read, take, shape = self._read, self._take, tuple(row_shape)
+
+        def read_split(a: int, b: int) -> np.ndarray:
+            lo, hi = a // split, -(-b // split)
+            rows = read(lo, hi).reshape(((hi - lo) * split, *shape))
+            return rows[a - lo * split : b - lo * split]
+
+        def take_split(ids: np.ndarray) -> np.ndarray:
+            rows = take(ids // split).reshape((len(ids), split, *shape))
+            return rows[np.arange(len(ids)), ids % split]
+
+        if split == 1:
+            return RowSource(
+                nrows,
+                shape,
+                self.dtype,
+                lambda a, b: read(a, b).reshape((b - a, *shape)),
+                lambda ids: take(ids).reshape((len(ids), *shape)),
+                transposed,
+            )
+        return RowSource(nrows, shape, self.dtype, read_split, take_split, transposed)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return self._read(start, stop)
@@ -84,16 +98,24 @@ class RowSource:
 
     def reshape(self, shape: tuple[int, ...]) -> RowSource:
         shape = tuple(int(s) for s in shape)
-        if self.transposed or not shape or shape[0] != self.nrows:
-            raise ValueError(f"a row source of shape {self.shape} reshapes only its rows")
-        if int(np.prod(shape[1:], dtype=np.int64)) != int(np.prod(self.row_shape)):
-            raise ValueError(f"cannot reshape rows of {self.shape} to {shape}")
-        return self._with(shape[1:], False)
+        size = int(np.prod(self.row_shape, dtype=np.int64)) * self.nrows
+        if (
+            self.transposed
+            or not shape
+            or not self.nrows
+            or shape[0] % self.nrows
+            or int(np.prod(shape, dtype=np.int64)) != size
+        ):
+            raise ValueError(
+                f"a row source of shape {self.shape} reshapes only its rows (each into whole "
+                f"rows), not to {shape}"
+            )
+        return self._with(shape[0], shape[1:], False)
 
     def permute(self, perm: tuple[int, ...]) -> RowSource:
         if tuple(perm) != (1, 0) or len(self.row_shape) != 1:
             raise ValueError(f"a row source of shape {self.shape} only transposes as a matrix")
-        return self._with(self.row_shape, not self.transposed)
+        return self._with(self.nrows, self.row_shape, not self.transposed)
 
     def __getitem__(self, key: Any) -> Any:
         """One row (``x[k]``, ``x[k, ...]``) read now, or a slice of rows (a row source)."""
@@ -120,8 +142,8 @@ class RowSource:
 
     def matmul(self, w: Any) -> np.ndarray:
         """``self @ w`` (or ``self.T @ w``), reading a chunk of rows at a time."""
-        if len(self.row_shape) != 1:
-            raise ValueError(f"matmul of a row source of shape {self.shape}")
+        if np.ndim(w) != 2 or (self.transposed and len(self.row_shape) != 1):
+            raise ValueError(f"matmul of a row source of shape {self.shape} by {np.shape(w)}")
         step = chunk_rows(self.row_bytes)
         dtype = np.result_type(self.dtype, w.dtype)
         if self.transposed:
@@ -130,7 +152,8 @@ class RowSource:
                 b = min(a + step, self.nrows)
                 out += self._read(a, b).T @ w[a:b]
             return out
-        out = np.empty((self.nrows, w.shape[-1]), dtype=dtype)
+        # rows of any rank times a matrix: each chunk is a batch of products
+        out = np.empty((self.nrows, *self.row_shape[:-1], w.shape[-1]), dtype=dtype)
         for a in range(0, self.nrows, step):
             b = min(a + step, self.nrows)
             out[a:b] = self._read(a, b) @ w
@@ -151,19 +174,22 @@ def _gather(x: Any, ids: np.ndarray) -> np.ndarray:
 
 
 def take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> np.ndarray:
-    """``x[idx] @ w`` (``trans``: ``x[idx].T @ w``) without the gathered rows in memory."""
+    """``x[idx] @ w`` (``trans``: ``x[idx].T @ w``), each row of ``x`` flattened, without the
+    gathered rows in memory."""
     ids = np.asarray(idx).reshape(-1)
     row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * np.dtype(x.dtype).itemsize
     step = chunk_rows(row_bytes)
     dtype = np.result_type(x.dtype, w.dtype)
+    k = row_bytes // np.dtype(x.dtype).itemsize
     if trans:
-        out = np.zeros((x.shape[1], w.shape[-1]), dtype=dtype)
+        out = np.zeros((k, w.shape[-1]), dtype=dtype)
         for a in range(0, ids.size, step):
-            out += _gather(x, ids[a : a + step]).T @ w[a : a + step]
+            rows = _gather(x, ids[a : a + step]).reshape(-1, k)
+            out += rows.T @ w[a : a + step]
         return out
     out = np.empty((ids.size, w.shape[-1]), dtype=dtype)
     for a in range(0, ids.size, step):
-        out[a : a + step] = _gather(x, ids[a : a + step]) @ w
+        out[a : a + step] = _gather(x, ids[a : a + step]).reshape(-1, k) @ w
     return out.reshape((*np.shape(idx), w.shape[-1]))
 
 

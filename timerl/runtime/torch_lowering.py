@@ -200,16 +200,18 @@ def _cumsum(x: Any, axis: int, reverse: bool = False) -> Any:
 def _take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> Any:
     """``x[idx] @ w`` (or ``x[idx].T @ w``), a chunk of rows at a time (``ir/rowwise.py``)."""
     ids = idx.reshape(-1)
-    row_bytes = int(np.prod(tuple(x.shape[1:]))) * x.element_size()
-    step = chunk_rows(row_bytes)
+    k = int(np.prod(tuple(x.shape[1:])))
+    step = chunk_rows(k * x.element_size())
     if trans:
-        out = torch.zeros((x.shape[1], w.shape[-1]), dtype=w.dtype, device=w.device)
+        out = torch.zeros((k, w.shape[-1]), dtype=w.dtype, device=w.device)
         for a in range(0, ids.numel(), step):
-            out.addmm_(torch.index_select(x, 0, ids[a : a + step]).T, w[a : a + step])
+            rows = torch.index_select(x, 0, ids[a : a + step]).reshape(-1, k)
+            out.addmm_(rows.T, w[a : a + step])
         return out
     out = torch.empty((ids.numel(), w.shape[-1]), dtype=w.dtype, device=w.device)
     for a in range(0, ids.numel(), step):
-        torch.matmul(torch.index_select(x, 0, ids[a : a + step]), w, out=out[a : a + step])
+        rows = torch.index_select(x, 0, ids[a : a + step]).reshape(-1, k)
+        torch.matmul(rows, w, out=out[a : a + step])
     return out.reshape(tuple(idx.shape) + (w.shape[-1],))
 
 
