@@ -226,7 +226,8 @@ def check_budget(plan: PlannedPeak, budget: int) -> None:
         + (f"; next: {others}" if others else "")
         + ". Swapping idle blocks to disk and streaming blocks read by rows do not bring it "
         "lower. Lower the batch "
-        "(envs x steps) or the observation size, or raise the budget."
+        "(envs x steps) or the observation size, or raise the budget.",
+        smallest=plan.peak_bytes,
     )
 
 
