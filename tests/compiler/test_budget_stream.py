@@ -120,3 +120,45 @@ def test_row_file_writes_and_reads_rows_explicitly(monkeypatch, tmp_path):
     rows.close()
     with pytest.raises(ValueError, match="does not fit"):
         stores.RowFile(2, (3,), np.float32, [0]).__setitem__(0, np.ones(4))
+
+
+def test_an_output_block_is_not_streamed():
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tl.from_numpy(np.ones((256, 4), dtype=np.float32))
+        x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
+        x[0] = tl.full((256,), 1.0)
+        x[t + 1] = x[t] * 0.5 + 1.0
+        out = x[0:T] @ w  # read by rows: streamable, unless x's values are asked for
+    prog = ctx.compile(bounds={T: 64}, outputs=[out])
+    block = next(i for i, s in prog.compiled.storage.items() if s.kind == "block")
+    assert streamable(block, prog.ops, prog.compiled.storage, prog.static) is None
+    kept = prog.compiled.spec.keep | {block}
+    why = streamable(block, prog.ops, prog.compiled.storage, prog.static, kept)
+    assert why is not None and "is an output" in why
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_a_block_sliced_into_a_matmul_streams_and_keeps_its_values(compiled):
+    def build():
+        ctx = tl.Context(dims=("t",))
+        (t,), (T,) = ctx.dims, ctx.bounds
+        with ctx:
+            w = tl.from_numpy(np.linspace(-1, 1, 256 * 4, dtype=np.float32).reshape(256, 4))
+            x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
+            x[0] = tl.full((256,), 1.0)
+            x[t + 1] = (x[t] * 0.5 + 1.0).tanh()
+            out = x[0:T] @ w
+        return ctx, out
+
+    ctx, out = build()
+    ref = ctx.compile(bounds={"T": 64}, outputs=[out], optimize=False)
+    ref.run()
+    ctx, out2 = build()
+    need = ctx.compile(bounds={"T": 64}, outputs=[out2]).planned_peak().peak_bytes
+    prog = ctx.compile(bounds={"T": 64}, outputs=[out2], memory_budget=need - 32 * 1024)
+    assert "streamed to disk" in prog.explain()
+    prog.run(compiled=compiled)
+    np.testing.assert_allclose(prog.value(out2), ref.value(out), rtol=1e-5, atol=1e-6)
+    assert prog.stats()["peak_bytes"] == prog.stats()["planned_peak_bytes"]

@@ -257,6 +257,7 @@ class Context(Scope):
                         spec_c.dynamic,
                         budget,
                         be.donations(compiled.donations, spec_c.ops),
+                        spec_c.keep,
                     ),
                 )
                 compiled.report.notes.extend(notes)

@@ -302,7 +302,11 @@ _ROW_VIEWS = {"identity", "detach", "reshape", "permute"}
 
 
 def streamable(
-    op_id: int, ops: list[Op], storage: Mapping[int, Storage], static: Mapping[Bound, int]
+    op_id: int,
+    ops: list[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    keep: frozenset[int] | set[int] = frozenset(),
 ) -> str | None:
     """None when every reader of block ``op_id`` can read it by rows, else why not.
 
@@ -319,6 +323,9 @@ def streamable(
         for fid in family - {op_id}:
             src = by_id[fid].inputs[0].src.id if by_id[fid].inputs else op_id
             transposed[fid] = transposed.get(src, False) ^ (by_id[fid].prim == "permute")
+    kept = sorted(family & set(keep))
+    if kept:
+        return f"{by_id[kept[0]].label} is an output (its values outlive the run)"
     readers: dict[int, list[tuple[Op, int]]] = {}
     for op in ops:
         for k, e in enumerate(op.inputs):
@@ -341,12 +348,13 @@ def streamable(
                 elif transposed[fid] or not reader.shape or not _splits_rows(reader, static):
                     return f"{reader.label} reshapes its rows"
                 continue
-            if not whole:
-                if sliced:
-                    return f"{reader.label} ({reader.prim}) reads a slice of it"
+            if not whole and not sliced:
                 continue  # one row, read back from the file
-            if sliced or k != 0 or reader.prim not in ("matmul", "take_matmul"):
-                return f"{reader.label} ({reader.prim}) reads it whole"
+            if not whole and any(isinstance(i, Slice) for i in edge.index[:-1]):
+                return f"{reader.label} ({reader.prim}) reads a slice across its blocks"
+            if (sliced and whole) or k != 0 or reader.prim not in ("matmul", "take_matmul"):
+                what = "a slice of it" if sliced else "it whole"
+                return f"{reader.label} ({reader.prim}) reads {what}"
             if reader.prim == "take_matmul" and transposed[fid]:
                 return f"{reader.label} gathers from its transpose"
             if reader.prim == "matmul" and len(reader.inputs[1].src.shape) != 2:
@@ -382,6 +390,7 @@ def plan_streams(
     dynamic: Mapping[Bound, int | None],
     budget: int,
     donations: Mapping[int, int] | None = None,
+    keep: frozenset[int] | set[int] = frozenset(),
 ) -> tuple[dict[int, Storage], PlannedPeak, list[str]]:
     """Stream block stores to disk (``Storage.streamed``) where that lowers the planned peak.
 
@@ -402,7 +411,7 @@ def plan_streams(
     ]
     blocks.sort(key=lambda i: -int(table[i].extent or 0) * _row_bytes(by_id[i]))
     for op_id in blocks:
-        if streamable(op_id, ops, table, static) is not None:
+        if streamable(op_id, ops, table, static, keep) is not None:
             continue
         st = table[op_id]
         trial = dict(table)
