@@ -12,6 +12,11 @@ makes the peak unknown (``None``).
 ``check_budget`` turns a peak over ``ctx.compile(memory_budget=...)`` into a compile-time
 ``MemoryBudgetError`` naming the smallest budget that fits and the tensor holding the most
 bytes at the peak, so a program that would not fit never starts.
+
+Under a budget the peak exceeds, two moves are tried, each kept only where the replayed peak
+drops: ``plan_swaps`` writes a whole idle block to disk and reads it back before its next
+reader; ``plan_streams`` keeps a block read only by rows (``streamable``) in a file for good,
+each row written as it is computed and read back by the chunk (``runtime/stores.py``).
 """
 
 from __future__ import annotations
