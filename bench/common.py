@@ -70,6 +70,7 @@ class Config:
     seed: int = 0
     device: str = "cpu"
     threads: int = 1  # torch intra-op threads (the benchmark pins one)
+    memory_budget: int | None = None  # timerl only: ctx.compile(memory_budget=...) in bytes
 
     def resolved(self) -> Config:
         """A copy with every ``None`` default filled in for this env."""
@@ -115,6 +116,11 @@ class Result:
     # RSS after imports, before the env, network and buffers exist: peak minus this is the
     # run's data memory (0: not measured)
     base_rss_bytes: int = 0
+    # timerl under a memory budget: the budget asked for, the planned peak it compiled to and
+    # whether that fits (else it ran with the smallest budget that fits)
+    memory_budget_bytes: int = 0
+    planned_peak_bytes: int = 0
+    within_budget: bool | None = None
 
     def iterations_to(self, target: float) -> int | None:
         """First iteration (1-based) whose mean completed return reached ``target``."""

@@ -28,7 +28,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,8 @@ def default_systems() -> dict[str, System]:
                 _timerl_profile("torch"),
             ),
             System("timerl_jax", "timerl", "*", _timerl("jax"), ("jax",), _timerl_profile("jax")),
+            # numpy under a memory budget of eager PyTorch's data memory (same run) / 16
+            System("timerl_budget", "timerl", "*", _timerl("numpy")),
             System(
                 "torch_ppo",
                 "baseline",
@@ -362,6 +364,46 @@ class Row:
         return sum(tail) / len(tail) if tail else math.nan
 
 
+BUDGETED = "timerl_budget"  # the system compiled under a budget measured in the same run
+BUDGET_FRACTION = 16  # its budget: eager PyTorch's data memory / this
+EAGER = {"ppo": "torch_ppo", "reinforce": "torch_reinforce"}  # eager PyTorch per algorithm
+
+
+def budget_for(case: Case, rows: dict[str, Row]) -> int | None:
+    """Eager PyTorch's median data memory on ``case`` so far, / ``BUDGET_FRACTION``."""
+    eager = rows.get(EAGER.get(case.algo, ""))
+    if eager is None or eager.status != "ok" or math.isnan(eager.data_bytes):
+        return None
+    return int(eager.data_bytes / BUDGET_FRACTION)
+
+
+def budget_lines(rows: list[Row]) -> list[str]:
+    """Per budgeted run: the budget, whether the data memory stayed within it, the time ratio."""
+    out = []
+    by_case = {(r.case.label, r.system): r for r in rows}
+    for row in rows:
+        if row.system != BUDGETED or row.status != "ok" or not row.results:
+            continue
+        eager = by_case.get((row.case.label, EAGER.get(row.case.algo, "")))
+        budget = row.median("memory_budget_bytes")
+        data = row.data_bytes
+        planned = row.median("planned_peak_bytes")
+        compiled = all(r.get("within_budget") for r in row.results)
+        ratio = (
+            row.median("seconds_per_iteration") / eager.median("seconds_per_iteration")
+            if eager is not None and eager.status == "ok"
+            else math.nan
+        )
+        out.append(
+            f"{row.system} {row.case.label}: budget {_mib(budget):.1f} MiB (eager data "
+            f"{_mib(eager.data_bytes if eager else math.nan):.0f} MiB / {BUDGET_FRACTION}); "
+            f"planned peak {_mib(planned):.1f} MiB ({'fits' if compiled else 'over: ran at the smallest budget that fits'}); "
+            f"data {_mib(data):.1f} MiB, within budget: {'yes' if data <= budget else 'no'}; "
+            f"iteration time {ratio:.2f}x eager"
+        )
+    return out
+
+
 def systems_for(case: Case, names: list[str], systems: dict[str, System]) -> list[System]:
     return [systems[n] for n in names if systems[n].algo in ("*", case.algo)]
 
@@ -398,12 +440,25 @@ def run_benchmark(
         rows.extend(case_rows.values())
         for rep in range(repeats):
             k = rep % max(len(chosen), 1)
-            for system in chosen[k:] + chosen[:k]:
+            order = chosen[k:] + chosen[:k]
+            # the budgeted system runs after eager PyTorch, whose data memory sets its budget
+            order = [s for s in order if s.name != BUDGETED] + [
+                s for s in order if s.name == BUDGETED
+            ]
+            for system in order:
                 row = case_rows[system.name]
                 if row.status != "ok":
                     continue  # skipped or failed once: do not retry
+                run_case = case
+                if system.name == BUDGETED:
+                    budget = budget_for(case, case_rows)
+                    if budget is None:
+                        row.status = "skipped"
+                        row.reason = f"needs {EAGER.get(case.algo, 'eager PyTorch')} in the run"
+                        continue
+                    run_case = replace(case, config=replace(case.config, memory_budget=budget))
                 t0 = time.perf_counter()
-                out = run_isolated(system, case) if isolated else run_one(system, case)
+                out = run_isolated(system, run_case) if isolated else run_one(system, run_case)
                 took = time.perf_counter() - t0
                 if out["status"] == "ok":
                     row.results.append(out["result"])
@@ -602,7 +657,7 @@ def print_table(rows: list[Row], title: str) -> None:
     except ImportError:
         print(title)
         print(markdown_table(header, cells))
-        print("\n".join(notes(rows)))
+        print("\n".join(notes(rows) + budget_lines(rows)))
         return
     table = Table(title=title, show_lines=False)
     for k, name in enumerate(header):
@@ -616,7 +671,7 @@ def print_table(rows: list[Row], title: str) -> None:
         table.add_row(*line, style=style)
     console = Console(width=max(160, len(header) * 12))
     console.print(table)
-    for line in notes(rows):
+    for line in notes(rows) + budget_lines(rows):
         console.print(line, markup=False, highlight=False)
 
 
@@ -747,8 +802,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--systems",
-        default=",".join(SYSTEMS),
-        help="comma-separated systems (default: all; unavailable ones print as skipped)",
+        default=",".join(n for n in SYSTEMS if n != BUDGETED),
+        help="comma-separated systems (default: all but timerl_budget, which compiles under "
+        "a budget of eager PyTorch's data memory in the same run / 16; unavailable ones print "
+        "as skipped)",
     )
     p.add_argument("--repeats", type=int, default=None, help="repetitions (default 3; quick 2)")
     p.add_argument("--iterations", type=int, default=None, help="override every case's count")
@@ -814,7 +871,9 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
         out.mkdir(parents=True, exist_ok=True)
         write_csv(rows, out / "results.csv")
         header, cells = table_rows(rows)
-        text = markdown_table(header, cells) + "".join(f"\n\n{n}" for n in notes(rows))
+        text = markdown_table(header, cells) + "".join(
+            f"\n\n{n}" for n in notes(rows) + budget_lines(rows)
+        )
         if profiles:
             ph, pc = profile_table(profiles)
             text += "\n\n" + markdown_table(ph, pc)

@@ -104,19 +104,35 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
     _setup_threads(cfg, backend)
     records: list[tuple[float, dict[str, Any]]] = []
     import timerl.rl.train  # noqa: F401 (imports count as the framework's, not data)
+    from timerl.errors import MemoryBudgetError
 
     base_rss = current_rss_bytes()
     start = time.perf_counter()
-    out = train(
-        algo,
-        timerl_config(cfg, algo, backend),
-        iterations=cfg.iterations,
-        backend=backend,
-        device=cfg.device,
-        progress=False,
-        on_iteration=lambda rec: records.append((time.perf_counter(), dict(rec))),
-    )
+    budget, within = cfg.memory_budget, None
+
+    def go(memory_budget: int | None) -> Any:
+        return train(
+            algo,
+            timerl_config(cfg, algo, backend),
+            iterations=cfg.iterations,
+            backend=backend,
+            device=cfg.device,
+            progress=False,
+            memory_budget=memory_budget,
+            on_iteration=lambda rec: records.append((time.perf_counter(), dict(rec))),
+        )
+
+    try:
+        out = go(budget)
+        within = True if budget is not None else None
+    except MemoryBudgetError as err:
+        if err.smallest is None:
+            raise
+        # over the budget even streamed: run at the smallest budget that fits, and say so
+        out, within = go(err.smallest), False
     out.base_rss_bytes = base_rss
+    out.memory_budget_bytes = int(budget or 0)
+    out.within_budget = within
     return cfg, out, records, start
 
 
@@ -152,6 +168,9 @@ def _result(cfg: Config, out: Any, records: list, start: float, algo: str, backe
         framework_peak_bytes=int(out.peak_bytes),
         returns=returns,
         base_rss_bytes=int(getattr(out, "base_rss_bytes", 0)),
+        memory_budget_bytes=int(getattr(out, "memory_budget_bytes", 0)),
+        planned_peak_bytes=int(getattr(out, "planned_peak_bytes", 0) or 0),
+        within_budget=getattr(out, "within_budget", None),
     )
 
 

@@ -57,4 +57,9 @@ class GraphError(TimerlError):
 
 class MemoryBudgetError(TimerlError):
     """A program's planned peak memory exceeds ``ctx.compile(memory_budget=...)``: raised at
-    compile time, naming the smallest budget that fits and the tensor that needs it."""
+    compile time, naming the smallest budget that fits (``smallest``, bytes, where known) and
+    the tensor that needs it."""
+
+    def __init__(self, message: str, smallest: int | None = None) -> None:
+        super().__init__(message)
+        self.smallest = smallest

@@ -376,3 +376,18 @@ def test_training_programs_match_the_point_by_point_schedule(algo, backend, monk
     assert not _notes(plain)
     for g, w in zip(got, want, strict=True):
         close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_take_matmul_with_only_its_indices_along_t_is_batched(backend):
+    ctx, t, big_t = ctx_t()
+    perms = np.stack([np.random.RandomState(k).permutation(7)[:4] for k in range(5)])
+    with ctx:
+        x = tl.from_numpy(_rand(7, 3, seed=3))
+        w = tl.from_numpy(_rand(3, 2, seed=4))
+        idx = tl.from_numpy(perms, domain=(t,))
+        h = (x.take(idx) @ w).named("h")  # simplification makes it one take_matmul
+        total = h[0:big_t].sum().named("total")
+    prog = _both([total], {}, backend)
+    assert _vectorised(prog, "h")
+    assert "take_matmul" in {op.prim for op in prog.compiled.spec.ops}

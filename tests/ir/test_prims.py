@@ -88,6 +88,13 @@ CASES: dict[str, list[tuple[list, dict]]] = {
     "select_at": [([f32(5, 2)], {"index": 3})],
     "place_at": [([f32(2, 3)], {"index": 1, "size": 4})],
     "take": [([f32(5, 3), i64(2, 2, high=5)], {"axis": 0})],
+    "take_matmul": [
+        ([f32(6, 3), i64(4, high=6), f32(3, 2)], {"trans": False}),
+        ([f32(6, 3), i64(2, 2, high=6), f32(3, 2)], {}),
+        ([f32(6, 3), i64(4, high=6), f32(4, 5)], {"trans": True}),
+        ([f32(6, 2, 3), i64(4, high=6), f32(6, 2)], {}),  # rows flattened
+        ([f32(6, 2, 3), i64(4, high=6), f32(4, 5)], {"trans": True}),
+    ],
     "index_add": [([f32(2, 2, 3), np.array([[0, 4], [4, 1]])], {"axis": 0, "size": 5})],
     "cumsum": [([f32(3, 4)], {"axis": 1}), ([f32(3, 4)], {"axis": 0, "reverse": True})],
     "argsort": [([np.array([[3.0, 1.0, 3.0, 0.0]], dtype=np.float32)], {"axis": 1})],

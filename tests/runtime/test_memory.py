@@ -116,11 +116,14 @@ def test_a_budget_below_the_peak_is_refused_at_compile_time():
     need = prog.ctx.compile(bounds=bounds).planned_peak().peak_bytes
     assert need is not None
     with pytest.raises(tl.MemoryBudgetError) as err:
-        prog.ctx.compile(bounds=bounds, memory_budget=need - 1)
+        prog.ctx.compile(bounds=bounds, memory_budget="64KiB")
     msg = str(err.value)
-    assert f"memory_budget={need}" in msg and "obs" in msg
-    fits = prog.ctx.compile(bounds=bounds, memory_budget=need)
-    assert fits.stats()["planned_peak_bytes"] == need
+    smallest = int(msg.split("memory_budget=")[1].split(".")[0])
+    # the rollout streamed to disk (its readers read it by rows) lowers the smallest budget
+    assert smallest <= need - 4 * STEPS * 3 * 32 * 32 * 4
+    fits = prog.ctx.compile(bounds=bounds, memory_budget=smallest)
+    assert fits.stats()["planned_peak_bytes"] == smallest
+    assert "streamed to disk" in fits.explain()
     prog.ctx.compile(bounds=bounds, memory_budget="1GiB")
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from timerl.api.program import Program
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
-from timerl.compiler.budget import check_budget, parse_bytes, plan_swaps
+from timerl.compiler.budget import check_budget, parse_bytes, plan_streams, plan_swaps
 from timerl.compiler.pipeline import compile as compile_program
 from timerl.compiler.spec import freeze
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
@@ -240,8 +240,29 @@ class Context(Scope):
                 ),
             )
             compiled.report.notes.extend(notes)
+            storage = compiled.storage
+            if (
+                be.name == "numpy"
+                and planned.peak_bytes is not None
+                and planned.peak_bytes > budget
+            ):
+                # blocks read only by rows go to files (the numpy kernels read row sources)
+                storage, planned, notes = compiled.report.timed(
+                    "streaming to disk",
+                    lambda: plan_streams(
+                        swapped,
+                        list(spec_c.ops),
+                        compiled.storage,
+                        spec_c.static,
+                        spec_c.dynamic,
+                        budget,
+                        be.donations(compiled.donations, spec_c.ops),
+                        spec_c.keep,
+                    ),
+                )
+                compiled.report.notes.extend(notes)
             check_budget(planned, budget)
-            compiled = dataclasses.replace(compiled, schedule=swapped)
+            compiled = dataclasses.replace(compiled, schedule=swapped, storage=storage)
         return Program(
             compiled,
             be,

@@ -12,10 +12,16 @@ makes the peak unknown (``None``).
 ``check_budget`` turns a peak over ``ctx.compile(memory_budget=...)`` into a compile-time
 ``MemoryBudgetError`` naming the smallest budget that fits and the tensor holding the most
 bytes at the peak, so a program that would not fit never starts.
+
+Under a budget the peak exceeds, two moves are tried, each kept only where the replayed peak
+drops: ``plan_swaps`` writes a whole idle block to disk and reads it back before its next
+reader; ``plan_streams`` keeps a block read only by rows (``streamable``) in a file for good,
+each row written as it is computed and read back by the chunk (``runtime/stores.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,8 +31,8 @@ import numpy as np
 from timerl.compiler.storage import Storage
 from timerl.errors import MemoryBudgetError
 from timerl.ir.graph import Op
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt, SwapIn, SwapOut
-from timerl.symbolic import TRUE, Bound, Symbol
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
+from timerl.symbolic import TRUE, Bound, Slice, Symbol
 
 MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
 
@@ -168,6 +174,8 @@ def planned_peak(
             elif isinstance(s, Loop):
                 for op in blocks_of.get(id(s), []):
                     st = storage[op.id]
+                    if st.streamed:  # its rows go to a file as they are computed
+                        continue
                     outer = tuple(env[d] for d in op.domain[:-1])
                     add(op.id, outer, nbytes(op) * int(st.extent or 0))
                 extent = env[s.dim.bound]
@@ -221,8 +229,10 @@ def check_budget(plan: PlannedPeak, budget: int) -> None:
         f"smallest budget that fits is memory_budget={plan.peak_bytes}. The largest tensor "
         f"live then is {top[0]} ({format_bytes(top[1])})"
         + (f"; next: {others}" if others else "")
-        + ". Swapping idle blocks to disk does not bring it lower. Lower the batch "
-        "(envs x steps) or the observation size, or raise the budget."
+        + ". Swapping idle blocks to disk and streaming blocks read by rows do not bring it "
+        "lower. Lower the batch "
+        "(envs x steps) or the observation size, or raise the budget.",
+        smallest=plan.peak_bytes,
     )
 
 
@@ -251,7 +261,7 @@ def plan_swaps(
     candidates: list[tuple[int, tuple, int, int]] = []  # (op id, body path, after, before)
 
     def reads(stmt: Stmt, op_id: int) -> bool:
-        if isinstance(stmt, Compute):
+        if isinstance(stmt, (Compute, Start)):
             return any(e.src.id == op_id for e in stmt.op.inputs)
         if isinstance(stmt, Loop):
             return any(reads(x, op_id) for x in stmt.body)
@@ -290,6 +300,139 @@ def plan_swaps(
             if plan.peak_bytes is not None and plan.peak_bytes <= budget:
                 break
     return sched, plan, notes
+
+
+# whole views a streamed block's rows may be read through (each a row source, ir/rowwise.py)
+_ROW_VIEWS = {"identity", "detach", "reshape", "permute"}
+
+
+def streamable(
+    op_id: int,
+    ops: list[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    keep: frozenset[int] | set[int] = frozenset(),
+) -> str | None:
+    """None when every reader of block ``op_id`` can read it by rows, else why not.
+
+    The block, and each alias of it, is read at single points (one row, read back from the
+    file) or as a whole slice by a view; a view (a row source) is read by views that keep
+    its rows (identity, detach, a reshape of the rows, the 2-D transpose), as the first
+    operand of a matmul (chunked) or the matrix of a ``take_matmul``."""
+    by_id = {op.id: op for op in ops}
+    family = {op_id} | {
+        i for i, s in storage.items() if s.kind in ("alias", "view") and s.base == op_id
+    }
+    transposed: dict[int, bool] = {op_id: False}
+    for _ in family:  # a view is transposed when an odd number of permutes lead to it
+        for fid in family - {op_id}:
+            src = by_id[fid].inputs[0].src.id if by_id[fid].inputs else op_id
+            transposed[fid] = transposed.get(src, False) ^ (by_id[fid].prim == "permute")
+    kept = sorted(family & set(keep))
+    if kept:
+        return f"{by_id[kept[0]].label} is an output (its values outlive the run)"
+    readers: dict[int, list[tuple[Op, int]]] = {}
+    for op in ops:
+        for k, e in enumerate(op.inputs):
+            if e.src.id in family:
+                readers.setdefault(e.src.id, []).append((op, k))
+    for fid in family:
+        kind = storage[fid].kind
+        whole = kind == "view"
+        for reader, k in readers.get(fid, []):
+            edge = reader.inputs[k]
+            sliced = any(isinstance(i, Slice) for i in edge.index)
+            if reader.id in family:
+                if storage[reader.id].kind == "alias":
+                    continue
+                if reader.prim not in _ROW_VIEWS:
+                    return f"{reader.label} views it as {reader.prim}"
+                if reader.prim == "permute":
+                    if tuple(reader.attrs.get("perm", ())) != (1, 0) or transposed[fid]:
+                        return f"{reader.label} permutes its axes"
+                elif transposed[fid] or not reader.shape or not _splits_rows(reader, static):
+                    return f"{reader.label} reshapes its rows"
+                continue
+            if not whole and not sliced:
+                continue  # one row, read back from the file
+            if not whole and any(isinstance(i, Slice) for i in edge.index[:-1]):
+                return f"{reader.label} ({reader.prim}) reads a slice across its blocks"
+            if (sliced and whole) or k != 0 or reader.prim not in ("matmul", "take_matmul"):
+                what = "a slice of it" if sliced else "it whole"
+                return f"{reader.label} ({reader.prim}) reads {what}"
+            if reader.prim == "take_matmul" and transposed[fid]:
+                return f"{reader.label} gathers from its transpose"
+            if reader.prim == "matmul" and len(reader.inputs[1].src.shape) != 2:
+                return f"{reader.label} multiplies it by a batch of matrices"
+            if reader.prim == "matmul" and transposed[fid] and len(by_id[fid].shape) != 2:
+                return f"{reader.label} multiplies its transpose as a batch"
+    return None
+
+
+def _splits_rows(view: Op, static: Mapping[Bound, int]) -> bool:
+    """The view keeps a row source's rows whole: it has a multiple of the rows of its input
+    (the whole block's ``extent``, or a view of it) in front (``(T, E, D) -> (T * E, D)``)."""
+    src = view.inputs[0]
+    env = {b: int(v) for b, v in static.items()}
+    try:
+        rows = int(view.shape[0].evaluate(env))
+        before = src.src.shape
+        first = (
+            int(src.index[-1].stop.evaluate(env)) - int(src.index[-1].start.evaluate(env))
+            if isinstance(src.index[-1], Slice)
+            else int(before[0].evaluate(env))
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    return first > 0 and rows % first == 0
+
+
+def plan_streams(
+    sched: Schedule,
+    ops: list[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    dynamic: Mapping[Bound, int | None],
+    budget: int,
+    donations: Mapping[int, int] | None = None,
+    keep: frozenset[int] | set[int] = frozenset(),
+) -> tuple[dict[int, Storage], PlannedPeak, list[str]]:
+    """Stream block stores to disk (``Storage.streamed``) where that lowers the planned peak.
+
+    A candidate is a block every reader of which reads it by rows (``streamable``); the
+    largest are tried first, and each is kept when the replayed peak drops, until the peak
+    fits ``budget``."""
+    table = dict(storage)
+    plan = planned_peak(sched, ops, table, static, dynamic, donations)
+    notes: list[str] = []
+    if plan.peak_bytes is None or plan.peak_bytes <= budget:
+        return table, plan, notes
+    by_id = {op.id: op for op in ops}
+    swapped = {s.op.id for s in sched.statements() if isinstance(s, SwapOut)}
+    blocks = [
+        i
+        for i, s in table.items()
+        if s.kind == "block" and not s.streamed and i in by_id and i not in swapped
+    ]
+    blocks.sort(key=lambda i: -int(table[i].extent or 0) * _row_bytes(by_id[i]))
+    for op_id in blocks:
+        if streamable(op_id, ops, table, static, keep) is not None:
+            continue
+        st = table[op_id]
+        trial = dict(table)
+        trial[op_id] = dataclasses.replace(
+            st,
+            streamed=True,
+            why=st.why + "; streamed to disk: rows written as computed, read back by rows",
+        )
+        tried = planned_peak(sched, ops, trial, static, dynamic, donations)
+        if tried.peak_bytes is not None and tried.peak_bytes < (plan.peak_bytes or 0):
+            table, plan = trial, tried
+            size = format_bytes(int(st.extent or 0) * _row_bytes(by_id[op_id]))
+            notes.append(f"stream: {by_id[op_id].label} ({size} a block) streamed to disk")
+            if plan.peak_bytes is not None and plan.peak_bytes <= budget:
+                break
+    return table, plan, notes
 
 
 def _insert(

@@ -21,7 +21,7 @@ import numpy as np
 from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, copy_graph, walk
-from timerl.symbolic import TRUE, Const, Expr
+from timerl.symbolic import TRUE, Const, Expr, Slice
 
 FOLD_LIMIT = 1 << 16  # elements: larger constants are cheaper to compute than to keep
 _HIDDEN = {"stream", "adopt_domain", "pass_point"}
@@ -190,6 +190,52 @@ def detach_constant(op: Op, lookup: Lookup) -> Op | None:
     return _operand(op, 0, lookup)
 
 
+def _point_read(edge: Edge) -> bool:
+    """The edge reads one point (no slice): its value has its source's shape."""
+    return edge.cond == TRUE and not any(isinstance(i, Slice) for i in edge.index)
+
+
+def matmul_of_gather(op: Op, lookup: Lookup) -> Op | None:
+    """``take(x, idx) @ w`` is ``take_matmul(x, idx, w)`` and ``take(x, idx).T @ g`` is
+    ``take_matmul(x, idx, g, trans=True)`` (a weight's gradient), also with the gathered rows
+    flattened by a reshape in between: the product walks the rows in chunks, so the
+    gathered minibatch is never built."""
+    if len(op.inputs) != 2 or not _is_identity(op.inputs[0]) or op.inputs[1].cond != TRUE:
+        return None
+    a = lookup(op.inputs[0].src)
+    trans = False
+    if a.prim == "permute" and tuple(a.attrs.get("perm", ())) == (1, 0):
+        if not _is_identity(a.inputs[0]):
+            return None
+        a, trans = lookup(a.inputs[0].src), True
+    if a.prim == "reshape" and len(a.shape) == 2 and _is_identity(a.inputs[0]):
+        # the gathered rows flattened (a policy's input layer): take_matmul flattens rows
+        inner = lookup(a.inputs[0].src)
+        if inner.prim != "take" or not inner.shape or inner.shape[0] != a.shape[0]:
+            return None
+        a = inner
+    if a.prim != "take" or len(op.shape) != 2 or a.attrs.get("axis", 0) != 0:
+        return None
+    x_edge, idx_edge = a.inputs
+    if not (_point_read(x_edge) and _point_read(idx_edge)):
+        return None
+    x, idx = lookup(x_edge.src), lookup(idx_edge.src)
+    if len(x.shape) < 2 or len(idx.shape) != 1:
+        return None
+    if x.dtype != op.dtype:
+        return None
+    return Op(
+        prim="take_matmul",
+        domain=op.domain,
+        shape=op.shape,
+        dtype=op.dtype,
+        inputs=[x_edge, idx_edge, op.inputs[1]],
+        attrs={"trans": trans},
+        name=op.name,
+        site=op.site,
+    )
+
+
 # Rules that hold for any primitive (they ask traits), then each primitive's own identities
 # (a rule table keyed by primitive, as each JAX transformation keeps its own).
 GENERIC_RULES: tuple[Rule, ...] = (fold_constants, detach_constant)
@@ -200,6 +246,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "sub": (_unit_rule("sub", 0.0, (0,)),),
     "pow": (_unit_rule("pow", 1.0, (0,)),),
     "neg": (_involution("neg"),),
+    "matmul": (matmul_of_gather,),
     "cast": (no_op_cast,),
     "reshape": (no_op_cast,),
     "identity": (no_op_cast,),
@@ -212,6 +259,7 @@ def simplify(spec: ProgramSpec) -> ProgramSpec:
     """The program with the rules applied in one sweep (roots keep their own op)."""
     roots = {r.id for r in spec.roots}
     lookup = Lookup()
+    known = {op.id for op in spec.ops}
     created: dict[int, Op] = {}
     for op in spec.ops:  # creation order: inputs before readers, except around recurrences
         if op.id in roots:
@@ -220,7 +268,7 @@ def simplify(spec: ProgramSpec) -> ProgramSpec:
             new = rule(op, lookup)
             if new is not None:
                 lookup.replaced[op.id] = new
-                if prims.get(new.prim).traits.constant and not new.inputs:
+                if new.id not in known:  # a folded constant or a fused op: a new op
                     created[new.id] = new
                 break
     if not lookup.replaced:

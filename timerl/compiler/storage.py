@@ -51,6 +51,8 @@ class Storage:
     extent: int | None = None  # block, ring: rows allocated
     base: int | None = None  # view, alias: the block op whose memory it is
     contiguous: bool = True  # view: False after a permute or expand (a reshape may copy)
+    # block: kept in a file under a memory budget, read back by rows (compiler/budget.py)
+    streamed: bool = False
 
 
 def _loops_around(body: list[Stmt], out: dict[int, tuple[Loop, ...]], path: tuple = ()) -> None:

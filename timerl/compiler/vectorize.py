@@ -189,6 +189,14 @@ def _matmul(b: Batch) -> Batched:
     return Batched("matmul", dict(b.op.attrs), operand_rank=_point_rank(b))
 
 
+def _take_matmul(b: Batch) -> Batched:
+    # only the indices batched: ``x[idx] @ w`` for a stack of index vectors is the same
+    # product over the stacked indices, the batch axis first (the primitive takes any rank)
+    if b.op.attrs.get("trans", False) or b.batched != (False, True, False):
+        raise Decline("its matrix or weights change along the dim (or it is a transposed product)")
+    return Batched("take_matmul", dict(b.op.attrs))
+
+
 def _select_at(b: Batch) -> Batched:
     """``g[t]`` for every ``t`` of a value over ``0:T`` is the value itself (the transpose of
     a whole-range read, as autodiff builds it)."""
@@ -254,6 +262,7 @@ RULES: dict[str, BatchRule] = {
     "getitem": _getitem,
     "getitem_grad": _getitem_grad,
     "matmul": _matmul,
+    "take_matmul": _take_matmul,
     "add_n": _elementwise,
     "select_at": _select_at,
     "merge": _merge_one,

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import ShapeError
-from timerl.ir import counter_rng
+from timerl.ir import counter_rng, rowwise
+from timerl.ir.rowwise import RowSource
 from timerl.ir.shapes import ONE, broadcast, norm_axis, promote
 from timerl.symbolic import Const, Expr, as_expr
 
@@ -420,6 +421,10 @@ register(
 # --- movement --------------------------------------------------------------------------------
 
 
+def _np_reshape(x, shape):
+    return x.reshape(tuple(shape)) if isinstance(x, RowSource) else np.reshape(x, shape)
+
+
 def _infer_reshape(shapes, dtypes, attrs):
     return tuple(as_expr(s) for s in attrs["shape"]), dtypes[0]
 
@@ -428,7 +433,7 @@ register(
     Prim(
         "reshape",
         _infer_reshape,
-        lambda x, shape: np.reshape(x, shape),
+        _np_reshape,
         lambda ap, op, i, o, g: [ap("reshape", g, shape=i[0].shape)],
         point_attrs=("shape",),
     )
@@ -446,7 +451,7 @@ register(
     Prim(
         "permute",
         _infer_permute,
-        lambda x, perm: np.transpose(x, perm),
+        lambda x, perm: x.permute(perm) if isinstance(x, RowSource) else np.transpose(x, perm),
         lambda ap, op, i, o, g: [ap("permute", g, perm=tuple(np.argsort(op.attrs["perm"])))],
     )
 )
@@ -656,7 +661,59 @@ def _vjp_matmul(ap, op, i, o, g):
     return [_unbroadcast(ap, ga, a.shape), _unbroadcast(ap, gb, b.shape)]
 
 
-register(Prim("matmul", _infer_matmul, np.matmul, _vjp_matmul))
+register(Prim("matmul", _infer_matmul, rowwise.rows_matmul, _vjp_matmul))
+
+
+def _row_size(x: Shape) -> Expr:
+    """The elements of one row of ``x`` (its axes after the first, flattened)."""
+    size: Expr = Const(1)
+    for s in x[1:]:
+        size = s if size == Const(1) else size * s
+    return size
+
+
+def _infer_take_matmul(shapes, dtypes, attrs):
+    x, idx, w = shapes
+    if len(x) < 2 or len(w) != 2:
+        raise ShapeError(f"take_matmul needs rows (rank >= 2) and a matrix, got {x} and {w}")
+    if not np.issubdtype(dtypes[1], np.integer):
+        raise ShapeError(f"take_matmul: index dtype must be integer, got {dtypes[1]}")
+    k = _row_size(x)
+    if attrs.get("trans", False):
+        if len(idx) != 1 or idx[0] != w[0]:
+            raise ShapeError(f"take_matmul(trans): {tuple(idx)} rows against {tuple(w)}")
+        return (k, w[1]), promote(dtypes[0], dtypes[2])
+    if k != w[0]:
+        raise ShapeError(f"take_matmul: inner sizes differ: rows of {tuple(x)} @ {tuple(w)}")
+    return tuple(idx) + (w[1],), promote(dtypes[0], dtypes[2])
+
+
+def _vjp_take_matmul(ap, op, i, o, g):
+    x, idx, w = i
+    size = x.shape[0]
+
+    def rows(m):  # a gradient of the gathered rows, shaped as x's rows
+        if len(x.shape) == 2 and len(idx.shape) == 1:
+            return m
+        return ap("reshape", m, shape=tuple(idx.shape) + tuple(x.shape[1:]))
+
+    if op.attrs.get("trans", False):  # out = x[idx].T @ w
+        gx = ap("index_add", rows(ap("matmul", w, _swap(ap, g))), idx, axis=0, size=size)
+        return [gx, None, ap("take_matmul", x, idx, g, trans=False)]
+    # out = x[idx] @ w
+    gx = ap("index_add", rows(ap("matmul", g, _swap(ap, w))), idx, axis=0, size=size)
+    if len(idx.shape) != 1:
+        n = 1
+        for s in idx.shape:
+            n = n * s
+        idx = ap("reshape", idx, shape=(n,))
+        g = ap("reshape", g, shape=(n, w.shape[1]))
+    return [gx, None, ap("take_matmul", x, idx, g, trans=True)]
+
+
+# x[idx] @ w, or x[idx].T @ w with ``trans`` (each row of x flattened), walking the rows a
+# chunk at a time (rowwise.py)
+register(Prim("take_matmul", _infer_take_matmul, rowwise.take_matmul, _vjp_take_matmul))
 
 
 def _infer_gather(shapes, dtypes, attrs):
@@ -975,6 +1032,11 @@ _declare(("cumsum",), cost=lambda o, i, a: float(i[0]))
 _declare(("argsort",), cost=lambda o, i, a: float(i[0]) * max(np.log2(max(i[0], 2)), 1.0))
 # matmul: 2 m n k operations; out = m n (batched), the first input m k
 _declare(("matmul",), cost=lambda o, i, a: 2.0 * o * (i[0] * i[1] / max(o, 1)) ** 0.5, fresh=True)
+_declare(
+    ("take_matmul",),
+    cost=lambda o, i, a: 2.0 * (o * i[1] if a.get("trans") else i[1] * i[2]),
+    fresh=True,
+)
 _declare(
     ("reshape", "permute", "expand", "identity", "detach", "select_at", "narrow", "tuple_get"),
     view=True,

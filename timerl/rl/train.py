@@ -88,6 +88,8 @@ class TrainResult:
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
     peak_bytes: int = 0
+    planned_peak_bytes: int | None = None  # under a memory budget: the compiler's plan
+    swapped_bytes: int = 0  # bytes written to and read back from disk
     log_dir: str | None = None
     steps_this_run: int = 0
     first_iteration: int = 0
@@ -461,6 +463,8 @@ def train(
         compile_seconds=prog.compile_seconds,
         run_seconds=run_seconds,
         peak_bytes=stats["peak_bytes"],
+        planned_peak_bytes=stats.get("planned_peak_bytes"),
+        swapped_bytes=int(stats.get("swapped_bytes", 0)),
         log_dir=str(log_path) if log_path else None,
         steps_this_run=done_steps,
         first_iteration=start,

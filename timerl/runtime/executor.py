@@ -23,7 +23,7 @@ from timerl.ir.validate import exclusive_conditions
 from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
 from timerl.runtime.codegen import CodeGen
-from timerl.runtime.stores import BlockStore, StorePlan
+from timerl.runtime.stores import BlockStore, StorePlan, StreamStore
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
 
@@ -445,8 +445,12 @@ class Executor:
             self.source = gen.source
 
     def swapped_bytes(self) -> int:
-        """Bytes written to disk and read back by swaps so far."""
-        return sum(s.moved for s in self.stores.values() if isinstance(s, BlockStore))
+        """Bytes written to disk and read back so far: swapped blocks and streamed ones."""
+        return sum(
+            s.moved + (s.streamed_bytes if isinstance(s, StreamStore) else 0)
+            for s in self.stores.values()
+            if isinstance(s, BlockStore)
+        )
 
     def _run_compiled(self, hooked: bool) -> None:
         self.prepare(hooked)

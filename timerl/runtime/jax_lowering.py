@@ -179,6 +179,17 @@ def _cumsum(x: Any, axis: int, reverse: bool = False) -> Any:
 
 
 register_lowering("take", lambda x, idx, axis: jnp.take(x, idx, axis=axis))
+
+
+def _take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> Any:
+    # XLA fuses the gather into the product; no chunking needed (its arrays are immutable)
+    rows = jnp.take(x, idx.reshape(-1), axis=0).reshape(idx.size, -1)
+    if trans:
+        return rows.T @ w
+    return (rows @ w).reshape(tuple(idx.shape) + (w.shape[-1],))
+
+
+register_lowering("take_matmul", _take_matmul)
 register_lowering("index_add", _index_add)
 register_lowering("cumsum", _cumsum)
 register_lowering("argsort", lambda x, axis: jnp.argsort(x, axis=axis, stable=True))

@@ -24,16 +24,29 @@ import numpy as np
 
 from timerl.compiler.storage import Storage
 from timerl.ir.graph import Edge, Op
+from timerl.ir.rowwise import RowSource
 from timerl.schedule.program import Compute, Free, Loop, Schedule, SwapIn, SwapOut
 from timerl.symbolic import Slice
 
 _SWAP_DIR: list[str] = []
+SWAP_DIR_ENV = "TIMERL_SWAP_DIR"  # where swapped and streamed blocks go (else the temp dir)
 
 
 def _swap_dir() -> str:
-    """One temporary directory per process for swapped blocks, removed at exit."""
+    """One directory of this process's own for swapped blocks, removed at exit.
+
+    It is made fresh (a unique name) under ``TIMERL_SWAP_DIR`` or the temp dir, so the files
+    a crashed run left behind never meet a new run's."""
     if not _SWAP_DIR:
-        path = tempfile.mkdtemp(prefix="timerl-swap-")
+        parent = os.environ.get(SWAP_DIR_ENV) or None
+        if parent is not None:
+            try:
+                os.makedirs(parent, exist_ok=True)
+            except OSError as err:
+                raise OSError(
+                    f"{SWAP_DIR_ENV}={parent!r} is not a usable directory: {err}"
+                ) from err
+        path = tempfile.mkdtemp(prefix=f"timerl-swap-{os.getpid()}-", dir=parent)
         atexit.register(shutil.rmtree, path, True)
         _SWAP_DIR.append(path)
     return _SWAP_DIR[0]
@@ -277,6 +290,128 @@ class RingStore(BlockStore):
         return f"RingStore({len(self.blocks)} rings of {self.extent} x {self.elem})"
 
 
+class RowFile(RowSource):
+    """One block's rows in a file: each row written with ``pwrite`` at its offset when it is
+    computed, read back with ``preadv`` a chunk of rows at a time. Nothing is mapped, so rows
+    on disk hold no memory of the process. The file is unlinked as soon as it is open (only
+    its descriptor names it): a run that dies leaves nothing behind."""
+
+    __slots__ = ("fd", "stride", "counter", "__weakref__")
+
+    def __init__(self, nrows: int, row_shape: tuple[int, ...], dtype: Any, counter: list) -> None:
+        fd, path = tempfile.mkstemp(prefix="timerl-stream-", suffix=".rows", dir=_swap_dir())
+        os.unlink(path)
+        self.fd = fd
+        self.stride = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.counter = counter  # [bytes moved], shared with the store
+        os.ftruncate(fd, nrows * self.stride)
+        super().__init__(nrows, row_shape, dtype, self._read_rows, self._take_rows)
+
+    def _read_rows(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start, *self.row_shape), dtype=self.dtype)
+        self._fill(out, start)
+        return out
+
+    def _fill(self, out: np.ndarray, row: int) -> None:
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        got = 0
+        while got < len(view):  # preadv may return short counts
+            n = os.preadv(self.fd, [view[got:]], row * self.stride + got)
+            if n <= 0:
+                raise OSError(f"short read from a streamed block at row {row}")
+            got += n
+        self.counter[0] += got
+
+    def _take_rows(self, ids: np.ndarray) -> np.ndarray:
+        out = np.empty((len(ids), *self.row_shape), dtype=self.dtype)
+        # runs of consecutive rows in ``ids`` are read with one call each
+        k = 0
+        while k < len(ids):
+            j = k + 1
+            while j < len(ids) and ids[j] == ids[j - 1] + 1:
+                j += 1
+            self._fill(out[k:j], int(ids[k]))
+            k = j
+        return out
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        k = int(key[0] if isinstance(key, tuple) else key)
+        row = np.ascontiguousarray(np.asarray(value, dtype=self.dtype))
+        data = memoryview(row.reshape(-1).view(np.uint8))
+        if len(data) != self.stride:
+            raise ValueError(f"a row of {row.shape} does not fit rows of {self.row_shape}")
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], k * self.stride + done)
+        self.counter[0] += done
+
+    def reshape(self, shape: tuple[int, ...]) -> RowSource:
+        return _ReshapedFile(self, shape)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class _ReshapedFile(RowSource):
+    """A ``RowFile`` with its rows seen in another shape (an alias's block): writes too."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: RowFile, shape: tuple[int, ...]) -> None:
+        view = RowSource.reshape(base, shape)
+        super().__init__(view.nrows, view.row_shape, view.dtype, view.read, view.take)
+        self.base = base
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.base[key] = np.asarray(value).reshape(self.base.row_shape)
+
+
+class StreamStore(BlockStore):
+    """A block store whose blocks live in files (``compiler/budget.py`` chose it under a
+    memory budget): a block takes no memory, each point's row is written to the file right
+    after it is computed, and readers read the rows they need (``RowFile``)."""
+
+    __slots__ = ("counter",)
+
+    def __init__(self, extent: int, elem: tuple[int, ...], dtype: Any, backend: Any) -> None:
+        super().__init__(extent, elem, dtype, backend, owns=False)
+        self.counter = [0]
+
+    def allocate(self, outer: tuple) -> int:
+        if outer not in self.blocks:
+            rows = RowFile(self.extent, self.elem, self.dtype, self.counter)
+            self.blocks[outer] = (rows, np.zeros(self.extent, dtype=bool))
+        return 0
+
+    @property
+    def streamed_bytes(self) -> int:
+        return self.counter[0]
+
+    def _close(self, outers: list[tuple]) -> None:
+        for outer in outers:
+            self.blocks.pop(outer)[0].close()
+
+    def free_all(self) -> int:
+        self._close(list(self.blocks))
+        return 0
+
+    def free_prefix(self, key: tuple) -> int:
+        k = len(key)
+        self._close([o for o in self.blocks if o[:k] == key])
+        return 0
+
+    def clear(self) -> None:
+        self.free_all()
+
+    def __repr__(self) -> str:
+        return f"StreamStore({len(self.blocks)} blocks of {self.extent} x {self.elem} on disk)"
+
+
 class StorePlan:
     """The storage table as the executors need it: which ops are blocks or views of blocks,
     which loop allocates each block, and the source the code generator emits for them."""
@@ -312,6 +447,9 @@ class StorePlan:
                 if op.id in self.rings:
                     outer = len(op.domain) - 1
                     out[op.id] = RingStore(extent, elem, op.dtype, backend, outer)
+                    continue
+                if self.storage[op.id].streamed:
+                    out[op.id] = StreamStore(extent, elem, op.dtype, backend)
                     continue
                 owns = op.id not in self.aliases
                 out[op.id] = BlockStore(extent, elem, op.dtype, backend, owns)

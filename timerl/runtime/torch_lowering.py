@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from timerl.ir.prims import REGISTRY
+from timerl.ir.rowwise import chunk_rows
 
 LOWERINGS: dict[str, Callable[..., Any]] = {}
 
@@ -196,7 +197,26 @@ def _cumsum(x: Any, axis: int, reverse: bool = False) -> Any:
     return torch.cumsum(x, dim=axis)
 
 
+def _take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> Any:
+    """``x[idx] @ w`` (or ``x[idx].T @ w``), a chunk of rows at a time (``ir/rowwise.py``)."""
+    ids = idx.reshape(-1)
+    k = int(np.prod(tuple(x.shape[1:])))
+    step = chunk_rows(k * x.element_size())
+    if trans:
+        out = torch.zeros((k, w.shape[-1]), dtype=w.dtype, device=w.device)
+        for a in range(0, ids.numel(), step):
+            rows = torch.index_select(x, 0, ids[a : a + step]).reshape(-1, k)
+            out.addmm_(rows.T, w[a : a + step])
+        return out
+    out = torch.empty((ids.numel(), w.shape[-1]), dtype=w.dtype, device=w.device)
+    for a in range(0, ids.numel(), step):
+        rows = torch.index_select(x, 0, ids[a : a + step]).reshape(-1, k)
+        torch.matmul(rows, w, out=out[a : a + step])
+    return out.reshape(tuple(idx.shape) + (w.shape[-1],))
+
+
 register_lowering("take", _take)
+register_lowering("take_matmul", _take_matmul)
 register_lowering("index_add", _index_add)
 register_lowering("cumsum", _cumsum)
 register_lowering("argsort", lambda x, axis: torch.argsort(x, dim=axis, stable=True))

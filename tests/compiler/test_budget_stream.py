@@ -1,0 +1,164 @@
+"""A block streamed to disk under a memory budget: rows written as computed, read by rows."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from timerl.compiler.budget import streamable
+from timerl.ir import rowwise
+from timerl.rl.algos import ppo
+from timerl.runtime import stores
+
+OBS = {"obs_shape": (3, 8, 8), "episode_length": 1000, "action_dim": 2}
+
+
+def _ppo(minibatches: int = 1, epochs: int = 1, steps: int = 128):
+    algo = ppo(
+        env_id="Synthetic-v0",
+        num_envs=2,
+        num_steps=steps,
+        epochs=epochs,
+        minibatches=minibatches,
+        hidden=(16,),
+        env_kwargs=OBS,
+    )
+    return algo, {"I": 3, **algo.bounds}
+
+
+def _obs_bytes(steps: int = 128) -> int:
+    return steps * 2 * 3 * 8 * 8 * 4  # rows x (envs x obs) float32: one iteration's block
+
+
+@pytest.mark.parametrize("minibatches,epochs", [(1, 1), (4, 2)], ids=["whole", "minibatches"])
+def test_ppo_rollout_streams_to_disk_and_runs_at_its_planned_peak(minibatches, epochs):
+    # each program steps its own envs (a program built once steps the same env objects)
+    algo, bounds = _ppo(minibatches, epochs)
+    metrics = list(algo.metrics.values())
+    free = algo.ctx.compile(bounds=bounds, outputs=metrics)
+    need = free.planned_peak().peak_bytes
+    obs = next(op for op in free.ops if op.name == "obs")
+    assert streamable(obs.id, free.ops, free.compiled.storage, free.static) is None
+    budget = need - _obs_bytes() // 2
+    algo2, _ = _ppo(minibatches, epochs)
+    streamed = list(algo2.metrics.values())
+    prog = algo2.ctx.compile(bounds=bounds, outputs=streamed, memory_budget=budget)
+    obs = next(op for op in prog.ops if op.name == "obs")
+    text = prog.explain()
+    assert "stream: obs" in text and "streamed to disk" in text
+    assert prog.compiled.storage[obs.id].streamed
+    free.run()
+    prog.run()
+    stats = prog.stats()
+    assert stats["peak_bytes"] == stats["planned_peak_bytes"] <= budget
+    assert stats["peak_bytes"] <= free.stats()["peak_bytes"] - _obs_bytes()
+    # every row written once per iteration and read back at least once
+    assert stats["swapped_bytes"] >= 2 * 3 * _obs_bytes()
+    for m, m2 in zip(metrics, streamed, strict=True):
+        np.testing.assert_allclose(prog.value(m2), free.value(m), rtol=1e-5, atol=1e-6)
+
+
+def test_streamed_values_equal_the_unoptimised_reference_in_small_chunks(monkeypatch):
+    monkeypatch.setattr(rowwise, "CHUNK_BYTES", 5 * 2 * 3 * 8 * 8 * 4)  # 5 steps' rows
+    algo, bounds = _ppo(4, 2, steps=64)
+    metrics = list(algo.metrics.values())
+    ref = algo.ctx.compile(bounds=bounds, outputs=metrics, optimize=False)
+    need = algo.ctx.compile(bounds=bounds, outputs=metrics).planned_peak().peak_bytes
+    algo2, _ = _ppo(4, 2, steps=64)
+    streamed = list(algo2.metrics.values())
+    prog = algo2.ctx.compile(
+        bounds=bounds, outputs=streamed, memory_budget=need - _obs_bytes(64) // 2
+    )
+    assert "stream: obs" in prog.explain()
+    ref.run()
+    prog.run(compiled=False)  # the interpreter honours the streamed store too
+    for m, m2 in zip(metrics, streamed, strict=True):
+        np.testing.assert_allclose(prog.value(m2), ref.value(m), rtol=1e-4, atol=1e-6)
+
+
+def test_a_block_read_whole_by_an_elementwise_op_is_not_streamed():
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
+        x[0] = tl.full((256,), 1.0)
+        x[t + 1] = x[t] * 0.5 + 1.0
+        out = (x[0:T] * 2.0).sum()
+    prog = ctx.compile(bounds={T: 64}, outputs=[out])
+    block = next(i for i, s in prog.compiled.storage.items() if s.kind == "block")
+    why = streamable(block, prog.ops, prog.compiled.storage, prog.static)
+    assert why is not None and "reads a slice of it" in why
+
+
+def test_row_file_writes_and_reads_rows_explicitly(monkeypatch, tmp_path):
+    monkeypatch.setenv(stores.SWAP_DIR_ENV, str(tmp_path / "swap"))
+    monkeypatch.setattr(stores, "_SWAP_DIR", [])
+    counter = [0]
+    rows = stores.RowFile(6, (2, 3), np.float32, counter)
+    data = np.arange(36, dtype=np.float32).reshape(6, 2, 3)
+    for k in range(6):
+        rows[k] = data[k]
+    # the file is already unlinked: only its descriptor names it, so nothing is left behind
+    (made,) = os.listdir(tmp_path / "swap")
+    assert made.startswith(f"timerl-swap-{os.getpid()}-")
+    assert os.listdir(tmp_path / "swap" / made) == []
+    np.testing.assert_array_equal(rows.read(1, 4), data[1:4])
+    np.testing.assert_array_equal(rows.take(np.array([5, 0, 1, 2])), data[[5, 0, 1, 2]])
+    np.testing.assert_array_equal(rows[2, ...], data[2])
+    split = rows.reshape((12, 3))  # each row of (2, 3) becomes two rows of 3
+    np.testing.assert_array_equal(split.read(3, 8), data.reshape(12, 3)[3:8])
+    np.testing.assert_array_equal(split.take(np.array([11, 4, 5])), data.reshape(12, 3)[[11, 4, 5]])
+    w = np.ones((3, 2), dtype=np.float32)
+    np.testing.assert_allclose(split.matmul(w), data.reshape(12, 3) @ w)
+    np.testing.assert_allclose(
+        split.permute((1, 0)).matmul(np.ones((12, 1))), data.reshape(12, 3).T @ np.ones((12, 1))
+    )
+    assert counter[0] >= 6 * 24 * 2  # every byte written, then read back at least once
+    rows.close()
+    with pytest.raises(ValueError, match="does not fit"):
+        stores.RowFile(2, (3,), np.float32, [0]).__setitem__(0, np.ones(4))
+
+
+def test_an_output_block_is_not_streamed():
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tl.from_numpy(np.ones((256, 4), dtype=np.float32))
+        x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
+        x[0] = tl.full((256,), 1.0)
+        x[t + 1] = x[t] * 0.5 + 1.0
+        out = x[0:T] @ w  # read by rows: streamable, unless x's values are asked for
+    prog = ctx.compile(bounds={T: 64}, outputs=[out])
+    block = next(i for i, s in prog.compiled.storage.items() if s.kind == "block")
+    assert streamable(block, prog.ops, prog.compiled.storage, prog.static) is None
+    kept = prog.compiled.spec.keep | {block}
+    why = streamable(block, prog.ops, prog.compiled.storage, prog.static, kept)
+    assert why is not None and "is an output" in why
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_a_block_sliced_into_a_matmul_streams_and_keeps_its_values(compiled):
+    def build():
+        ctx = tl.Context(dims=("t",))
+        (t,), (T,) = ctx.dims, ctx.bounds
+        with ctx:
+            w = tl.from_numpy(np.linspace(-1, 1, 256 * 4, dtype=np.float32).reshape(256, 4))
+            x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
+            x[0] = tl.full((256,), 1.0)
+            x[t + 1] = (x[t] * 0.5 + 1.0).tanh()
+            out = x[0:T] @ w
+        return ctx, out
+
+    ctx, out = build()
+    ref = ctx.compile(bounds={"T": 64}, outputs=[out], optimize=False)
+    ref.run()
+    ctx, out2 = build()
+    need = ctx.compile(bounds={"T": 64}, outputs=[out2]).planned_peak().peak_bytes
+    prog = ctx.compile(bounds={"T": 64}, outputs=[out2], memory_budget=need - 32 * 1024)
+    assert "streamed to disk" in prog.explain()
+    prog.run(compiled=compiled)
+    np.testing.assert_allclose(prog.value(out2), ref.value(out), rtol=1e-5, atol=1e-6)
+    assert prog.stats()["peak_bytes"] == prog.stats()["planned_peak_bytes"]

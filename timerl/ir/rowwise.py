@@ -1,0 +1,200 @@
+"""Products that read a matrix by rows, a chunk of fixed bytes at a time.
+
+``take_matmul`` (``x[idx] @ w`` and ``x[idx]^T @ g``) never builds the gathered rows: it walks
+the indices in chunks of ``CHUNK_BYTES`` of rows, so its temporary memory is one chunk, not a
+minibatch. The same kernels accept a ``RowSource`` in place of ``x``: rows that live
+elsewhere (a file, ``runtime/stores.py``'s streamed blocks) and are read on demand. A row
+source also answers the few whole-block views storage lets a block's readers take (reshape
+keeping the rows, identity, the 2-D transpose) and the matmul that reads it whole, chunk by
+chunk, so a reader never holds more than a chunk of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+CHUNK_BYTES = 4 << 20  # bytes of rows one step of a row-walking kernel holds
+
+
+def chunk_rows(row_bytes: int) -> int:
+    """How many rows of ``row_bytes`` fit one chunk (at least one)."""
+    return max(1, CHUNK_BYTES // max(int(row_bytes), 1))
+
+
+class RowSource:
+    """A matrix (or a block of rows of any shape) read by rows on demand.
+
+    ``read(start, stop)`` returns rows ``start:stop`` as a fresh array; ``take(ids)`` the
+    rows at ``ids``. ``transposed`` marks the 2-D transpose of a row matrix: only a matmul
+    (``x.T @ g``, summed over row chunks) reads it.
+    """
+
+    __slots__ = ("nrows", "row_shape", "dtype", "transposed", "_read", "_take")
+
+    def __init__(
+        self,
+        nrows: int,
+        row_shape: tuple[int, ...],
+        dtype: Any,
+        read: Callable[[int, int], np.ndarray],
+        take: Callable[[np.ndarray], np.ndarray],
+        transposed: bool = False,
+    ) -> None:
+        self.nrows = nrows
+        self.row_shape = tuple(int(s) for s in row_shape)
+        self.dtype = np.dtype(dtype)
+        self.transposed = transposed
+        self._read = read
+        self._take = take
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.transposed:
+            return (*self.row_shape, self.nrows)
+        return (self.nrows, *self.row_shape)
+
+    @property
+    def ndim(self) -> int:
+        return 1 + len(self.row_shape)
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def _with(self, nrows: int, row_shape: tuple[int, ...], transposed: bool) -> RowSource:
+        """The same bytes seen as ``nrows`` rows of ``row_shape``: each row split into
+        ``nrows // self.nrows`` consecutive rows (a reshape of a batch of per-step rows)."""
+        split = nrows // self.nrows if self.nrows else 1
+        read, take, shape = self._read, self._take, tuple(row_shape)
+
+        def read_split(a: int, b: int) -> np.ndarray:
+            lo, hi = a // split, -(-b // split)
+            rows = read(lo, hi).reshape(((hi - lo) * split, *shape))
+            return rows[a - lo * split : b - lo * split]
+
+        def take_split(ids: np.ndarray) -> np.ndarray:
+            rows = take(ids // split).reshape((len(ids), split, *shape))
+            return rows[np.arange(len(ids)), ids % split]
+
+        if split == 1:
+            return RowSource(
+                nrows,
+                shape,
+                self.dtype,
+                lambda a, b: read(a, b).reshape((b - a, *shape)),
+                lambda ids: take(ids).reshape((len(ids), *shape)),
+                transposed,
+            )
+        return RowSource(nrows, shape, self.dtype, read_split, take_split, transposed)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self._read(start, stop)
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        return self._take(np.asarray(ids, dtype=np.int64).reshape(-1))
+
+    def reshape(self, shape: tuple[int, ...]) -> RowSource:
+        shape = tuple(int(s) for s in shape)
+        size = int(np.prod(self.row_shape, dtype=np.int64)) * self.nrows
+        if (
+            self.transposed
+            or not shape
+            or not self.nrows
+            or shape[0] % self.nrows
+            or int(np.prod(shape, dtype=np.int64)) != size
+        ):
+            raise ValueError(
+                f"a row source of shape {self.shape} reshapes only its rows (each into whole "
+                f"rows), not to {shape}"
+            )
+        return self._with(shape[0], shape[1:], False)
+
+    def permute(self, perm: tuple[int, ...]) -> RowSource:
+        if tuple(perm) != (1, 0) or len(self.row_shape) != 1:
+            raise ValueError(f"a row source of shape {self.shape} only transposes as a matrix")
+        return self._with(self.nrows, self.row_shape, not self.transposed)
+
+    def __getitem__(self, key: Any) -> Any:
+        """One row (``x[k]``, ``x[k, ...]``) read now, or a slice of rows (a row source)."""
+        if self.transposed:
+            raise ValueError("a transposed row source is read only by a matmul")
+        k = key[0] if isinstance(key, tuple) and key[1:] in ((), (Ellipsis,)) else key
+        if isinstance(k, slice):
+            start, stop, step = k.indices(self.nrows)
+            if step != 1:
+                raise ValueError("a row source is sliced with step 1")
+            read, take, n = self._read, self._take, max(stop - start, 0)
+            return RowSource(
+                n,
+                self.row_shape,
+                self.dtype,
+                lambda a, b: read(start + a, start + b),
+                lambda ids: take(np.asarray(ids) + start),
+            )
+        k = int(k)
+        if not -self.nrows <= k < self.nrows:
+            raise IndexError(f"row {k} of {self.nrows}")
+        k %= self.nrows
+        return self._read(k, k + 1)[0]
+
+    def matmul(self, w: Any) -> np.ndarray:
+        """``self @ w`` (or ``self.T @ w``), reading a chunk of rows at a time."""
+        if np.ndim(w) != 2 or (self.transposed and len(self.row_shape) != 1):
+            raise ValueError(f"matmul of a row source of shape {self.shape} by {np.shape(w)}")
+        step = chunk_rows(self.row_bytes)
+        dtype = np.result_type(self.dtype, w.dtype)
+        if self.transposed:
+            out = np.zeros((self.row_shape[0], w.shape[-1]), dtype=dtype)
+            for a in range(0, self.nrows, step):
+                b = min(a + step, self.nrows)
+                out += self._read(a, b).T @ w[a:b]
+            return out
+        # rows of any rank times a matrix: each chunk is a batch of products
+        out = np.empty((self.nrows, *self.row_shape[:-1], w.shape[-1]), dtype=dtype)
+        for a in range(0, self.nrows, step):
+            b = min(a + step, self.nrows)
+            out[a:b] = self._read(a, b) @ w
+        return out
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TypeError(
+            f"rows of shape {self.shape} kept out of memory are read only by rows "
+            "(take_matmul, a matmul, a row): this reader would load them whole"
+        )
+
+    def __repr__(self) -> str:
+        return f"RowSource({self.shape}, {self.dtype}{', transposed' if self.transposed else ''})"
+
+
+def _gather(x: Any, ids: np.ndarray) -> np.ndarray:
+    return x.take(ids) if isinstance(x, RowSource) else np.take(x, ids, axis=0)
+
+
+def take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> np.ndarray:
+    """``x[idx] @ w`` (``trans``: ``x[idx].T @ w``), each row of ``x`` flattened, without the
+    gathered rows in memory."""
+    ids = np.asarray(idx).reshape(-1)
+    row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    step = chunk_rows(row_bytes)
+    dtype = np.result_type(x.dtype, w.dtype)
+    k = row_bytes // np.dtype(x.dtype).itemsize
+    if trans:
+        out = np.zeros((k, w.shape[-1]), dtype=dtype)
+        for a in range(0, ids.size, step):
+            rows = _gather(x, ids[a : a + step]).reshape(-1, k)
+            out += rows.T @ w[a : a + step]
+        return out
+    out = np.empty((ids.size, w.shape[-1]), dtype=dtype)
+    for a in range(0, ids.size, step):
+        out[a : a + step] = _gather(x, ids[a : a + step]).reshape(-1, k) @ w
+    return out.reshape((*np.shape(idx), w.shape[-1]))
+
+
+def rows_matmul(a: Any, b: Any) -> Any:
+    """``np.matmul``, reading a row source first operand by chunks."""
+    if isinstance(a, RowSource):
+        return a.matmul(b)
+    return np.matmul(a, b)
