@@ -63,6 +63,7 @@ def _fit(graph, target, steps, hidden=32, rounds=2, lr=1e-2):
     import torch
 
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     problem = Problem(graph)
     feats = problem_features(problem, portfolio_solutions(problem))
     net = TorchPolicy(PolicyWeights.random(hidden, rounds, seed=0))
