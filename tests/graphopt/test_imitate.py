@@ -210,3 +210,22 @@ def test_bad_warm_start_flags(tiny_corpus, tmp_path):
             iterations=0,
             out=tmp_path / "p.npz",
         )
+
+
+def test_scale_keeps_the_mean_order_and_widens_the_proposals(tiny_corpus, tmp_path):
+    targets = tmp_path / "t.npz"
+    plain = train(_config(tiny_corpus), iterations=0, out=tmp_path / "a.npz", targets=targets)
+    cfg = _config(tiny_corpus, imitate_scale=0.25)
+    scaled = train(cfg, iterations=0, out=tmp_path / "b.npz", targets=targets)
+    np.testing.assert_allclose(scaled.params["out.w"][:, 0], 0.25 * plain.params["out.w"][:, 0])
+    np.testing.assert_allclose(scaled.params["out.w"][:, 1:], plain.params["out.w"][:, 1:])
+    graph = random_graph(30, seed=1, view_prob=0.2)
+    problem = Problem(graph)
+    feats = problem_features(problem, portfolio_solutions(problem))
+    a_plain, a_scaled = plain.forward(feats), scaled.forward(feats)
+    np.testing.assert_array_equal(
+        decode_order(graph, a_scaled[:, 0]), decode_order(graph, a_plain[:, 0])
+    )
+    assert np.abs(a_scaled[:, 0]).max() < np.abs(a_plain[:, 0]).max()
+    with pytest.raises(GraphError, match="--imitate-scale 0"):
+        train(_config(tiny_corpus, imitate_scale=0.0), iterations=0, out=tmp_path / "c.npz")

@@ -114,6 +114,12 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     t.add_argument(
         "--imitate-concentration", type=float, default=4.0, help="Beta a + b to imitate with"
     )
+    t.add_argument(
+        "--imitate-scale",
+        type=float,
+        default=1.0,
+        help="priority logits x this after the imitation: same mean order, wider proposals",
+    )
     t.add_argument("--targets", type=Path, default=None, help="default: OUT.targets.npz")
     _workers_flags(t, "searches of an update run at a time, as Ray tasks")
     t.set_defaults(func=cmd_train)
@@ -320,6 +326,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         imitate_updates=args.imitate_updates,
         imitate_budget=args.imitate_budget,
         imitate_concentration=args.imitate_concentration,
+        imitate_scale=args.imitate_scale,
     )
     bar, show = rich_progress()
     if bar is not None:

@@ -15,6 +15,11 @@ is fitted to the target's ranks:
   (column 6) to 0, so the proposals keep BRKGA's diversity around the imitated order; the
   policy-gradient phase that follows is free to move them.
 
+Rank keys drive the means toward 0 and 1, where Beta samples hardly move, so BRKGA's first
+population and its mutants would all be near copies of the imitated order. ``imitate_scale``
+multiplies the priority logits when the phase ends (``train.scale_priorities``): the mean
+order is unchanged, the samples spread again.
+
 The targets are written to a ``.npz`` of plain arrays (names as JSON bytes) and reused by a
 later run with the same problems and search budget, or by ``--resume``.
 """

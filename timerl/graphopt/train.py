@@ -93,6 +93,7 @@ class TrainConfig:
     imitate_updates: int = 300  # updates of the imitation phase
     imitate_budget: int = 2000  # uniform BRKGA decodes that search each target order
     imitate_concentration: float = 4.0  # Beta a + b the imitation phase asks for
+    imitate_scale: float = 1.0  # priority logits x this when the imitation ends (widens them)
 
 
 @dataclass
@@ -258,6 +259,8 @@ def train(
         raise GraphError(
             f"--imitate-concentration {config.imitate_concentration}: must be positive"
         )
+    if config.warm_start == "imitate" and not 0 < config.imitate_scale <= 1:
+        raise GraphError(f"--imitate-scale {config.imitate_scale}: must be in (0, 1]")
     torch = _torch()
     torch.set_num_threads(1)
     out = Path(out)
@@ -310,6 +313,14 @@ def train(
             )
             if state["imitation"] % checkpoint_every == 0:
                 _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
+        if (
+            config.warm_start == "imitate"
+            and state["imitation"] >= config.imitate_updates
+            and not state.get("scaled")
+        ):
+            scale_priorities(net, config.imitate_scale)
+            weights = net.to_weights({"trained": True})
+            state["scaled"] = True
         while state["iteration"] < iterations:
             if minutes is not None and time.perf_counter() - t_start > 60 * minutes:
                 log(f"stopping at the time limit ({minutes:g} min)")
@@ -384,6 +395,15 @@ def _attach_targets(
         task.target_value = task.problem.evaluate(task.problem.complete(order))
     gain = [1 - tasks[i].target_value / tasks[i].reference for i in mem if tasks[i].reference]
     log(f"targets: {100 * float(np.mean(gain)):.2f}% below the portfolio on average")
+
+
+def scale_priorities(net: TorchPolicy, scale: float) -> None:
+    """Multiply the priority logits (output column 0) by ``scale``: every mean keeps its side
+    of 0.5 and its rank, so the mean schedule stays, while the imitation's means, pushed to
+    near 0 and 1 by rank keys, come back toward 0.5 and the Beta samples spread again."""
+    with net.torch.no_grad():
+        net.params["out.w"][:, 0] *= scale
+        net.params["out.b"][0] *= scale
 
 
 def imitation_step(
