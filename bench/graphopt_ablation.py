@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from timerl.graphopt.baselines import portfolio_solutions
 from timerl.graphopt.brkga import brkga
 from timerl.graphopt.decoders import Problem
@@ -47,6 +49,7 @@ def run_graph(
         "name": entry["name"],
         "kind": entry["kind"],
         "nodes": entry["nodes"],
+        "seed": seed,
         "portfolio": min(problem.evaluate(s) for s in seeds.values()),
         "values": {},
     }
@@ -61,14 +64,69 @@ def run_graph(
 
 
 def merge(files: list[Path]) -> list[dict[str, Any]]:
-    """Records of several runs over the same graphs (e.g. one policy each), values combined."""
-    merged: dict[str, dict[str, Any]] = {}
+    """Records of several runs over the same graphs (e.g. one policy each), values combined
+    per graph and seed (``FILE@SEED`` gives the seed of records written without one)."""
+    merged: dict[tuple[str, int], dict[str, Any]] = {}
     for f in files:
-        for r in json.loads(f.read_text()):
-            into = merged.setdefault(r["name"], {**r, "values": {}})
+        path, _, given = str(f).partition("@")
+        for r in json.loads(Path(path).read_text()):
+            seed = int(r.get("seed", given or 0))
+            into = merged.setdefault((r["name"], seed), {**r, "seed": seed, "values": {}})
             for budget, vals in r["values"].items():
                 into["values"].setdefault(budget, {}).update(vals)
     return list(merged.values())
+
+
+def across_seeds(records: list[dict[str, Any]], budget: int, best: dict[str, float]) -> str:
+    """Per method, each seed's mean % below uniform BRKGA (same seed) and share of uniform's gap
+    closed, their mean over the seeds, and the share pooled over all runs (gaps closed summed
+    over every seed's graphs, over the gaps summed). The best known order of a graph is the best of
+    ``best`` and of every run of every seed, so every seed's share has the same reference."""
+    key = str(budget)
+    records = [r for r in records if key in r["values"] and "uniform" in r["values"][key]]
+    best = dict(best)
+    for r in records:
+        best[r["name"]] = min(best.get(r["name"], np.inf), *r["values"][key].values())
+    seeds = sorted({r["seed"] for r in records})
+    methods = sorted({m for r in records for m in r["values"][key]} - {"uniform"})
+    lines = [
+        "| method | seeds | graphs per seed | % vs uniform, per seed | mean | uniform's gap "
+        "closed %, per seed | mean | all runs pooled | W/T/L vs uniform (all runs) | "
+        "worse than portfolio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in methods:
+        gains, shares, counts = [], [], []
+        w = t = loss = worse = 0
+        pooled = [0.0, 0.0]  # closed and room summed over every seed's graphs
+        for s in seeds:
+            rs = [r for r in records if r["seed"] == s and m in r["values"][key]]
+            if not rs:
+                continue
+            gain, closed, room = [], 0.0, 0.0
+            for r in rs:
+                u, x, b = r["values"][key]["uniform"], r["values"][key][m], best[r["name"]]
+                rel = (u - x) / u if u > 0 else 0.0
+                gain.append(100.0 * rel)
+                closed += rel
+                room += (u - b) / u if u > 0 else 0.0
+                w, t, loss = w + (rel > 1e-9), t + (abs(rel) <= 1e-9), loss + (rel < -1e-9)
+                worse += x > r["portfolio"]
+            pooled[0] += closed
+            pooled[1] += room
+            gains.append(statistics.mean(gain))
+            shares.append(100.0 * closed / room if room > 0 else 0.0)
+            counts.append(len(rs))
+        if not gains:
+            continue
+        lines.append(
+            f"| {m} | {len(gains)} | {min(counts)}-{max(counts)} | "
+            f"{' / '.join(f'{g:+.3f}' for g in gains)} | {statistics.mean(gains):+.3f} | "
+            f"{' / '.join(f'{x:.1f}' for x in shares)} | {statistics.mean(shares):.1f} | "
+            f"{100.0 * pooled[0] / pooled[1] if pooled[1] > 0 else 0.0:.1f} | "
+            f"{w}/{t}/{loss} | {worse} |"
+        )
+    return "\n".join(lines)
 
 
 def summary(records: list[dict[str, Any]], budget: int, best: dict[str, float]) -> str:
@@ -124,8 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only-weights", action="store_true", help="run no uniform and no untrained search"
     )
+    ap.add_argument("--no-untrained", action="store_true", help="run uniform and --weights only")
     ap.add_argument(
-        "--merge", type=Path, nargs="+", default=None, help="summarise these records; run nothing"
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="FILE[@SEED]",
+        help="summarise these records, per seed when they hold several; run nothing",
     )
     args = ap.parse_args(argv)
     best: dict[str, float] = {}
@@ -133,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         best = {r["name"]: r["best"] for r in json.loads(args.headroom.read_text())}
     if args.merge is not None:
         records = merge(args.merge)
+        seeds = sorted({r["seed"] for r in records})
         for budget in args.budgets:
+            if len(seeds) > 1:
+                print(f"\nbudget {budget}, seeds {seeds}, {len(args.merge)} files:\n")
+                print(across_seeds(records, budget, best))
+                continue
             print(f"\nbudget {budget}, {len(records)} graphs merged from {len(args.merge)} runs:\n")
             print(summary(records, budget, best))
         return 0
@@ -145,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         policies[name] = load_policy(path)
     first = next(iter(policies.values()), None)
     hidden, rounds = (first.hidden, first.rounds) if first is not None else (32, 3)
-    if not args.only_weights:
+    if not args.only_weights and not args.no_untrained:
         untrained = PolicyWeights.random(hidden, rounds, seed=args.seed)
         policies = {"untrained": untrained, **policies}
     entries = load_index(args.corpus, args.split)

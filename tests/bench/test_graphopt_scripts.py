@@ -93,3 +93,42 @@ def test_ablation_runs_merge_per_graph(corpus, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "2 graphs merged from 2 runs" in text
     assert "| all | untrained | 2 |" in text and "| all | mine | 2 |" in text
+
+
+def test_ablation_merges_several_seeds(corpus, tmp_path, capsys):
+    weights = tmp_path / "w.npz"
+    PolicyWeights.random(8, 1, seed=5).save(weights)
+    argv = ["--corpus", str(corpus), "--budgets", "40", "--weights", f"mine={weights}"]
+    files = []
+    for seed in (0, 1):
+        files.append(tmp_path / f"s{seed}.json")
+        run = [*argv, "--no-untrained", "--seed", str(seed), "--out", str(files[-1])]
+        assert graphopt_ablation.main(run) == 0
+        records = json.loads(files[-1].read_text())
+        assert all(
+            r["seed"] == seed and set(r["values"]["40"]) == {"uniform", "mine"} for r in records
+        )
+    # a record written without its seed takes the one given after @
+    old = json.loads(files[1].read_text())
+    for r in old:
+        del r["seed"]
+    files[1].write_text(json.dumps(old))
+    capsys.readouterr()
+    assert (
+        graphopt_ablation.main(["--budgets", "40", "--merge", str(files[0]), f"{files[1]}@1"]) == 0
+    )
+    text = capsys.readouterr().out
+    assert "seeds [0, 1], 2 files" in text
+    row = next(line for line in text.splitlines() if line.startswith("| mine |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:3] == ["2", "2-2"] and cells[-1] == "0"
+    # per seed: the mean % below uniform BRKGA of the same seed, as the records give it
+    for seed, f in enumerate(files):
+        recs = json.loads(f.read_text())
+        gain = [
+            100
+            * (r["values"]["40"]["uniform"] - r["values"]["40"]["mine"])
+            / r["values"]["40"]["uniform"]
+            for r in recs
+        ]
+        assert f"{sum(gain) / len(gain):+.3f}" == cells[3].split(" / ")[seed]

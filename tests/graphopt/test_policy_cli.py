@@ -101,3 +101,11 @@ def test_train_then_optimize_with_the_trained_weights(tmp_path, graph_file, caps
     assert "decoded vs portfolio" in capsys.readouterr().out
     config = PolicyWeights.load(weights).meta["config"]
     assert (config["reward"], config["samples"], config["entropy"]) == ("decode", 4, 0.01)
+    # the imitation warm start's flags, and its targets file next to --targets
+    imit = ["--warm-start", "imitate", "--imitate-updates", "3", "--imitate-budget", "50"]
+    imit += ["--imitate-concentration", "3", "--targets", str(tmp_path / "t.npz")]
+    assert main([*args, "--checkpoint", str(tmp_path / "i.ckpt.npz"), *imit, *dec]) == 0
+    assert "imitation loss" in capsys.readouterr().out
+    meta = PolicyWeights.load(weights).meta
+    assert meta["imitation_updates"] == 3 and meta["config"]["imitate_concentration"] == 3.0
+    assert (tmp_path / "t.npz").is_file()

@@ -101,6 +101,26 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     )
     t.add_argument("--samples", type=int, default=16, help="decode reward: keys per problem")
     t.add_argument("--entropy", type=float, default=1e-3, help="entropy bonus")
+    t.add_argument(
+        "--warm-start",
+        choices=("none", "imitate"),
+        default="none",
+        help="imitate: first fit the mean priorities to each graph's best known order",
+    )
+    t.add_argument("--imitate-updates", type=int, default=300, help="imitation updates")
+    t.add_argument(
+        "--imitate-budget", type=int, default=2000, help="BRKGA decodes per target order"
+    )
+    t.add_argument(
+        "--imitate-concentration", type=float, default=4.0, help="Beta a + b to imitate with"
+    )
+    t.add_argument(
+        "--imitate-scale",
+        type=float,
+        default=1.0,
+        help="priority logits x this after the imitation: same mean order, wider proposals",
+    )
+    t.add_argument("--targets", type=Path, default=None, help="default: OUT.targets.npz")
     _workers_flags(t, "searches of an update run at a time, as Ray tasks")
     t.set_defaults(func=cmd_train)
 
@@ -302,6 +322,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         reward=args.reward,
         samples=args.samples,
         entropy=args.entropy,
+        warm_start=args.warm_start,
+        imitate_updates=args.imitate_updates,
+        imitate_budget=args.imitate_budget,
+        imitate_concentration=args.imitate_concentration,
+        imitate_scale=args.imitate_scale,
     )
     bar, show = rich_progress()
     if bar is not None:
@@ -318,6 +343,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             progress=show,
             workers=args.workers,
             ray_address=args.ray_address,
+            targets=args.targets,
         )
     finally:
         if bar is not None:

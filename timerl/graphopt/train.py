@@ -43,6 +43,12 @@ from timerl.graphopt.brkga import brkga
 from timerl.graphopt.decoders import Problem, Solution
 from timerl.graphopt.features import GraphFeatures
 from timerl.graphopt.graph import Graph
+from timerl.graphopt.imitate import (
+    compute_targets,
+    imitation_loss,
+    log_concentration,
+    mean_decode_gap,
+)
 from timerl.graphopt.learned import learned_search, problem_features
 from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.perfmodel import Cluster, PeakMemory
@@ -57,6 +63,7 @@ from timerl.graphopt.policy import (
 
 LOG_STD_RANGE = (-3.0, 0.5)
 REWARDS = ("search", "decode")
+WARM_STARTS = ("none", "imitate")
 
 
 @dataclass
@@ -82,6 +89,11 @@ class TrainConfig:
     seed: int = 0
     reward: str = "search"  # "search": steered vs uniform BRKGA; "decode": sampled keys decoded
     samples: int = 16  # decode reward: key vectors drawn per problem and update
+    warm_start: str = "none"  # "imitate": fit the best known orders before the rewards
+    imitate_updates: int = 300  # updates of the imitation phase
+    imitate_budget: int = 2000  # uniform BRKGA decodes that search each target order
+    imitate_concentration: float = 4.0  # Beta a + b the imitation phase asks for
+    imitate_scale: float = 1.0  # priority logits x this when the imitation ends (widens them)
 
 
 @dataclass
@@ -95,6 +107,8 @@ class Task:
     groups: int
     uniform: dict[int, float] = field(default_factory=dict)
     reference: float = 0.0  # the best portfolio schedule's value
+    target: np.ndarray | None = None  # imitation: the best known order
+    target_value: float = 0.0
 
 
 def _torch() -> Any:
@@ -223,8 +237,13 @@ def train(
     log: Callable[[str], None] = print,
     workers: int = 1,
     ray_address: str | None = None,
+    targets: str | Path | None = None,
 ) -> PolicyWeights:
     """Train for ``iterations`` updates (or ``minutes`` of wall time); write weights to ``out``.
+
+    With ``config.warm_start == "imitate"`` the policy-gradient updates are preceded by
+    ``config.imitate_updates`` imitation updates (``imitate.py``); their target orders are
+    read from or written to ``targets`` (default ``OUT.targets.npz``).
 
     ``workers > 1`` runs each update's searches as Ray tasks (on the cluster at
     ``ray_address``, or a local Ray): the same samples, rewards and weights as one worker."""
@@ -232,13 +251,23 @@ def train(
         raise GraphError(f"--reward {config.reward!r}: choose from {', '.join(REWARDS)}")
     if config.reward == "decode" and config.samples < 2:
         raise GraphError(f"--samples {config.samples}: the decode reward needs at least 2")
+    if config.warm_start not in WARM_STARTS:
+        raise GraphError(
+            f"--warm-start {config.warm_start!r}: choose from {', '.join(WARM_STARTS)}"
+        )
+    if config.warm_start == "imitate" and config.imitate_concentration <= 0:
+        raise GraphError(
+            f"--imitate-concentration {config.imitate_concentration}: must be positive"
+        )
+    if config.warm_start == "imitate" and not 0 < config.imitate_scale <= 1:
+        raise GraphError(f"--imitate-scale {config.imitate_scale}: must be in (0, 1]")
     torch = _torch()
     torch.set_num_threads(1)
     out = Path(out)
     ckpt = Path(checkpoint) if checkpoint is not None else out.with_suffix(".ckpt.npz")
     tasks = make_tasks(config, log)
     names = [t.name for t in tasks]
-    state: dict[str, Any] = {"iteration": 0, "seconds": 0.0, "samples": 0}
+    state: dict[str, Any] = {"iteration": 0, "seconds": 0.0, "samples": 0, "imitation": 0}
     baseline = np.full(len(tasks), np.nan)
     replay: list[tuple[int, np.ndarray, float, float]] = []
     if resume:
@@ -253,9 +282,45 @@ def train(
     show = progress or _lines(log)
     t_start = time.perf_counter() - state["seconds"]
     recent: list[float] = []
+    state.setdefault("imitation", 0)
     pool = TaskPool(workers, ray_address)
     shared = [pool.put((t.problem, t.seeds)) for t in tasks]
     try:
+        if config.warm_start == "imitate":
+            path = Path(targets) if targets is not None else out.with_suffix(".targets.npz")
+            _attach_targets(tasks, shared, config, path, pool, log)
+        recent_gap: list[float] = []
+        while config.warm_start == "imitate" and state["imitation"] < config.imitate_updates:
+            if minutes is not None and time.perf_counter() - t_start > 60 * minutes:
+                break
+            it = state["imitation"]
+            rng = np.random.default_rng([config.seed, 1, it])
+            loss, gaps = imitation_step(net, tasks, config, rng)
+            recent_gap.extend(gaps)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            weights = net.to_weights({"trained": True})
+            state["imitation"] = it + 1
+            state["seconds"] = time.perf_counter() - t_start
+            gap = 100 * float(np.mean(recent_gap[-40:]))
+            show(
+                state["imitation"],
+                config.imitate_updates,
+                f"imitation loss {loss.item():.4f}, mean keys decode {gap:+.2f}% above the "
+                "target (last 40)",
+            )
+            if state["imitation"] % checkpoint_every == 0:
+                _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
+        if (
+            config.warm_start == "imitate"
+            and state["imitation"] >= config.imitate_updates
+            and not state.get("scaled")
+        ):
+            scale_priorities(net, config.imitate_scale)
+            weights = net.to_weights({"trained": True})
+            state["scaled"] = True
         while state["iteration"] < iterations:
             if minutes is not None and time.perf_counter() - t_start > 60 * minutes:
                 log(f"stopping at the time limit ({minutes:g} min)")
@@ -291,12 +356,75 @@ def train(
             "iterations": state["iteration"],
             "samples": state["samples"],
             "train_seconds": round(state["seconds"], 1),
+            "imitation_updates": state["imitation"],
             "config": asdict(config),
         }
     )
     final.save(out)
     log(f"wrote {out} after {state['iteration']} updates, {state['seconds']:.0f}s")
     return final
+
+
+def _attach_targets(
+    tasks: list[Task],
+    shared: list[Any],
+    config: TrainConfig,
+    path: Path,
+    pool: TaskPool,
+    log: Callable[[str], None],
+) -> None:
+    """Give every peak-memory task its target order (searched once, then read from ``path``)."""
+    mem = [i for i, t in enumerate(tasks) if t.problem.objective != "runtime"]
+    found = compute_targets(
+        [tasks[i].name for i in mem],
+        [shared[i] for i in mem],
+        config.imitate_budget,
+        path,
+        pool.map,
+        log,
+    )
+    for i in mem:
+        task = tasks[i]
+        order = found[task.name]
+        if sorted(order.tolist()) != list(range(task.problem.n)):
+            raise CheckpointError(
+                f"imitation targets {path}: the order of {task.name} is not a permutation of "
+                f"its {task.problem.n} nodes (the corpus changed?); delete the file"
+            )
+        task.target = order
+        task.target_value = task.problem.evaluate(task.problem.complete(order))
+    gain = [1 - tasks[i].target_value / tasks[i].reference for i in mem if tasks[i].reference]
+    log(f"targets: {100 * float(np.mean(gain)):.2f}% below the portfolio on average")
+
+
+def scale_priorities(net: TorchPolicy, scale: float) -> None:
+    """Multiply the priority logits (output column 0) by ``scale``: every mean keeps its side
+    of 0.5 and its rank, so the mean schedule stays, while the imitation's means, pushed to
+    near 0 and 1 by rank keys, come back toward 0.5 and the Beta samples spread again."""
+    with net.torch.no_grad():
+        net.params["out.w"][:, 0] *= scale
+        net.params["out.b"][0] *= scale
+
+
+def imitation_step(
+    net: TorchPolicy, tasks: list[Task], config: TrainConfig, rng: np.random.Generator
+) -> tuple[Any, list[float]]:
+    """The imitation loss of ``batch`` peak-memory problems, and how far (relative) the
+    schedule of each one's mean priorities is above its target's (before this update)."""
+    torch = net.torch
+    mem = [i for i, t in enumerate(tasks) if t.target is not None]
+    log_kappa = log_concentration(config.imitate_concentration, BASE_KAPPA)
+    loss: Any = 0.0
+    gaps = []
+    for _ in range(config.batch):
+        k = mem[int(rng.integers(len(mem)))]
+        task = tasks[k]
+        assert task.target is not None
+        action = net.forward(k, task.feats)
+        loss = loss + imitation_loss(torch, action, task.target, log_kappa) / config.batch
+        logits = action[:, 0].detach().double().numpy()
+        gaps.append(mean_decode_gap(task.problem, logits, task.target_value))
+    return loss, gaps
 
 
 def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
