@@ -14,8 +14,9 @@ from timerl.graphopt.parallel import TaskPool
 ray = pytest.importorskip("ray", reason='needs the ray extra: pip install "timerl[ray]"')
 
 
-def _pid_of_square(x: int) -> tuple[int, int]:
+def _pid_of_square(x) -> tuple[int, int]:
     time.sleep(0.2)
+    x = x() if callable(x) else x
     if x < 0:
         raise ValueError(f"negative {x}")
     return x * x, os.getpid()
@@ -26,10 +27,10 @@ def test_a_pool_that_starts_ray_works_in_its_own_process_meanwhile():
         ray.shutdown()
     pool = TaskPool(2)
     assert not ray.is_initialized()  # started by the first map, beside the first call
-    shared = pool.put(3)
-    got = pool.map(_pid_of_square, [(k,) for k in range(8)] + [(shared,)])
+    shared = pool.put(lambda: 3)  # a closure, as a problem's factory is: Ray pickles it too
+    got = pool.map(_pid_of_square, [(shared,)] + [(k,) for k in range(8)])
     assert ray.is_initialized()
-    assert [v for v, _ in got] == [k * k for k in range(8)] + [9]
+    assert [v for v, _ in got] == [9] + [k * k for k in range(8)]
     pids = {pid for _, pid in got}
     assert os.getpid() not in pids
     assert len(pids) == 2  # the pool's own process and Ray's one worker both took calls

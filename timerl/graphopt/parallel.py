@@ -115,7 +115,7 @@ class TaskPool:
             ctx = multiprocessing.get_context("spawn")  # no inherited threads or Ray state
             self._local = ProcessPoolExecutor(1, mp_context=ctx)
             i, args = todo.pop()
-            local = (self._local.submit(fn, *_plain(args)), i)
+            local = (self._local.submit(_call, _pack(fn, args)), i)
             self._start_ray()
         ray = self._ray
         remote = self._remote.get(fn)
@@ -139,7 +139,7 @@ class TaskPool:
         while todo or pending or local:
             if local is None and todo and self._local is not None:
                 i, args = todo.pop()
-                local = (self._local.submit(fn, *_plain(args)), i)
+                local = (self._local.submit(_call, _pack(fn, args)), i)
             while todo and len(pending) < slots:
                 i, args = todo.pop()
                 pending[remote.remote(*self._for_ray(args))] = i
@@ -174,6 +174,21 @@ class TaskPool:
 
 def _plain(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(a.value if isinstance(a, Shared) else a for a in args)
+
+
+def _pack(fn: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
+    """A call for the pool's own process, pickled as Ray pickles a task (with the cloudpickle
+    Ray brings: arguments may hold closures, such as a problem's factory)."""
+    from ray import cloudpickle
+
+    return cloudpickle.dumps((fn, _plain(args)))
+
+
+def _call(packed: bytes) -> Any:
+    from ray import cloudpickle
+
+    fn, args = cloudpickle.loads(packed)
+    return fn(*args)
 
 
 def _failure(i: int, cause: BaseException) -> Exception:
