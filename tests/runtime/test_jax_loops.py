@@ -15,21 +15,25 @@ jax = pytest.importorskip("jax")
 
 
 def _run_counting(ctx, bounds, outs, seed=0):
-    """Compile for jax, run, and count the calls of each fused loop."""
+    """Compile for jax, run, and count the calls of each fused loop and fused iteration body
+    (their keys start with ``"loop"`` and ``"body"``)."""
     prog = ctx.compile(bounds=bounds, outputs=outs, backend="jax", seed=seed)
     calls: dict = {}
-    make = prog.backend.fuse_loop
 
-    def counting(key, plan):
-        fn = make(key, plan)
+    def counting(make):
+        def fuse(key, plan):
+            fn = make(key, plan)
 
-        def call(*args):
-            calls[key] = calls.get(key, 0) + 1
-            return fn(*args)
+            def call(*args):
+                calls[key] = calls.get(key, 0) + 1
+                return fn(*args)
 
-        return call
+            return call
 
-    prog.backend.fuse_loop = counting
+        return fuse
+
+    prog.backend.fuse_loop = counting(prog.backend.fuse_loop)
+    prog.backend.fuse_body = counting(prog.backend.fuse_body)
     prog.run()
     return prog, calls
 
@@ -161,13 +165,15 @@ def test_an_inner_loop_takes_the_outer_index_traced():
         x[i, t + 1] = x[i, t] * 0.5 + tl.full((2,), t) + tl.rand((2,), like=x)
         s = x[i, 0:big_t].sum(0)
     prog, calls = _check(ctx, {big_i: 4, big_t: 6}, [x, s], seed=7)
-    assert sorted(calls.values()) == [1, 4]  # the loop over t in i: once per i
-    assert prog.stats()["jit_loops"] == 2
+    # each iteration of i, its loop over t nested, is one call
+    assert [n for k, n in calls.items() if k[0] == "body"] == [4]
+    assert prog.stats()["jit_bodies"] == 1
     traces = prog.stats()["jit_traces"]
-    prog.run()  # a second run finds the loop traced
+    prog.run()  # a second run finds the iteration traced
     assert prog.stats()["jit_traces"] == traces
     explained = _explained(prog)
-    assert explained["for i in 0 .. I-1"] == "runs in Python: it holds a nested loop over t"
+    assert explained["for i in 0 .. I-1"] == "one XLA program per iteration"
+    assert explained["for t in 0 .. T-1"] == "one XLA loop, inside the iteration's"
 
 
 def test_a_loop_with_a_host_call_stays_in_python_and_says_why():
@@ -275,4 +281,4 @@ def test_a_rollout_carried_across_outer_iterations_is_one_call_per_iteration():
         total = x[i, 0:T].sum()
     prog, calls = _check(ctx, {I: 3, T: 5}, [total])
     assert list(calls.values()) == [3]  # one call per outer iteration
-    assert _explained(prog)["for t in 0 .. T-1"] == "one XLA loop"
+    assert _explained(prog)["for i in 0 .. I-1"] == "one XLA program per iteration"
