@@ -18,11 +18,20 @@ from timerl.rl.jax_envs import make_jax_env  # noqa: E402
 SMALL = dict(num_envs=4, num_steps=8, epochs=1, minibatches=2, hidden=(8,))
 
 
-def _compile(ap, backend: str, iterations: int, extra=()):
+def _compile(ap, backend: str, iterations: int, extra=(), calls: list | None = None):
+    """Compile and run; ``calls`` (jax) collects the key of every fused iteration's call."""
     dims = {b.name: b for b in ap.ctx.bounds}
     bounds = {dims["I"]: iterations, **{dims[k]: v for k, v in ap.bounds.items()}}
     outs = [*ap.metrics.values(), *extra]
     prog = ap.ctx.compile(bounds=bounds, backend=backend, outputs=outs, seed=ap.config.seed)
+    if calls is not None:
+        make = prog.backend.fuse_body
+
+        def fuse_body(key, plan):
+            fn = make(key, plan)
+            return lambda *args: (calls.append(key), fn(*args))[1]
+
+        prog.backend.fuse_body = fuse_body
     prog.run()
     return prog
 
@@ -60,7 +69,8 @@ def test_ppo_on_the_jax_backend_fuses_the_rollout_and_agrees_with_numpy():
     ap = algos.ppo(env_id=env_id, env_backend="jax", **SMALL)
     extra = [ap.rollout["obs"], ap.rollout["reward"], ap.rollout["done"]]
     ref = _compile(ap, "numpy", 3, extra)
-    prog = _compile(ap, "jax", 3, extra)
+    calls: list = []
+    prog = _compile(ap, "jax", 3, extra, calls)
     for name, m in ap.metrics.items():
         np.testing.assert_allclose(
             prog.value(m), ref.value(m), rtol=2e-4, atol=1e-5, err_msg=f"{env_id}: {name}"
@@ -70,8 +80,46 @@ def test_ppo_on_the_jax_backend_fuses_the_rollout_and_agrees_with_numpy():
     rollout = [
         v for k, v in _loops(prog).items() if k.startswith("for t in 0 .. T-1") and "obs" in k
     ]
-    assert rollout == ["one XLA loop"]
+    assert rollout == ["one XLA loop, inside the iteration's"]
+    # the whole iteration (rollout, GAE, update, the ops between them) is one call
+    (outer,) = [v for k, v in _loops(prog).items() if k.startswith("for i in")]
+    assert outer == "one XLA program per iteration"
+    assert len(calls) == 3 and len(set(calls)) == 1 and prog.stats()["jit_bodies"] == 1
     assert ref.stats()["statements_executed"] == prog.stats()["statements_executed"]
+    traces = prog.stats()["jit_traces"]
+    prog.run()  # a second run retraces nothing
+    assert prog.stats()["jit_traces"] == traces
+
+
+def test_resume_on_the_jax_backend_continues_the_run_exactly(tmp_path):
+    """Stopped after the checkpoint of iteration 1 and resumed to 4 iterations: the env state
+    and parameters the fused iterations carried come back from the checkpoint, and the returns
+    and final state equal an uninterrupted run's."""
+    from timerl.rl.checkpoint import latest_checkpoint, load_checkpoint
+    from timerl.rl.train import train
+
+    cfg = {"env_id": "CartPole-v1", "env_backend": "jax", **SMALL, "num_steps": 32}
+    run = dict(iterations=4, backend="jax", checkpoint_every=2, progress=False)
+    full = train("ppo", cfg, log_dir=tmp_path / "full", **run)
+
+    class Stop(Exception):
+        pass
+
+    def stop(record):
+        if record["iteration"] == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train("ppo", cfg, log_dir=tmp_path / "cut", on_iteration=stop, **run)
+    assert load_checkpoint(latest_checkpoint(tmp_path / "cut")).iteration == 1
+    res = train("ppo", None, log_dir=tmp_path / "cut", resume=True, **run)
+    assert res.first_iteration == 2
+    np.testing.assert_allclose(res.returns, full.returns, rtol=1e-6)
+    a = load_checkpoint(latest_checkpoint(tmp_path / "full"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "cut"))
+    assert a.iteration == b.iteration == 3
+    for name, value in a.params.items():
+        np.testing.assert_allclose(b.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_torch_backend_steps_a_jax_env_on_the_host():

@@ -282,3 +282,71 @@ def test_a_rollout_carried_across_outer_iterations_is_one_call_per_iteration():
     prog, calls = _check(ctx, {I: 3, T: 5}, [total])
     assert list(calls.values()) == [3]  # one call per outer iteration
     assert _explained(prog)["for i in 0 .. I-1"] == "one XLA program per iteration"
+
+
+def _bodies(calls: dict) -> list[int]:
+    return [n for k, n in calls.items() if k[0] == "body"]
+
+
+def test_an_iteration_with_two_inner_loops_a_backward_one_and_a_merge_is_one_call():
+    """An outer loop over ``i`` holding a forward loop over ``t`` (with a random draw), a
+    backward loop over ``t`` reading it (GAE's shape), an update loop over ``u`` whose first
+    point merges the previous iteration's weights, and straight-line ops between them: each
+    iteration is one call, the values the numpy reference's, and the weights carried from one
+    iteration to the next stay device arrays in their stores."""
+    ctx = tl.Context(dims=("i", "t", "u"))
+    (i, t, u), (I, T, U) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tl.RecurrentTensor.placeholder((3,), domain=(i, u))
+        w0 = tl.from_numpy(np.array([0.3, -0.2, 0.5], dtype=np.float32))
+        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t))
+        start = tl.RecurrentTensor.placeholder((3,), domain=(i,))
+        start[0] = w0
+        start[i + 1] = w[i, U - 1]
+        x[i, 0] = start * 0.5
+        x[i, t + 1] = (x[i, t] + tl.rand((3,), like=x) * 0.1).tanh()
+        g = tl.RecurrentTensor.placeholder((3,), domain=(i, t))
+        g[t.eq(T - 1)] = x
+        g[True] = x + 0.9 * g[i, t + 1]
+        mean = g[i, 0:T].sum(0) / T  # a straight-line op between the loops
+        w[i, 0] = start - 0.1 * mean
+        w[i, u + 1] = w[i, u] * 0.95 + 0.01 * mean
+        score = w[i, U - 1].sum()
+    prog, calls = _check(ctx, {I: 4, T: 5, U: 3}, [score, x], seed=5)
+    assert _bodies(calls) == [4]
+    explained = _explained(prog)
+    assert explained["for i in 0 .. I-1"] == "one XLA program per iteration"
+    assert explained["for t in T-1 .. 0"] == "one XLA loop, inside the iteration's"
+    traces = prog.stats()["jit_traces"]
+    prog.run()  # a second run retraces nothing
+    assert prog.stats()["jit_traces"] == traces and _bodies(calls) == [8]
+
+
+def test_a_fused_iteration_runs_between_iteration_hooks():
+    """With hooks (the training driver's case), each iteration is one call and the values the
+    hooks read (a sink's) exist after each one."""
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    seen: dict[int, float] = {}
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((2,), domain=(i, t))
+        x[0, 0] = tl.ones((2,))
+        x[i, t + 1] = x[i, t] * 0.5 + 1.0
+        x[i + 1, 0] = x[i, T - 1] * 0.25
+        total = x[i, 0:T].sum()
+        tl.sink(total, lambda value, point: seen.__setitem__(point["i"], float(value)))
+    ref = ctx.compile(bounds={I: 3, T: 4}, backend="numpy")
+    want: dict[int, float] = {}
+    ref.executor().run(on_iteration=lambda k: want.__setitem__(k, seen[k]))
+    seen.clear()
+    got: dict[int, float] = {}
+    calls = []
+    for n in (3, 5):  # the calls before the loop are the same: the difference is per iteration
+        prog = ctx.compile(bounds={I: n, T: 4}, backend="jax")
+        prog.executor().run(on_iteration=lambda k: got.__setitem__(k, seen[k]))
+        calls.append(prog.stats()["jit_calls"])
+        assert prog.stats()["jit_bodies"] == 1
+        if n == 3:
+            assert got.keys() == want.keys() == {0, 1, 2}
+            np.testing.assert_allclose([got[k] for k in range(3)], [want[k] for k in range(3)])
+    assert calls[1] - calls[0] == 2  # one call per iteration
