@@ -9,8 +9,9 @@ the backend traces) and emits the Python around it.
 A loop is fused when its bound is static, it has no ``until``, it is not the program's outer
 loop (iteration hooks run between those iterations), and every statement of its body is a
 compute statement that can be traced (``Fusion.why_not_traced``: no host call, no shape that
-changes with the point) or a free; a nested loop keeps it out. ``explain()`` lists each loop
-and why it was or was not fused.
+changes with the point) or a free; a nested loop keeps it out (a top-level loop holding loops
+runs an iteration at a time as one call instead: ``body_regions``). ``explain()`` lists each
+loop and why it was or was not fused.
 
 Inside the traced loop the loop index is a traced integer. What the body reads:
 
