@@ -307,7 +307,7 @@ def test_an_iteration_with_two_inner_loops_a_backward_one_and_a_merge_is_one_cal
         x[i, t + 1] = (x[i, t] + tl.rand((3,), like=x) * 0.1).tanh()
         g = tl.RecurrentTensor.placeholder((3,), domain=(i, t))
         g[t.eq(T - 1)] = x
-        g[True] = x + 0.9 * g[i, t + 1]
+        g[True] = x + 0.9 * g[i, t + 1] + 0.1 * x[i, t + 1]  # the earlier loop, one ahead
         mean = g[i, 0:T].sum(0) / T  # a straight-line op between the loops
         w[i, 0] = start - 0.1 * mean
         w[i, u + 1] = w[i, u] * 0.95 + 0.01 * mean
@@ -350,3 +350,28 @@ def test_a_fused_iteration_runs_between_iteration_hooks():
             assert got.keys() == want.keys() == {0, 1, 2}
             np.testing.assert_allclose([got[k] for k in range(3)], [want[k] for k in range(3)])
     assert calls[1] - calls[0] == 2  # one call per iteration
+
+
+def test_an_iteration_whose_inner_loop_calls_the_host_runs_as_regions_and_says_why():
+    def host(a: np.ndarray) -> np.ndarray:
+        assert isinstance(a, np.ndarray)
+        return a * 2.0
+
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((2,), domain=(i, t))
+        x[0, 0] = tl.ones((2,))
+        doubled = tl.RecurrentTensor(
+            apply("udf", x.view, fn=host, shape=(2,), dtype=np.dtype("float32")), ctx
+        ).named("doubled")
+        x[i, t + 1] = (doubled * 0.3).tanh()
+        x[i + 1, 0] = x[i, T - 1]
+        total = x[i, 0:T].sum()
+    prog, calls = _check(ctx, {I: 3, T: 4}, [total])
+    assert not _bodies(calls)
+    explained = _explained(prog)
+    assert explained["for i in 0 .. I-1"] == (
+        "runs in Python, a call per region and inner loop: its loop over t runs in Python: "
+        "doubled (udf) is a host call"
+    )

@@ -40,13 +40,12 @@ from timerl.runtime.loop_regions import (
     LoopPlan,
     LoopRegion,
     LoopStep,
-    _earlier_instance,
     _nbytes,
     _symbols,
     describe,
 )
 from timerl.schedule.program import Compute, Free, Loop, Stmt
-from timerl.symbolic import TRUE, Bound, Dim, Slice
+from timerl.symbolic import TRUE, Bound, Const, Dim, Slice
 
 
 @dataclass(eq=False)
@@ -129,6 +128,8 @@ class BodyFusion:
         self.top: dict[int, Op] = {}
         self.inner: dict[int, int] = {}  # op id -> position of its nested loop
         self.regions: list[LoopRegion] = []
+        # every op the body computes: one read before its computation must not go to a store
+        self.body_ops = _computed(loop.body)
         self.inputs: list[tuple[str, Edge, Loop | None]] = []
         self.input_pos: dict[tuple, int] = {}
         deferred: dict[int, Op] = {}
@@ -263,10 +264,21 @@ class BodyFusion:
             raise _No(f"{edge.src.label} is read at another point of {dim.name}")
         return region, edge.index[src.domain.index(region.loop.dim)]
 
+    def _outside(self, edge: Edge) -> bool:
+        """The read is of a value from outside this iteration (read from its store)."""
+        src = edge.src
+        if _other_iteration(edge, self.dim):
+            return True
+        if src.id in self.top or src.id in self.inner:
+            return False
+        if src.id in self.body_ops:
+            raise _No(f"{src.label} is read in the iteration before it is computed")
+        return True
+
     def _ref(self, edge: Edge) -> tuple:
         """Where a value read at one point (per iteration of the body) comes from."""
         src, dim = edge.src, self.dim
-        if _earlier_instance(edge, dim) or (src.id not in self.top and src.id not in self.inner):
+        if self._outside(edge):
             return self._input("closed", edge, None)
         if src.id in self.top:
             if len(edge.index) != len(src.domain) or any(
@@ -296,7 +308,7 @@ class BodyFusion:
     def _moving(self, edge: Edge, loop: Loop, n: int) -> tuple:
         """Where a value read at every iteration of the nested ``loop`` comes from."""
         src, dim = edge.src, self.dim
-        if _earlier_instance(edge, dim) or (src.id not in self.top and src.id not in self.inner):
+        if self._outside(edge):
             return self._input("rows", edge, loop)
         if src.id in self.top:
             raise _No(f"{src.label} is read along {loop.dim.name} but computed once")
@@ -365,3 +377,25 @@ class BodyFusion:
                 if op.id in gen.locals and op.id not in body.needed:
                     continue  # computed inside the call only: never counted in
                 gen.free(s, depth)
+
+
+def _computed(stmts: list[Stmt]) -> set[int]:
+    """The ids of the ops a loop body computes, inner loops included."""
+    out: set[int] = set()
+    for s in stmts:
+        if isinstance(s, Compute):
+            out.add(s.op.id)
+        elif isinstance(s, Loop):
+            out |= _computed(s.body)
+    return out
+
+
+def _other_iteration(edge: Edge, dim: Dim) -> bool:
+    """The read is of another iteration's point (``w[i - 1, U - 1]``): stored before the call."""
+    if dim not in edge.src.domain:
+        return False
+    idx = edge.index[edge.src.domain.index(dim)]
+    if isinstance(idx, Slice):
+        return False
+    off = idx - dim
+    return isinstance(off, Const) and off.value != 0
