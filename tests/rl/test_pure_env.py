@@ -155,3 +155,24 @@ def test_bad_combinations_name_the_env_and_the_reason():
 
     with pytest.raises(EnvError, match="cannot be split over 2 Ray workers"):
         make_env("CartPole-v1", 2, 0, "jax", workers=2)
+
+
+def test_a_tally_of_a_rollout_at_once_equals_its_steps_one_by_one():
+    """The driver's episode returns after a pure env's rollout: ``add_steps`` over ``(T, n)``
+    rewards and dones gives the very sums, lengths and order of ``T`` calls of ``add``."""
+    from timerl.rl.vector_env import EpisodeTally
+
+    rng = np.random.default_rng(0)
+    for trial in range(50):
+        steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 7))
+        one, many = EpisodeTally(n), EpisodeTally(n)
+        for _ in range(3):  # episodes continue from one rollout into the next
+            reward = rng.normal(size=(steps, n)).astype(np.float32)
+            done = rng.random((steps, n)) < 0.2 * rng.random()
+            for t in range(steps):
+                one.add(reward[t], done[t])
+            many.add_steps(reward, done)
+            np.testing.assert_array_equal(many.running_return, one.running_return)
+            np.testing.assert_array_equal(many.running_length, one.running_length)
+            assert many.done_returns == one.done_returns, trial
+            assert many.done_lengths == one.done_lengths, trial
