@@ -511,18 +511,25 @@ class LoopFusion:
             gen.emit(depth, f"S{op.id}.put_rows({outer}, _h[{op.id}], _ks)")
             gen.emit(depth, f"M[0] += len(_ks) * {row}")
             gen.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
-        # every iteration's: surviving points, statement counts, frees of outside values
+        # every iteration's: surviving points, statement counts, frees of outside values (a
+        # free whose points do not move with the loop frees them once: emitted once, after)
+        moving = [f for f in region.outside_frees if loop.dim in _symbols((f.prefix, f.pinned))]
+        once = [f for f in region.outside_frees if all(f is not m for m in moving)]
         rest = [op for op, _ in rows_out if op.id not in self.row_stores]
-        if rest or guarded or region.outside_frees:
+        if rest or guarded or moving:
             gen.emit(depth, f"for {d} in range({b}):")
             for cond, n in guarded.items():
                 gen.emit(depth + 1, f"if {cond}: C[0] += {n}")
             for op, pins in rows_out:
                 if op.id not in self.row_stores:
                     self._store(op, f"_h[{op.id}][{d}]", depth + 1, pins, d)
-            for stmt in region.outside_frees:
+            for stmt in moving:
                 gen.free(stmt, depth + 1)
             gen.emit(depth + 1, "pass")
+        if once:
+            gen.emit(depth, f"if {b} > 0:")
+            for stmt in once:
+                gen.free(stmt, depth + 1)
 
     def _store(self, op: Op, value: str, depth: int, pins: tuple[int, ...] | None, d: str) -> None:
         gen = self.gen
