@@ -18,11 +18,20 @@ from timerl.rl.jax_envs import make_jax_env  # noqa: E402
 SMALL = dict(num_envs=4, num_steps=8, epochs=1, minibatches=2, hidden=(8,))
 
 
-def _compile(ap, backend: str, iterations: int, extra=()):
+def _compile(ap, backend: str, iterations: int, extra=(), calls: list | None = None):
+    """Compile and run; ``calls`` (jax) collects the key of every fused iteration's call."""
     dims = {b.name: b for b in ap.ctx.bounds}
     bounds = {dims["I"]: iterations, **{dims[k]: v for k, v in ap.bounds.items()}}
     outs = [*ap.metrics.values(), *extra]
     prog = ap.ctx.compile(bounds=bounds, backend=backend, outputs=outs, seed=ap.config.seed)
+    if calls is not None:
+        make = prog.backend.fuse_body
+
+        def fuse_body(key, plan):
+            fn = make(key, plan)
+            return lambda *args: (calls.append(key), fn(*args))[1]
+
+        prog.backend.fuse_body = fuse_body
     prog.run()
     return prog
 
@@ -60,7 +69,8 @@ def test_ppo_on_the_jax_backend_fuses_the_rollout_and_agrees_with_numpy():
     ap = algos.ppo(env_id=env_id, env_backend="jax", **SMALL)
     extra = [ap.rollout["obs"], ap.rollout["reward"], ap.rollout["done"]]
     ref = _compile(ap, "numpy", 3, extra)
-    prog = _compile(ap, "jax", 3, extra)
+    calls: list = []
+    prog = _compile(ap, "jax", 3, extra, calls)
     for name, m in ap.metrics.items():
         np.testing.assert_allclose(
             prog.value(m), ref.value(m), rtol=2e-4, atol=1e-5, err_msg=f"{env_id}: {name}"
@@ -70,8 +80,46 @@ def test_ppo_on_the_jax_backend_fuses_the_rollout_and_agrees_with_numpy():
     rollout = [
         v for k, v in _loops(prog).items() if k.startswith("for t in 0 .. T-1") and "obs" in k
     ]
-    assert rollout == ["one XLA loop"]
+    assert rollout == ["one XLA loop, inside the iteration's"]
+    # the whole iteration (rollout, GAE, update, the ops between them) is one call
+    (outer,) = [v for k, v in _loops(prog).items() if k.startswith("for i in")]
+    assert outer == "one XLA program per iteration"
+    assert len(calls) == 3 and len(set(calls)) == 1 and prog.stats()["jit_bodies"] == 1
     assert ref.stats()["statements_executed"] == prog.stats()["statements_executed"]
+    traces = prog.stats()["jit_traces"]
+    prog.run()  # a second run retraces nothing
+    assert prog.stats()["jit_traces"] == traces
+
+
+def test_resume_on_the_jax_backend_continues_the_run_exactly(tmp_path):
+    """Stopped after the checkpoint of iteration 1 and resumed to 4 iterations: the env state
+    and parameters the fused iterations carried come back from the checkpoint, and the returns
+    and final state equal an uninterrupted run's."""
+    from timerl.rl.checkpoint import latest_checkpoint, load_checkpoint
+    from timerl.rl.train import train
+
+    cfg = {"env_id": "CartPole-v1", "env_backend": "jax", **SMALL, "num_steps": 32}
+    run = dict(iterations=4, backend="jax", checkpoint_every=2, progress=False)
+    full = train("ppo", cfg, log_dir=tmp_path / "full", **run)
+
+    class Stop(Exception):
+        pass
+
+    def stop(record):
+        if record["iteration"] == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train("ppo", cfg, log_dir=tmp_path / "cut", on_iteration=stop, **run)
+    assert load_checkpoint(latest_checkpoint(tmp_path / "cut")).iteration == 1
+    res = train("ppo", None, log_dir=tmp_path / "cut", resume=True, **run)
+    assert res.first_iteration == 2
+    np.testing.assert_allclose(res.returns, full.returns, rtol=1e-6)
+    a = load_checkpoint(latest_checkpoint(tmp_path / "full"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "cut"))
+    assert a.iteration == b.iteration == 3
+    for name, value in a.params.items():
+        np.testing.assert_allclose(b.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_torch_backend_steps_a_jax_env_on_the_host():
@@ -107,3 +155,24 @@ def test_bad_combinations_name_the_env_and_the_reason():
 
     with pytest.raises(EnvError, match="cannot be split over 2 Ray workers"):
         make_env("CartPole-v1", 2, 0, "jax", workers=2)
+
+
+def test_a_tally_of_a_rollout_at_once_equals_its_steps_one_by_one():
+    """The driver's episode returns after a pure env's rollout: ``add_steps`` over ``(T, n)``
+    rewards and dones gives the very sums, lengths and order of ``T`` calls of ``add``."""
+    from timerl.rl.vector_env import EpisodeTally
+
+    rng = np.random.default_rng(0)
+    for trial in range(50):
+        steps, n = int(rng.integers(1, 30)), int(rng.integers(1, 7))
+        one, many = EpisodeTally(n), EpisodeTally(n)
+        for _ in range(3):  # episodes continue from one rollout into the next
+            reward = rng.normal(size=(steps, n)).astype(np.float32)
+            done = rng.random((steps, n)) < 0.2 * rng.random()
+            for t in range(steps):
+                one.add(reward[t], done[t])
+            many.add_steps(reward, done)
+            np.testing.assert_array_equal(many.running_return, one.running_return)
+            np.testing.assert_array_equal(many.running_length, one.running_length)
+            assert many.done_returns == one.done_returns, trial
+            assert many.done_lengths == one.done_lengths, trial

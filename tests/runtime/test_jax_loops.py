@@ -15,21 +15,25 @@ jax = pytest.importorskip("jax")
 
 
 def _run_counting(ctx, bounds, outs, seed=0):
-    """Compile for jax, run, and count the calls of each fused loop."""
+    """Compile for jax, run, and count the calls of each fused loop and fused iteration body
+    (their keys start with ``"loop"`` and ``"body"``)."""
     prog = ctx.compile(bounds=bounds, outputs=outs, backend="jax", seed=seed)
     calls: dict = {}
-    make = prog.backend.fuse_loop
 
-    def counting(key, plan):
-        fn = make(key, plan)
+    def counting(make):
+        def fuse(key, plan):
+            fn = make(key, plan)
 
-        def call(*args):
-            calls[key] = calls.get(key, 0) + 1
-            return fn(*args)
+            def call(*args):
+                calls[key] = calls.get(key, 0) + 1
+                return fn(*args)
 
-        return call
+            return call
 
-    prog.backend.fuse_loop = counting
+        return fuse
+
+    prog.backend.fuse_loop = counting(prog.backend.fuse_loop)
+    prog.backend.fuse_body = counting(prog.backend.fuse_body)
     prog.run()
     return prog, calls
 
@@ -161,13 +165,15 @@ def test_an_inner_loop_takes_the_outer_index_traced():
         x[i, t + 1] = x[i, t] * 0.5 + tl.full((2,), t) + tl.rand((2,), like=x)
         s = x[i, 0:big_t].sum(0)
     prog, calls = _check(ctx, {big_i: 4, big_t: 6}, [x, s], seed=7)
-    assert sorted(calls.values()) == [1, 4]  # the loop over t in i: once per i
-    assert prog.stats()["jit_loops"] == 2
+    # each iteration of i, its loop over t nested, is one call
+    assert [n for k, n in calls.items() if k[0] == "body"] == [4]
+    assert prog.stats()["jit_bodies"] == 1
     traces = prog.stats()["jit_traces"]
-    prog.run()  # a second run finds the loop traced
+    prog.run()  # a second run finds the iteration traced
     assert prog.stats()["jit_traces"] == traces
     explained = _explained(prog)
-    assert explained["for i in 0 .. I-1"] == "runs in Python: it holds a nested loop over t"
+    assert explained["for i in 0 .. I-1"] == "one XLA program per iteration"
+    assert explained["for t in 0 .. T-1"] == "one XLA loop, inside the iteration's"
 
 
 def test_a_loop_with_a_host_call_stays_in_python_and_says_why():
@@ -275,4 +281,97 @@ def test_a_rollout_carried_across_outer_iterations_is_one_call_per_iteration():
         total = x[i, 0:T].sum()
     prog, calls = _check(ctx, {I: 3, T: 5}, [total])
     assert list(calls.values()) == [3]  # one call per outer iteration
-    assert _explained(prog)["for t in 0 .. T-1"] == "one XLA loop"
+    assert _explained(prog)["for i in 0 .. I-1"] == "one XLA program per iteration"
+
+
+def _bodies(calls: dict) -> list[int]:
+    return [n for k, n in calls.items() if k[0] == "body"]
+
+
+def test_an_iteration_with_two_inner_loops_a_backward_one_and_a_merge_is_one_call():
+    """An outer loop over ``i`` holding a forward loop over ``t`` (with a random draw), a
+    backward loop over ``t`` reading it (GAE's shape), an update loop over ``u`` whose first
+    point merges the previous iteration's weights, and straight-line ops between them: each
+    iteration is one call, the values the numpy reference's, and the weights carried from one
+    iteration to the next stay device arrays in their stores."""
+    ctx = tl.Context(dims=("i", "t", "u"))
+    (i, t, u), (I, T, U) = ctx.dims, ctx.bounds
+    with ctx:
+        w = tl.RecurrentTensor.placeholder((3,), domain=(i, u))
+        w0 = tl.from_numpy(np.array([0.3, -0.2, 0.5], dtype=np.float32))
+        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t))
+        start = tl.RecurrentTensor.placeholder((3,), domain=(i,))
+        start[0] = w0
+        start[i + 1] = w[i, U - 1]
+        x[i, 0] = start * 0.5
+        x[i, t + 1] = (x[i, t] + tl.rand((3,), like=x) * 0.1).tanh()
+        g = tl.RecurrentTensor.placeholder((3,), domain=(i, t))
+        g[t.eq(T - 1)] = x
+        g[True] = x + 0.9 * g[i, t + 1] + 0.1 * x[i, t + 1]  # the earlier loop, one ahead
+        mean = g[i, 0:T].sum(0) / T  # a straight-line op between the loops
+        w[i, 0] = start - 0.1 * mean
+        w[i, u + 1] = w[i, u] * 0.95 + 0.01 * mean
+        score = w[i, U - 1].sum()
+    prog, calls = _check(ctx, {I: 4, T: 5, U: 3}, [score, x], seed=5)
+    assert _bodies(calls) == [4]
+    explained = _explained(prog)
+    assert explained["for i in 0 .. I-1"] == "one XLA program per iteration"
+    assert explained["for t in T-1 .. 0"] == "one XLA loop, inside the iteration's"
+    traces = prog.stats()["jit_traces"]
+    prog.run()  # a second run retraces nothing
+    assert prog.stats()["jit_traces"] == traces and _bodies(calls) == [8]
+
+
+def test_a_fused_iteration_runs_between_iteration_hooks():
+    """With hooks (the training driver's case), each iteration is one call and the values the
+    hooks read (a sink's) exist after each one."""
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    seen: dict[int, float] = {}
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((2,), domain=(i, t))
+        x[0, 0] = tl.ones((2,))
+        x[i, t + 1] = x[i, t] * 0.5 + 1.0
+        x[i + 1, 0] = x[i, T - 1] * 0.25
+        total = x[i, 0:T].sum()
+        tl.sink(total, lambda value, point: seen.__setitem__(point["i"], float(value)))
+    ref = ctx.compile(bounds={I: 3, T: 4}, backend="numpy")
+    want: dict[int, float] = {}
+    ref.executor().run(on_iteration=lambda k: want.__setitem__(k, seen[k]))
+    seen.clear()
+    got: dict[int, float] = {}
+    calls = []
+    for n in (3, 5):  # the calls before the loop are the same: the difference is per iteration
+        prog = ctx.compile(bounds={I: n, T: 4}, backend="jax")
+        prog.executor().run(on_iteration=lambda k: got.__setitem__(k, seen[k]))
+        calls.append(prog.stats()["jit_calls"])
+        assert prog.stats()["jit_bodies"] == 1
+        if n == 3:
+            assert got.keys() == want.keys() == {0, 1, 2}
+            np.testing.assert_allclose([got[k] for k in range(3)], [want[k] for k in range(3)])
+    assert calls[1] - calls[0] == 2  # one call per iteration
+
+
+def test_an_iteration_whose_inner_loop_calls_the_host_runs_as_regions_and_says_why():
+    def host(a: np.ndarray) -> np.ndarray:
+        assert isinstance(a, np.ndarray)
+        return a * 2.0
+
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((2,), domain=(i, t))
+        x[0, 0] = tl.ones((2,))
+        doubled = tl.RecurrentTensor(
+            apply("udf", x.view, fn=host, shape=(2,), dtype=np.dtype("float32")), ctx
+        ).named("doubled")
+        x[i, t + 1] = (doubled * 0.3).tanh()
+        x[i + 1, 0] = x[i, T - 1]
+        total = x[i, 0:T].sum()
+    prog, calls = _check(ctx, {I: 3, T: 4}, [total])
+    assert not _bodies(calls)
+    explained = _explained(prog)
+    assert explained["for i in 0 .. I-1"] == (
+        "runs in Python, a call per region and inner loop: its loop over t runs in Python: "
+        "doubled (udf) is a host call"
+    )

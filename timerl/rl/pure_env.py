@@ -82,8 +82,7 @@ class EpisodeReturns:
 
     def record(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
         """Add one iteration's ``(T, num_envs)`` rewards and dones."""
-        for r, d in zip(np.asarray(reward), np.asarray(done, dtype=bool), strict=True):
-            self.episodes.add(r, d)
+        self.episodes.add_steps(np.asarray(reward), np.asarray(done, dtype=bool))
         return np.zeros((), bool)
 
     def completed_returns(self) -> np.ndarray:

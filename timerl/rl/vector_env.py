@@ -52,6 +52,33 @@ class EpisodeTally:
             self.running_return[idx] = 0.0
             self.running_length[idx] = 0
 
+    def add_steps(self, rewards: np.ndarray, dones: np.ndarray) -> None:
+        """``T`` steps of every env at once (``(T, num_envs)`` arrays): the same sums, in the
+        same order, as ``T`` calls of ``add``, with a Python loop over the envs whose episodes
+        end in them rather than over the steps."""
+        rewards = np.asarray(rewards, dtype=np.float64)
+        dones = np.asarray(dones, dtype=bool)
+        steps = len(rewards)
+        ending = dones.any(0)
+        calm = ~ending  # no episode ends: one sequential sum per env, the running value first
+        self.running_return[calm] = np.add.accumulate(
+            np.concatenate([self.running_return[None, calm], rewards[:, calm]]), axis=0
+        )[-1]
+        self.running_length[calm] += steps
+        ended: list[tuple[int, int, float, int]] = []
+        for j in np.flatnonzero(ending):
+            run, length, start = self.running_return[j], int(self.running_length[j]), 0
+            for t in np.flatnonzero(dones[:, j]):
+                total = np.add.accumulate(np.concatenate([[run], rewards[start : t + 1, j]]))[-1]
+                ended.append((int(t), int(j), float(total), length + int(t) + 1 - start))
+                run, length, start = 0.0, 0, int(t) + 1
+            rest = np.concatenate([[run], rewards[start:, j]])
+            self.running_return[j] = np.add.accumulate(rest)[-1]
+            self.running_length[j] = length + steps - start
+        ended.sort()
+        self.done_returns.extend(e[2] for e in ended)
+        self.done_lengths.extend(e[3] for e in ended)
+
     def completed_returns(self) -> np.ndarray:
         """Returns of the episodes finished since the last call (then forgotten)."""
         out = np.asarray(self.done_returns, dtype=np.float64)

@@ -23,6 +23,7 @@ import numpy as np
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
+from timerl.runtime.body_regions import BodyFusion
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
 from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
@@ -104,6 +105,8 @@ class CodeGen:
         # whole loops as one compiled call, on backends that can trace a loop (jax)
         fuses_loops = self.fusion is not None and getattr(backend, "fuses_loops", False)
         self.loops = LoopFusion(self.fusion) if fuses_loops else None
+        # a top-level loop's iteration, inner loops included, as one compiled call (jax)
+        self.bodies = BodyFusion(self.loops) if self.loops is not None else None
 
     # --- which values can live in locals -------------------------------------------------------
     def _local_ops(self) -> set[int]:
@@ -331,10 +334,17 @@ class CodeGen:
 
     def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
         if self.loops is not None:
-            region = self.loops.region(loop, outer)
-            if region is not None:  # the whole loop as one compiled call
-                self.loops.emit(region, depth)
-                return
+            if loop is not outer:
+                region = self.loops.region(loop, outer)
+                if region is not None:  # the whole loop as one compiled call
+                    self.loops.emit(region, depth)
+                    return
+            nests = any(isinstance(s, Loop) for s in loop.body)
+            if loop is outer or (depth == 1 and nests):
+                body = self.bodies.region(loop)
+                if body is not None:  # each iteration as one compiled call
+                    self._fused_iterations(loop, body, depth, outer)
+                    return
         for line in self.plan.allocate_src(loop, self.names.of):
             self.emit(depth, line)
         d = self.names.of(loop.dim)
@@ -367,6 +377,19 @@ class CodeGen:
         self.emit(depth + 1, f"{d} += 1")
         outer_pt = self.key_src([self.names.of(x) for x in done.domain if x is not loop.dim])
         self.emit(depth, f"CTL.lengths[{self.const('BOUND', loop.dim.bound)}][{outer_pt}] = {b}")
+
+    def _fused_iterations(self, loop: Loop, body: Any, depth: int, outer: Loop | None) -> None:
+        d = self.names.of(loop.dim)
+        b = self.names.of(loop.dim.bound)
+        if loop is outer:
+            self.emit(depth, "CTL.before()")
+            self.emit(depth, f"for {d} in range(CTL.start, {b}):")
+        else:
+            rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
+            self.emit(depth, f"for {d} in {rng}:")
+        self.bodies.emit(body, depth + 1)
+        if loop is outer:
+            self.emit(depth + 1, f"CTL.after({d})")
 
     def body(self, stmts: list[Stmt], depth: int, outer: Loop | None) -> None:
         if not stmts:

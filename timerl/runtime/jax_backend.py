@@ -21,7 +21,8 @@ import numpy as np
 
 from timerl.errors import BackendError
 from timerl.runtime.backend import Backend
-from timerl.runtime.jax_loops import loop_function
+from timerl.runtime.body_regions import BodyPlan
+from timerl.runtime.jax_loops import body_function, loop_function
 from timerl.runtime.jax_lowering import LOWERINGS, TRACED_ATTRS
 from timerl.runtime.loop_regions import LoopPlan
 
@@ -51,6 +52,8 @@ class JaxBackend(Backend):
             raise BackendError(f"device {device!r} asked for, but jax has none: {exc}") from None
         self._regions: dict[Hashable, Callable[..., Any]] = {}
         self._loops: dict[Hashable, Callable[..., Any]] = {}
+        self._bodies: dict[Hashable, Callable[..., Any]] = {}
+        self.calls = 0  # calls of jitted functions (regions, loops, iteration bodies)
         # per loop of the program (as explain() names it): fused, or why it runs in Python
         self.loop_notes: dict[str, str] = {}
         self.traces = 0
@@ -61,20 +64,17 @@ class JaxBackend(Backend):
         return value if value.dtype == want else value.astype(want)
 
     # --- jitted regions --------------------------------------------------------------------------
-    def fuse(self, key: Hashable, fn: Callable[..., tuple]) -> Callable[..., tuple]:
-        """``fn`` jitted, once per ``key`` for the life of this backend (so of its program);
-        its first argument is static (a region's branch choices: a new value retraces)."""
-        cached = self._regions.get(key)
-        if cached is not None:
-            return cached
+    def _jitted(self, fn: Callable[..., Any], **jit: Any) -> Callable[..., Any]:
+        """``fn`` jitted, its traces, their seconds and every call counted for ``stats()``."""
 
-        def traced(*args: Any) -> tuple:
+        def traced(*args: Any) -> Any:
             self.traces += 1  # runs only while jax traces
             return fn(*args)
 
-        jitted = jax.jit(traced, static_argnums=0)
+        jitted = jax.jit(traced, **jit)
 
-        def call(*args: Any) -> tuple:
+        def call(*args: Any) -> Any:
+            self.calls += 1
             before = self.traces
             start = time.perf_counter()
             out = jitted(*args)
@@ -82,37 +82,37 @@ class JaxBackend(Backend):
                 self.trace_seconds += time.perf_counter() - start
             return out
 
-        self._regions[key] = call
         return call
+
+    def fuse(self, key: Hashable, fn: Callable[..., tuple]) -> Callable[..., tuple]:
+        """``fn`` jitted, once per ``key`` for the life of this backend (so of its program);
+        its first argument is static (a region's branch choices: a new value retraces)."""
+        cached = self._regions.get(key)
+        if cached is None:
+            cached = self._regions[key] = self._jitted(fn, static_argnums=0)
+        return cached
 
     def fuse_loop(self, key: Hashable, plan: LoopPlan) -> Callable[..., Any]:
         """The loop ``plan`` describes as one jitted ``lax.fori_loop``, once per ``key`` for
         the life of this backend; its traces count with the regions'."""
         cached = self._loops.get(key)
-        if cached is not None:
-            return cached
-        fn = loop_function(plan)
+        if cached is None:
+            cached = self._loops[key] = self._jitted(loop_function(plan))
+        return cached
 
-        def traced(*args: Any) -> Any:
-            self.traces += 1
-            return fn(*args)
-
-        jitted = jax.jit(traced)
-
-        def call(*args: Any) -> Any:
-            before = self.traces
-            start = time.perf_counter()
-            out = jitted(*args)
-            if self.traces != before:
-                self.trace_seconds += time.perf_counter() - start
-            return out
-
-        self._loops[key] = call
-        return call
+    def fuse_body(self, key: Hashable, plan: BodyPlan) -> Callable[..., Any]:
+        """One iteration of a loop, inner loops nested, as one jitted function of the values
+        read before it and the traced loop index; once per ``key`` for this backend's life."""
+        cached = self._bodies.get(key)
+        if cached is None:
+            cached = self._bodies[key] = self._jitted(body_function(plan))
+        return cached
 
     def region_stats(self) -> dict[str, Any]:
         return {
             "jit_loops": len(self._loops),
+            "jit_bodies": len(self._bodies),
+            "jit_calls": self.calls,
             "jit_regions": len(self._regions),
             "jit_traces": self.traces,
             "jit_trace_compile_seconds": self.trace_seconds,

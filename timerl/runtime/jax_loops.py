@@ -17,7 +17,8 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-from timerl.runtime.loop_regions import LoopPlan
+from timerl.runtime.body_regions import BodyPlan
+from timerl.runtime.loop_regions import LoopPlan, LoopStep
 from timerl.symbolic import Condition, Expr, vevaluate
 
 
@@ -35,6 +36,21 @@ def _evaluate(item: Any, env: dict) -> Any:
     if isinstance(item, (Expr, Condition)):
         return vevaluate(item, env, jnp)
     return item
+
+
+def apply_step(st: LoopStep, ins: list, env: dict) -> Any:
+    """One op of a traced body on its inputs, its index expressions evaluated in ``env``."""
+    if st.fn is None:  # a merge: the first branch whose condition holds
+        out = _exact(ins[-1], st.shape, st.dtype)
+        for cond, value in zip(st.conds[-2::-1], ins[-2::-1], strict=True):
+            out = jnp.where(_evaluate(cond, env), _exact(value, st.shape, st.dtype), out)
+        return out
+    extra = {name: _evaluate(v, env) for name, v in st.traced.items()}
+    if st.key is not None:
+        (seed, stream), coords = st.key
+        extra["key"] = (seed, stream, *_evaluate(tuple(coords), env))
+    out = st.fn(*ins, **st.kwargs, **extra)
+    return out if st.multi else _exact(out, st.shape, st.dtype)
 
 
 def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
@@ -71,21 +87,7 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
                 return stacked[ref[1]][u]
 
             for st in plan.steps:
-                ins = [read(r) for r in st.refs]
-                if st.fn is None:  # a merge: the first branch whose condition holds
-                    out = _exact(ins[-1], st.shape, st.dtype)
-                    for cond, value in zip(st.conds[-2::-1], ins[-2::-1], strict=True):
-                        out = jnp.where(
-                            _evaluate(cond, env), _exact(value, st.shape, st.dtype), out
-                        )
-                    vals[st.op_id] = out
-                else:
-                    extra = {name: _evaluate(v, env) for name, v in st.traced.items()}
-                    if st.key is not None:
-                        (seed, stream), coords = st.key
-                        extra["key"] = (seed, stream, *_evaluate(tuple(coords), env))
-                    out = st.fn(*ins, **st.kwargs, **extra)
-                    vals[st.op_id] = out if st.multi else _exact(out, st.shape, st.dtype)
+                vals[st.op_id] = apply_step(st, [read(r) for r in st.refs], env)
                 if st.op_id in hist:  # at once: a later read at a fixed point may be this one
                     hist[st.op_id] = hist[st.op_id].at[u].set(vals[st.op_id])
             return {m: vals[m] for m in last}, hist
@@ -97,5 +99,59 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
         finals = {m: last[m] for m in plan.finals}
         rows_out = {m: hist[m] for m in plan.rows_out}
         return finals, rows_out
+
+    return run
+
+
+def body_function(plan: BodyPlan) -> Callable[..., tuple[dict, tuple]]:
+    """``fn(inputs, index)``: one iteration of the outer loop, ``index`` its traced value and
+    ``inputs`` the values read from stores before the call; returns the top-level values
+    ``plan.outs`` and, per nested loop, its ``(finals, rows_out)`` restricted to what is kept."""
+    inner = [loop_function(nest.plan) for nest in plan.loops]
+
+    def run(inputs: tuple, index: Any) -> tuple[dict, tuple]:
+        env: dict = dict(plan.consts)
+        env[plan.dim] = index
+        vals: dict[int, Any] = {}
+        last: dict[int, Any] = {}
+        rows: dict[int, Any] = {}
+
+        def read(ref: tuple) -> Any:
+            kind = ref[0]
+            if kind == "in":
+                return inputs[ref[1]]
+            if kind == "val":
+                return vals[ref[1]]
+            if kind == "fin":
+                return last[ref[1]]
+            if kind == "at":
+                return rows[ref[1]][_evaluate(ref[2], env)]
+            if kind == "slice":
+                return rows[ref[1]][ref[2] : ref[3]]
+            if kind == "rows":
+                return rows[ref[1]]
+            # "moving": row k of a nested loop's input is the point at the loop index k
+            _, op_id, idx, dim, n = ref
+            return rows[op_id][vevaluate(idx, {**env, dim: jnp.arange(n)}, jnp)]
+
+        kept: list[tuple[dict, dict]] = []
+        for item in plan.items:
+            if isinstance(item, LoopStep):
+                vals[item.op_id] = apply_step(item, [read(r) for r in item.refs], env)
+                continue
+            nest = plan.loops[item]
+            closed = tuple(read(r) for r in nest.closed)
+            moving = tuple(read(r) for r in nest.rows)
+            syms = tuple(env[s] for s in nest.plan.symbols)
+            finals, stacked = inner[item](closed, moving, syms)
+            last.update(finals)
+            rows.update(stacked)
+            kept.append(
+                (
+                    {m: finals[m] for m in nest.keep if m in finals},
+                    {m: stacked[m] for m in nest.keep if m in stacked},
+                )
+            )
+        return {m: vals[m] for m in plan.outs}, tuple(kept)
 
     return run

@@ -9,8 +9,9 @@ the backend traces) and emits the Python around it.
 A loop is fused when its bound is static, it has no ``until``, it is not the program's outer
 loop (iteration hooks run between those iterations), and every statement of its body is a
 compute statement that can be traced (``Fusion.why_not_traced``: no host call, no shape that
-changes with the point) or a free; a nested loop keeps it out. ``explain()`` lists each loop
-and why it was or was not fused.
+changes with the point) or a free; a nested loop keeps it out (a top-level loop holding loops
+runs an iteration at a time as one call instead: ``body_regions``). ``explain()`` lists each
+loop and why it was or was not fused.
 
 Inside the traced loop the loop index is a traced integer. What the body reads:
 
@@ -162,6 +163,7 @@ class LoopFusion:
         self.notes: dict[str, str] = getattr(self.gen.backend, "loop_notes", {})
         # ops whose every-iteration values a fused loop stores stacked (``stores.RowStore``)
         self.row_stores: set[int] = set()
+        self._zeros: dict[tuple, Any] = {}  # one zeros array per (shape, dtype), for filler
 
     # --- which loops ---------------------------------------------------------------------------
     def region(self, loop: Loop, outer: Loop | None) -> LoopRegion | None:
@@ -395,40 +397,46 @@ class LoopFusion:
             return f"S{edge.src.id}.get({key})"
         return f"OPTIONAL(lambda: {gen.read_src(edge)})"
 
-    def emit(self, region: LoopRegion, depth: int) -> None:
+    def filler(self, specs: list[tuple]) -> Callable[[Any], Any]:
+        """A function putting zeros (one cached array per shape) where a value is None: a
+        branch or guarded input whose point does not exist at this iteration."""
+        backend, zeros_cache = self.gen.backend, self._zeros
+
+        def fill(values: Any) -> tuple:
+            out = []
+            for v, (shape, dtype) in zip(values, specs, strict=True):
+                if v is None:
+                    z = zeros_cache.get((shape, dtype))
+                    if z is None:
+                        z = zeros_cache[(shape, dtype)] = backend.zeros(shape, dtype)
+                    v = z
+                out.append(v)
+            return tuple(out)
+
+        return fill
+
+    def rows_src(self, edge: Edge, loop: Loop, extent: int) -> str:
+        """Source reading ``edge`` at every iteration of ``loop`` as one array of rows."""
         gen = self.gen
-        loop, plan = region.loop, region.plan
         d = gen.names.of(loop.dim)
         b = gen.names.of(loop.dim.bound)
         gen.ns.setdefault("OPTIONAL", _optional)
-        backend = gen.backend
-        zeros_cache: dict[tuple, Any] = {}
-
-        def filler(specs: list[tuple]) -> Callable[[Any], Any]:
-            def fill(values: Any) -> tuple:
-                out = []
-                for v, (shape, dtype) in zip(values, specs, strict=True):
-                    if v is None:
-                        z = zeros_cache.get((shape, dtype))
-                        if z is None:
-                            z = zeros_cache[(shape, dtype)] = backend.zeros(shape, dtype)
-                        v = z
-                    out.append(v)
-                return tuple(out)
-
-            return fill
-
-        closed_fill = gen.const(
-            "FILL", filler([(self._read_shape(e), e.src.dtype) for e in region.closed])
-        )
         gen.ns.setdefault("ROWS_OR", _rows_or)
-        stack = gen.const("STACK", backend.stack)
-        rows_srcs = []
-        for e in region.rows:
-            fill = gen.const("FILL", filler([(self._read_shape(e), e.src.dtype)] * plan.extent))
-            gathered = f"{stack}(list({fill}([{self._optional_src(e)} for {d} in range({b})])))"
-            whole = self._stacked_src(e, loop, plan.extent)
-            rows_srcs.append(f"ROWS_OR({whole}, lambda: {gathered})" if whole else gathered)
+        stack = gen.const("STACK", gen.backend.stack)
+        fill = gen.const("FILL", self.filler([(self._read_shape(edge), edge.src.dtype)] * extent))
+        gathered = f"{stack}(list({fill}([{self._optional_src(edge)} for {d} in range({b})])))"
+        whole = self._stacked_src(edge, loop, extent)
+        return f"ROWS_OR({whole}, lambda: {gathered})" if whole else gathered
+
+    def emit(self, region: LoopRegion, depth: int) -> None:
+        gen = self.gen
+        loop, plan = region.loop, region.plan
+        gen.ns.setdefault("OPTIONAL", _optional)
+        backend = gen.backend
+        closed_fill = gen.const(
+            "FILL", self.filler([(self._read_shape(e), e.src.dtype) for e in region.closed])
+        )
+        rows_srcs = [self.rows_src(e, loop, plan.extent) for e in region.rows]
         closed_src = ", ".join(self._optional_src(e) for e in region.closed)
         rows_src = ", ".join(rows_srcs)
         syms_src = "".join(f"{gen.names.of(s)}, " for s in plan.symbols)
@@ -446,6 +454,21 @@ class LoopFusion:
         )
         gen.lines[-1] += f"({rows_src}{',' if rows_src else ''}), ({syms_src}))"
         gen.emit(depth, f"M[0] -= {region.live_bytes}")
+        self.emit_results(region, depth)
+        gen.emit(depth, "_f = _h = None")
+
+    def emit_results(self, region: LoopRegion, depth: int, keep: set[int] | None = None) -> None:
+        """Statement counts, stores and frees after the loop's call, from ``_f`` (the last
+        iteration's values) and ``_h`` (every iteration's); ``keep``: store only these ops
+        (a loop inside a fused iteration: the others die within the iteration)."""
+        gen = self.gen
+        loop, plan = region.loop, region.plan
+        d = gen.names.of(loop.dim)
+        b = gen.names.of(loop.dim.bound)
+
+        def kept(op: Op) -> bool:
+            return keep is None or op.id in keep
+
         # statements counted as the Python loop counts them: one per op per point computed
         unguarded = sum(1 for op in region.ops if op.guard == TRUE)
         gen.emit(depth, f"C[0] += {unguarded} * {b}")
@@ -456,21 +479,23 @@ class LoopFusion:
                 guarded[cond] = guarded.get(cond, 0) + 1
         # the last iteration's values (also of values stored stacked, see _plan)
         last = f"{b} - 1" if loop.forward else "0"
+        finals = [op for op in region.finals if kept(op)]
+        rows_out = [(op, pins) for op, pins in region.rows_out if kept(op)]
         stacked_last = {
             op.id: pins
-            for op, pins in region.rows_out
+            for op, pins in rows_out
             if op.domain[-1] is loop.dim and op.id in plan.finals
         }
-        if region.finals or stacked_last:
+        if finals or stacked_last:
             gen.emit(depth, f"if {b} > 0:")
             gen.emit(depth + 1, f"{d} = {last}")
-            for op in region.finals:
+            for op in finals:
                 self._store(op, f"_f[{op.id}]", depth + 1, None, d)
-            for op, pins in region.rows_out:
+            for op, pins in rows_out:
                 if op.id in stacked_last:
                     self._store(op, f"_f[{op.id}]", depth + 1, pins, d)
         # every iteration's values, stored stacked (split only where a row is read alone)
-        for op, pins in region.rows_out:
+        for op, pins in rows_out:
             if op.domain[-1] is not loop.dim:
                 continue  # stored row by row below
             self.row_stores.add(op.id)
@@ -486,19 +511,25 @@ class LoopFusion:
             gen.emit(depth, f"S{op.id}.put_rows({outer}, _h[{op.id}], _ks)")
             gen.emit(depth, f"M[0] += len(_ks) * {row}")
             gen.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
-        # every iteration's: surviving points, statement counts, frees of outside values
-        rest = [op for op, _ in region.rows_out if op.id not in self.row_stores]
-        if rest or guarded or region.outside_frees:
+        # every iteration's: surviving points, statement counts, frees of outside values (a
+        # free whose points do not move with the loop frees them once: emitted once, after)
+        moving = [f for f in region.outside_frees if loop.dim in _symbols((f.prefix, f.pinned))]
+        once = [f for f in region.outside_frees if all(f is not m for m in moving)]
+        rest = [op for op, _ in rows_out if op.id not in self.row_stores]
+        if rest or guarded or moving:
             gen.emit(depth, f"for {d} in range({b}):")
             for cond, n in guarded.items():
                 gen.emit(depth + 1, f"if {cond}: C[0] += {n}")
-            for op, pins in region.rows_out:
+            for op, pins in rows_out:
                 if op.id not in self.row_stores:
                     self._store(op, f"_h[{op.id}][{d}]", depth + 1, pins, d)
-            for stmt in region.outside_frees:
+            for stmt in moving:
                 gen.free(stmt, depth + 1)
             gen.emit(depth + 1, "pass")
-        gen.emit(depth, "_f = _h = None")
+        if once:
+            gen.emit(depth, f"if {b} > 0:")
+            for stmt in once:
+                gen.free(stmt, depth + 1)
 
     def _store(self, op: Op, value: str, depth: int, pins: tuple[int, ...] | None, d: str) -> None:
         gen = self.gen

@@ -174,6 +174,8 @@ class Fusion:
             return f"the shape of {op.label} changes from point to point"
         traced = self.traced.get(op.prim, ())
         for n in rule.point_attrs:
+            if rule.traits.random and n == "key_at":
+                continue  # a random key's coordinates are evaluated on the traced indices
             if n in op.attrs and n not in traced and not _static(op.attrs[n], self.bounds)[0]:
                 return f"attribute {n} of {op.label} ({op.prim}) changes from point to point"
         for e in op.inputs:
