@@ -16,6 +16,13 @@ from timerl.runtime import stores
 OBS = {"obs_shape": (3, 8, 8), "episode_length": 1000, "action_dim": 2}
 
 
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 4 observation rows: these minibatches (far below the 4 MiB of a real chunk)
+    are then gathers of several chunks, read by take_matmul as a large rollout's are."""
+    monkeypatch.setattr(rowwise, "CHUNK_BYTES", 4 * 3 * 8 * 8 * 4)
+
+
 def _ppo(minibatches: int = 1, epochs: int = 1, steps: int = 128):
     algo = ppo(
         env_id="Synthetic-v0",
@@ -33,6 +40,7 @@ def _obs_bytes(steps: int = 128) -> int:
     return steps * 2 * 3 * 8 * 8 * 4  # rows x (envs x obs) float32: one iteration's block
 
 
+@pytest.mark.usefixtures("small_chunks")
 @pytest.mark.parametrize("minibatches,epochs", [(1, 1), (4, 2)], ids=["whole", "minibatches"])
 def test_ppo_rollout_streams_to_disk_and_runs_at_its_planned_peak(minibatches, epochs):
     # each program steps its own envs (a program built once steps the same env objects)

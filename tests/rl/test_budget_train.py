@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from timerl.ir import rowwise
 from timerl.rl.checkpoint import load_checkpoint
 from timerl.rl.train import build, train
 
@@ -18,6 +20,13 @@ CONFIG = {
     "seed": 3,
 }
 OBS_BLOCK = 128 * 2 * 3 * 8 * 8 * 4  # one iteration's observations (float32)
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunks of 4 observation rows: these minibatches (far below the 4 MiB of a real chunk)
+    are then gathers of several chunks, read by take_matmul as a large rollout's are."""
+    monkeypatch.setattr(rowwise, "CHUNK_BYTES", 4 * 3 * 8 * 8 * 4)
 
 
 def _run(tmp_path, name: str, budget: int | None):

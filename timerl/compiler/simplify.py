@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from timerl.compiler.spec import ProgramSpec
-from timerl.ir import prims
+from timerl.ir import prims, rowwise
 from timerl.ir.graph import Edge, Op, copy_graph, walk
 from timerl.symbolic import TRUE, Const, Expr, Slice
 
@@ -199,7 +199,11 @@ def matmul_of_gather(op: Op, lookup: Lookup) -> Op | None:
     """``take(x, idx) @ w`` is ``take_matmul(x, idx, w)`` and ``take(x, idx).T @ g`` is
     ``take_matmul(x, idx, g, trans=True)`` (a weight's gradient), also with the gathered rows
     flattened by a reshape in between: the product walks the rows in chunks, so the
-    gathered minibatch is never built."""
+    gathered minibatch is never built.
+
+    Only for a gather larger than one chunk: below that, the gather is built once and shared
+    by every product reading it (PPO's actor, critic and their weight gradients), where each
+    take_matmul would gather its rows again."""
     if len(op.inputs) != 2 or not _is_identity(op.inputs[0]) or op.inputs[1].cond != TRUE:
         return None
     a = lookup(op.inputs[0].src)
@@ -215,6 +219,11 @@ def matmul_of_gather(op: Op, lookup: Lookup) -> Op | None:
             return None
         a = inner
     if a.prim != "take" or len(op.shape) != 2 or a.attrs.get("axis", 0) != 0:
+        return None
+    if not all(isinstance(s, Const) for s in a.shape):
+        return None
+    gathered = int(np.prod([s.value for s in a.shape], dtype=np.int64)) * a.dtype.itemsize
+    if gathered <= rowwise.CHUNK_BYTES:
         return None
     x_edge, idx_edge = a.inputs
     if not (_point_read(x_edge) and _point_read(idx_edge)):
