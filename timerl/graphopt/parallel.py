@@ -8,10 +8,10 @@ the RL layer's Ray code because graphopt stands alone.
 
 Starting a local Ray takes seconds (about 7 s on a 2-core machine: its servers, then the
 raylet's registration), as long as several whole searches. When the pool starts Ray itself,
-one of its ``workers`` slots is a process of its own (spawned at once, no Ray in it) that
-starts on the first call while Ray comes up, and keeps taking calls afterwards; the other
-slots are Ray tasks. ``ray.init`` cannot run on a thread beside the work (it must be called
-from the main thread), hence the process.
+it first spawns ``workers`` processes of its own (no Ray in them) that take the first calls
+while Ray comes up; once Ray is up, one slot stays with them and the others are Ray tasks.
+``ray.init`` cannot run on a thread beside the work (it must be called from the main
+thread), hence the processes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 from timerl.errors import GraphError, TimerlError
@@ -110,19 +110,21 @@ class TaskPool:
         if sizes is not None:
             todo.sort(key=lambda item: -sizes[item[0]])  # stable: ties keep call order
         todo.reverse()
-        local: tuple[Future, int] | None = None  # the call in this pool's own process
+        local: dict[Future, int] = {}  # calls in the pool's own processes
         if self._starting:
+            # every slot works in a process of the pool's own while Ray starts
             ctx = multiprocessing.get_context("spawn")  # no inherited threads or Ray state
-            self._local = ProcessPoolExecutor(1, mp_context=ctx)
-            i, args = todo.pop()
-            local = (self._local.submit(_call, _pack(fn, args)), i)
+            self._local = ProcessPoolExecutor(self.workers, mp_context=ctx)
+            while todo and len(local) < self.workers:
+                i, args = todo.pop()
+                local[self._local.submit(_call, _pack(fn, args))] = i
             self._start_ray()
         ray = self._ray
         remote = self._remote.get(fn)
         if remote is None:
             remote = self._remote[fn] = ray.remote(num_cpus=1, max_retries=1)(fn)
         pending: dict[Any, int] = {}
-        slots = self.workers - (self._local is not None)  # Ray tasks in flight at most
+        own = 1 if self._local is not None else 0  # slots kept by own processes, once Ray is up
 
         def finish(i: int, get: Callable[[], Any]) -> None:
             try:
@@ -137,18 +139,20 @@ class TaskPool:
                 on_done(i, results[i])
 
         while todo or pending or local:
-            if local is None and todo and self._local is not None:
+            while todo and len(local) < own and len(local) + len(pending) < self.workers:
                 i, args = todo.pop()
-                local = (self._local.submit(_call, _pack(fn, args)), i)
-            while todo and len(pending) < slots:
+                local[self._local.submit(_call, _pack(fn, args))] = i
+            while todo and len(local) + len(pending) < self.workers:
                 i, args = todo.pop()
                 pending[remote.remote(*self._for_ray(args))] = i
-            if local is not None and (local[0].done() or not pending):
-                future, i = local
-                local = None
-                finish(i, future.result)
+            done = [f for f in local if f.done()]
+            if done or (local and not pending):
+                if not done:
+                    done = list(wait(local, return_when=FIRST_COMPLETED).done)
+                for future in done:
+                    finish(local.pop(future), future.result)
                 continue
-            # with a local call in flight, look at it every few milliseconds
+            # with own calls in flight, look at them every few milliseconds
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.005 if local else None)
             for ref in ready:
                 finish(pending.pop(ref), lambda ref=ref: ray.get(ref))
