@@ -35,13 +35,13 @@ from typing import Any
 
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
-from timerl.runtime.calls import prepare_call
 from timerl.runtime.loop_regions import (
     LoopPlan,
     LoopRegion,
     LoopStep,
     _nbytes,
     _symbols,
+    bind_call,
     describe,
 )
 from timerl.schedule.program import Compute, Free, Loop, Stmt
@@ -221,25 +221,7 @@ class BodyFusion:
                 raise _No(f"host call {e.src.label} feeds {op.label}, a traced op")
             refs.append(self._ref(e))
         step = LoopStep(op.id, fusion._static_shape(op.shape), op.dtype, refs)
-        rule = prims.get(op.prim)
-        step.multi = rule.traits.multi_output
-        used: set = set()
-        if rule.traits.piecewise:
-            step.conds = tuple(e.cond for e in op.inputs)
-            used |= _symbols(step.conds)
-        else:
-            call = prepare_call(op, self.gen.backend, self.gen.seed)
-            step.fn = call.fn
-            for name, value in call.point_attrs:
-                fixed, v = fusion._static_value(value)
-                if fixed:
-                    step.kwargs[name] = v
-                else:
-                    step.traced[name] = value
-                    used |= _symbols(value)
-            if call.key is not None:
-                step.key = call.key
-                used |= _symbols(tuple(call.key[1]))
+        used = bind_call(step, op, self.gen, fusion)
         other = set(used) - {dim} - set(consts)
         if other:
             names = ", ".join(sorted(s.name for s in other))

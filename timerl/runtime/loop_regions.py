@@ -78,6 +78,31 @@ class LoopStep:
     multi: bool = False  # returns a tuple (``Traits.multi_output``), taken apart by tuple_get
 
 
+def bind_call(step: LoopStep, op: Op, gen: Any, fusion: Any) -> set:
+    """Fill in how ``step`` computes ``op`` (kernel and static attributes, or a merge's
+    conditions; per-point attributes and a random key, traced); returns the symbols those
+    traced parts use. Shared by a fused loop and a fused iteration (``body_regions``)."""
+    rule = prims.get(op.prim)
+    step.multi = rule.traits.multi_output
+    used: set = set()
+    if rule.traits.piecewise:
+        step.conds = tuple(e.cond for e in op.inputs)
+        return used | _symbols(step.conds)
+    call = prepare_call(op, gen.backend, gen.seed)
+    step.fn = call.fn
+    for name, value in call.point_attrs:
+        fixed, v = fusion._static_value(value)
+        if fixed:
+            step.kwargs[name] = v
+        else:
+            step.traced[name] = value
+            used |= _symbols(value)
+    if call.key is not None:
+        step.key = call.key
+        used |= _symbols(tuple(call.key[1]))
+    return used
+
+
 @dataclass(eq=False)
 class LoopPlan:
     """What the backend traces: ``fn(closed, rows, symbols) -> (finals, rows_out)``."""
@@ -243,23 +268,7 @@ class LoopFusion:
                 refs.append((kind, arg_pos[akey]))
             shape = tuple(int(v) for v in fusion._static_shape(op.shape))
             step = LoopStep(op.id, shape, op.dtype, refs)
-            step.multi = prims.get(op.prim).traits.multi_output
-            if prims.get(op.prim).traits.piecewise:
-                step.conds = tuple(e.cond for e in op.inputs)
-                used |= _symbols(step.conds)
-            else:
-                call = prepare_call(op, gen.backend, gen.seed)
-                step.fn = call.fn
-                for name, value in call.point_attrs:
-                    fixed, v = fusion._static_value(value)
-                    if fixed:
-                        step.kwargs[name] = v
-                    else:
-                        step.traced[name] = value
-                        used |= _symbols(value)
-                if call.key is not None:
-                    step.key = call.key
-                    used |= _symbols(tuple(call.key[1]))
+            used |= bind_call(step, op, gen, fusion)
             steps.append(step)
             done.add(op.id)
 
