@@ -1,12 +1,15 @@
-"""Shared brute force for graphopt tests: every topological order of a small graph."""
+"""Shared by graphopt tests: every topological order of a small graph (brute force), and a
+corpus of three small random training graphs."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from timerl.graphopt.graph import Graph
+from timerl.graphopt.random_graph import random_graph
 
 
 def topological_orders(graph: Graph) -> Iterator[list[int]]:
@@ -33,3 +36,26 @@ def topological_orders(graph: Graph) -> Iterator[list[int]]:
 @pytest.fixture
 def all_orders() -> Callable[[Graph], Iterator[list[int]]]:
     return topological_orders
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    root = tmp_path / "corpus"
+    entries = []
+    for k in range(3):
+        g = random_graph(20 + 10 * k, seed=k, view_prob=0.2)
+        rel = f"train/rand/g{k}.json"
+        (root / "train" / "rand").mkdir(parents=True, exist_ok=True)
+        g.save(root / rel)
+        entries.append(
+            {
+                "name": f"g{k}",
+                "family": "rand",
+                "kind": "synthetic",
+                "split": "train",
+                "nodes": g.n,
+                "path": rel,
+            }
+        )
+    (root / "index.json").write_text(json.dumps({"graphs": entries}))
+    return root

@@ -1,38 +1,12 @@
-import json
-
 import numpy as np
 import pytest
 
 from timerl.errors import CheckpointError, GraphError
 from timerl.graphopt.policy import PolicyWeights
-from timerl.graphopt.random_graph import random_graph
 
 pytest.importorskip("torch")
 
 from timerl.graphopt.train import TrainConfig, train  # noqa: E402
-
-
-@pytest.fixture
-def tiny_corpus(tmp_path):
-    root = tmp_path / "corpus"
-    entries = []
-    for k in range(3):
-        g = random_graph(20 + 10 * k, seed=k, view_prob=0.2)
-        rel = f"train/rand/g{k}.json"
-        (root / "train" / "rand").mkdir(parents=True, exist_ok=True)
-        g.save(root / rel)
-        entries.append(
-            {
-                "name": f"g{k}",
-                "family": "rand",
-                "kind": "synthetic",
-                "split": "train",
-                "nodes": g.n,
-                "path": rel,
-            }
-        )
-    (root / "index.json").write_text(json.dumps({"graphs": entries}))
-    return root
 
 
 def _config(corpus, **kw):
