@@ -224,6 +224,17 @@ def _lines(log: Callable[[str], None]) -> Callable[[int, int, str], None]:
     return show
 
 
+def _update(net: Any, opt: Any, loss: Any) -> PolicyWeights:
+    """One clipped Adam step on ``loss``; the network's new weights (numpy), marked trained."""
+    import torch
+
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    return net.to_weights({"trained": True})
+
+
 def train(
     config: TrainConfig,
     *,
@@ -297,11 +308,7 @@ def train(
             rng = np.random.default_rng([config.seed, 1, it])
             loss, gaps = imitation_step(net, tasks, config, rng)
             recent_gap.extend(gaps)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
-            weights = net.to_weights({"trained": True})
+            weights = _update(net, opt, loss)
             state["imitation"] = it + 1
             state["seconds"] = time.perf_counter() - t_start
             gap = 100 * float(np.mean(recent_gap[-40:]))
@@ -335,11 +342,7 @@ def train(
                 )
             recent.extend(rewards)
             state["samples"] += len(rewards)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
-            weights = net.to_weights({"trained": True})
+            weights = _update(net, opt, loss)
             state["iteration"] = it + 1
             state["seconds"] = time.perf_counter() - t_start
             mean_r = 100 * float(np.mean(recent[-40:]))
