@@ -228,6 +228,32 @@ def test_training_with_workers_gives_the_same_returns():
     assert np.isfinite(plain.returns).all()
 
 
+def _wait_until_gone(pid: int, seconds: float = 30.0) -> None:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still runs {seconds:g} s after ray.kill")
+
+
+def test_a_state_taken_right_after_a_worker_died_waits_for_its_restart():
+    env = RayVectorEnv("Synthetic-v0", num_envs=4, seed=0, workers=2, episode_length=7)
+    env.reset()
+    env.step(np.zeros((4, *env.action_shape), np.float32))
+    pid = env.worker_pids()[0]
+    os.kill(pid, signal.SIGKILL)
+    _wait_until_gone(pid)
+    slices = env.state_dict()["sim"]["slices"]
+    assert slices[0]["needs_reset"]  # the restarted worker's envs await a reset
+    assert not slices[1]["needs_reset"]
+    env.close()
+
+
 def test_training_continues_when_a_worker_dies_mid_rollout(tmp_path, monkeypatch):
     step = RayVectorEnv._step_batch
     seen: list[RayVectorEnv] = []
@@ -237,7 +263,9 @@ def test_training_continues_when_a_worker_dies_mid_rollout(tmp_path, monkeypatch
         calls[0] += 1
         if calls[0] == 12:  # iteration 1, halfway through its 8-step rollout
             seen.append(self)
+            pid = self.worker_pids()[0]
             ray.kill(self._actors[0], no_restart=False)
+            _wait_until_gone(pid)  # dead before this step, not some steps later
         return step(self, actions)
 
     monkeypatch.setattr(RayVectorEnv, "_step_batch", killing)

@@ -543,8 +543,29 @@ class RayVectorEnv(VectorEnv):
 
     # -- state -------------------------------------------------------------------------
     def _sim_state(self) -> dict[str, Any]:
-        states = self._ray.get([a.state_dict.remote() for a in self._actors])
+        ray = self._ray
+        try:
+            states = ray.get([a.state_dict.remote() for a in self._actors])
+        except ray.exceptions.RayActorError:  # one died since its last step: ask each again
+            states = [self._state_of(k) for k in range(len(self._actors))]
         return {"bounds": [list(b) for b in self._bounds], "slices": states}
+
+    def _state_of(self, k: int) -> dict[str, Any]:
+        """Worker ``k``'s env state, waiting for Ray to restart it if it died: a restarted
+        worker's envs await a reset, which its state says (resuming restarts them)."""
+        ray = self._ray
+        lo, hi = self._bounds[k]
+        for _ in range(self._max_restarts + 1):
+            try:
+                return ray.get(self._actors[k].state_dict.remote())
+            except ray.exceptions.ActorUnavailableError:
+                continue  # still restarting
+            except ray.exceptions.RayActorError as err:
+                raise EnvError(
+                    f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) died and could not be "
+                    f"restarted (its restarts are used up): {err}"
+                ) from err
+        raise EnvError(f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) did not come back")
 
     def _load_sim_state(self, state: dict[str, Any]) -> bool:
         bounds = [tuple(b) for b in state.get("bounds", [])]
