@@ -519,7 +519,6 @@ class RayVectorEnv(VectorEnv):
 
     def _recover(self, k: int, why: str = "died during reset") -> np.ndarray:
         """Wait for Ray to restart worker ``k`` (new envs from their seeds); reset them."""
-        ray = self._ray
         lo, hi = self._bounds[k]
         self.recoveries.append((k, why))
         warnings.warn(
@@ -528,9 +527,16 @@ class RayVectorEnv(VectorEnv):
             stacklevel=3,
         )
         self._drop(k)  # the restarted actor serves a new socket
+        return self._once_back(k, "reset")
+
+    def _once_back(self, k: int, method: str) -> Any:
+        """Call ``method`` of worker ``k`` once Ray has restarted it (a call to an actor still
+        restarting is refused); an EnvError when it does not come back."""
+        ray = self._ray
+        lo, hi = self._bounds[k]
         for _ in range(self._max_restarts + 1):
             try:
-                first = ray.get(self._actors[k].reset.remote())
+                return ray.get(getattr(self._actors[k], method).remote())
             except ray.exceptions.ActorUnavailableError:
                 continue  # still restarting
             except ray.exceptions.RayActorError as err:
@@ -538,7 +544,6 @@ class RayVectorEnv(VectorEnv):
                     f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) died and could not be "
                     f"restarted (its restarts are used up): {err}"
                 ) from err
-            return first
         raise EnvError(f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) did not come back")
 
     # -- state -------------------------------------------------------------------------
@@ -546,26 +551,11 @@ class RayVectorEnv(VectorEnv):
         ray = self._ray
         try:
             states = ray.get([a.state_dict.remote() for a in self._actors])
-        except ray.exceptions.RayActorError:  # one died since its last step: ask each again
-            states = [self._state_of(k) for k in range(len(self._actors))]
+        except ray.exceptions.RayActorError:
+            # one died since its last step: ask each again, a restarted one once it is back
+            # (its envs then await a reset, which its state says; resuming restarts them)
+            states = [self._once_back(k, "state_dict") for k in range(len(self._actors))]
         return {"bounds": [list(b) for b in self._bounds], "slices": states}
-
-    def _state_of(self, k: int) -> dict[str, Any]:
-        """Worker ``k``'s env state, waiting for Ray to restart it if it died: a restarted
-        worker's envs await a reset, which its state says (resuming restarts them)."""
-        ray = self._ray
-        lo, hi = self._bounds[k]
-        for _ in range(self._max_restarts + 1):
-            try:
-                return ray.get(self._actors[k].state_dict.remote())
-            except ray.exceptions.ActorUnavailableError:
-                continue  # still restarting
-            except ray.exceptions.RayActorError as err:
-                raise EnvError(
-                    f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) died and could not be "
-                    f"restarted (its restarts are used up): {err}"
-                ) from err
-        raise EnvError(f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) did not come back")
 
     def _load_sim_state(self, state: dict[str, Any]) -> bool:
         bounds = [tuple(b) for b in state.get("bounds", [])]
