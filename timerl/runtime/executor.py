@@ -243,28 +243,17 @@ class Executor:
         return read_row
 
     def _prepare(self, op: Op) -> Callable[[dict], None]:
-        run = self._prepare_unguarded(op)
-        if op.guard == TRUE:
-            return run
-        guard = _compile([op.guard])
-
-        def guarded(env: dict) -> None:
-            if guard(env)[0]:
-                run(env)
-
-        return guarded
+        return _guarded(op, self._prepare_unguarded(op))
 
     def _prepare_start(self, op: Op) -> Callable[[dict], None]:
         """Start ``op``'s host call in the background; its Compute later waits for it."""
         begin = host_call(op, self.backend, "begin")
         readers = [self._reader(e) for e in op.inputs]
-        guard = _compile([op.guard]) if op.guard != TRUE else None
 
         def start(env: dict) -> None:
-            if guard is None or guard(env)[0]:
-                begin(*[read(env) for read in readers])
+            begin(*[read(env) for read in readers])
 
-        return start
+        return _guarded(op, start)
 
     def _prepare_unguarded(self, op: Op) -> Callable[[dict], None]:
         backend = self.backend
@@ -613,3 +602,16 @@ class _Literal(Expr):
 
 
 __all__ = ["Executor", "MemoryMeter", "RunStats", "TimerlError"]
+
+
+def _guarded(op: Op, run: Callable[[dict], None]) -> Callable[[dict], None]:
+    """``run`` at the points where ``op``'s guard holds."""
+    if op.guard == TRUE:
+        return run
+    guard = _compile([op.guard])
+
+    def guarded(env: dict) -> None:
+        if guard(env)[0]:
+            run(env)
+
+    return guarded
