@@ -111,13 +111,17 @@ class TaskPool:
             todo.sort(key=lambda item: -sizes[item[0]])  # stable: ties keep call order
         todo.reverse()
         local: dict[Future, int] = {}  # calls in the pool's own processes
+
+        def to_own() -> None:
+            i, args = todo.pop()
+            local[self._local.submit(_call, _pack(fn, args))] = i
+
         if self._starting:
             # every slot works in a process of the pool's own while Ray starts
             ctx = multiprocessing.get_context("spawn")  # no inherited threads or Ray state
             self._local = ProcessPoolExecutor(self.workers, mp_context=ctx)
             while todo and len(local) < self.workers:
-                i, args = todo.pop()
-                local[self._local.submit(_call, _pack(fn, args))] = i
+                to_own()
             self._start_ray()
         ray = self._ray
         remote = self._remote.get(fn)
@@ -140,8 +144,7 @@ class TaskPool:
 
         while todo or pending or local:
             while todo and len(local) < own and len(local) + len(pending) < self.workers:
-                i, args = todo.pop()
-                local[self._local.submit(_call, _pack(fn, args))] = i
+                to_own()
             while todo and len(local) + len(pending) < self.workers:
                 i, args = todo.pop()
                 pending[remote.remote(*self._for_ray(args))] = i
