@@ -73,7 +73,7 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     e.add_argument("--out", type=Path, default=None, help="write per-graph results JSON")
     e.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
     e.add_argument("--no-progress", action="store_true")
-    _workers_flags(e, "graphs evaluated at a time, as Ray tasks")
+    _workers_flags(e, "graphs evaluated at a time")
     e.set_defaults(func=cmd_eval)
 
     t = gsub.add_parser("train", help="train the policy on a corpus split (needs torch)")
@@ -121,7 +121,7 @@ def register(sub: Any, *, export_program: Any = None) -> None:
         help="priority logits x this after the imitation: same mean order, wider proposals",
     )
     t.add_argument("--targets", type=Path, default=None, help="default: OUT.targets.npz")
-    _workers_flags(t, "searches of an update run at a time, as Ray tasks")
+    _workers_flags(t, "searches of an update run at a time")
     t.set_defaults(func=cmd_train)
 
     c = gsub.add_parser("corpus", help="build the graph corpus")
@@ -135,11 +135,14 @@ def _workers_flags(p: argparse.ArgumentParser, what: str) -> None:
         "--workers",
         type=int,
         default=1,
-        help=f"{what} (1: in this process; more needs pip install 'timerl[ray]'); "
-        "the results are the same",
+        help=f"{what} (1: in this process; more: local processes, or Ray tasks with "
+        "--ray-address); the results are the same",
     )
     p.add_argument(
-        "--ray-address", default=None, help="join the Ray cluster at this address (default: local)"
+        "--ray-address",
+        default=None,
+        help="run as Ray tasks on the cluster at this address (pip install 'timerl[ray]'; "
+        "default: $RAY_ADDRESS, else local processes)",
     )
 
 

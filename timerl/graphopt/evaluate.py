@@ -166,8 +166,9 @@ def evaluate_corpus(
 
     ``make_problem`` sets the objective and cluster per graph (default: peak memory on one
     device); the exact solver and the lower bound apply to single-device peak memory only.
-    ``workers > 1`` evaluates that many graphs at a time as Ray tasks (on the cluster at
-    ``ray_address``, or a local Ray); the records are the same, in the same order (only the
+    ``workers > 1`` evaluates that many graphs at a time, in local processes or as Ray tasks
+    on the cluster at ``ray_address`` (:class:`~timerl.graphopt.parallel.TaskPool`); the
+    records are the same, in the same order (only the
     seconds differ, and the exact solver's result where it stops at its time limit).
     """
     from timerl.graphopt.parallel import TaskPool

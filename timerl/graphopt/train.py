@@ -256,8 +256,8 @@ def train(
     ``config.imitate_updates`` imitation updates (``imitate.py``); their target orders are
     read from or written to ``targets`` (default ``OUT.targets.npz``).
 
-    ``workers > 1`` runs each update's searches as Ray tasks (on the cluster at
-    ``ray_address``, or a local Ray): the same samples, rewards and weights as one worker."""
+    ``workers > 1`` runs each update's searches in local processes, or as Ray tasks on the
+    cluster at ``ray_address``: the same samples, rewards and weights as one worker."""
     if config.reward not in REWARDS:
         raise GraphError(f"--reward {config.reward!r}: choose from {', '.join(REWARDS)}")
     if config.reward == "decode" and config.samples < 2:
@@ -473,7 +473,7 @@ def search_loss(
         s = int(rng.integers(config.uniform_seeds))
         drawn.append((k, z.numpy().copy(), lp, s))
     # the searches (uniform BRKGA where not cached, and the steered one) are independent:
-    # run them together, on Ray tasks with workers > 1
+    # run them together, in the pool's processes or Ray tasks with workers > 1
     missing = sorted({(k, s) for k, _, _, s in drawn if s not in tasks[k].uniform})
     calls = [(shared[k], config.budget, s, None, None) for k, s in missing]
     calls += [(shared[k], config.budget, s, weights, z) for k, z, _, s in drawn]
