@@ -91,3 +91,38 @@ def test_two_workers_need_no_ray_but_an_address_does(no_ray, monkeypatch):
         TaskPool(2)
     with pytest.raises(GraphError, match="at least 1"):
         TaskPool(0)
+
+
+def test_eval_and_train_in_processes_match_one_worker(no_ray, tiny_corpus, tmp_path):
+    import json
+
+    import numpy as np
+
+    from timerl.cli import main
+
+    records = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}.json"
+        argv = ["graphopt", "eval", "--corpus", str(tiny_corpus), "--split", "train"]
+        argv += ["--budget", "100", "--methods", "portfolio", "brkga", "learned"]
+        # the runtime objective's problem factory is a closure: it must reach the processes
+        argv += ["--devices", "2", "--host", "--memory-fraction", "0.7", "--objective", "runtime"]
+        assert main([*argv, "--no-progress", "--out", str(out), "--workers", str(workers)]) == 0
+        recs = json.loads(out.read_text())
+        for r in recs:
+            r.pop("seconds")
+        records.append(recs)
+    assert len(records[0]) == 3 and records[0] == records[1]
+    pytest.importorskip("torch")
+    from timerl.graphopt.policy import PolicyWeights
+
+    weights = []
+    for workers in (1, 2):
+        out = tmp_path / f"p{workers}.npz"
+        argv = ["graphopt", "train", "--corpus", str(tiny_corpus), "--out", str(out)]
+        argv += ["--iterations", "2", "--budget", "40", "--batch", "3", "--hidden", "8"]
+        assert main([*argv, "--rounds", "1", "--workers", str(workers)]) == 0
+        weights.append(PolicyWeights.load(out).params)
+    for k in weights[0]:
+        np.testing.assert_array_equal(weights[0][k], weights[1][k], err_msg=k)
+    assert not _ray_started()
