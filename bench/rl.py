@@ -419,9 +419,12 @@ ACCOUNTING_TOLERANCE = 0.10  # the meter's peak against the run's measured data 
 
 def accounting_lines(rows: list[Row]) -> list[str]:
     """Per timerl run measured both ways: its meter's peak (``stats()["peak_bytes"]``) against
-    the run's data memory after imports and compile (peak RSS of the run minus RSS then)."""
+    the run's data memory after imports and compile (peak RSS of the run minus RSS then), on
+    the memory experiment (a small program's few MiB are below what RSS resolves)."""
     out = []
     for row in rows:
+        if row.case.experiment != "memory":
+            continue
         run_data = row.run_data_bytes
         metered = row.median("framework_peak_bytes")
         if row.status != "ok" or math.isnan(run_data) or math.isnan(metered) or metered <= 0:
