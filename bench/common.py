@@ -121,6 +121,11 @@ class Result:
     memory_budget_bytes: int = 0
     planned_peak_bytes: int = 0
     within_budget: bool | None = None
+    # timerl: RSS once imported, compiled and its code generated, and the peak RSS of the run
+    # from there (compiling's own transient peak excluded): what the program's meter and
+    # ``planned_peak`` count should agree with (0: not measured)
+    run_base_rss_bytes: int = 0
+    run_peak_rss_bytes: int = 0
 
     def iterations_to(self, target: float) -> int | None:
         """First iteration (1-based) whose mean completed return reached ``target``."""
@@ -174,6 +179,28 @@ def peak_rss_bytes() -> int:
         pass
     kib_or_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(kib_or_bytes if sys.platform == "darwin" else kib_or_bytes * 1024)
+
+
+def high_water_rss_bytes() -> int:
+    """The kernel's resident high-water mark (``VmHWM``; resettable), else the peak RSS."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return peak_rss_bytes()
+
+
+def reset_high_water_rss() -> bool:
+    """Start the high-water mark again from the current RSS (Linux); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def current_rss_bytes() -> int:

@@ -345,6 +345,16 @@ class Row:
         return float(statistics.median(values)) if values else math.nan
 
     @property
+    def run_data_bytes(self) -> float:
+        """Median peak RSS of the run minus RSS after imports and compile (timerl only)."""
+        values = [
+            r["run_peak_rss_bytes"] - r["run_base_rss_bytes"]
+            for r in self.results
+            if r.get("run_base_rss_bytes") and r.get("run_peak_rss_bytes")
+        ]
+        return float(statistics.median(values)) if values else math.nan
+
+    @property
     def steps_per_s(self) -> float:
         return self.median("env_steps_per_s")
 
@@ -400,6 +410,31 @@ def budget_lines(rows: list[Row]) -> list[str]:
             f"planned peak {_mib(planned):.1f} MiB ({'fits' if compiled else 'over: ran at the smallest budget that fits'}); "
             f"data {_mib(data):.1f} MiB, within budget: {'yes' if data <= budget else 'no'}; "
             f"iteration time {ratio:.2f}x eager"
+        )
+    return out + accounting_lines(rows)
+
+
+ACCOUNTING_TOLERANCE = 0.10  # the meter's peak against the run's measured data memory
+
+
+def accounting_lines(rows: list[Row]) -> list[str]:
+    """Per timerl run measured both ways: its meter's peak (``stats()["peak_bytes"]``) against
+    the run's data memory after imports and compile (peak RSS of the run minus RSS then), on
+    the memory experiment (a small program's few MiB are below what RSS resolves)."""
+    out = []
+    for row in rows:
+        if row.case.experiment != "memory":
+            continue
+        run_data = row.run_data_bytes
+        metered = row.median("framework_peak_bytes")
+        if row.status != "ok" or math.isnan(run_data) or math.isnan(metered) or metered <= 0:
+            continue
+        off = run_data / metered - 1
+        out.append(
+            f"{row.system} {row.case.label}: metered peak {_mib(metered):.1f} MiB, run data "
+            f"{_mib(run_data):.1f} MiB after imports and compile ({off:+.0%}; within "
+            f"{ACCOUNTING_TOLERANCE:.0%}: {'yes' if abs(off) <= ACCOUNTING_TOLERANCE else 'no'}); "
+            f"data after imports {_mib(row.data_bytes):.1f} MiB"
         )
     return out
 

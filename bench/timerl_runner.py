@@ -34,8 +34,10 @@ from bench.common import (
     build_parser,
     config_from_args,
     current_rss_bytes,
+    high_water_rss_bytes,
     peak_rss_bytes,
     pin_threads,
+    reset_high_water_rss,
 )
 
 BACKENDS = ("numpy", "torch")
@@ -109,6 +111,13 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
     base_rss = current_rss_bytes()
     start = time.perf_counter()
     budget, within = cfg.memory_budget, None
+    marks: dict[str, int] = {}
+
+    def started() -> None:
+        # compiling's transient peak is kept aside; the run's own peak starts from here
+        marks["setup_peak"] = high_water_rss_bytes()
+        marks["run_base"] = current_rss_bytes()
+        marks["reset"] = int(reset_high_water_rss())
 
     def go(memory_budget: int | None) -> Any:
         return train(
@@ -120,6 +129,7 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
             progress=False,
             memory_budget=memory_budget,
             on_iteration=lambda rec: records.append((time.perf_counter(), dict(rec))),
+            on_start=started,
         )
 
     try:
@@ -131,6 +141,11 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
         # over the budget even streamed: run at the smallest budget that fits, and say so
         out, within = go(err.smallest), False
     out.base_rss_bytes = base_rss
+    run_peak = high_water_rss_bytes()
+    out.run_base_rss_bytes = marks.get("run_base", 0) if marks.get("reset") else 0
+    out.run_peak_rss_bytes = run_peak if marks.get("reset") else 0
+    # the whole process's peak: the run's or compiling's, whichever was higher
+    out.peak_rss_bytes = max(run_peak, marks.get("setup_peak", 0), peak_rss_bytes())
     out.memory_budget_bytes = int(budget or 0)
     out.within_budget = within
     return cfg, out, records, start
@@ -164,13 +179,15 @@ def _result(cfg: Config, out: Any, records: list, start: float, algo: str, backe
         setup_s=setup_s,
         total_s=time.perf_counter() - start,
         total_env_steps=cfg.batch_size * len(records),
-        peak_rss_bytes=peak_rss_bytes(),
+        peak_rss_bytes=int(getattr(out, "peak_rss_bytes", 0) or peak_rss_bytes()),
         framework_peak_bytes=int(out.peak_bytes),
         returns=returns,
         base_rss_bytes=int(getattr(out, "base_rss_bytes", 0)),
         memory_budget_bytes=int(getattr(out, "memory_budget_bytes", 0)),
         planned_peak_bytes=int(getattr(out, "planned_peak_bytes", 0) or 0),
         within_budget=getattr(out, "within_budget", None),
+        run_base_rss_bytes=int(getattr(out, "run_base_rss_bytes", 0)),
+        run_peak_rss_bytes=int(getattr(out, "run_peak_rss_bytes", 0)),
     )
 
 

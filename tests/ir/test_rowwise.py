@@ -85,3 +85,33 @@ def test_take_matmul_gradients_equal_those_of_the_gathered_product():
 
     for got, want in zip(grads(True), grads(False), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_weight_gradient_sums_chunks_without_a_second_gradient(monkeypatch):
+    """``x.T @ g`` over row chunks adds each chunk's product a slab at a time: the kernel's
+    working memory is its result, one chunk of rows and one slab, not a second result."""
+    import tracemalloc
+
+    monkeypatch.setattr(rowwise, "CHUNK_BYTES", 64 * 2048 * 4)  # 64 rows of 2,048 float32
+    monkeypatch.setattr(rowwise, "SLAB_BYTES", 16 << 10)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 2048)).astype(np.float32)
+    g = rng.normal(size=(300, 64)).astype(np.float32)
+    idx = rng.integers(0, 300, size=200)
+    expected = x.T @ g
+    source = _source(x).permute((1, 0))
+    tracemalloc.start()
+    try:
+        for compute in (lambda: source.matmul(g), lambda: take_matmul(x, idx, g[:200], trans=True)):
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            out = compute()
+            peak = tracemalloc.get_traced_memory()[1] - before
+            assert peak < out.nbytes + rowwise.CHUNK_BYTES + rowwise.SLAB_BYTES + (64 << 10)
+            del out
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_allclose(source.matmul(g), expected, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(
+        take_matmul(x, idx, g[:200], trans=True), x[idx].T @ g[:200], rtol=1e-4, atol=1e-3
+    )

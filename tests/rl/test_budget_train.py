@@ -30,6 +30,7 @@ def small_chunks(monkeypatch):
 
 
 def _run(tmp_path, name: str, budget: int | None):
+    events: list[str] = []  # on_start (a benchmark's mark after compiling) comes first, once
     out = train(
         "ppo",
         dict(CONFIG),
@@ -39,7 +40,10 @@ def _run(tmp_path, name: str, budget: int | None):
         checkpoint_every=1,
         progress=False,
         echo=lambda line: None,
+        on_start=lambda: events.append("start"),
+        on_iteration=lambda rec: events.append("iteration"),
     )
+    assert events == ["start"] + ["iteration"] * 3
     return out, load_checkpoint(tmp_path / name)
 
 

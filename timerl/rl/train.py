@@ -231,6 +231,7 @@ def train(
     log_every: int = 0,
     echo: Callable[[str], None] = _echo,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
+    on_start: Callable[[], None] | None = None,
     workers: int = 0,
     ray_address: str | None = None,
 ) -> TrainResult:
@@ -243,6 +244,8 @@ def train(
     (0: in this process), on the cluster at ``ray_address`` or a local Ray; the returns are
     the same, so it is not part of the config (a resume must use the same number, though).
     ``memory_budget``: see ``ctx.compile``; a program over it fails before training starts.
+    ``on_start()`` is called once the program is compiled and its code generated, right
+    before the first iteration (a benchmark's mark between setup and run).
     """
     if checkpoint_every < 1:
         raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
@@ -436,6 +439,8 @@ def train(
     handler = None
     if threading.current_thread() is threading.main_thread():
         handler = signal.signal(signal.SIGINT, on_sigint)
+    if on_start is not None:
+        on_start()
     try:
         with bar:
             ex.run(start=start, on_iteration=after, before_outer=restore_env)
