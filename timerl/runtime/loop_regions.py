@@ -517,7 +517,7 @@ class LoopFusion:
             outer = gen.key_src([gen.names.of(x) for x in op.domain[:-1]])
             row = _nbytes(*plan.hist[op.id])
             gen.emit(depth, f"_ks = [{d} for {d} in range({b}){where}]")
-            gen.emit(depth, f"S{op.id}.put_rows({outer}, _h[{op.id}], _ks)")
+            gen.emit(depth, f"S{op.id}.put_rows({outer}, _h[{op.id}], _ks, {row})")
             gen.emit(depth, f"M[0] += len(_ks) * {row}")
             gen.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
         # every iteration's: surviving points, statement counts, frees of outside values (a
