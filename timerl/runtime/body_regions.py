@@ -43,6 +43,7 @@ from timerl.runtime.loop_regions import (
     _symbols,
     bind_call,
     describe,
+    single_rows,
 )
 from timerl.schedule.program import Compute, Free, Loop, Stmt
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice
@@ -57,6 +58,7 @@ class NestedLoop:
     closed: list[tuple]
     rows: list[tuple]
     keep: frozenset[int]
+    keep_rows: frozenset[int] = frozenset()  # of ``keep``, those returned stacked
 
 
 @dataclass(eq=False)
@@ -191,6 +193,7 @@ class BodyFusion:
                     needed.add(e.src.id)
         for k, nest in enumerate(nested):
             nest.keep = frozenset(op.id for op in self.regions[k].ops if op.id in needed)
+            nest.keep_rows = nest.keep - single_rows(self.regions[k])
         outs = tuple(op_id for op_id in self.top if op_id in needed)
         plan = BodyPlan(dim, consts, items, nested, outs)
         live = sum(_nbytes(st.shape, st.dtype) for st in items if isinstance(st, LoopStep))
