@@ -65,6 +65,7 @@ class JaxBackend(Backend):
         self.loop_notes: dict[str, str] = {}
         self.traces = 0
         self.trace_seconds = 0.0
+        self.donated_bytes = 0  # bytes of inputs donated to iteration calls
 
     def cast(self, value: Any, dtype: np.dtype) -> Any:
         want = np.dtype(dtype)
@@ -112,8 +113,56 @@ class JaxBackend(Backend):
         read before it and the traced loop index; once per ``key`` for this backend's life."""
         cached = self._bodies.get(key)
         if cached is None:
-            cached = self._bodies[key] = self._jitted(body_function(plan))
+            run = body_function(plan)
+            cached = self._donating(run, plan) if plan.donate else self._jitted(run)
+            self._bodies[key] = cached
         return cached
+
+    def _donating(self, run: Callable[..., Any], plan: BodyPlan) -> Callable[..., Any]:
+        """``run(inputs, index)`` jitted with the inputs ``plan.donate`` names donated: XLA
+        writes the iteration's new parameters, moments and env state into the buffers of the
+        previous iteration's, which the schedule frees after the call. An input is donated
+        only when it is the very array the previous call returned for its op and no other
+        input is that array; otherwise (the first iteration's fillers and initial values, a
+        restored snapshot) a copy is donated, so no array a store still holds is lost."""
+        positions = [k for k, _ in plan.donate]
+        skip = frozenset(positions)
+
+        def split(donated: tuple, kept: tuple, index: Any) -> Any:
+            it_d, it_k = iter(donated), iter(kept)
+            count = len(donated) + len(kept)
+            inputs = tuple(next(it_d) if k in skip else next(it_k) for k in range(count))
+            out = run(inputs, index)
+            # an output that is a donated input unchanged comes back as a buffer of its own
+            taken = {id(x) for x in donated}
+            return jax.tree_util.tree_map(lambda x: jnp.copy(x) if id(x) in taken else x, out)
+
+        jitted = self._jitted(split, donate_argnums=0)
+        last: dict[int, Any] = {}
+
+        def call(inputs: tuple, index: Any) -> Any:
+            others = {id(x) for k, x in enumerate(inputs) if k not in skip}
+            donated = []
+            for k, op in plan.donate:
+                x = inputs[k]
+                if last.get(op) is x and id(x) not in others:
+                    others.add(id(x))
+                    self.donated_bytes += self.nbytes(x)
+                else:
+                    x = jax.device_put(x, may_alias=False)
+                donated.append(x)
+            kept = tuple(x for k, x in enumerate(inputs) if k not in skip)
+            out = jitted(tuple(donated), kept, index)
+            last.clear()
+            top, nested = out
+            for _, op in plan.donate:
+                value = top.get(op)
+                if value is None:
+                    value = next((f[op] for f, _ in nested if op in f), None)
+                last[op] = value
+            return out
+
+        return call
 
     def region_stats(self) -> dict[str, Any]:
         return {
@@ -123,6 +172,7 @@ class JaxBackend(Backend):
             "jit_regions": len(self._regions),
             "jit_traces": self.traces,
             "jit_trace_compile_seconds": self.trace_seconds,
+            "donated_bytes": self.donated_bytes,
         }
 
     # --- arrays --------------------------------------------------------------------------------
