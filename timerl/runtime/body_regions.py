@@ -78,6 +78,7 @@ class BodyPlan:
     outs: tuple[int, ...]
     # (input position, op): inputs the iteration frees, donated to the call (see ``donations``)
     donate: tuple[tuple[int, int], ...] = ()
+    n_inputs: int = 0
 
 
 @dataclass(eq=False)
@@ -198,7 +199,7 @@ class BodyFusion:
             nest.keep_rows = nest.keep - single_rows(self.regions[k])
         outs = tuple(op_id for op_id in self.top if op_id in needed)
         donate = self._donations(frees, deferred, outs, nested)
-        plan = BodyPlan(dim, consts, items, nested, outs, donate)
+        plan = BodyPlan(dim, consts, items, nested, outs, donate, len(self.inputs))
         live = sum(_nbytes(st.shape, st.dtype) for st in items if isinstance(st, LoopStep))
         live += sum(r.live_bytes for r in self.regions)
         key = (

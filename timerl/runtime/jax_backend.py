@@ -34,6 +34,13 @@ def _array_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
     return math.prod(shape) * np.dtype(dtype).itemsize
 
 
+def _returned_by(plan: BodyPlan, op: int) -> int:
+    """The nested loop of ``plan`` whose last values hold ``op``."""
+    return next(
+        k for k, nest in enumerate(plan.loops) if op in nest.keep and op in nest.plan.finals
+    )
+
+
 def _x64() -> Any:
     """64-bit types while timerl makes or computes arrays (see ``jax_lowering``'s docstring)."""
     return jax.enable_x64(True)
@@ -138,28 +145,27 @@ class JaxBackend(Backend):
             return jax.tree_util.tree_map(lambda x: jnp.copy(x) if id(x) in taken else x, out)
 
         jitted = self._jitted(split, donate_argnums=0)
+        kept_at = [k for k in range(plan.n_inputs) if k not in skip]
+        # where the call returns each donated op: the top-level values (-1) or a nested loop's
+        where = {op: -1 if op in plan.outs else _returned_by(plan, op) for _, op in plan.donate}
         last: dict[int, Any] = {}
 
         def call(inputs: tuple, index: Any) -> Any:
-            others = {id(x) for k, x in enumerate(inputs) if k not in skip}
+            kept = tuple([inputs[k] for k in kept_at])
+            others = set(map(id, kept))
             donated = []
             for k, op in plan.donate:
                 x = inputs[k]
-                if last.get(op) is x and id(x) not in others:
+                if last.get(op) is not x or id(x) in others:
+                    x = jax.device_put(x, may_alias=False)  # a fresh buffer of its own
+                else:
                     others.add(id(x))
                     self.donated_bytes += self.nbytes(x)
-                else:
-                    x = jax.device_put(x, may_alias=False)
                 donated.append(x)
-            kept = tuple(x for k, x in enumerate(inputs) if k not in skip)
             out = jitted(tuple(donated), kept, index)
-            last.clear()
             top, nested = out
-            for _, op in plan.donate:
-                value = top.get(op)
-                if value is None:
-                    value = next((f[op] for f, _ in nested if op in f), None)
-                last[op] = value
+            for op, at in where.items():
+                last[op] = top[op] if at < 0 else nested[at][0][op]
             return out
 
         return call
