@@ -273,7 +273,9 @@ class CodeGen:
     def call(self, op: Op, depth: int, var: str, point: str) -> None:
         donate = self.donations.get(op.id)
         call = prepare_call(op, self.backend, self.seed, donate)
-        if op.id in self.host_only:
+        if op.id in self.host_only or (
+            prims.get(op.prim).traits.host and getattr(self.backend, "host_results_numpy", False)
+        ):
             call = replace(call, fn=host_call(op, self.backend, native=False))
         args = [self.read_src(e) for e in op.inputs]
         if donate is not None and op.inputs[donate].src.id not in self.locals:
