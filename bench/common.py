@@ -71,6 +71,7 @@ class Config:
     device: str = "cpu"
     threads: int = 1  # torch intra-op threads (the benchmark pins one)
     memory_budget: int | None = None  # timerl only: ctx.compile(memory_budget=...) in bytes
+    host_env: bool = False  # timerl only: step the gymnasium env even where a JAX env exists
 
     def resolved(self) -> Config:
         """A copy with every ``None`` default filled in for this env."""

@@ -164,6 +164,7 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
     "depth": ("hidden layers", "CartPole-v1, 16 envs: scaling with network depth"),
     "memory": ("num_envs", "Synthetic-v0, 3x64x64 obs, 1000-step episodes: memory-heavy"),
     "reinforce": ("num_envs", "CartPole-v1, REINFORCE with a value baseline"),
+    "gym": ("hidden layers", "CartPole-v1 stepped by gymnasium (a host env) on every backend"),
 }
 
 
@@ -199,6 +200,10 @@ def all_cases(quick: bool = False, iterations: int | None = None, seed: int = 0)
         cases.append(Case("memory", f"memory-e{envs}", cfg, x=envs))
     cfg = Config("CartPole-v1", num_envs=16, iterations=its(15, 5), seed=seed)
     cases.append(Case("reinforce", "reinforce-cartpole", cfg, algo="reinforce", x=16))
+    # the env a host call between jitted regions on the jax backend (timerl systems only:
+    # jax_ppo always runs its JAX env)
+    cfg = Config("CartPole-v1", num_envs=16, iterations=its(15, 3), seed=seed, host_env=True)
+    cases.append(Case("gym", "gym-cartpole-l2", cfg, x=2))
     return cases
 
 
@@ -440,7 +445,12 @@ def accounting_lines(rows: list[Row]) -> list[str]:
 
 
 def systems_for(case: Case, names: list[str], systems: dict[str, System]) -> list[System]:
-    return [systems[n] for n in names if systems[n].algo in ("*", case.algo)]
+    """The systems that run ``case`` (a host-env case leaves out jax_ppo, whose env is JAX's)."""
+    return [
+        systems[n]
+        for n in names
+        if systems[n].algo in ("*", case.algo) and not (case.config.host_env and n == "jax_ppo")
+    ]
 
 
 def compute_ratios(rows: list[Row]) -> None:

@@ -62,7 +62,7 @@ def timerl_config(config: Config, algo: str = "ppo", backend: str = "numpy") -> 
     cfg = config.resolved()
     out: dict[str, Any] = {
         "env_id": cfg.env_id,
-        "env_backend": env_backend(cfg.env_id, backend),
+        "env_backend": "gymnasium" if cfg.host_env else env_backend(cfg.env_id, backend),
         "num_envs": cfg.num_envs,
         "num_steps": cfg.num_steps,
         "lr": cfg.lr,

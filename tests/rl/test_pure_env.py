@@ -91,6 +91,29 @@ def test_ppo_on_the_jax_backend_fuses_the_rollout_and_agrees_with_numpy():
     assert prog.stats()["jit_traces"] == traces
 
 
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_fused_iterations_donate_the_state_they_free_and_compute_the_same(minibatches, monkeypatch):
+    """Parameters, Adam moments and env state at ``i - 1`` are freed by iteration ``i``:
+    from the second iteration on they are donated to its call (``donated_bytes``), and every
+    metric of every iteration is bit for bit the run's without donation."""
+    from timerl.runtime.jax_backend import JaxBackend
+
+    ap = algos.ppo(env_id="CartPole-v1", env_backend="jax", **{**SMALL, "minibatches": minibatches})
+    extra = [ap.rollout["obs"], ap.rollout["reward"]]
+    donating = _compile(ap, "jax", 4, extra)
+    # one iteration's carried state: 2 layers of 8 units per net, 3 copies (weights, m, v)
+    carried = 3 * 4 * ((4 * 8 + 8 + 8 * 2 + 2) + (4 * 8 + 8 + 8 + 1))
+    assert donating.stats()["donated_bytes"] >= 3 * carried  # iterations 1, 2 and 3
+    monkeypatch.setattr(JaxBackend, "_donating", lambda self, run, plan: self._jitted(run))
+    plain = _compile(ap, "jax", 4, extra)
+    assert plain.stats()["donated_bytes"] == 0
+    for name, m in [*ap.metrics.items(), ("obs", extra[0]), ("reward", extra[1])]:
+        np.testing.assert_array_equal(donating.value(m), plain.value(m), err_msg=name)
+    assert donating.stats()["peak_bytes"] == plain.stats()["peak_bytes"]
+    donating.run()  # a second run: its first iteration donates copies, not the stores' arrays
+    np.testing.assert_array_equal(donating.value(extra[1]), plain.value(extra[1]))
+
+
 def test_resume_on_the_jax_backend_continues_the_run_exactly(tmp_path):
     """Stopped after the checkpoint of iteration 1 and resumed to 4 iterations: the env state
     and parameters the fused iterations carried come back from the checkpoint, and the returns

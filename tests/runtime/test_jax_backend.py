@@ -199,6 +199,28 @@ def test_a_ppo_program_on_jax_matches_numpy():
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
 
 
+def test_a_host_env_step_costs_one_jitted_call():
+    """With a host env the rollout's regions are split at the env call: the policy's region is
+    one jitted call per step, and the env's results (numpy arrays, taken apart outside
+    regions) need none, so eight more steps per iteration make eight more calls each."""
+    from timerl.rl.algos import ppo
+
+    calls = {}
+    for steps in (8, 16):
+        obs = {}
+        for backend in ("numpy", "jax"):
+            prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=steps, minibatches=1)
+            x = prog.rollout["obs"]
+            c = prog.ctx.compile(bounds={"I": 3, **prog.bounds}, outputs=[x], backend=backend)
+            c.run()
+            obs[backend] = c.value(x)
+        np.testing.assert_allclose(obs["jax"], obs["numpy"], rtol=1e-4, atol=1e-5)
+        before = c.stats()["jit_calls"]
+        c.run()  # traced and compiled: count one run's calls
+        calls[steps] = c.stats()["jit_calls"] - before
+    assert calls[16] - calls[8] == 3 * 8
+
+
 def test_the_training_driver_runs_on_jax_and_agrees_with_numpy():
     """What ``timerl train reinforce --backend jax`` runs: the hooked outer loop, metrics sink."""
     from timerl.cli import build_parser

@@ -54,30 +54,41 @@ class EpisodeTally:
 
     def add_steps(self, rewards: np.ndarray, dones: np.ndarray) -> None:
         """``T`` steps of every env at once (``(T, num_envs)`` arrays): the same sums, in the
-        same order, as ``T`` calls of ``add``, with a Python loop over the envs whose episodes
-        end in them rather than over the steps."""
+        same order, as ``T`` calls of ``add``. Each episode's sum is one column of a matrix
+        (the running return or 0.0 in row 0, then its rewards) summed down by one sequential
+        ``np.add.accumulate``, so no Python loop runs over the steps or the episodes (a loop
+        over CartPole's short episodes cost 0.4 ms an iteration)."""
         rewards = np.asarray(rewards, dtype=np.float64)
         dones = np.asarray(dones, dtype=bool)
-        steps = len(rewards)
-        ending = dones.any(0)
-        calm = ~ending  # no episode ends: one sequential sum per env, the running value first
-        self.running_return[calm] = np.add.accumulate(
-            np.concatenate([self.running_return[None, calm], rewards[:, calm]]), axis=0
-        )[-1]
-        self.running_length[calm] += steps
-        ended: list[tuple[int, int, float, int]] = []
-        for j in np.flatnonzero(ending):
-            run, length, start = self.running_return[j], int(self.running_length[j]), 0
-            for t in np.flatnonzero(dones[:, j]):
-                total = np.add.accumulate(np.concatenate([[run], rewards[start : t + 1, j]]))[-1]
-                ended.append((int(t), int(j), float(total), length + int(t) + 1 - start))
-                run, length, start = 0.0, 0, int(t) + 1
-            rest = np.concatenate([[run], rewards[start:, j]])
-            self.running_return[j] = np.add.accumulate(rest)[-1]
-            self.running_length[j] = length + steps - start
-        ended.sort()
-        self.done_returns.extend(e[2] for e in ended)
-        self.done_lengths.extend(e[3] for e in ended)
+        steps, n = rewards.shape
+        if steps == 0:
+            return
+        tt = np.arange(steps)[:, None]
+        # segment of each step within its env (dones strictly before it) and its position
+        before = np.cumsum(dones, axis=0) - dones
+        reset = np.where(dones, tt + 1, 0)
+        first = np.maximum.accumulate(np.concatenate([np.zeros((1, n), int), reset[:-1]]), 0)
+        pos = tt - first
+        per_env = dones.sum(0) + 1  # its episodes ending here, and the one running on
+        offset = np.concatenate([[0], np.cumsum(per_env)[:-1]])
+        seg = before + offset
+        sums = np.zeros((int(pos.max()) + 2, int(per_env.sum())))
+        sums[0, offset] = self.running_return
+        sums[pos + 1, seg] = rewards
+        sums = np.add.accumulate(sums, axis=0)
+        length0 = np.zeros(sums.shape[1], np.int64)
+        length0[offset] = self.running_length
+        # the episodes that end: (t, env) in the order ``add`` meets them
+        t_end, j_end = np.nonzero(dones)
+        s_end = seg[t_end, j_end]
+        p_end = pos[t_end, j_end]
+        self.done_returns.extend(sums[p_end + 1, s_end].tolist())
+        self.done_lengths.extend((length0[s_end] + p_end + 1).tolist())
+        # the episode running on after the last step: it starts after the env's last done
+        last = offset + per_env - 1
+        ran = np.where(dones[-1], 0, steps - first[-1])
+        self.running_return[:] = sums[ran, last]
+        self.running_length[:] = length0[last] + ran
 
     def completed_returns(self) -> np.ndarray:
         """Returns of the episodes finished since the last call (then forgotten)."""

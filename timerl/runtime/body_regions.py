@@ -43,6 +43,7 @@ from timerl.runtime.loop_regions import (
     _symbols,
     bind_call,
     describe,
+    single_rows,
 )
 from timerl.schedule.program import Compute, Free, Loop, Stmt
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice
@@ -57,6 +58,7 @@ class NestedLoop:
     closed: list[tuple]
     rows: list[tuple]
     keep: frozenset[int]
+    keep_rows: frozenset[int] = frozenset()  # of ``keep``, those returned stacked
 
 
 @dataclass(eq=False)
@@ -74,6 +76,9 @@ class BodyPlan:
     items: list[LoopStep | int]
     loops: list[NestedLoop]
     outs: tuple[int, ...]
+    # (input position, op): inputs the iteration frees, donated to the call (see ``donations``)
+    donate: tuple[tuple[int, int], ...] = ()
+    n_inputs: int = 0
 
 
 @dataclass(eq=False)
@@ -191,8 +196,10 @@ class BodyFusion:
                     needed.add(e.src.id)
         for k, nest in enumerate(nested):
             nest.keep = frozenset(op.id for op in self.regions[k].ops if op.id in needed)
+            nest.keep_rows = nest.keep - single_rows(self.regions[k])
         outs = tuple(op_id for op_id in self.top if op_id in needed)
-        plan = BodyPlan(dim, consts, items, nested, outs)
+        donate = self._donations(frees, deferred, outs, nested)
+        plan = BodyPlan(dim, consts, items, nested, outs, donate, len(self.inputs))
         live = sum(_nbytes(st.shape, st.dtype) for st in items if isinstance(st, LoopStep))
         live += sum(r.live_bytes for r in self.regions)
         key = (
@@ -212,6 +219,36 @@ class BodyFusion:
             live,
             key,
         )
+
+    def _donations(
+        self, frees: list[Free], deferred: dict[int, Op], outs: tuple, nested: list[NestedLoop]
+    ) -> tuple[tuple[int, int], ...]:
+        """The inputs whose buffers the call may take over (``jax.jit``'s donation): an
+        earlier iteration's value of an op the call itself returns (parameters, optimiser
+        moments, env state at ``i - 1``), whose point the iteration's frees release, read
+        by no host call run after the call. Whether the array passed is the one the previous
+        call returned (not a filler, an initial value or one shared by two inputs) is checked
+        when it is called."""
+        returned = set(outs)
+        for nest in nested:
+            returned |= {m for m in nest.keep if m in nest.plan.finals}
+        host = {e.src.id for op in deferred.values() for e in op.inputs}
+        out = []
+        for k, (kind, edge, _) in enumerate(self.inputs):
+            src = edge.src.id
+            if kind != "closed" or src not in returned or src in host:
+                continue
+            if not _other_iteration(edge, self.dim):
+                continue
+            point = tuple(str(x) for x in edge.index)
+            if any(
+                f.op.id == src
+                and not f.pinned
+                and tuple(str(x) for x in f.prefix) == point[: len(f.prefix)]
+                for f in frees
+            ):
+                out.append((k, src))
+        return tuple(out)
 
     def _step(self, op: Op, deferred: dict[int, Op], consts: dict) -> LoopStep:
         fusion, dim = self.fusion, self.dim

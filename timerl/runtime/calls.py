@@ -42,10 +42,14 @@ class OpCall:
     out: int | None = None
 
 
-def host_call(op: Op, backend: Backend, attr: str = "fn") -> Callable[..., Any]:
+def host_call(
+    op: Op, backend: Backend, attr: str = "fn", native: bool = True
+) -> Callable[..., Any]:
     """Call the user function of a host op on numpy arrays, returning backend arrays
-    (``attr="begin"``: the function that starts it, see ``schedule/overlap.py``)."""
-    to_np, as_native, fn = backend.to_numpy, backend.asarray, op.attrs[attr]
+    (``attr="begin"``: the function that starts it, see ``schedule/overlap.py``); numpy
+    arrays when not ``native`` (only host calls read it: jax spends 0.1 ms making an array)."""
+    to_np, fn = backend.to_numpy, op.attrs[attr]
+    as_native = backend.asarray if native else np.asarray
 
     def native(out: Any) -> Any:
         if isinstance(out, tuple):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,18 @@ class CodeGen:
         self.loops = LoopFusion(self.fusion) if fuses_loops else None
         # a top-level loop's iteration, inner loops included, as one compiled call (jax)
         self.bodies = BodyFusion(self.loops) if self.loops is not None else None
+        # host calls whose results only host calls read (a metrics sink, an episode tally):
+        # they stay numpy arrays
+        host_readers: dict[int, bool] = {}
+        for reader in self.ops.values():
+            is_host = prims.get(reader.prim).traits.host
+            for e in reader.inputs:
+                host_readers[e.src.id] = host_readers.get(e.src.id, True) and is_host
+        self.host_only = {
+            i
+            for i, op in self.ops.items()
+            if prims.get(op.prim).traits.host and i not in self.keep and host_readers.get(i, True)
+        }
 
     # --- which values can live in locals -------------------------------------------------------
     def _local_ops(self) -> set[int]:
@@ -260,6 +273,10 @@ class CodeGen:
     def call(self, op: Op, depth: int, var: str, point: str) -> None:
         donate = self.donations.get(op.id)
         call = prepare_call(op, self.backend, self.seed, donate)
+        if op.id in self.host_only or (
+            prims.get(op.prim).traits.host and getattr(self.backend, "host_results_numpy", False)
+        ):
+            call = replace(call, fn=host_call(op, self.backend, native=False))
         args = [self.read_src(e) for e in op.inputs]
         if donate is not None and op.inputs[donate].src.id not in self.locals:
             # take the point out of the donor's store: the free after this finds nothing
@@ -318,8 +335,13 @@ class CodeGen:
                 self.emit(depth, f"M[0] -= {size}")
             return
         view = "_VIEW" if op.id in self.plan.views else ""  # a view's values hold no bytes
+        if n is not None and not view and not prims.get(op.prim).traits.multi_output:
+            # every point holds the same bytes: counted, not measured
+            view, tail = "_N", f", {n}"
+        else:
+            tail = ""
         if not stmt.prefix:
-            self.emit(depth, f"FREE_ALL{view}(S{op.id}, M)")
+            self.emit(depth, f"FREE_ALL{view}(S{op.id}, M{tail})")
             return
         key = self.key_src([self.names.src(p) for p in stmt.prefix])
         if stmt.pinned:
@@ -330,7 +352,7 @@ class CodeGen:
             self.emit(depth, f"_x = S{op.id}.pop({key}, None)")
             self.emit(depth, f"if _x is not None: M[0] -= {n if n is not None else 'NB(_x)'}")
         else:
-            self.emit(depth, f"FREE_PREFIX{view}(S{op.id}, {key}, M)")
+            self.emit(depth, f"FREE_PREFIX{view}(S{op.id}, {key}, M{tail})")
 
     def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
         if self.loops is not None:
@@ -418,6 +440,8 @@ class CodeGen:
             FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
             FREE_ALL_VIEW=functools.partial(_free_all, nbytes=_no_bytes),
             FREE_PREFIX_VIEW=functools.partial(_free_prefix, nbytes=_no_bytes),
+            FREE_ALL_N=_free_all_n,
+            FREE_PREFIX_N=_free_prefix_n,
             ROWSTORE=RowStore.adopt,
         )
         if self.fusion is not None:
@@ -463,6 +487,26 @@ def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:
     for value in store.values():
         meter[0] -= nbytes(value)
     store.clear()
+
+
+def _free_all_n(store: dict, meter: list, n: int) -> None:
+    """``_free_all`` of an op whose every point holds ``n`` bytes (a static shape)."""
+    meter[0] -= n * len(store)
+    store.clear()
+
+
+def _free_prefix_n(store: dict, key: tuple, meter: list, n: int) -> None:
+    """``_free_prefix`` of an op whose every point holds ``n`` bytes: no array is measured
+    (a jax array's size is a Python property call; the body of a PPO iteration frees fifty)."""
+    whole = getattr(store, "pop_prefix", None)
+    if whole is not None:
+        meter[0] -= whole(key, lambda _: n)
+        return
+    k = len(key)
+    points = [p for p in store if p[:k] == key]
+    for point in points:
+        del store[point]
+    meter[0] -= n * len(points)
 
 
 def _free_prefix(store: dict, key: tuple, meter: list, nbytes: Callable[[Any], int]) -> None:

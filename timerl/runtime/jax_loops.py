@@ -149,7 +149,7 @@ def body_function(plan: BodyPlan) -> Callable[..., tuple[dict, tuple]]:
             kept.append(
                 (
                     {m: finals[m] for m in nest.keep if m in finals},
-                    {m: stacked[m] for m in nest.keep if m in stacked},
+                    {m: stacked[m] for m in nest.keep_rows if m in stacked},
                 )
             )
         return {m: vals[m] for m in plan.outs}, tuple(kept)

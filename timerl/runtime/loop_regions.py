@@ -163,6 +163,17 @@ def describe(loop: Loop, ops: list[Op]) -> str:
     return f"for {d.name} in {rng} ({len(ops)} ops{what})"
 
 
+def single_rows(region: LoopRegion) -> frozenset[int]:
+    """The values a one-iteration loop returns stacked that its last value already holds:
+    neither returned nor stored stacked (an update loop of one epoch and one minibatch)."""
+    if region.plan.extent != 1:
+        return frozenset()
+    dim = region.loop.dim
+    return frozenset(
+        op.id for op, _ in region.rows_out if op.domain[-1] is dim and op.id in region.plan.finals
+    )
+
+
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
@@ -504,6 +515,8 @@ class LoopFusion:
                 if op.id in stacked_last:
                     self._store(op, f"_f[{op.id}]", depth + 1, pins, d)
         # every iteration's values, stored stacked (split only where a row is read alone)
+        # (one iteration: its one row is the last value, stored on its own above)
+        rows_out = [(op, pins) for op, pins in rows_out if op.id not in single_rows(region)]
         for op, pins in rows_out:
             if op.domain[-1] is not loop.dim:
                 continue  # stored row by row below
@@ -517,7 +530,7 @@ class LoopFusion:
             outer = gen.key_src([gen.names.of(x) for x in op.domain[:-1]])
             row = _nbytes(*plan.hist[op.id])
             gen.emit(depth, f"_ks = [{d} for {d} in range({b}){where}]")
-            gen.emit(depth, f"S{op.id}.put_rows({outer}, _h[{op.id}], _ks)")
+            gen.emit(depth, f"S{op.id}.put_rows({outer}, _h[{op.id}], _ks, {row})")
             gen.emit(depth, f"M[0] += len(_ks) * {row}")
             gen.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
         # every iteration's: surviving points, statement counts, frees of outside values (a

@@ -557,14 +557,19 @@ class RowStore(dict):
             store = stores[op_id] = RowStore(store)
         return store
 
-    def put_rows(self, outer: tuple, rows: Any, ks: list[int]) -> None:
-        """Points ``outer + (k,)`` for ``k`` in ``ks`` are ``rows[k]``."""
-        self._split_all(outer)
-        self.lazy.pop(outer, None)
+    def put_rows(
+        self, outer: tuple, rows: Any, ks: list[int], row_bytes: int | None = None
+    ) -> None:
+        """Points ``outer + (k,)`` for ``k`` in ``ks`` are ``rows[k]``; ``row_bytes``, the
+        bytes of one row where the caller knows them (a jax array's ``nbytes`` is slow)."""
+        if outer in self.lazy:
+            self._split_all(outer)
+            del self.lazy[outer]
         for k in ks:
             dict.pop(self, (*outer, k), None)
-        nbytes = int(getattr(rows, "nbytes", 0)) // max(int(rows.shape[0]), 1)
-        self.lazy[outer] = [rows, set(ks), nbytes, False]
+        if row_bytes is None:
+            row_bytes = int(getattr(rows, "nbytes", 0)) // max(int(rows.shape[0]), 1)
+        self.lazy[outer] = [rows, set(ks), row_bytes, False]
 
     def stacked(self, outer: tuple, n: int) -> Any:
         """The rows of ``outer`` as one array of ``n``, or None where it is not held so."""
