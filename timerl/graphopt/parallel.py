@@ -123,7 +123,9 @@ class TaskPool:
             while running:
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in sorted(done, key=running.get):
-                    if isinstance(future.exception(), BrokenProcessPool):
+                    if self._local is not None and isinstance(
+                        future.exception(), BrokenProcessPool
+                    ):
                         # a process died (killed, out of memory): the next map starts afresh
                         self._local.shutdown(cancel_futures=True)
                         self._local = None
