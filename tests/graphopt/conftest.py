@@ -59,3 +59,37 @@ def tiny_corpus(tmp_path):
         )
     (root / "index.json").write_text(json.dumps({"graphs": entries}))
     return root
+
+
+def _eval_records(argv: list[str], workers: int, out) -> list[dict]:
+    """`graphopt eval ARGV --workers N`'s records, less their seconds (which differ)."""
+    import json
+
+    from timerl.cli import main
+
+    assert main([*argv, "--no-progress", "--out", str(out), "--workers", str(workers)]) == 0
+    recs = json.loads(out.read_text())
+    for r in recs:
+        r.pop("seconds")
+    return recs
+
+
+def _trained_params(corpus, workers: int, out) -> dict:
+    """The weights of a 2-update `graphopt train` run with ``workers``."""
+    from timerl.cli import main
+    from timerl.graphopt.policy import PolicyWeights
+
+    argv = ["graphopt", "train", "--corpus", str(corpus), "--out", str(out)]
+    argv += ["--iterations", "2", "--budget", "40", "--batch", "3", "--hidden", "8"]
+    assert main([*argv, "--rounds", "1", "--workers", str(workers)]) == 0
+    return PolicyWeights.load(out).params
+
+
+@pytest.fixture
+def eval_records() -> Callable[..., list[dict]]:
+    return _eval_records
+
+
+@pytest.fixture
+def trained_params() -> Callable[..., dict]:
+    return _trained_params

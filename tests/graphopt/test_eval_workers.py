@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 
-from timerl.cli import main
 from timerl.errors import GraphError
 from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.random_graph import random_graph
@@ -67,35 +66,19 @@ def test_pool_starts_the_largest_calls_first_and_keeps_call_order():
     assert max(start[4], start[3]) + 0.25 < start[0]
 
 
-def test_eval_with_two_workers_matches_one(corpus, tmp_path):
-    records = []
-    for workers in (1, 2):
-        out = tmp_path / f"w{workers}.json"
-        argv = ["graphopt", "eval", "--corpus", str(corpus), "--split", "train"]
-        argv += ["--budget", "120", "--methods", "program", "portfolio", "local", "brkga"]
-        argv += ["learned", "--devices", "2", "--host", "--memory-fraction", "0.7"]
-        argv += ["--objective", "runtime", "--no-progress", "--out", str(out)]
-        assert main([*argv, "--workers", str(workers)]) == 0
-        recs = json.loads(out.read_text())
-        for r in recs:
-            r.pop("seconds")
-        records.append(recs)
+def test_eval_with_two_workers_matches_one(corpus, tmp_path, eval_records):
+    argv = ["graphopt", "eval", "--corpus", str(corpus), "--split", "train"]
+    argv += ["--budget", "120", "--methods", "program", "portfolio", "local", "brkga"]
+    argv += ["learned", "--devices", "2", "--host", "--memory-fraction", "0.7"]
+    argv += ["--objective", "runtime"]
+    records = [eval_records(argv, w, tmp_path / f"w{w}.json") for w in (1, 2)]
     assert len(records[0]) == 4
     assert records[0] == records[1]
 
 
-def test_train_with_two_workers_matches_one(corpus, tmp_path):
+def test_train_with_two_workers_matches_one(corpus, tmp_path, trained_params):
     pytest.importorskip("torch")
-    from timerl.graphopt.policy import PolicyWeights
-
-    weights = []
-    for workers in (1, 2):
-        out = tmp_path / f"p{workers}.npz"
-        argv = ["graphopt", "train", "--corpus", str(corpus), "--out", str(out)]
-        argv += ["--iterations", "2", "--budget", "40", "--batch", "3", "--hidden", "8"]
-        argv += ["--rounds", "1", "--workers", str(workers)]
-        assert main(argv) == 0
-        weights.append(PolicyWeights.load(out).params)
+    weights = [trained_params(corpus, w, tmp_path / f"p{w}.npz") for w in (1, 2)]
     assert weights[0].keys() == weights[1].keys()
     for k in weights[0]:
         np.testing.assert_array_equal(weights[0][k], weights[1][k], err_msg=k)

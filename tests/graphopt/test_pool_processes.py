@@ -93,36 +93,19 @@ def test_two_workers_need_no_ray_but_an_address_does(no_ray, monkeypatch):
         TaskPool(0)
 
 
-def test_eval_and_train_in_processes_match_one_worker(no_ray, tiny_corpus, tmp_path):
-    import json
-
+def test_eval_and_train_in_processes_match_one_worker(
+    no_ray, tiny_corpus, tmp_path, eval_records, trained_params
+):
     import numpy as np
 
-    from timerl.cli import main
-
-    records = []
-    for workers in (1, 2):
-        out = tmp_path / f"w{workers}.json"
-        argv = ["graphopt", "eval", "--corpus", str(tiny_corpus), "--split", "train"]
-        argv += ["--budget", "100", "--methods", "portfolio", "brkga", "learned"]
-        # the runtime objective's problem factory is a closure: it must reach the processes
-        argv += ["--devices", "2", "--host", "--memory-fraction", "0.7", "--objective", "runtime"]
-        assert main([*argv, "--no-progress", "--out", str(out), "--workers", str(workers)]) == 0
-        recs = json.loads(out.read_text())
-        for r in recs:
-            r.pop("seconds")
-        records.append(recs)
+    argv = ["graphopt", "eval", "--corpus", str(tiny_corpus), "--split", "train"]
+    argv += ["--budget", "100", "--methods", "portfolio", "brkga", "learned"]
+    # the runtime objective's problem factory is a closure: it must reach the processes
+    argv += ["--devices", "2", "--host", "--memory-fraction", "0.7", "--objective", "runtime"]
+    records = [eval_records(argv, w, tmp_path / f"w{w}.json") for w in (1, 2)]
     assert len(records[0]) == 3 and records[0] == records[1]
     pytest.importorskip("torch")
-    from timerl.graphopt.policy import PolicyWeights
-
-    weights = []
-    for workers in (1, 2):
-        out = tmp_path / f"p{workers}.npz"
-        argv = ["graphopt", "train", "--corpus", str(tiny_corpus), "--out", str(out)]
-        argv += ["--iterations", "2", "--budget", "40", "--batch", "3", "--hidden", "8"]
-        assert main([*argv, "--rounds", "1", "--workers", str(workers)]) == 0
-        weights.append(PolicyWeights.load(out).params)
+    weights = [trained_params(tiny_corpus, w, tmp_path / f"p{w}.npz") for w in (1, 2)]
     for k in weights[0]:
         np.testing.assert_array_equal(weights[0][k], weights[1][k], err_msg=k)
     assert not _ray_started()
