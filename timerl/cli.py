@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     from timerl.rl import cli as rl_cli
 
     rl_cli.register(sub)
-    graphopt_cli.register(sub, export_program=_export_program)
+    graphopt_cli.register(sub, export_program=_export_program, train_program=_train_program)
     bench_cli.register(sub)
     return parser
 
@@ -46,6 +46,13 @@ def _export_program(spec: Any) -> Any:
     from timerl.rl.corpus_export import export_program
 
     return export_program(spec)
+
+
+def _train_program(settings: dict[str, Any], **options: Any) -> Any:
+    """Train graphopt's policy with the timerl program of ``rl/graph_policy.py``."""
+    from timerl.rl.graph_policy_train import train_program
+
+    return train_program(settings, **options)
 
 
 def main(argv: list[str] | None = None) -> int:

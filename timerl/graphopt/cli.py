@@ -12,11 +12,12 @@ from typing import Any
 from timerl.errors import GraphError, TimerlError
 
 
-def register(sub: Any, *, export_program: Any = None) -> None:
+def register(sub: Any, *, export_program: Any = None, train_program: Any = None) -> None:
     """Add the ``graphopt`` command and its subcommands to the top-level parser.
 
     ``export_program`` (a ``ProgramSpec -> graph dicts`` function) lets ``corpus`` build the
-    ``timerl`` family; graphopt itself reads no PDG."""
+    ``timerl`` family, and ``train_program`` lets ``train --engine program`` train the policy
+    with a timerl program; graphopt itself reads no PDG and imports no compiler."""
     p = sub.add_parser("graphopt", help="order and place computation graphs (REGAL)")
     gsub = p.add_subparsers(dest="graphopt_command", required=True)
 
@@ -80,7 +81,12 @@ def register(sub: Any, *, export_program: Any = None) -> None:
     t.add_argument("--corpus", type=Path, default=Path("corpus"))
     t.add_argument("--split", default="train")
     t.add_argument("--out", type=Path, default=Path("policy.npz"), help="final weights file")
-    t.add_argument("--checkpoint", type=Path, default=None, help="default: OUT.ckpt.npz")
+    t.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="default: OUT.ckpt.npz (--engine program: a run folder, default OUT.run)",
+    )
     t.add_argument("--checkpoint-every", type=int, default=10, help="updates between saves")
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     t.add_argument("--iterations", type=int, default=300, help="policy updates")
@@ -121,8 +127,15 @@ def register(sub: Any, *, export_program: Any = None) -> None:
         help="priority logits x this after the imitation: same mean order, wider proposals",
     )
     t.add_argument("--targets", type=Path, default=None, help="default: OUT.targets.npz")
+    t.add_argument(
+        "--engine",
+        choices=("torch", "program"),
+        default="torch",
+        help="torch: the training loop in Python and torch; program: a timerl program "
+        "(search reward; checkpoints and metrics in OUT.run/)",
+    )
     _workers_flags(t, "searches of an update run at a time")
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, train_program=train_program)
 
     c = gsub.add_parser("corpus", help="build the graph corpus")
     c.add_argument("--out", type=Path, default=Path("corpus"))
@@ -311,6 +324,8 @@ def _setting(args: argparse.Namespace) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from timerl.graphopt.train import TrainConfig, rich_progress, train
 
+    if args.engine == "program":
+        return _train_by_program(args)
     config = TrainConfig(
         corpus=str(args.corpus),
         split=args.split,
@@ -351,6 +366,43 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.stop()
+    return 0
+
+
+def _train_by_program(args: argparse.Namespace) -> int:
+    if args.train_program is None:
+        raise GraphError("--engine program needs timerl's compiler (run it as `timerl graphopt`)")
+    settings = {
+        "corpus": str(args.corpus),
+        "split": args.split,
+        "max_nodes": args.max_nodes,
+        "runtime_share": args.runtime_share,
+        "budget": args.budget,
+        "num_envs": args.batch,
+        "hidden": [args.hidden] * args.rounds,
+        "lr": args.lr,
+        "seed": args.seed,
+        "entropy": args.entropy,
+    }
+    given = {
+        "reward": args.reward,
+        "warm_start": args.warm_start,
+        "workers": args.workers,
+        "ray_address": args.ray_address,
+        "targets": args.targets,
+        "minutes": args.minutes,
+    }
+    out = args.train_program(
+        settings,
+        iterations=args.iterations,
+        out=args.out,
+        run_dir=args.checkpoint,
+        resume=args.resume,
+        checkpoint_every=args.checkpoint_every,
+        progress=sys.stderr.isatty(),
+        given=given,
+    )
+    print(f"wrote {out}")
     return 0
 
 

@@ -56,7 +56,7 @@ def mean_keys(alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
 
 def learned_search(
     problem: Problem,
-    weights: PolicyWeights,
+    weights: PolicyWeights | None,
     *,
     budget: int = 5000,
     seed: int = 0,
@@ -64,12 +64,15 @@ def learned_search(
     seeds: dict[str, Solution] | None = None,
     jobs: int = 1,
 ) -> SearchResult:
-    """BRKGA with the policy's proposals (``action`` overrides the network's mean action);
+    """BRKGA with the policy's proposals (``action``, when given, replaces the network's mean
+    action and ``weights`` may be None);
     ``jobs`` processes score its schedules."""
     t0 = time.perf_counter()
     if seeds is None:
         seeds = portfolio_solutions(problem)
     if action is None:
+        if weights is None:
+            raise ValueError("learned_search needs the policy's weights or an action")
         action = weights.forward(problem_features(problem, seeds))
     alpha, beta, bias = proposal(action, key_groups(problem.place, problem.swaps))
     start = [*seeds.values(), problem.decode(mean_keys(alpha, beta))]

@@ -146,6 +146,39 @@ def named_state(
     return out
 
 
+def resume_margin(ops: list[Any], static: Mapping[Any, int], iterations: int) -> int:
+    """How many iterations past ``iterations + 1`` the outer bound must reach so that the last
+    iteration run computes every value a longer run would carry on from it.
+
+    The compiler computes a value only where a later op reads it, judged against the outer
+    bound: with ``seen[i + 1] = seen[i] + ...`` read only by an update that itself stops at
+    ``i + 1 < I``, ``seen``'s update stops at ``i + 2 < I``. A run compiled with ``I`` just
+    past its last iteration then ends without the carried value its resumed continuation
+    needs. Each guard is evaluated at the last iteration (the other dims at 0) against the
+    bound as given and against a far one."""
+    loops = [op.domain[0] for op in ops if op.domain]
+    if not loops:
+        return 0
+    outer = min(loops, key=lambda d: d.uid)
+    far = 1 << 20
+
+    def holds(op: Any, margin: int) -> bool:
+        env = {**static, outer.bound: iterations + 1 + margin}
+        env.update({d: 0 for d in op.domain})
+        env[outer] = iterations - 1
+        try:
+            return bool(op.guard.evaluate(env))
+        except Exception:  # a symbol without a value here: not a guard on the bound alone
+            return True
+
+    need = 0
+    for op in ops:
+        if outer not in op.domain or holds(op, 0) or not holds(op, far):
+            continue
+        need = max(need, next(m for m in range(1, far) if holds(op, m)))
+    return need
+
+
 def _false_at(cond: Any, env: Mapping[Any, int]) -> bool:
     try:
         return not bool(cond.evaluate(env))

@@ -12,6 +12,7 @@ from typing import Any
 from timerl.rl.a2c import A2CConfig, a2c
 from timerl.rl.algos import AlgoConfig, PPOConfig, ReinforceConfig, ppo, reinforce
 from timerl.rl.dqn import DQNConfig, dqn
+from timerl.rl.graph_policy import GraphPolicyConfig, graph_policy
 from timerl.rl.sac import SACConfig, sac
 
 ALGOS: dict[str, tuple[Callable[..., Any], type[AlgoConfig]]] = {
@@ -20,4 +21,5 @@ ALGOS: dict[str, tuple[Callable[..., Any], type[AlgoConfig]]] = {
     "a2c": (a2c, A2CConfig),
     "dqn": (dqn, DQNConfig),
     "sac": (sac, SACConfig),
+    "graph-policy": (graph_policy, GraphPolicyConfig),
 }

@@ -43,6 +43,7 @@ from timerl.rl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     named_state,
+    resume_margin,
 )
 from timerl.rl.evaluation import infer_activations
 from timerl.rl.ray_env import env_workers
@@ -295,6 +296,16 @@ def train(
     prog = program.ctx.compile(
         bounds=bounds, backend=backend, device=device, seed=cfg.seed, memory_budget=memory_budget
     )
+    margin = resume_margin(prog.ops, prog.static, iterations)
+    if margin:  # a checkpoint of the last iteration must hold what a longer run carries
+        bounds["I"] += margin
+        prog = program.ctx.compile(
+            bounds=bounds,
+            backend=backend,
+            device=device,
+            seed=cfg.seed,
+            memory_budget=memory_budget,
+        )
     ex = prog.executor()
     fingerprint = structure_fingerprint(prog)
     history: list[dict[str, Any]] = []
