@@ -251,12 +251,19 @@ def test_version_and_defaults_in_help(capsys):
         "--lr LR learning rate (default: ",
         "ppo 0.0025",
         "--clip CLIP PPO probability-ratio clip (default: ",
-        "not for a2c, dqn, reinforce, sac",
+        "not for a2c, dqn, graph-policy, reinforce, sac",
         "(default: 500,000; on --resume: the run's own)",
-        "(default: CartPole-v1)",
+        "(default: CartPole-v1; sac: Pendulum-v1;",
         "--overwrite",
     ):
         assert expected in text, expected
+
+
+def test_without_env_an_algorithm_trains_on_its_own_default(tmp_path):
+    """SAC needs a continuous action space: its default is Pendulum-v1, not CartPole-v1."""
+    run = tmp_path / "sac"
+    assert main(["train", "sac", "--steps", "64", "--log-dir", str(run), "--no-progress"]) == 0
+    assert '"env_id": "Pendulum-v1"' in (run / "config.json").read_text()
 
 
 def test_a_terminal_gets_a_progress_bar_instead_of_lines(tmp_path):

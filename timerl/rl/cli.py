@@ -126,7 +126,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the checkpoint's setting is an error; --steps may grow to train further.",
     )
     p.add_argument("algo", choices=algos, help="algorithm")
-    p.add_argument("--env", default=None, help=f"environment id (default: {DEFAULT_ENV})")
+    p.add_argument(
+        "--env",
+        default=None,
+        help=f"environment id (default: {DEFAULT_ENV}; sac: Pendulum-v1; graph-policy: the "
+        "graphs of --corpus)",
+    )
     p.add_argument(
         "--env-kwargs",
         type=json.loads,
@@ -319,11 +324,12 @@ def given_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from timerl.rl.registry import ALGOS
     from timerl.rl.train import train
 
     cfg = given_config(args)
     if not args.resume:
-        cfg.setdefault("env_id", DEFAULT_ENV)
+        cfg.setdefault("env_id", ALGOS[args.algo][1].env_id)
         cfg.setdefault("seed", 0)
     steps = args.steps if args.steps is not None or args.resume else DEFAULT_STEPS
     result = train(

@@ -92,6 +92,10 @@ class GraphProblems:
     training driver reads ``completed_returns`` (here: the rewards in percent) from it."""
 
     def __init__(self, cfg: GraphPolicyConfig) -> None:
+        if cfg.env_id != GraphPolicyConfig.env_id:
+            raise GraphError(
+                f"graph-policy: its environment is the graphs of --corpus, not {cfg.env_id!r}"
+            )
         if cfg.num_steps != 1:
             raise GraphError(f"graph-policy: num_steps must be 1 (one search), got {cfg.num_steps}")
         if cfg.num_envs < 2:

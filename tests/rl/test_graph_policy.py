@@ -1,0 +1,176 @@
+"""graphopt's policy trained by a timerl program (``rl/graph_policy.py``): the padded network
+equals graphopt's, the loss's gradient equals the torch trainer's, and the program trains,
+resumes exactly and exports weights that ``graphopt optimize`` reads."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from timerl.cli import main
+from timerl.errors import GraphError
+from timerl.graphopt.policy import PolicyWeights, used_columns
+from timerl.graphopt.random_graph import random_graph
+from timerl.rl.checkpoint import resume_margin
+from timerl.rl.graph_policy import GraphNet, GraphPolicyConfig, GraphProblems, policy_loss
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = tmp_path / "corpus"
+    entries = []
+    for k in range(3):
+        g = random_graph(16 + 9 * k, seed=k, view_prob=0.2)
+        rel = f"train/rand/g{k}.json"
+        (root / "train" / "rand").mkdir(parents=True, exist_ok=True)
+        g.save(root / rel)
+        entries.append(
+            {
+                "name": f"g{k}",
+                "family": "rand",
+                "kind": "synthetic",
+                "split": "train",
+                "nodes": g.n,
+                "path": rel,
+            }
+        )
+    (root / "index.json").write_text(json.dumps({"graphs": entries}))
+    return root
+
+
+def _batch(problems: GraphProblems, ks: list[int]) -> list[np.ndarray]:
+    parts = [problems.graph_arrays(k) for k in ks]
+    return [np.stack([p[j] for p in parts]) for j in range(5)]
+
+
+def test_padded_network_equals_graphopts_on_every_real_node(corpus):
+    problems = GraphProblems(GraphPolicyConfig(corpus=str(corpus), num_envs=2))
+    weights = PolicyWeights.random(8, 2, seed=3)
+    # every problem padded to the largest graph: padding must not reach real nodes
+    ks = list(range(len(problems.tasks)))
+    x, pred, succ, mask, _ = _batch(problems, ks)
+    with tl.Context():
+        net = GraphNet(weights, ())
+        arrays = [tl.from_numpy(a) for a in (x, pred, succ, mask)]
+        got = tl.evaluate(net.mean_action(*arrays))
+    assert got.shape == (len(ks), problems.nodes, 7)
+    for b, k in enumerate(ks):
+        task = problems.tasks[k]
+        want = weights.forward(task.feats)
+        np.testing.assert_allclose(got[b, : task.problem.n], want, rtol=1e-4, atol=1e-5)
+
+
+def test_loss_gradient_equals_the_torch_trainers(corpus):
+    torch = pytest.importorskip("torch")
+    from timerl.graphopt.train import TorchPolicy
+
+    problems = GraphProblems(GraphPolicyConfig(corpus=str(corpus), num_envs=3))
+    weights = PolicyWeights.random(8, 2, seed=1)
+    ks = [0, 3, 4]  # peak memory and running time problems: different used outputs
+    x, pred, succ, mask, cols = _batch(problems, ks)
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((3, problems.nodes, 7)).astype(np.float32)
+    adv = np.array([0.3, -0.1, 0.05], dtype=np.float32)
+    entropy = 0.01
+    with tl.Context(dims=("i",)) as ctx:
+        (i,) = ctx.dims
+        net = GraphNet(weights, (i,))
+        pi = net.at(i)
+        mean = pi.mean_action(*(tl.from_numpy(a) for a in (x, pred, succ, mask)))
+        loss = policy_loss(
+            mean,
+            pi.log_std(),
+            tl.from_numpy(mask),
+            tl.from_numpy(cols),
+            tl.from_numpy(z),
+            tl.from_numpy(adv),
+            entropy,
+        )
+        params = net.parameters()
+        loss.backward(inputs=params)
+        grads = tl.evaluate([p.grad for p in params], bounds={"I": 1})
+        got_loss = tl.evaluate(loss, bounds={"I": 1})
+
+    ref = TorchPolicy(weights)
+    norm = adv / (adv.std() + 1e-4)
+    want = 0.0
+    for b, k in enumerate(ks):
+        task = problems.tasks[k]
+        out = ref.forward(k, task.feats)
+        lp = ref.mean_logp(out, torch.tensor(z[b, : task.problem.n]), used_columns(task.groups))
+        want = want - lp * float(norm[b]) / len(ks)
+    want = want - entropy * ref.log_std().sum()
+    want.backward()
+    assert math.isclose(float(got_loss[0]), want.item(), rel_tol=1e-4, abs_tol=1e-6)
+    for p, g in zip(params, grads, strict=True):
+        np.testing.assert_allclose(
+            g[0], ref.params[p.name].grad.numpy(), rtol=2e-3, atol=1e-6, err_msg=p.name
+        )
+
+
+def _train(corpus, out, iterations, *extra):
+    argv = ["graphopt", "train", "--engine", "program", "--corpus", str(corpus)]
+    argv += ["--out", str(out), "--iterations", str(iterations), "--budget", "30"]
+    argv += ["--batch", "2", "--hidden", "8", "--rounds", "2", "--checkpoint-every", "1"]
+    assert main([*argv, *extra]) == 0
+
+
+def test_trains_resumes_exactly_and_exports_weights(corpus, tmp_path, capsys):
+    _train(corpus, tmp_path / "whole.npz", 3)
+    _train(corpus, tmp_path / "cut.npz", 1)
+    _train(corpus, tmp_path / "cut.npz", 3, "--resume")
+    whole = PolicyWeights.load(tmp_path / "whole.npz")
+    cut = PolicyWeights.load(tmp_path / "cut.npz")
+    assert (whole.hidden, whole.rounds) == (8, 2)
+    init = PolicyWeights.random(8, 2, seed=0)
+    assert any(not np.array_equal(whole.params[k], init.params[k]) for k in init.params)
+    for k in whole.params:
+        assert np.array_equal(whole.params[k], cut.params[k]), k
+    metrics = (tmp_path / "whole.run" / "metrics.csv").read_text().splitlines()
+    assert len(metrics) == 4 and "reward" in metrics[0]
+    # graphopt's own search reads the weights
+    graph = tmp_path / "g.json"
+    random_graph(30, seed=9).save(graph)
+    args = ["graphopt", "optimize", str(graph), "--weights", str(tmp_path / "whole.npz")]
+    assert main([*args, "--budget", "50"]) == 0
+    assert "peak" in capsys.readouterr().out
+
+
+def test_settings_the_program_lacks_are_refused_by_name(corpus, tmp_path, capsys):
+    argv = ["graphopt", "train", "--engine", "program", "--corpus", str(corpus)]
+    argv += ["--out", str(tmp_path / "w.npz"), "--iterations", "1"]
+    assert main([*argv, "--reward", "decode"]) != 0
+    assert "--reward decode: not implemented by --engine program" in capsys.readouterr().err
+    assert main([*argv, "--batch", "1"]) != 0
+    assert "at least 2" in capsys.readouterr().err
+    with pytest.raises(GraphError, match="all equal"):
+        from timerl.rl.graph_policy import graph_policy
+
+        graph_policy(GraphPolicyConfig(corpus=str(corpus), hidden=(8, 16)))
+
+
+def test_resume_margin_covers_a_two_step_chain_of_carried_state():
+    """``c`` is read only by ``b``'s update, which stops at ``i + 1 < I``: ``c``'s update
+    stops one iteration earlier, so a run of ``n`` iterations needs the bound one further."""
+    with tl.Context(dims=("i",)) as ctx:
+        (i,) = ctx.dims
+        b = tl.RecurrentTensor.placeholder((), domain=(i,), name="b")
+        c = tl.RecurrentTensor.placeholder((), domain=(i,), name="c")
+        b[0] = 0.0
+        c[0] = 1.0
+        b[i + 1] = b[i] + c[i]
+        c[i + 1] = c[i] * 2.0
+        out = b * 1.0
+        prog = ctx.compile(bounds={"I": 5}, outputs=[out])
+    assert resume_margin(prog.ops, prog.static, 4) == 1
+    with tl.Context(dims=("i",)) as ctx:
+        (i,) = ctx.dims
+        b = tl.RecurrentTensor.placeholder((), domain=(i,), name="b")
+        b[0] = 0.0
+        b[i + 1] = b[i] + 1.0
+        prog = ctx.compile(bounds={"I": 5}, outputs=[b * 1.0])
+    assert resume_margin(prog.ops, prog.static, 4) == 0
