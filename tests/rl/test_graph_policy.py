@@ -174,3 +174,36 @@ def test_resume_margin_covers_a_two_step_chain_of_carried_state():
         b[i + 1] = b[i] + 1.0
         prog = ctx.compile(bounds={"I": 5}, outputs=[b * 1.0])
     assert resume_margin(prog.ops, prog.static, 4) == 0
+
+
+def _imitate(corpus, tmp_path, engine, out, *extra):
+    argv = ["graphopt", "train", "--engine", engine, "--corpus", str(corpus)]
+    argv += ["--out", str(tmp_path / out), "--warm-start", "imitate", "--imitate-updates", "3"]
+    argv += ["--imitate-budget", "100", "--batch", "2", "--hidden", "8", "--rounds", "2"]
+    argv += ["--targets", str(tmp_path / "targets.npz"), "--checkpoint-every", "1"]
+    argv += ["--budget", "30", "--imitate-scale", "0.5"]
+    assert main([*argv, *extra]) == 0
+    return PolicyWeights.load(tmp_path / out)
+
+
+def test_imitation_program_takes_the_torch_trainers_steps(corpus, tmp_path):
+    """Same initial network, same batches, same targets: after three Adam steps the two
+    trainers' weights agree to float rounding, while each moved far more from the start."""
+    pytest.importorskip("torch")
+    by_torch = _imitate(corpus, tmp_path, "torch", "torch.npz", "--iterations", "0")
+    by_program = _imitate(corpus, tmp_path, "program", "program.npz", "--iterations", "0")
+    init = PolicyWeights.random(8, 2, seed=0)
+    for k, want in by_torch.params.items():
+        moved = np.abs(want - init.params[k]).max()
+        assert k == "log_std" or moved > 1e-3, k
+        np.testing.assert_allclose(by_program.params[k], want, atol=1e-6, rtol=0, err_msg=k)
+
+
+def test_imitation_then_search_resumes_phase_by_phase(corpus, tmp_path):
+    whole = _imitate(corpus, tmp_path, "program", "whole.npz", "--iterations", "2")
+    _imitate(corpus, tmp_path, "program", "cut.npz", "--iterations", "0")
+    cut = _imitate(corpus, tmp_path, "program", "cut.npz", "--iterations", "2", "--resume")
+    assert (tmp_path / "cut.run" / "imitate" / "metrics.csv").is_file()
+    assert (tmp_path / "cut.run" / "search" / "metrics.csv").is_file()
+    for k in whole.params:
+        assert np.array_equal(whole.params[k], cut.params[k]), k

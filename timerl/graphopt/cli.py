@@ -384,12 +384,13 @@ def _train_by_program(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "entropy": args.entropy,
     }
+    if args.warm_start == "imitate":
+        settings["imitate_budget"] = args.imitate_budget
+        settings["imitate_concentration"] = args.imitate_concentration
     given = {
         "reward": args.reward,
-        "warm_start": args.warm_start,
         "workers": args.workers,
         "ray_address": args.ray_address,
-        "targets": args.targets,
         "minutes": args.minutes,
     }
     out = args.train_program(
@@ -400,6 +401,10 @@ def _train_by_program(args: argparse.Namespace) -> int:
         resume=args.resume,
         checkpoint_every=args.checkpoint_every,
         progress=sys.stderr.isatty(),
+        warm_start=args.warm_start,
+        imitate_updates=args.imitate_updates,
+        imitate_scale=args.imitate_scale,
+        targets=args.targets,
         given=given,
     )
     print(f"wrote {out}")

@@ -299,7 +299,7 @@ def train(
     try:
         if config.warm_start == "imitate":
             path = Path(targets) if targets is not None else out.with_suffix(".targets.npz")
-            _attach_targets(tasks, shared, config, path, pool, log)
+            attach_targets(tasks, shared, config, path, pool, log)
         recent_gap: list[float] = []
         while config.warm_start == "imitate" and state["imitation"] < config.imitate_updates:
             if minutes is not None and time.perf_counter() - t_start > 60 * minutes:
@@ -368,7 +368,7 @@ def train(
     return final
 
 
-def _attach_targets(
+def attach_targets(
     tasks: list[Task],
     shared: list[Any],
     config: TrainConfig,

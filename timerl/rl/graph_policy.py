@@ -43,15 +43,25 @@ from timerl.api.optim import Adam
 from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor, cat, full, where
 from timerl.errors import GraphError
+from timerl.graphopt.decoders import order_keys
 from timerl.graphopt.features import NUM_FEATURES
+from timerl.graphopt.imitate import log_concentration, mean_decode_gap, pair_index
 from timerl.graphopt.learned import learned_search
-from timerl.graphopt.policy import OUTPUTS, PolicyWeights, used_columns
-from timerl.graphopt.train import LOG_STD_RANGE, TrainConfig, make_tasks, search_value
+from timerl.graphopt.parallel import TaskPool
+from timerl.graphopt.policy import BASE_KAPPA, OUTPUTS, PolicyWeights, used_columns
+from timerl.graphopt.train import (
+    LOG_STD_RANGE,
+    TrainConfig,
+    attach_targets,
+    make_tasks,
+    search_value,
+)
 from timerl.ir.build import apply
 from timerl.rl.algos import AlgoConfig, AlgoProgram
 from timerl.symbolic import Dim
 
 BASELINE_RATE = 0.1  # the per-problem baseline's step (graphopt.train's running mean)
+PHASES = ("search", "imitate")
 
 
 @dataclass
@@ -73,6 +83,11 @@ class GraphPolicyConfig(AlgoConfig):
     budget: int = 400  # BRKGA evaluations per sampled proposal (and per uniform reference)
     entropy: float = 1e-3
     uniform_seeds: int = 3  # BRKGA seeds cycled, so uniform BRKGA's values are cached
+    phase: str = "search"  # or "imitate": fit the mean priorities to the best known orders
+    init: str = ""  # a weights file to start from ("": a random network drawn from ``seed``)
+    targets: str = ""  # imitate: the target orders' file (searched and written when missing)
+    imitate_budget: int = 2000  # imitate: uniform BRKGA decodes that search each target
+    imitate_concentration: float = 4.0  # imitate: the Beta a + b the proposals are pulled to
 
 
 def _mean_matrix(n_pad: int, to: np.ndarray, frm: np.ndarray) -> np.ndarray:
@@ -113,11 +128,27 @@ class GraphProblems:
         )
         self.tasks = make_tasks(tc, log=lambda _: None)
         self.cfg = cfg
+        if cfg.phase not in PHASES:
+            raise GraphError(f"graph-policy: phase {cfg.phase!r}; choose from {', '.join(PHASES)}")
+        if cfg.phase == "imitate":
+            if not cfg.targets:
+                raise GraphError("graph-policy: the imitate phase needs a targets file path")
+            tc.imitate_budget = cfg.imitate_budget
+            pool = TaskPool(1)
+            try:
+                shared = [(t.problem, t.seeds) for t in self.tasks]
+                attach_targets(self.tasks, shared, tc, Path(cfg.targets), pool, lambda _: None)
+            finally:
+                pool.close()
         self.vec = self
         self.num_envs = cfg.num_envs
         self.nodes = max(t.problem.n for t in self.tasks)
         self.rt = [k for k, t in enumerate(self.tasks) if t.problem.objective == "runtime"]
         self.mem = [k for k, t in enumerate(self.tasks) if t.problem.objective != "runtime"]
+        self.imitated = [k for k, t in enumerate(self.tasks) if t.target is not None]
+        self.pairs = max(
+            (len(pair_index(self.tasks[k].target)[0]) for k in self.imitated), default=1
+        )
         self._done: list[float] = []
         self._graphs: dict[int, tuple[np.ndarray, ...]] = {}
 
@@ -131,6 +162,30 @@ class GraphProblems:
             ks.append(int(pool[int(rng.integers(len(pool)))]))
             seeds.append(int(rng.integers(self.cfg.uniform_seeds)))
         return ks, seeds
+
+    def imitation_picks(self, iteration: int) -> list[int]:
+        """The problems of an imitation update: ``graphopt.train``'s own draws, so both
+        trainers see the same batches."""
+        rng = np.random.default_rng([self.cfg.seed, 1, int(iteration)])
+        return [self.imitated[int(rng.integers(len(self.imitated)))] for _ in range(self.num_envs)]
+
+    def target_arrays(self, k: int) -> tuple[np.ndarray, ...]:
+        """Problem ``k``'s target padded: pair indices (earlier, later) and their mask, the
+        rank keys, and the keys' own cross-entropy (the floor the loss subtracts)."""
+        task = self.tasks[k]
+        assert task.target is not None
+        first, second = pair_index(task.target)
+        pairs = np.zeros((3, self.pairs), dtype=np.int64)
+        pairs[0, : len(first)] = first
+        pairs[1, : len(second)] = second
+        pmask = np.zeros(self.pairs, dtype=np.float32)
+        pmask[: len(first)] = 1.0
+        n = task.problem.n
+        keys = np.zeros(self.nodes, dtype=np.float32)
+        keys[:n] = order_keys(task.target) - 0.5 / max(n, 1)
+        t = np.clip(keys[:n].astype(np.float32), 1e-6, 1 - 1e-6)
+        floor = np.float32(np.mean(t * np.log(t) + (1 - t) * np.log(1 - t)))
+        return pairs[0], pairs[1], pmask, keys, np.asarray(floor, dtype=np.float32)
 
     def graph_arrays(self, k: int) -> tuple[np.ndarray, ...]:
         """Problem ``k`` padded to ``nodes``: features, P, S, node mask, used-column mask."""
@@ -148,6 +203,21 @@ class GraphProblems:
             succ = _mean_matrix(pad, feats.src, feats.dst)
             got = self._graphs[k] = (x, pred, succ, mask, cols)
         return got
+
+    def _observe_targets(self, iteration: Any) -> tuple[np.ndarray, ...]:
+        ks = self.imitation_picks(int(iteration))
+        parts = [self.graph_arrays(k)[:4] + self.target_arrays(k) for k in ks]
+        return tuple(np.stack([p[j] for p in parts]) for j in range(9))
+
+    def _score(self, logits: np.ndarray, iteration: Any) -> np.ndarray:
+        ks = self.imitation_picks(int(iteration))
+        out = np.zeros(self.num_envs, dtype=np.float32)
+        for b, k in enumerate(ks):
+            task = self.tasks[k]
+            row = np.asarray(logits[b, : task.problem.n], dtype=np.float64)
+            out[b] = mean_decode_gap(task.problem, row, task.target_value)
+        self._done.extend((-100.0 * out).tolist())
+        return out
 
     def _observe(self, iteration: Any) -> tuple[np.ndarray, ...]:
         ks, _ = self.picks(int(iteration))
@@ -177,29 +247,69 @@ class GraphProblems:
     # --- as program ops --------------------------------------------------------------------
     def observe(self, iteration: RecurrentTensor) -> tuple[RecurrentTensor, ...]:
         """``(x, P, S, mask, cols, pick)`` of the batch at ``iteration`` (a tensor over i)."""
-        ctx = current()
         b, n = self.num_envs, self.nodes
-        call = apply(
+        return self._host_tuple(
+            self._observe,
+            iteration,
+            "graphs.observe",
+            [
+                ((b, n, NUM_FEATURES), "float32", "x"),
+                ((b, n, n), "float32", "pred"),
+                ((b, n, n), "float32", "succ"),
+                ((b, n), "float32", "mask"),
+                ((b, OUTPUTS), "float32", "cols"),
+                ((b, len(self.tasks)), "float32", "pick"),
+            ],
+        )
+
+    def observe_targets(self, iteration: RecurrentTensor) -> tuple[RecurrentTensor, ...]:
+        """``(x, P, S, mask, first, second, pair_mask, keys, floor)`` of an imitation batch."""
+        b, n, p = self.num_envs, self.nodes, self.pairs
+        return self._host_tuple(
+            self._observe_targets,
+            iteration,
+            "graphs.observe_targets",
+            [
+                ((b, n, NUM_FEATURES), "float32", "x"),
+                ((b, n, n), "float32", "pred"),
+                ((b, n, n), "float32", "succ"),
+                ((b, n), "float32", "mask"),
+                ((b, p), "int64", "first"),
+                ((b, p), "int64", "second"),
+                ((b, p), "float32", "pair_mask"),
+                ((b, n), "float32", "keys"),
+                ((b,), "float32", "floor"),
+            ],
+        )
+
+    def score(self, logits: RecurrentTensor, iteration: RecurrentTensor) -> RecurrentTensor:
+        """Per problem, how much higher (relative) the schedule its mean priorities decode to
+        is than its target's."""
+        ctx = current()
+        view = apply(
             "udf",
+            logits.view,
             iteration.view,
-            fn=self._observe,
-            shape=(),
-            dtype=np.dtype(bool),
+            fn=self._score,
+            shape=(self.num_envs,),
+            dtype=np.dtype("float32"),
             effect=True,
-            name="graphs.observe",
+            name="graphs.score",
+        )
+        ctx.add_root(view.op)
+        return RecurrentTensor(view, ctx)
+
+    def _host_tuple(
+        self, fn: Any, iteration: RecurrentTensor, name: str, parts: list[tuple]
+    ) -> tuple[RecurrentTensor, ...]:
+        ctx = current()
+        call = apply(
+            "udf", iteration.view, fn=fn, shape=(), dtype=np.dtype(bool), effect=True, name=name
         )
         ctx.add_root(call.op)
-        shapes = [
-            ((b, n, NUM_FEATURES), "x"),
-            ((b, n, n), "pred"),
-            ((b, n, n), "succ"),
-            ((b, n), "mask"),
-            ((b, OUTPUTS), "cols"),
-            ((b, len(self.tasks)), "pick"),
-        ]
         outs = []
-        for item, (shape, what) in enumerate(shapes):
-            v = apply("tuple_get", call, item=item, shape=shape, dtype=np.dtype("float32"))
+        for item, (shape, dtype, what) in enumerate(parts):
+            v = apply("tuple_get", call, item=item, shape=shape, dtype=np.dtype(dtype))
             v.op.name = f"graphs.{what}"
             outs.append(RecurrentTensor(v, ctx))
         return tuple(outs)
@@ -276,7 +386,8 @@ class GraphNet(Module):
 
 
 def graph_policy(config: GraphPolicyConfig | None = None, **overrides: Any) -> AlgoProgram:
-    """The program described in the module docstring."""
+    """The program of the module docstring (``phase`` "search"), or the imitation warm start
+    (``phase`` "imitate"): the mean priorities fitted to each graph's best known order."""
     cfg = config or GraphPolicyConfig()
     for k, v in overrides.items():
         setattr(cfg, k, v)
@@ -285,40 +396,106 @@ def graph_policy(config: GraphPolicyConfig | None = None, **overrides: Any) -> A
             f"graph-policy: hidden is one width per round, all equal, got {list(cfg.hidden)}"
         )
     problems = GraphProblems(cfg)
-    init = PolicyWeights.random(cfg.hidden[0], len(cfg.hidden), seed=cfg.seed)
+    init = _initial_weights(cfg)
     ctx = Context(dims=("i",))
     (i,) = ctx.dims
-    k = len(problems.tasks)
     with ctx:
         iteration = full((), i, dtype="int64")
-        x, pred, succ, mask, cols, pick = problems.observe(iteration)
         net = GraphNet(init, (i,))
         pi = net.at(i)
-        mean = pi.mean_action(x, pred, succ, mask)
-        log_std = pi.log_std()
-        std = log_std.exp()
-        z = (mean.detach() + std.detach() * randn(mean.shape, like=mean)).named("action")
-        reward = problems.step(z, iteration).named("reward")
-        base = RecurrentTensor.placeholder((k,), "float32", (i,), name="baseline")
-        seen = RecurrentTensor.placeholder((k,), "float32", (i,), name="seen")
-        base[0] = from_numpy(np.zeros(k, dtype=np.float32))
-        seen[0] = from_numpy(np.zeros(k, dtype=np.float32))
-        before = (pick @ base[i].unsqueeze(-1)).squeeze(-1)
-        first = (pick @ seen[i].unsqueeze(-1)).squeeze(-1) == 0.0
-        rate = where(first, 1.0, BASELINE_RATE)
-        step = pick.transpose(0, 1) @ (rate * (reward - before)).unsqueeze(-1)
-        base[i + 1] = base[i] + step.squeeze(-1)
-        seen[i + 1] = seen[i] + pick.sum(0)
-        loss = policy_loss(mean, log_std, mask, cols, z, reward - before, cfg.entropy)
+        if cfg.phase == "imitate":
+            loss, metrics = _imitation(problems, pi, iteration, cfg)
+        else:
+            loss, metrics = _search(problems, pi, iteration, cfg, i)
         params = net.parameters()
         loss.backward(inputs=params)
         Adam(params, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm).step()
-        metrics = {
-            "loss": loss,
-            "reward": reward.mean(),
-            "action_std": std.mean(),
-        }
     return AlgoProgram("graph-policy", ctx, problems, cfg, metrics, {}, params)  # type: ignore[arg-type]
+
+
+def _initial_weights(cfg: GraphPolicyConfig) -> PolicyWeights:
+    width, rounds = cfg.hidden[0], len(cfg.hidden)
+    if not cfg.init:
+        return PolicyWeights.random(width, rounds, seed=cfg.seed)
+    got = PolicyWeights.load(cfg.init)
+    assert isinstance(got, PolicyWeights)
+    if (got.hidden, got.rounds) != (width, rounds):
+        raise GraphError(
+            f"graph-policy: {cfg.init} holds a network of width {got.hidden} and {got.rounds} "
+            f"rounds, the settings ask for width {width} and {rounds} rounds"
+        )
+    return got
+
+
+def _search(
+    problems: GraphProblems,
+    pi: GraphNet,
+    iteration: RecurrentTensor,
+    cfg: GraphPolicyConfig,
+    i: Dim,
+) -> tuple[RecurrentTensor, dict[str, RecurrentTensor]]:
+    k = len(problems.tasks)
+    x, pred, succ, mask, cols, pick = problems.observe(iteration)
+    mean = pi.mean_action(x, pred, succ, mask)
+    log_std = pi.log_std()
+    std = log_std.exp()
+    z = (mean.detach() + std.detach() * randn(mean.shape, like=mean)).named("action")
+    reward = problems.step(z, iteration).named("reward")
+    base = RecurrentTensor.placeholder((k,), "float32", (i,), name="baseline")
+    seen = RecurrentTensor.placeholder((k,), "float32", (i,), name="seen")
+    base[0] = from_numpy(np.zeros(k, dtype=np.float32))
+    seen[0] = from_numpy(np.zeros(k, dtype=np.float32))
+    before = (pick @ base[i].unsqueeze(-1)).squeeze(-1)
+    first = (pick @ seen[i].unsqueeze(-1)).squeeze(-1) == 0.0
+    rate = where(first, 1.0, BASELINE_RATE)
+    step = pick.transpose(0, 1) @ (rate * (reward - before)).unsqueeze(-1)
+    base[i + 1] = base[i] + step.squeeze(-1)
+    seen[i + 1] = seen[i] + pick.sum(0)
+    loss = policy_loss(mean, log_std, mask, cols, z, reward - before, cfg.entropy)
+    return loss, {"loss": loss, "reward": reward.mean(), "action_std": std.mean()}
+
+
+def _imitation(
+    problems: GraphProblems, pi: GraphNet, iteration: RecurrentTensor, cfg: GraphPolicyConfig
+) -> tuple[RecurrentTensor, dict[str, RecurrentTensor]]:
+    x, pred, succ, mask, first, second, pair_mask, keys, floor = problems.observe_targets(iteration)
+    mean = pi.mean_action(x, pred, succ, mask)
+    # how far above its target each problem's mean priorities decode (before this update)
+    gap = problems.score(mean.narrow(-1, 0, 1).squeeze(-1).detach(), iteration)
+    log_kappa = log_concentration(cfg.imitate_concentration, BASE_KAPPA)
+    loss = imitation_loss(mean, mask, first, second, pair_mask, keys, floor, log_kappa)
+    return loss, {"loss": loss, "gap": gap.mean()}
+
+
+def _softplus(x: RecurrentTensor) -> RecurrentTensor:
+    """``log(1 + exp(x))`` without overflow."""
+    return x.relu() + ((-x.abs()).exp() + 1.0).log()
+
+
+def imitation_loss(
+    mean: RecurrentTensor,
+    mask: RecurrentTensor,
+    first: RecurrentTensor,
+    second: RecurrentTensor,
+    pair_mask: RecurrentTensor,
+    keys: RecurrentTensor,
+    floor: RecurrentTensor,
+    log_kappa: float,
+) -> RecurrentTensor:
+    """``graphopt.imitate.imitation_loss`` over a padded batch, averaged over it: a pairwise
+    logistic loss on the target's nearby pairs, the cross-entropy of the priority mean
+    against the rank keys less its floor, and pulls on the concentration and bias outputs;
+    padded nodes and pairs are masked out of every mean."""
+    logit = mean.narrow(-1, 0, 1).squeeze(-1)
+    diff = logit.gather(-1, first) - logit.gather(-1, second)
+    pairs = pair_mask.sum(-1)
+    rank = (_softplus(-diff) * pair_mask).sum(-1) / where(pairs > 0.0, pairs, 1.0)
+    nodes = mask.sum(-1)
+    calib = ((_softplus(logit) - keys * logit) * mask).sum(-1) / nodes + floor
+    conc = mean.narrow(-1, 1, 1).squeeze(-1) - log_kappa
+    bias = mean.narrow(-1, 6, 1).squeeze(-1)
+    rest = ((conc * conc + bias * bias) * mask).sum(-1) / nodes
+    return (rank + calib + rest * 0.1).mean()
 
 
 def policy_loss(
