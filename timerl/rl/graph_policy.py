@@ -99,7 +99,8 @@ def _mean_matrix(n_pad: int, to: np.ndarray, frm: np.ndarray) -> np.ndarray:
 
 
 class GraphProblems:
-    """The training split's problems as a timerl environment (host calls).
+    """The training split's problems as a timerl environment (host calls): ``observe`` and
+    ``step`` for the search phase, ``observe_targets`` and ``score`` for the imitation.
 
     Which problems an iteration sees is a function of (seed, iteration), so a resumed run
     sees what the uninterrupted one would; uniform BRKGA's values are cached per problem and
@@ -126,10 +127,10 @@ class GraphProblems:
             budget=cfg.budget,
             seed=cfg.seed,
         )
-        self.tasks = make_tasks(tc, log=lambda _: None)
-        self.cfg = cfg
         if cfg.phase not in PHASES:
             raise GraphError(f"graph-policy: phase {cfg.phase!r}; choose from {', '.join(PHASES)}")
+        self.tasks = make_tasks(tc, log=lambda _: None)
+        self.cfg = cfg
         if cfg.phase == "imitate":
             if not cfg.targets:
                 raise GraphError("graph-policy: the imitate phase needs a targets file path")
@@ -175,23 +176,26 @@ class GraphProblems:
         task = self.tasks[k]
         assert task.target is not None
         first, second = pair_index(task.target)
-        pairs = np.zeros((3, self.pairs), dtype=np.int64)
-        pairs[0, : len(first)] = first
-        pairs[1, : len(second)] = second
+        earlier = np.zeros(self.pairs, dtype=np.int64)
+        later = np.zeros(self.pairs, dtype=np.int64)
+        earlier[: len(first)] = first
+        later[: len(second)] = second
         pmask = np.zeros(self.pairs, dtype=np.float32)
         pmask[: len(first)] = 1.0
         n = task.problem.n
         keys = np.zeros(self.nodes, dtype=np.float32)
         keys[:n] = order_keys(task.target) - 0.5 / max(n, 1)
-        t = np.clip(keys[:n].astype(np.float32), 1e-6, 1 - 1e-6)
-        floor = np.float32(np.mean(t * np.log(t) + (1 - t) * np.log(1 - t)))
-        return pairs[0], pairs[1], pmask, keys, np.asarray(floor, dtype=np.float32)
+        t = np.clip(keys[:n], 1e-6, 1 - 1e-6)
+        floor = np.mean(t * np.log(t) + (1 - t) * np.log(1 - t), dtype=np.float32)
+        return earlier, later, pmask, keys, np.asarray(floor, dtype=np.float32)
 
     def graph_arrays(self, k: int) -> tuple[np.ndarray, ...]:
-        """Problem ``k`` padded to ``nodes``: features, P, S, node mask, used-column mask."""
+        """Problem ``k`` padded to ``nodes``: features, P, S, node mask, used-column mask.
+        The small arrays are kept; the dense ``N x N`` matrices are built per batch (kept,
+        a hundred problems of 1,200 nodes would hold a gigabyte)."""
         got = self._graphs.get(k)
+        task = self.tasks[k]
         if got is None:
-            task = self.tasks[k]
             feats, n, pad = task.feats, task.problem.n, self.nodes
             x = np.zeros((pad, NUM_FEATURES), dtype=np.float32)
             x[:n] = feats.x
@@ -199,10 +203,12 @@ class GraphProblems:
             mask[:n] = 1.0
             cols = np.zeros(OUTPUTS, dtype=np.float32)
             cols[used_columns(task.groups)] = 1.0
-            pred = _mean_matrix(pad, feats.dst, feats.src)
-            succ = _mean_matrix(pad, feats.src, feats.dst)
-            got = self._graphs[k] = (x, pred, succ, mask, cols)
-        return got
+            got = self._graphs[k] = (x, mask, cols)
+        x, mask, cols = got
+        feats = task.feats
+        pred = _mean_matrix(self.nodes, feats.dst, feats.src)
+        succ = _mean_matrix(self.nodes, feats.src, feats.dst)
+        return x, pred, succ, mask, cols
 
     def _observe_targets(self, iteration: Any) -> tuple[np.ndarray, ...]:
         ks = self.imitation_picks(int(iteration))
