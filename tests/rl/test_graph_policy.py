@@ -207,3 +207,25 @@ def test_imitation_then_search_resumes_phase_by_phase(corpus, tmp_path):
     assert (tmp_path / "cut.run" / "search" / "metrics.csv").is_file()
     for k in whole.params:
         assert np.array_equal(whole.params[k], cut.params[k]), k
+
+
+def test_replayed_batches_enter_the_loss_with_their_own_advantages(corpus, tmp_path):
+    """With a learning rate of 0 the network never changes, so every importance ratio is 1
+    and a replayed batch adds exactly minus its mean advantage: the loss with two replayed
+    iterations is the loss without, less the previous two iterations' mean advantages
+    (none before there are any), over 3."""
+    from timerl.rl.train import train
+
+    base = {"corpus": str(corpus), "num_envs": 2, "budget": 30, "lr": 0.0, "hidden": [8, 8]}
+    runs = {}
+    for replay in (0, 2):
+        out = tmp_path / f"r{replay}"
+        train("graph-policy", {**base, "replay": replay}, iterations=5, log_dir=out, progress=False)
+        runs[replay] = np.genfromtxt(out / "metrics.csv", delimiter=",", names=True)
+    plain, replayed = runs[0], runs[2]
+    np.testing.assert_array_equal(plain["reward"], replayed["reward"])
+    entropy = 1e-3 * 7 * math.log(0.5)  # entropy x sum(log_std) at the initial log_std
+    for i in range(5):
+        earlier = sum(plain["advantage"][i - b] for b in (1, 2) if i - b >= 0)
+        want = (plain["loss"][i] + entropy - earlier) / 3 - entropy
+        assert math.isclose(replayed["loss"][i], want, rel_tol=1e-5, abs_tol=1e-6), i

@@ -37,11 +37,12 @@ from typing import Any
 import numpy as np
 
 from timerl.api.context import Context, from_numpy
+from timerl.api.functional import max as max_
 from timerl.api.functional import randn
 from timerl.api.nn import Module, _param
 from timerl.api.optim import Adam
 from timerl.api.scope import current
-from timerl.api.tensor import RecurrentTensor, cat, full, where
+from timerl.api.tensor import RecurrentTensor, cat, full, minimum, where
 from timerl.errors import GraphError
 from timerl.graphopt.decoders import order_keys
 from timerl.graphopt.features import NUM_FEATURES
@@ -88,6 +89,8 @@ class GraphPolicyConfig(AlgoConfig):
     targets: str = ""  # imitate: the target orders' file (searched and written when missing)
     imitate_budget: int = 2000  # imitate: uniform BRKGA decodes that search each target
     imitate_concentration: float = 4.0  # imitate: the Beta a + b the proposals are pulled to
+    replay: int = 2  # search: past iterations whose batches each update scores again
+    clip: float = 0.2  # search: the importance ratio's clip (as in PPO) for replayed samples
 
 
 def _mean_matrix(n_pad: int, to: np.ndarray, frm: np.ndarray) -> np.ndarray:
@@ -412,7 +415,7 @@ def graph_policy(config: GraphPolicyConfig | None = None, **overrides: Any) -> A
         if cfg.phase == "imitate":
             loss, metrics = _imitation(problems, pi, iteration, cfg)
         else:
-            loss, metrics = _search(problems, pi, iteration, cfg, i)
+            loss, metrics = _search(problems, net, iteration, cfg, i)
         params = net.parameters()
         loss.backward(inputs=params)
         Adam(params, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm).step()
@@ -435,12 +438,13 @@ def _initial_weights(cfg: GraphPolicyConfig) -> PolicyWeights:
 
 def _search(
     problems: GraphProblems,
-    pi: GraphNet,
+    net: GraphNet,
     iteration: RecurrentTensor,
     cfg: GraphPolicyConfig,
     i: Dim,
 ) -> tuple[RecurrentTensor, dict[str, RecurrentTensor]]:
     k = len(problems.tasks)
+    pi = net.at(i)
     x, pred, succ, mask, cols, pick = problems.observe(iteration)
     mean = pi.mean_action(x, pred, succ, mask)
     log_std = pi.log_std()
@@ -457,8 +461,25 @@ def _search(
     step = pick.transpose(0, 1) @ (rate * (reward - before)).unsqueeze(-1)
     base[i + 1] = base[i] + step.squeeze(-1)
     seen[i + 1] = seen[i] + pick.sum(0)
-    loss = policy_loss(mean, log_std, mask, cols, z, reward - before, cfg.entropy)
-    return loss, {"loss": loss, "reward": reward.mean(), "action_std": std.mean()}
+    logp = sample_logp(mean, log_std, mask, cols, z)
+    adv = normalised(reward - before)
+    loss = -(logp * adv).mean()
+    for back in range(1, cfg.replay + 1):
+        # the batch of ``back`` iterations ago (its graphs, its action, the log-density it
+        # was drawn with and its advantage), scored by this iteration's network; before
+        # iteration ``back`` there is none: the first batch is read and the term is 0
+        at = max_(i - back, 0)
+        old = [v[at] for v in (x, pred, succ, mask, cols, z, logp, adv)]
+        ox, opred, osucc, omask, ocols, oz, ologp, oadv = old
+        lp_now = sample_logp(pi.mean_action(ox, opred, osucc, omask), log_std, omask, ocols, oz)
+        ratio = (lp_now - ologp.detach()).clamp(-20.0, 20.0).exp()
+        clipped = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip)
+        surrogate = minimum(ratio * oadv, clipped * oadv).mean()
+        loss = loss - where(iteration >= back, surrogate, 0.0)
+    loss = loss / (1 + cfg.replay) - log_std.sum() * cfg.entropy
+    metrics = {"loss": loss, "reward": reward.mean(), "action_std": std.mean()}
+    metrics["advantage"] = adv.mean()
+    return loss, metrics
 
 
 def _imitation(
@@ -504,6 +525,27 @@ def imitation_loss(
     return (rank + calib + rest * 0.1).mean()
 
 
+def sample_logp(
+    mean: RecurrentTensor,
+    log_std: RecurrentTensor,
+    mask: RecurrentTensor,
+    cols: RecurrentTensor,
+    action: RecurrentTensor,
+) -> RecurrentTensor:
+    """Each problem's Gaussian log-density of ``action``: a mean over its real nodes and used
+    outputs (a per-gene geometric mean, finite on graphs of any size)."""
+    d = (action - mean) / log_std.exp()
+    lp = d * d * -0.5 - log_std - 0.5 * math.log(2 * math.pi)
+    w = mask.unsqueeze(-1) * cols.unsqueeze(1)
+    return (lp * w).sum((1, 2)) / w.sum((1, 2))
+
+
+def normalised(advantage: RecurrentTensor) -> RecurrentTensor:
+    """Advantages over their spread in the batch (not centred: the baseline centres them)."""
+    adv = advantage.detach()
+    return adv / (adv.std(unbiased=False) + 1e-4)
+
+
 def policy_loss(
     mean: RecurrentTensor,
     log_std: RecurrentTensor,
@@ -513,17 +555,10 @@ def policy_loss(
     advantage: RecurrentTensor,
     entropy: float,
 ) -> RecurrentTensor:
-    """The policy gradient's loss: each problem's Gaussian log-density of ``action``, a mean
-    over its real nodes and used outputs (a per-gene geometric mean, finite on graphs of any
-    size), weighted by its advantage normalised over the batch; minus an entropy bonus."""
-    std = log_std.exp()
-    d = (action - mean) / std
-    lp = d * d * -0.5 - log_std - 0.5 * math.log(2 * math.pi)
-    w = mask.unsqueeze(-1) * cols.unsqueeze(1)
-    logp = (lp * w).sum((1, 2)) / w.sum((1, 2))
-    adv = advantage.detach()
-    adv = adv / (adv.std(unbiased=False) + 1e-4)
-    return -(logp * adv).mean() - log_std.sum() * entropy
+    """The policy gradient's loss: the log-density of ``action`` weighted by the normalised
+    advantage, minus an entropy bonus."""
+    logp = sample_logp(mean, log_std, mask, cols, action)
+    return -(logp * normalised(advantage)).mean() - log_std.sum() * entropy
 
 
 def export_weights(params: dict[str, np.ndarray], cfg: GraphPolicyConfig, out: Path) -> Path:
