@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -17,3 +18,29 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    """A graphopt corpus of three small random training graphs (20, 30, 40 nodes)."""
+    from timerl.graphopt.random_graph import random_graph
+
+    root = tmp_path / "corpus"
+    entries = []
+    for k in range(3):
+        g = random_graph(20 + 10 * k, seed=k, view_prob=0.2)
+        rel = f"train/rand/g{k}.json"
+        (root / "train" / "rand").mkdir(parents=True, exist_ok=True)
+        g.save(root / rel)
+        entries.append(
+            {
+                "name": f"g{k}",
+                "family": "rand",
+                "kind": "synthetic",
+                "split": "train",
+                "nodes": g.n,
+                "path": rel,
+            }
+        )
+    (root / "index.json").write_text(json.dumps({"graphs": entries}))
+    return root

@@ -1,5 +1,5 @@
-"""Shared by graphopt tests: every topological order of a small graph (brute force), and a
-corpus of three small random training graphs."""
+"""Shared by graphopt tests: every topological order of a small graph (brute force), and
+runners comparing workers with one worker (the corpus fixture is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from timerl.graphopt.graph import Graph
-from timerl.graphopt.random_graph import random_graph
 
 
 def topological_orders(graph: Graph) -> Iterator[list[int]]:
@@ -38,32 +37,8 @@ def all_orders() -> Callable[[Graph], Iterator[list[int]]]:
     return topological_orders
 
 
-@pytest.fixture
-def tiny_corpus(tmp_path):
-    root = tmp_path / "corpus"
-    entries = []
-    for k in range(3):
-        g = random_graph(20 + 10 * k, seed=k, view_prob=0.2)
-        rel = f"train/rand/g{k}.json"
-        (root / "train" / "rand").mkdir(parents=True, exist_ok=True)
-        g.save(root / rel)
-        entries.append(
-            {
-                "name": f"g{k}",
-                "family": "rand",
-                "kind": "synthetic",
-                "split": "train",
-                "nodes": g.n,
-                "path": rel,
-            }
-        )
-    (root / "index.json").write_text(json.dumps({"graphs": entries}))
-    return root
-
-
 def _eval_records(argv: list[str], workers: int, out) -> list[dict]:
     """`graphopt eval ARGV --workers N`'s records, less their seconds (which differ)."""
-    import json
 
     from timerl.cli import main
 

@@ -4,7 +4,6 @@ resumes exactly and exports weights that ``graphopt optimize`` reads."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -19,36 +18,13 @@ from timerl.rl.checkpoint import resume_margin
 from timerl.rl.graph_policy import GraphNet, GraphPolicyConfig, GraphProblems, policy_loss
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    root = tmp_path / "corpus"
-    entries = []
-    for k in range(3):
-        g = random_graph(16 + 9 * k, seed=k, view_prob=0.2)
-        rel = f"train/rand/g{k}.json"
-        (root / "train" / "rand").mkdir(parents=True, exist_ok=True)
-        g.save(root / rel)
-        entries.append(
-            {
-                "name": f"g{k}",
-                "family": "rand",
-                "kind": "synthetic",
-                "split": "train",
-                "nodes": g.n,
-                "path": rel,
-            }
-        )
-    (root / "index.json").write_text(json.dumps({"graphs": entries}))
-    return root
-
-
 def _batch(problems: GraphProblems, ks: list[int]) -> list[np.ndarray]:
     parts = [problems.graph_arrays(k) for k in ks]
     return [np.stack([p[j] for p in parts]) for j in range(5)]
 
 
-def test_padded_network_equals_graphopts_on_every_real_node(corpus):
-    problems = GraphProblems(GraphPolicyConfig(corpus=str(corpus), num_envs=2))
+def test_padded_network_equals_graphopts_on_every_real_node(tiny_corpus):
+    problems = GraphProblems(GraphPolicyConfig(corpus=str(tiny_corpus), num_envs=2))
     weights = PolicyWeights.random(8, 2, seed=3)
     # every problem padded to the largest graph: padding must not reach real nodes
     ks = list(range(len(problems.tasks)))
@@ -64,11 +40,11 @@ def test_padded_network_equals_graphopts_on_every_real_node(corpus):
         np.testing.assert_allclose(got[b, : task.problem.n], want, rtol=1e-4, atol=1e-5)
 
 
-def test_loss_gradient_equals_the_torch_trainers(corpus):
+def test_loss_gradient_equals_the_torch_trainers(tiny_corpus):
     torch = pytest.importorskip("torch")
     from timerl.graphopt.train import TorchPolicy
 
-    problems = GraphProblems(GraphPolicyConfig(corpus=str(corpus), num_envs=3))
+    problems = GraphProblems(GraphPolicyConfig(corpus=str(tiny_corpus), num_envs=3))
     weights = PolicyWeights.random(8, 2, seed=1)
     ks = [0, 3, 4]  # peak memory and running time problems: different used outputs
     x, pred, succ, mask, cols = _batch(problems, ks)
@@ -119,10 +95,10 @@ def _train(corpus, out, iterations, *extra):
     assert main([*argv, *extra]) == 0
 
 
-def test_trains_resumes_exactly_and_exports_weights(corpus, tmp_path, capsys):
-    _train(corpus, tmp_path / "whole.npz", 3)
-    _train(corpus, tmp_path / "cut.npz", 1)
-    _train(corpus, tmp_path / "cut.npz", 3, "--resume")
+def test_trains_resumes_exactly_and_exports_weights(tiny_corpus, tmp_path, capsys):
+    _train(tiny_corpus, tmp_path / "whole.npz", 3)
+    _train(tiny_corpus, tmp_path / "cut.npz", 1)
+    _train(tiny_corpus, tmp_path / "cut.npz", 3, "--resume")
     whole = PolicyWeights.load(tmp_path / "whole.npz")
     cut = PolicyWeights.load(tmp_path / "cut.npz")
     assert (whole.hidden, whole.rounds) == (8, 2)
@@ -140,8 +116,8 @@ def test_trains_resumes_exactly_and_exports_weights(corpus, tmp_path, capsys):
     assert "peak" in capsys.readouterr().out
 
 
-def test_settings_the_program_lacks_are_refused_by_name(corpus, tmp_path, capsys):
-    argv = ["graphopt", "train", "--engine", "program", "--corpus", str(corpus)]
+def test_settings_the_program_lacks_are_refused_by_name(tiny_corpus, tmp_path, capsys):
+    argv = ["graphopt", "train", "--engine", "program", "--corpus", str(tiny_corpus)]
     argv += ["--out", str(tmp_path / "w.npz"), "--iterations", "1"]
     assert main([*argv, "--reward", "decode"]) != 0
     assert "--reward decode: not implemented by --engine program" in capsys.readouterr().err
@@ -150,7 +126,7 @@ def test_settings_the_program_lacks_are_refused_by_name(corpus, tmp_path, capsys
     with pytest.raises(GraphError, match="all equal"):
         from timerl.rl.graph_policy import graph_policy
 
-        graph_policy(GraphPolicyConfig(corpus=str(corpus), hidden=(8, 16)))
+        graph_policy(GraphPolicyConfig(corpus=str(tiny_corpus), hidden=(8, 16)))
 
 
 def test_resume_margin_covers_a_two_step_chain_of_carried_state():
@@ -186,12 +162,12 @@ def _imitate(corpus, tmp_path, engine, out, *extra):
     return PolicyWeights.load(tmp_path / out)
 
 
-def test_imitation_program_takes_the_torch_trainers_steps(corpus, tmp_path):
+def test_imitation_program_takes_the_torch_trainers_steps(tiny_corpus, tmp_path):
     """Same initial network, same batches, same targets: after three Adam steps the two
     trainers' weights agree to float rounding, while each moved far more from the start."""
     pytest.importorskip("torch")
-    by_torch = _imitate(corpus, tmp_path, "torch", "torch.npz", "--iterations", "0")
-    by_program = _imitate(corpus, tmp_path, "program", "program.npz", "--iterations", "0")
+    by_torch = _imitate(tiny_corpus, tmp_path, "torch", "torch.npz", "--iterations", "0")
+    by_program = _imitate(tiny_corpus, tmp_path, "program", "program.npz", "--iterations", "0")
     init = PolicyWeights.random(8, 2, seed=0)
     for k, want in by_torch.params.items():
         moved = np.abs(want - init.params[k]).max()
@@ -199,24 +175,24 @@ def test_imitation_program_takes_the_torch_trainers_steps(corpus, tmp_path):
         np.testing.assert_allclose(by_program.params[k], want, atol=1e-6, rtol=0, err_msg=k)
 
 
-def test_imitation_then_search_resumes_phase_by_phase(corpus, tmp_path):
-    whole = _imitate(corpus, tmp_path, "program", "whole.npz", "--iterations", "2")
-    _imitate(corpus, tmp_path, "program", "cut.npz", "--iterations", "0")
-    cut = _imitate(corpus, tmp_path, "program", "cut.npz", "--iterations", "2", "--resume")
+def test_imitation_then_search_resumes_phase_by_phase(tiny_corpus, tmp_path):
+    whole = _imitate(tiny_corpus, tmp_path, "program", "whole.npz", "--iterations", "2")
+    _imitate(tiny_corpus, tmp_path, "program", "cut.npz", "--iterations", "0")
+    cut = _imitate(tiny_corpus, tmp_path, "program", "cut.npz", "--iterations", "2", "--resume")
     assert (tmp_path / "cut.run" / "imitate" / "metrics.csv").is_file()
     assert (tmp_path / "cut.run" / "search" / "metrics.csv").is_file()
     for k in whole.params:
         assert np.array_equal(whole.params[k], cut.params[k]), k
 
 
-def test_replayed_batches_enter_the_loss_with_their_own_advantages(corpus, tmp_path):
+def test_replayed_batches_enter_the_loss_with_their_own_advantages(tiny_corpus, tmp_path):
     """With a learning rate of 0 the network never changes, so every importance ratio is 1
     and a replayed batch adds exactly minus its mean advantage: the loss with two replayed
     iterations is the loss without, less the previous two iterations' mean advantages
     (none before there are any), over 3."""
     from timerl.rl.train import train
 
-    base = {"corpus": str(corpus), "num_envs": 2, "budget": 30, "lr": 0.0, "hidden": [8, 8]}
+    base = {"corpus": str(tiny_corpus), "num_envs": 2, "budget": 30, "lr": 0.0, "hidden": [8, 8]}
     runs = {}
     for replay in (0, 2):
         out = tmp_path / f"r{replay}"
