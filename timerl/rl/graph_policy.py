@@ -294,16 +294,22 @@ class GraphProblems:
     def score(self, logits: RecurrentTensor, iteration: RecurrentTensor) -> RecurrentTensor:
         """Per problem, how much higher (relative) the schedule its mean priorities decode to
         is than its target's."""
+        return self._host_rows(self._score, logits, iteration, "graphs.score")
+
+    def _host_rows(
+        self, fn: Any, value: RecurrentTensor, iteration: RecurrentTensor, name: str
+    ) -> RecurrentTensor:
+        """A host call of ``(value, iteration)`` giving one float per problem of the batch."""
         ctx = current()
         view = apply(
             "udf",
-            logits.view,
+            value.view,
             iteration.view,
-            fn=self._score,
+            fn=fn,
             shape=(self.num_envs,),
             dtype=np.dtype("float32"),
             effect=True,
-            name="graphs.score",
+            name=name,
         )
         ctx.add_root(view.op)
         return RecurrentTensor(view, ctx)
@@ -326,19 +332,7 @@ class GraphProblems:
     def step(self, action: RecurrentTensor, iteration: RecurrentTensor) -> RecurrentTensor:
         """Per problem of the batch, the relative improvement of BRKGA steered by ``action``
         over uniform BRKGA at the same budget and seed."""
-        ctx = current()
-        view = apply(
-            "udf",
-            action.view,
-            iteration.view,
-            fn=self._step,
-            shape=(self.num_envs,),
-            dtype=np.dtype("float32"),
-            effect=True,
-            name="graphs.search",
-        )
-        ctx.add_root(view.op)
-        return RecurrentTensor(view, ctx)
+        return self._host_rows(self._step, action, iteration, "graphs.search")
 
     # --- what the training driver asks of an env ---------------------------------------------
     def completed_returns(self) -> np.ndarray:
