@@ -136,7 +136,9 @@ class GraphProblems:
         self.cfg = cfg
         if cfg.phase == "imitate":
             if not cfg.targets:
-                raise GraphError("graph-policy: the imitate phase needs a targets file path")
+                raise GraphError(
+                    "graph-policy: the imitate phase needs --targets FILE (searched when missing)"
+                )
             tc.imitate_budget = cfg.imitate_budget
             pool = TaskPool(1)
             try:
