@@ -116,6 +116,14 @@ def test_trains_resumes_exactly_and_exports_weights(tiny_corpus, tmp_path, capsy
     assert "peak" in capsys.readouterr().out
 
 
+def test_searches_in_two_processes_train_the_same_weights(tiny_corpus, tmp_path):
+    _train(tiny_corpus, tmp_path / "one.npz", 2)
+    _train(tiny_corpus, tmp_path / "two.npz", 2, "--workers", "2")
+    one, two = PolicyWeights.load(tmp_path / "one.npz"), PolicyWeights.load(tmp_path / "two.npz")
+    for k in one.params:
+        assert np.array_equal(one.params[k], two.params[k]), k
+
+
 def test_settings_the_program_lacks_are_refused_by_name(tiny_corpus, tmp_path, capsys):
     argv = ["graphopt", "train", "--engine", "program", "--corpus", str(tiny_corpus)]
     argv += ["--out", str(tmp_path / "w.npz"), "--iterations", "1"]

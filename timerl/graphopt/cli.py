@@ -383,13 +383,13 @@ def _train_by_program(args: argparse.Namespace) -> int:
         "lr": args.lr,
         "seed": args.seed,
         "entropy": args.entropy,
+        "search_workers": args.workers,
     }
     if args.warm_start == "imitate":
         settings["imitate_budget"] = args.imitate_budget
         settings["imitate_concentration"] = args.imitate_concentration
     given = {
         "reward": args.reward,
-        "workers": args.workers,
         "ray_address": args.ray_address,
         "minutes": args.minutes,
     }

@@ -44,19 +44,14 @@ from timerl.api.optim import Adam
 from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor, cat, full, minimum, where
 from timerl.errors import GraphError
-from timerl.graphopt.decoders import order_keys
+from timerl.graphopt.brkga import brkga
+from timerl.graphopt.decoders import Problem, Solution, order_keys
 from timerl.graphopt.features import NUM_FEATURES
 from timerl.graphopt.imitate import log_concentration, mean_decode_gap, pair_index
 from timerl.graphopt.learned import learned_search
 from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.policy import BASE_KAPPA, OUTPUTS, PolicyWeights, used_columns
-from timerl.graphopt.train import (
-    LOG_STD_RANGE,
-    TrainConfig,
-    attach_targets,
-    make_tasks,
-    search_value,
-)
+from timerl.graphopt.train import LOG_STD_RANGE, TrainConfig, attach_targets, make_tasks
 from timerl.ir.build import apply
 from timerl.rl.algos import AlgoConfig, AlgoProgram
 from timerl.symbolic import Dim
@@ -91,6 +86,7 @@ class GraphPolicyConfig(AlgoConfig):
     imitate_concentration: float = 4.0  # imitate: the Beta a + b the proposals are pulled to
     replay: int = 2  # search: past iterations whose batches each update scores again
     clip: float = 0.2  # search: the importance ratio's clip (as in PPO) for replayed samples
+    search_workers: int = 1  # local processes running an update's searches (same results)
 
 
 def _mean_matrix(n_pad: int, to: np.ndarray, frm: np.ndarray) -> np.ndarray:
@@ -99,6 +95,21 @@ def _mean_matrix(n_pad: int, to: np.ndarray, frm: np.ndarray) -> np.ndarray:
     np.add.at(m, (to, frm), 1.0)
     counts = m.sum(axis=1, keepdims=True)
     return m / np.maximum(counts, 1.0)
+
+
+def _quiet(line: str) -> None:
+    """The driver's progress says how training goes; graphopt's own lines stay out of it."""
+
+
+def search(
+    shared: tuple[Problem, dict[str, Solution]], budget: int, seed: int, action: Any
+) -> float:
+    """One search's value: uniform BRKGA seeded with the portfolio (``action`` None), or
+    BRKGA steered by ``action`` (a pure call, for the search processes)."""
+    problem, seeds = shared
+    if action is None:
+        return brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed).value
+    return learned_search(problem, None, budget=budget, seed=seed, action=action, seeds=seeds).value
 
 
 class GraphProblems:
@@ -132,20 +143,17 @@ class GraphProblems:
         )
         if cfg.phase not in PHASES:
             raise GraphError(f"graph-policy: phase {cfg.phase!r}; choose from {', '.join(PHASES)}")
-        self.tasks = make_tasks(tc, log=lambda _: None)
+        self.tasks = make_tasks(tc, log=_quiet)
         self.cfg = cfg
+        self.pool = TaskPool(cfg.search_workers)
+        self.shared = [self.pool.put((t.problem, t.seeds)) for t in self.tasks]
         if cfg.phase == "imitate":
             if not cfg.targets:
                 raise GraphError(
                     "graph-policy: the imitate phase needs --targets FILE (searched when missing)"
                 )
             tc.imitate_budget = cfg.imitate_budget
-            pool = TaskPool(1)
-            try:
-                shared = [(t.problem, t.seeds) for t in self.tasks]
-                attach_targets(self.tasks, shared, tc, Path(cfg.targets), pool, lambda _: None)
-            finally:
-                pool.close()
+            attach_targets(self.tasks, self.shared, tc, Path(cfg.targets), self.pool, _quiet)
         self.vec = self
         self.num_envs = cfg.num_envs
         self.nodes = max(t.problem.n for t in self.tasks)
@@ -240,17 +248,24 @@ class GraphProblems:
 
     def _step(self, action: np.ndarray, iteration: Any) -> np.ndarray:
         ks, seeds = self.picks(int(iteration))
+        budget = self.cfg.budget
+        # the uniform references not cached yet and the steered searches, run together (in
+        # ``search_workers`` processes)
+        pairs = zip(ks, seeds, strict=True)
+        missing = sorted({(k, s) for k, s in pairs if s not in self.tasks[k].uniform})
+        calls = [(self.shared[k], budget, s, None) for k, s in missing]
+        for b, (k, s) in enumerate(zip(ks, seeds, strict=True)):
+            z = np.asarray(action[b, : self.tasks[k].problem.n], dtype=np.float32)
+            calls.append((self.shared[k], budget, s, z))
+        sizes = [self.tasks[k].problem.n for k, _ in missing] + [
+            self.tasks[k].problem.n for k in ks
+        ]
+        values = self.pool.map(search, calls, sizes=sizes)
+        for (k, s), v in zip(missing, values, strict=False):
+            self.tasks[k].uniform[s] = v
         out = np.zeros(self.num_envs, dtype=np.float32)
         for b, (k, s) in enumerate(zip(ks, seeds, strict=True)):
-            task = self.tasks[k]
-            shared = (task.problem, task.seeds)
-            if s not in task.uniform:
-                task.uniform[s] = search_value(shared, self.cfg.budget, s, None, None)
-            base = task.uniform[s]
-            z = np.asarray(action[b, : task.problem.n], dtype=np.float32)
-            value = learned_search(
-                task.problem, None, budget=self.cfg.budget, seed=s, action=z, seeds=task.seeds
-            ).value
+            base, value = self.tasks[k].uniform[s], values[len(missing) + b]
             out[b] = 0.0 if base <= 0 else (base - value) / base
         self._done.extend((100.0 * out).tolist())
         return out
@@ -348,7 +363,7 @@ class GraphProblems:
         self._done = []
 
     def close(self) -> None:
-        pass
+        self.pool.close()
 
 
 class GraphNet(Module):

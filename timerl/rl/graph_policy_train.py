@@ -22,7 +22,6 @@ from timerl.rl.train import make_config, train
 #: ``graphopt train`` settings the program does not implement, with the value it needs
 UNSUPPORTED = {
     "reward": "search",
-    "workers": 1,
     "ray_address": None,
     "minutes": None,
 }
