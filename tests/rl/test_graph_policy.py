@@ -15,7 +15,8 @@ from timerl.errors import GraphError
 from timerl.graphopt.policy import PolicyWeights, used_columns
 from timerl.graphopt.random_graph import random_graph
 from timerl.rl.checkpoint import resume_margin
-from timerl.rl.graph_policy import GraphNet, GraphPolicyConfig, GraphProblems, policy_loss
+from timerl.rl.graph_env import GraphPolicyConfig, GraphProblems
+from timerl.rl.graph_policy import GraphNet, policy_loss
 
 
 def _batch(problems: GraphProblems, ks: list[int]) -> list[np.ndarray]:

@@ -12,7 +12,8 @@ from typing import Any
 from timerl.rl.a2c import A2CConfig, a2c
 from timerl.rl.algos import AlgoConfig, PPOConfig, ReinforceConfig, ppo, reinforce
 from timerl.rl.dqn import DQNConfig, dqn
-from timerl.rl.graph_policy import GraphPolicyConfig, graph_policy
+from timerl.rl.graph_env import GraphPolicyConfig
+from timerl.rl.graph_policy import graph_policy
 from timerl.rl.sac import SACConfig, sac
 
 ALGOS: dict[str, tuple[Callable[..., Any], type[AlgoConfig]]] = {
