@@ -33,6 +33,8 @@ from timerl.symbolic import Slice
 
 _SWAP_DIR: list[str] = []
 SWAP_DIR_ENV = "TIMERL_SWAP_DIR"  # where swapped and streamed blocks go (else the temp dir)
+# "0": streamed blocks are not read ahead (the plan still counts two chunks): to compare
+READ_AHEAD_ENV = "TIMERL_READ_AHEAD"
 
 
 def _swap_dir() -> str:
@@ -633,8 +635,9 @@ class StorePlan:
                 st = self.storage[op.id]
                 if st.streamed:
                     chunk = st.chunk_bytes or None
+                    ahead = st.read_ahead and os.environ.get(READ_AHEAD_ENV, "1") != "0"
                     out[op.id] = StreamStore(
-                        extent, elem, op.dtype, backend, op.label, chunk, st.read_ahead
+                        extent, elem, op.dtype, backend, op.label, chunk, ahead
                     )
                     continue
                 owns = op.id not in self.aliases
