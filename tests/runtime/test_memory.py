@@ -122,7 +122,7 @@ def test_a_budget_below_the_peak_is_refused_at_compile_time():
     msg = str(err.value)
     smallest = int(msg.split("memory_budget=")[1].split(".")[0])
     # the rollout streamed to disk (its readers read it by rows) lowers the smallest budget, by
-    # the rollout less the chunk its readers read it into (at the smallest, 256 KiB)
+    # the rollout less the chunk its readers read it into (at the smallest, 1 MiB)
     chunk = rowwise.CHUNK_BYTES >> budget_pass.SHRINK
     assert smallest <= need - 4 * STEPS * 3 * 32 * 32 * 4 + chunk
     fits = prog.ctx.compile(bounds=bounds, memory_budget=smallest)

@@ -88,6 +88,11 @@ class PlannedPeak:
     peak_bytes: int | None  # None: not known before the run (see ``note``)
     holders: list[tuple[str, int]] = field(default_factory=list)  # (tensor, bytes), largest first
     note: str = ""
+    # the peak without the chunks of streamed reads, and the most bytes live while each op
+    # that reads a streamed block by chunks runs: the peak under other chunk sizes is known
+    # from these without replaying again (``_fit_reads``)
+    peak_apart_reads: int = 0
+    live_at_reads: dict[int, int] = field(default_factory=dict)
 
 
 def planned_peak(
@@ -117,11 +122,15 @@ def planned_peak(
         points[key] = n
         per_op[op_id] = per_op.get(op_id, 0) + n - old
         state["total"] += n - old
+        state["apart"] = max(state.get("apart", 0), state["total"])
         if state["total"] > state["peak"]:
             state["peak"] = state["total"]
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
 
-    def transient(what: int, n: int) -> None:
+    at_reads: dict[int, int] = {}
+
+    def transient(op_id: int, what: int, n: int) -> None:
+        at_reads[op_id] = max(at_reads.get(op_id, 0), state["total"])
         if state["total"] + n > state["peak"]:
             state["peak"] = state["total"] + n
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
@@ -170,7 +179,7 @@ def planned_peak(
                     add(op.id, tuple(env[d] for d in op.domain), nbytes(op))
                 if st.read_bytes:  # the chunks its kernel reads a streamed block into
                     labels[-1 - op.id] = f"{op.label}'s chunks of streamed rows"
-                    transient(-1 - op.id, st.read_bytes)
+                    transient(op.id, -1 - op.id, st.read_bytes)
             elif isinstance(s, Free):
                 free(s)
             elif isinstance(s, SwapOut):
@@ -224,7 +233,7 @@ def planned_peak(
     run(sched.body, 0)
     holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
     note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
-    return PlannedPeak(int(state["peak"]), holders, note)
+    return PlannedPeak(int(state["peak"]), holders, note, int(state.get("apart", 0)), at_reads)
 
 
 _POINT = Storage("point", "")
@@ -525,18 +534,22 @@ def plan_streams(
             if plan.peak_bytes is not None and plan.peak_bytes <= budget:
                 break
     if plan.peak_bytes is not None and plan.peak_bytes > budget:
-        table, plan, why = _fit_reads(sched, ops, table, static, dynamic, budget, donations)
+        table, plan, why = _fit_reads(sched, ops, table, plan, static, dynamic, budget, donations)
         notes.extend(why)
     return table, plan, notes
 
 
-SHRINK = 4  # chunks are halved this many times at most under a tight budget (4 MiB -> 256 KiB)
+# chunks are halved this many times at most under a tight budget (4 MiB -> 1 MiB): below that
+# a transposed product (a weight's gradient, ``X.T @ G``) passes over its whole result once a
+# chunk of a few rows, and takes twice as long at 256 KiB as at 4 MiB
+SHRINK = 2
 
 
 def _fit_reads(
     sched: Schedule,
     ops: list[Op],
     table: dict[int, Storage],
+    plan: PlannedPeak,
     static: Mapping[Bound, int],
     dynamic: Mapping[Bound, int | None],
     budget: int,
@@ -547,29 +560,32 @@ def _fit_reads(
     Tried in order: read ahead with the chunk halved (two chunks in the room of one), down to
     ``CHUNK_BYTES / 2**SHRINK``; then that chunk without reading ahead. The first that fits is
     kept; where none does, the one with the lowest peak (the first of equals), so that the
-    budget error names the smallest budget any of them reaches."""
+    budget error names the smallest budget any of them reaches. ``plan`` is the replay of
+    ``table``: the chunks add to the peak only while their op runs, so each setting's peak
+    follows from it, and only the one kept is replayed."""
     streamed = [i for i, s in table.items() if s.streamed]
-    if not streamed:
-        return table, planned_peak(sched, ops, table, static, dynamic, donations), []
+    if not streamed or plan.peak_bytes is None:
+        return table, plan, []
     chunk = rowwise.CHUNK_BYTES
     settings = [(max(chunk >> k, 1), True) for k in range(SHRINK + 1)]
     settings.append((max(chunk >> SHRINK, 1), False))
-    best: tuple[dict[int, Storage], PlannedPeak, tuple[int, bool]] | None = None
+    best: tuple[dict[int, Storage], int, tuple[int, bool]] | None = None
     for size, ahead in settings:
         trial = dict(table)
         for i in streamed:
             trial[i] = dataclasses.replace(table[i], chunk_bytes=size, read_ahead=ahead)
         trial = with_read_buffers(trial, ops, static)
-        tried = planned_peak(sched, ops, trial, static, dynamic, donations)
-        if tried.peak_bytes is None:
-            continue
-        if best is None or tried.peak_bytes < (best[1].peak_bytes or 0):
-            best = (trial, tried, (size, ahead))
-        if tried.peak_bytes <= budget:
+        peak = max(
+            [plan.peak_apart_reads]
+            + [live + trial[i].read_bytes for i, live in plan.live_at_reads.items()]
+        )
+        if best is None or peak < best[1]:
+            best = (trial, peak, (size, ahead))
+        if peak <= budget:
             break
-    if best is None:
-        return table, planned_peak(sched, ops, table, static, dynamic, donations), []
-    trial, tried, (size, ahead) = best
+    assert best is not None
+    trial, _, (size, ahead) = best
+    tried = planned_peak(sched, ops, trial, static, dynamic, donations)
     if (size, ahead) == (chunk, True):
         return trial, tried, []
     how = "read ahead" if ahead else "not read ahead (two chunks do not fit)"

@@ -6,7 +6,9 @@ minibatch. The same kernels accept a ``RowSource`` in place of ``x``: rows that 
 elsewhere (a file, ``runtime/stores.py``'s streamed blocks) and are read on demand. A row
 source also answers the few whole-block views storage lets a block's readers take (reshape
 keeping the rows, identity, the 2-D transpose) and the matmul that reads it whole, chunk by
-chunk, so a reader never holds more than a chunk of it.
+chunk, so a reader never holds more than a chunk of it. The kernels walk a source through
+``chunks``/``gathers``, so that one that reads ahead (a streamed file) holds two chunks: the
+one computed on and the next (``read_buffer_bytes``, which the memory plan counts).
 """
 
 from __future__ import annotations
