@@ -363,20 +363,24 @@ class RowFile(RowSource):
         return view
 
     # --- reads: ``_load`` runs on the calling thread or the read-ahead thread ----------------
-    def _load(self, request: tuple[int, int] | np.ndarray) -> np.ndarray:
-        """Rows ``a:b`` (a pair) or the rows at ``ids`` (an array), read from the file now.
+    def _empty(self, request: tuple[int, int] | np.ndarray) -> np.ndarray:
+        n = request[1] - request[0] if isinstance(request, tuple) else len(request)
+        return np.empty((n, *self.row_shape), dtype=self.dtype)
 
-        Touches no shared state (the caller counts the bytes): it may run on another thread."""
+    def _load(self, request: tuple[int, int] | np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows ``a:b`` (a pair) or the rows at ``ids`` (an array) read from the file into
+        ``out`` now.
+
+        Touches no shared state (the caller counts the bytes) and allocates nothing: it may run
+        on the read-ahead thread, while ``out`` is allocated on the caller's (memory a thread
+        allocates comes from an arena of its own, which would hold freed chunks apart)."""
         fd = self.owner.fd
         if fd < 0:
             raise OSError("the file was closed (its block was freed)")
         if isinstance(request, tuple):
-            a, b = request
-            out = np.empty((b - a, *self.row_shape), dtype=self.dtype)
-            self._fill(fd, out, a)
+            self._fill(fd, out, request[0])
             return out
         ids = request
-        out = np.empty((len(ids), *self.row_shape), dtype=self.dtype)
         # runs of consecutive rows in ``ids`` are read with one call each
         k = 0
         while k < len(ids):
@@ -406,7 +410,7 @@ class RowFile(RowSource):
 
     def _read_now(self, request: tuple[int, int] | np.ndarray) -> np.ndarray:
         try:
-            rows = self._load(request)
+            rows = self._load(request, self._empty(request))
         except OSError as err:
             raise self._failed(request, err) from err
         self.counter[0] += rows.nbytes
@@ -455,7 +459,7 @@ class RowFile(RowSource):
         pool = ThreadPoolExecutor(1, thread_name_prefix="timerl-read-ahead")
         pending: Future | None = None
         try:
-            pending = pool.submit(self._load, requests[0])
+            pending = pool.submit(self._load, requests[0], self._empty(requests[0]))
             for k, request in enumerate(requests):
                 if pending.done():
                     counter[2] += 1
@@ -471,7 +475,8 @@ class RowFile(RowSource):
                 counter[0] += rows.nbytes
                 pending = None
                 if k + 1 < len(requests):
-                    pending = pool.submit(self._load, requests[k + 1])
+                    after = requests[k + 1]
+                    pending = pool.submit(self._load, after, self._empty(after))
                 yield rows
                 del rows  # the caller dropped its reference too: two chunks at most
         finally:
