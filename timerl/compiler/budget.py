@@ -16,7 +16,10 @@ bytes at the peak, so a program that would not fit never starts.
 Under a budget the peak exceeds, two moves are tried, each kept only where the replayed peak
 drops: ``plan_swaps`` writes a whole idle block to disk and reads it back before its next
 reader; ``plan_streams`` keeps a block read only by rows (``streamable``) in a file for good,
-each row written as it is computed and read back by the chunk (``runtime/stores.py``).
+each row written as it is computed and read back by the chunk (``runtime/stores.py``). The
+chunks are memory: ``read_buffers`` gives each op reading a streamed block by chunks the
+bytes it holds while it runs (two chunks where the next is read ahead), which the replay and
+the run's meter count, and ``_fit_reads`` makes them smaller where they set the peak.
 """
 
 from __future__ import annotations
