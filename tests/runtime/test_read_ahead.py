@@ -127,6 +127,23 @@ def test_an_abandoned_read_leaves_no_thread_behind():
         rows.read(0, 2)  # the block was freed: an error, never another file's bytes
 
 
+def test_a_kernel_interrupted_mid_read_leaves_no_thread_behind(monkeypatch):
+    rows, data = _rows()
+    calls = []
+
+    def interrupted(out, chunk, g):
+        calls.append(len(chunk))
+        if len(calls) == 2:  # Ctrl-C while the third chunk is being read ahead
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(rowwise, "add_transposed_product", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rows.reshape((24, 3)).permute((1, 0)).matmul(np.ones((24, 2), dtype=np.float32))
+    assert calls == [4, 4]
+    assert not _readers()
+    rows.close()
+
+
 def _sliced_matmul():
     ctx = tl.Context(dims=("t",))
     (t,), (T,) = ctx.dims, ctx.bounds
