@@ -148,7 +148,10 @@ def test_an_output_block_is_not_streamed():
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
-def test_a_block_sliced_into_a_matmul_streams_and_keeps_its_values(compiled):
+def test_a_block_sliced_into_a_matmul_streams_and_keeps_its_values(compiled, monkeypatch):
+    # chunks of 8 rows (8 KiB): the 64 KiB block read whole as one chunk would save nothing
+    monkeypatch.setattr(rowwise, "CHUNK_BYTES", 8 * 256 * 4)
+
     def build():
         ctx = tl.Context(dims=("t",))
         (t,), (T,) = ctx.dims, ctx.bounds

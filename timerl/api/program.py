@@ -159,6 +159,9 @@ class Program:
             out["planned_peak_bytes"] = self.planned_peak().peak_bytes
         if self._last is not None:
             out["swapped_bytes"] = self._last.swapped_bytes()
+            reads = self._last.read_stats()
+            if reads is not None:
+                out.update(reads)
         regions = self.backend.region_stats()
         if regions is not None:
             out.update(regions)

@@ -16,7 +16,10 @@ bytes at the peak, so a program that would not fit never starts.
 Under a budget the peak exceeds, two moves are tried, each kept only where the replayed peak
 drops: ``plan_swaps`` writes a whole idle block to disk and reads it back before its next
 reader; ``plan_streams`` keeps a block read only by rows (``streamable``) in a file for good,
-each row written as it is computed and read back by the chunk (``runtime/stores.py``).
+each row written as it is computed and read back by the chunk (``runtime/stores.py``). The
+chunks are memory: ``read_buffers`` gives each op reading a streamed block by chunks the
+bytes it holds while it runs (two chunks where the next is read ahead), which the replay and
+the run's meter count, and ``_fit_reads`` makes them smaller where they set the peak.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 
 from timerl.compiler.storage import Storage
 from timerl.errors import MemoryBudgetError
+from timerl.ir import rowwise
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Slice, Symbol
@@ -87,6 +91,11 @@ class PlannedPeak:
     peak_bytes: int | None  # None: not known before the run (see ``note``)
     holders: list[tuple[str, int]] = field(default_factory=list)  # (tensor, bytes), largest first
     note: str = ""
+    # the peak without the chunks of streamed reads, and the most bytes live while each op
+    # that reads a streamed block by chunks runs: the peak under other chunk sizes is known
+    # from these without replaying again (``_fit_reads``)
+    peak_apart_reads: int = 0
+    live_at_reads: dict[int, int] = field(default_factory=dict)
 
 
 def planned_peak(
@@ -107,7 +116,7 @@ def planned_peak(
     labels = {op.id: op.label for op in ops}
     live: dict[int, dict[tuple, int]] = {}
     per_op: dict[int, int] = {}
-    state = {"total": 0, "peak": 0, "at_peak": {}}
+    state: dict = {"total": 0, "peak": 0, "at_peak": {}}
     notes: list[str] = []
 
     def add(op_id: int, key: tuple, n: int) -> None:
@@ -116,9 +125,19 @@ def planned_peak(
         points[key] = n
         per_op[op_id] = per_op.get(op_id, 0) + n - old
         state["total"] += n - old
+        state["apart"] = max(state.get("apart", 0), state["total"])
         if state["total"] > state["peak"]:
             state["peak"] = state["total"]
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
+
+    at_reads: dict[int, int] = {}
+
+    def transient(op_id: int, what: int, n: int) -> None:
+        at_reads[op_id] = max(at_reads.get(op_id, 0), state["total"])
+        if state["total"] + n > state["peak"]:
+            state["peak"] = state["total"] + n
+            state["at_peak"] = {k: v for k, v in per_op.items() if v}
+            state["at_peak"][what] = n
 
     def drop(op_id: int, keys: list[tuple]) -> None:
         points = live.get(op_id, {})
@@ -151,13 +170,19 @@ def planned_peak(
         for s in body:
             if isinstance(s, Compute):
                 op = s.op
-                kind = storage.get(op.id, _POINT).kind
-                if kind != "point" or (op.guard != TRUE and not op.guard.evaluate(env)):
+                st = storage.get(op.id, _POINT)
+                if st.kind != "point" and not st.read_bytes:
                     continue
-                if op.id in donations:  # the dead input's point becomes this op's
-                    e = op.inputs[donations[op.id]]
-                    drop(e.src.id, [tuple(int(x.evaluate(env)) for x in e.index)])
-                add(op.id, tuple(env[d] for d in op.domain), nbytes(op))
+                if op.guard != TRUE and not op.guard.evaluate(env):
+                    continue
+                if st.kind == "point":
+                    if op.id in donations:  # the dead input's point becomes this op's
+                        e = op.inputs[donations[op.id]]
+                        drop(e.src.id, [tuple(int(x.evaluate(env)) for x in e.index)])
+                    add(op.id, tuple(env[d] for d in op.domain), nbytes(op))
+                if st.read_bytes:  # the chunks its kernel reads a streamed block into
+                    labels[-1 - op.id] = f"{op.label}'s chunks of streamed rows"
+                    transient(op.id, -1 - op.id, st.read_bytes)
             elif isinstance(s, Free):
                 free(s)
             elif isinstance(s, SwapOut):
@@ -211,7 +236,7 @@ def planned_peak(
     run(sched.body, 0)
     holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
     note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
-    return PlannedPeak(int(state["peak"]), holders, note)
+    return PlannedPeak(int(state["peak"]), holders, note, int(state.get("apart", 0)), at_reads)
 
 
 _POINT = Storage("point", "")
@@ -320,14 +345,7 @@ def streamable(
     its rows (identity, detach, a reshape of the rows, the 2-D transpose), as the first
     operand of a matmul (chunked) or the matrix of a ``take_matmul``."""
     by_id = {op.id: op for op in ops}
-    family = {op_id} | {
-        i for i, s in storage.items() if s.kind in ("alias", "view") and s.base == op_id
-    }
-    transposed: dict[int, bool] = {op_id: False}
-    for _ in family:  # a view is transposed when an odd number of permutes lead to it
-        for fid in family - {op_id}:
-            src = by_id[fid].inputs[0].src.id if by_id[fid].inputs else op_id
-            transposed[fid] = transposed.get(src, False) ^ (by_id[fid].prim == "permute")
+    family, transposed = _family(op_id, by_id, storage)
     kept = sorted(family & set(keep))
     if kept:
         return f"{by_id[kept[0]].label} is an output (its values outlive the run)"
@@ -367,6 +385,89 @@ def streamable(
             if reader.prim == "matmul" and transposed[fid] and len(by_id[fid].shape) != 2:
                 return f"{reader.label} multiplies its transpose as a batch"
     return None
+
+
+def _family(
+    op_id: int, by_id: Mapping[int, Op], storage: Mapping[int, Storage]
+) -> tuple[set[int], dict[int, bool]]:
+    """Block ``op_id``, its aliases and views, and which of those are its 2-D transpose."""
+    family = {op_id} | {
+        i for i, s in storage.items() if s.kind in ("alias", "view") and s.base == op_id
+    }
+    transposed: dict[int, bool] = {op_id: False}
+    for _ in family:  # a view is transposed when an odd number of permutes lead to it
+        for fid in family - {op_id}:
+            src = by_id[fid].inputs[0].src.id if by_id[fid].inputs else op_id
+            transposed[fid] = transposed.get(src, False) ^ (by_id[fid].prim == "permute")
+    return family, transposed
+
+
+def read_buffers(
+    ops: list[Op], storage: Mapping[int, Storage], static: Mapping[Bound, int]
+) -> dict[int, int]:
+    """Op id -> the bytes its kernel holds reading a streamed block by chunks.
+
+    A matmul or ``take_matmul`` whose rows are a streamed block (a view of it, or a slice of
+    its rows) reads them a chunk at a time (``ir/rowwise.py``): it holds one chunk, two where
+    the block is read ahead, and the slab of a transposed product. ``planned_peak`` and the
+    run's meter count these bytes while the op runs, on top of what is live then. A read of
+    one row holds one row and is not counted."""
+    by_id = {op.id: op for op in ops}
+    env = {b: int(v) for b, v in static.items()}
+    out: dict[int, int] = {}
+    streamed = [i for i, s in storage.items() if s.streamed and i in by_id]
+    for block in streamed:
+        st = storage[block]
+        family, transposed = _family(block, by_id, storage)
+        for op in ops:
+            if op.prim not in ("matmul", "take_matmul") or not op.inputs:
+                continue
+            edge = op.inputs[0]
+            src = edge.src
+            if src.id not in family:
+                continue
+            try:
+                shape = [int(x.evaluate(env)) for x in src.shape]
+                itemsize = np.dtype(src.dtype).itemsize
+                if storage[src.id].kind == "view":
+                    flip = transposed[src.id]
+                    if flip:
+                        nrows, row_bytes = shape[-1], shape[0] * itemsize
+                    else:
+                        nrows, row_bytes = shape[0], int(np.prod(shape[1:])) * itemsize
+                elif isinstance(edge.index[-1], Slice):
+                    flip = False
+                    nrows, row_bytes = int(st.extent or 0), int(np.prod(shape)) * itemsize
+                else:
+                    continue  # one row
+                total = nrows
+                if op.prim == "take_matmul":
+                    total = int(np.prod([int(x.evaluate(env)) for x in op.inputs[1].src.shape]))
+                    flip = bool(op.attrs.get("trans", False))
+                n = rowwise.read_buffer_bytes(
+                    total, row_bytes, st.chunk_bytes or None, st.read_ahead
+                )
+                if flip and len(op.shape) == 2:
+                    rows_out, cols = (int(x.evaluate(env)) for x in op.shape)
+                    n += rowwise.slab_bytes(rows_out, cols, np.dtype(op.dtype).itemsize)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue  # a shape not known before the run: not counted
+            out[op.id] = out.get(op.id, 0) + n
+    return out
+
+
+def with_read_buffers(
+    storage: Mapping[int, Storage], ops: list[Op], static: Mapping[Bound, int]
+) -> dict[int, Storage]:
+    """The table with each op's ``read_bytes`` set from ``read_buffers``."""
+    reads = read_buffers(ops, storage, static)
+    table = dict(storage)
+    for i, st in storage.items():
+        if st.read_bytes and i not in reads:
+            table[i] = dataclasses.replace(st, read_bytes=0)
+    for i, n in reads.items():
+        table[i] = dataclasses.replace(table.get(i, _POINT), read_bytes=n)
+    return table
 
 
 def _splits_rows(view: Op, static: Mapping[Bound, int]) -> bool:
@@ -423,8 +524,11 @@ def plan_streams(
         trial[op_id] = dataclasses.replace(
             st,
             streamed=True,
+            chunk_bytes=rowwise.CHUNK_BYTES,
+            read_ahead=True,
             why=st.why + "; streamed to disk: rows written as computed, read back by rows",
         )
+        trial = with_read_buffers(trial, ops, static)
         tried = planned_peak(sched, ops, trial, static, dynamic, donations)
         if tried.peak_bytes is not None and tried.peak_bytes < (plan.peak_bytes or 0):
             table, plan = trial, tried
@@ -432,7 +536,63 @@ def plan_streams(
             notes.append(f"stream: {by_id[op_id].label} ({size} a block) streamed to disk")
             if plan.peak_bytes is not None and plan.peak_bytes <= budget:
                 break
+    if plan.peak_bytes is not None and plan.peak_bytes > budget:
+        table, plan, why = _fit_reads(sched, ops, table, plan, static, dynamic, budget, donations)
+        notes.extend(why)
     return table, plan, notes
+
+
+# chunks are halved this many times at most under a tight budget (4 MiB -> 1 MiB): below that
+# a transposed product (a weight's gradient, ``X.T @ G``) passes over its whole result once a
+# chunk of a few rows, and takes twice as long at 256 KiB as at 4 MiB
+SHRINK = 2
+
+
+def _fit_reads(
+    sched: Schedule,
+    ops: list[Op],
+    table: dict[int, Storage],
+    plan: PlannedPeak,
+    static: Mapping[Bound, int],
+    dynamic: Mapping[Bound, int | None],
+    budget: int,
+    donations: Mapping[int, int] | None,
+) -> tuple[dict[int, Storage], PlannedPeak, list[str]]:
+    """Smaller read chunks where the chunks of streamed reads set the peak over ``budget``.
+
+    Tried in order: read ahead with the chunk halved (two chunks in the room of one), down to
+    ``CHUNK_BYTES / 2**SHRINK``; then that chunk without reading ahead. The first that fits is
+    kept; where none does, the one with the lowest peak (the first of equals), so that the
+    budget error names the smallest budget any of them reaches. ``plan`` is the replay of
+    ``table``: the chunks add to the peak only while their op runs, so each setting's peak
+    follows from it, and only the one kept is replayed."""
+    streamed = [i for i, s in table.items() if s.streamed]
+    if not streamed or plan.peak_bytes is None:
+        return table, plan, []
+    chunk = rowwise.CHUNK_BYTES
+    settings = [(max(chunk >> k, 1), True) for k in range(SHRINK + 1)]
+    settings.append((max(chunk >> SHRINK, 1), False))
+    best: tuple[dict[int, Storage], int, tuple[int, bool]] | None = None
+    for size, ahead in settings:
+        trial = dict(table)
+        for i in streamed:
+            trial[i] = dataclasses.replace(table[i], chunk_bytes=size, read_ahead=ahead)
+        trial = with_read_buffers(trial, ops, static)
+        peak = max(
+            [plan.peak_apart_reads]
+            + [live + trial[i].read_bytes for i, live in plan.live_at_reads.items()]
+        )
+        if best is None or peak < best[1]:
+            best = (trial, peak, (size, ahead))
+        if peak <= budget:
+            break
+    assert best is not None
+    trial, _, (size, ahead) = best
+    tried = planned_peak(sched, ops, trial, static, dynamic, donations)
+    if (size, ahead) == (chunk, True):
+        return trial, tried, []
+    how = "read ahead" if ahead else "not read ahead (two chunks do not fit)"
+    return trial, tried, [f"stream: read in chunks of {format_bytes(size)}, {how}"]
 
 
 def _insert(

@@ -51,8 +51,13 @@ class Storage:
     extent: int | None = None  # block, ring: rows allocated
     base: int | None = None  # view, alias: the block op whose memory it is
     contiguous: bool = True  # view: False after a permute or expand (a reshape may copy)
-    # block: kept in a file under a memory budget, read back by rows (compiler/budget.py)
+    # block: kept in a file under a memory budget, read back by rows (compiler/budget.py),
+    # by chunks of ``chunk_bytes`` (0: ``ir/rowwise.CHUNK_BYTES``), the next one read ahead
     streamed: bool = False
+    chunk_bytes: int = 0
+    read_ahead: bool = False
+    # any op: bytes of a streamed block's rows its kernel holds while it runs (the chunks)
+    read_bytes: int = 0
 
 
 def _loops_around(body: list[Stmt], out: dict[int, tuple[Loop, ...]], path: tuple = ()) -> None:

@@ -6,12 +6,15 @@ minibatch. The same kernels accept a ``RowSource`` in place of ``x``: rows that 
 elsewhere (a file, ``runtime/stores.py``'s streamed blocks) and are read on demand. A row
 source also answers the few whole-block views storage lets a block's readers take (reshape
 keeping the rows, identity, the 2-D transpose) and the matmul that reads it whole, chunk by
-chunk, so a reader never holds more than a chunk of it.
+chunk, so a reader never holds more than a chunk of it. The kernels walk a source through
+``chunks``/``gathers``, so that one that reads ahead (a streamed file) holds two chunks: the
+one computed on and the next (``read_buffer_bytes``, which the memory plan counts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -20,9 +23,28 @@ CHUNK_BYTES = 4 << 20  # bytes of rows one step of a row-walking kernel holds
 SLAB_BYTES = 256 << 10  # bytes of the product one accumulating step computes before adding
 
 
-def chunk_rows(row_bytes: int) -> int:
-    """How many rows of ``row_bytes`` fit one chunk (at least one)."""
-    return max(1, CHUNK_BYTES // max(int(row_bytes), 1))
+def chunk_rows(row_bytes: int, chunk_bytes: int | None = None) -> int:
+    """How many rows of ``row_bytes`` fit one chunk of ``chunk_bytes`` (``CHUNK_BYTES`` by
+    default; at least one row)."""
+    size = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    return max(1, size // max(int(row_bytes), 1))
+
+
+def slab_bytes(out_rows: int, out_cols: int, itemsize: int) -> int:
+    """Bytes of the slab ``add_transposed_product`` allocates for an ``out`` of this shape
+    (none where the whole product is one step)."""
+    step = max(1, SLAB_BYTES // max(out_cols * itemsize, 1))
+    return 0 if step >= out_rows else step * out_cols * itemsize
+
+
+def read_buffer_bytes(
+    nrows: int, row_bytes: int, chunk_bytes: int | None = None, ahead: bool = False
+) -> int:
+    """The bytes of rows a kernel reading ``nrows`` rows of ``row_bytes`` by chunks holds at
+    once: one chunk, or two where the next is read ahead while this one is computed on."""
+    step = chunk_rows(row_bytes, chunk_bytes)
+    held = min(step, max(int(nrows), 1)) * int(row_bytes)
+    return held * (2 if ahead and nrows > step else 1)
 
 
 def add_transposed_product(out: np.ndarray, rows: np.ndarray, g: np.ndarray) -> None:
@@ -54,7 +76,7 @@ class RowSource:
     (``x.T @ g``, summed over row chunks) reads it.
     """
 
-    __slots__ = ("nrows", "row_shape", "dtype", "transposed", "_read", "_take")
+    __slots__ = ("nrows", "row_shape", "dtype", "transposed", "chunk_bytes", "_read", "_take")
 
     def __init__(
         self,
@@ -64,11 +86,13 @@ class RowSource:
         read: Callable[[int, int], np.ndarray],
         take: Callable[[np.ndarray], np.ndarray],
         transposed: bool = False,
+        chunk_bytes: int | None = None,
     ) -> None:
         self.nrows = nrows
         self.row_shape = tuple(int(s) for s in row_shape)
         self.dtype = np.dtype(dtype)
         self.transposed = transposed
+        self.chunk_bytes = chunk_bytes  # None: ``CHUNK_BYTES`` when read
         self._read = read
         self._take = take
 
@@ -109,8 +133,27 @@ class RowSource:
                 lambda a, b: read(a, b).reshape((b - a, *shape)),
                 lambda ids: take(ids).reshape((len(ids), *shape)),
                 transposed,
+                self.chunk_bytes,
             )
-        return RowSource(nrows, shape, self.dtype, read_split, take_split, transposed)
+        return RowSource(
+            nrows, shape, self.dtype, read_split, take_split, transposed, self.chunk_bytes
+        )
+
+    def step(self) -> int:
+        """Rows of one chunk of this source's kernels."""
+        return chunk_rows(self.row_bytes, self.chunk_bytes)
+
+    def chunks(self, step: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        """Rows ``a:b`` of every ``step``, in order. A caller drops each chunk before it asks
+        for the next: a source that reads ahead then holds two chunks, never three."""
+        for a in range(0, self.nrows, step):
+            b = min(a + step, self.nrows)
+            yield a, b, self._read(a, b)
+
+    def gathers(self, ids: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]]:
+        """The rows at ``ids[a:a + step]`` for every ``step``, in order (as ``chunks``)."""
+        for a in range(0, len(ids), step):
+            yield a, self._take(ids[a : a + step])
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return self._read(start, stop)
@@ -155,6 +198,7 @@ class RowSource:
                 self.dtype,
                 lambda a, b: read(start + a, start + b),
                 lambda ids: take(np.asarray(ids) + start),
+                chunk_bytes=self.chunk_bytes,
             )
         k = int(k)
         if not -self.nrows <= k < self.nrows:
@@ -166,19 +210,21 @@ class RowSource:
         """``self @ w`` (or ``self.T @ w``), reading a chunk of rows at a time."""
         if np.ndim(w) != 2 or (self.transposed and len(self.row_shape) != 1):
             raise ValueError(f"matmul of a row source of shape {self.shape} by {np.shape(w)}")
-        step = chunk_rows(self.row_bytes)
+        step = self.step()
         dtype = np.result_type(self.dtype, w.dtype)
         if self.transposed:
             out = np.zeros((self.row_shape[0], w.shape[-1]), dtype=dtype)
-            for a in range(0, self.nrows, step):
-                b = min(a + step, self.nrows)
-                add_transposed_product(out, self._read(a, b), w[a:b])
+            with closing(self.chunks(step)) as parts:
+                for a, b, rows in parts:
+                    add_transposed_product(out, rows, w[a:b])
+                    del rows  # before the next chunk is asked for (see ``chunks``)
             return out
         # rows of any rank times a matrix: each chunk is a batch of products
         out = np.empty((self.nrows, *self.row_shape[:-1], w.shape[-1]), dtype=dtype)
-        for a in range(0, self.nrows, step):
-            b = min(a + step, self.nrows)
-            out[a:b] = self._read(a, b) @ w
+        with closing(self.chunks(step)) as parts:
+            for a, b, rows in parts:
+                np.matmul(rows, w, out=out[a:b])
+                del rows
         return out
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
@@ -191,8 +237,10 @@ class RowSource:
         return f"RowSource({self.shape}, {self.dtype}{', transposed' if self.transposed else ''})"
 
 
-def _gather(x: Any, ids: np.ndarray) -> np.ndarray:
-    return x.take(ids) if isinstance(x, RowSource) else np.take(x, ids, axis=0)
+def _gathers(x: Any, ids: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]]:
+    if isinstance(x, RowSource):
+        return x.gathers(ids, step)
+    return ((a, np.take(x, ids[a : a + step], axis=0)) for a in range(0, ids.size, step))
 
 
 def take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> np.ndarray:
@@ -200,20 +248,21 @@ def take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> np.ndarray:
     gathered rows in memory."""
     ids = np.asarray(idx).reshape(-1)
     row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * np.dtype(x.dtype).itemsize
-    step = chunk_rows(row_bytes)
+    step = x.step() if isinstance(x, RowSource) else chunk_rows(row_bytes)
     dtype = np.result_type(x.dtype, w.dtype)
     k = row_bytes // np.dtype(x.dtype).itemsize
     if trans:
         out = np.zeros((k, w.shape[-1]), dtype=dtype)
-        for a in range(0, ids.size, step):
-            # the chunk is an argument, not a name: it dies before the next one is gathered
-            add_transposed_product(
-                out, _gather(x, ids[a : a + step]).reshape(-1, k), w[a : a + step]
-            )
+        with closing(_gathers(x, ids, step)) as parts:
+            for a, rows in parts:
+                add_transposed_product(out, rows.reshape(-1, k), w[a : a + step])
+                del rows  # dies before the next chunk is gathered
         return out
     out = np.empty((ids.size, w.shape[-1]), dtype=dtype)
-    for a in range(0, ids.size, step):
-        out[a : a + step] = _gather(x, ids[a : a + step]).reshape(-1, k) @ w
+    with closing(_gathers(x, ids, step)) as parts:
+        for a, rows in parts:
+            np.matmul(rows.reshape(-1, k), w, out=out[a : a + step])
+            del rows
     return out.reshape((*np.shape(idx), w.shape[-1]))
 
 

@@ -247,6 +247,8 @@ class CodeGen:
         elif op.id not in self.locals:
             self.emit(body_depth, f"S{op.id}[{point}] = {var}")
         self.alloc(op, body_depth, var)
+        for line in self.plan.read_src(op):
+            self.emit(body_depth, line)
         self.emit(body_depth, "C[0] += 1")
 
     def start(self, op: Op, depth: int) -> None:

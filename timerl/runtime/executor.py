@@ -344,6 +344,7 @@ class Executor:
         key_prefix = call.key[0] if call.key is not None else ()
         udf_point = call.pass_point
         no_attrs: dict[str, Any] = {}
+        reads = self.plan.read_bytes.get(op.id, 0)
 
         def run(env: dict) -> None:
             args = [r(env) for r in readers]
@@ -364,6 +365,8 @@ class Executor:
             value = kernel(*args, point) if udf_point else kernel(*args, **attrs)
             store[point] = value
             meter.add(0 if shared else backend.nbytes(value))
+            if reads and meter.live + reads > meter.peak:  # the chunks it read rows into
+                meter.peak = meter.live + reads
 
         return run
 
@@ -476,6 +479,18 @@ class Executor:
             for s in self.stores.values()
             if isinstance(s, BlockStore)
         )
+
+    def read_stats(self) -> dict[str, Any] | None:
+        """Chunked reads of streamed blocks so far: seconds kernels waited on the disk, chunks
+        read ahead in time (hits) and chunks waited for (misses); None without a stream."""
+        streams = [s for s in self.stores.values() if isinstance(s, StreamStore)]
+        if not streams:
+            return None
+        waited, hits, misses = 0.0, 0, 0
+        for s in streams:
+            w, h, m = s.read_stats()
+            waited, hits, misses = waited + w, hits + h, misses + m
+        return {"read_wait_seconds": waited, "read_ahead_hits": hits, "read_ahead_misses": misses}
 
     def _run_compiled(self, hooked: bool) -> None:
         self.prepare(hooked)

@@ -17,7 +17,10 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,8 @@ from timerl.symbolic import Slice
 
 _SWAP_DIR: list[str] = []
 SWAP_DIR_ENV = "TIMERL_SWAP_DIR"  # where swapped and streamed blocks go (else the temp dir)
+# "0": streamed blocks are not read ahead (the plan still counts two chunks): to compare
+READ_AHEAD_ENV = "TIMERL_READ_AHEAD"
 
 
 def _swap_dir() -> str:
@@ -294,45 +299,190 @@ class RowFile(RowSource):
     """One block's rows in a file: each row written with ``pwrite`` at its offset when it is
     computed, read back with ``preadv`` a chunk of rows at a time. Nothing is mapped, so rows
     on disk hold no memory of the process. The file is unlinked as soon as it is open (only
-    its descriptor names it): a run that dies leaves nothing behind."""
+    its descriptor names it): a run that dies leaves nothing behind.
 
-    __slots__ = ("fd", "stride", "counter", "__weakref__")
+    A reshape keeping whole rows, a slice of rows and the 2-D transpose are ``RowFile`` views
+    of the same descriptor (another stride, offset or flag), so every read is one ``preadv``
+    of exactly the bytes asked for. With ``ahead``, a kernel's chunked reads (``chunks``,
+    ``gathers``) read the next chunk on a background thread while the kernel computes on
+    this one (``preadv`` and numpy's products release the GIL): two chunks held, not one.
 
-    def __init__(self, nrows: int, row_shape: tuple[int, ...], dtype: Any, counter: list) -> None:
+    ``counter`` is shared with the store: [bytes moved, seconds a kernel waited on a read,
+    chunks that were read ahead in time, chunks waited for]."""
+
+    __slots__ = ("owner", "fd", "offset", "stride", "counter", "ahead", "name", "__weakref__")
+
+    def __init__(
+        self,
+        nrows: int,
+        row_shape: tuple[int, ...],
+        dtype: Any,
+        counter: list,
+        name: str = "a streamed block",
+        chunk_bytes: int | None = None,
+        ahead: bool = False,
+    ) -> None:
         fd, path = tempfile.mkstemp(prefix="timerl-stream-", suffix=".rows", dir=_swap_dir())
         os.unlink(path)
+        self.owner = self  # the file whose descriptor a view reads (closed with its store)
         self.fd = fd
+        self.offset = 0
         self.stride = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        self.counter = counter  # [bytes moved], shared with the store
+        while len(counter) < 4:
+            counter.append(0)
+        self.counter = counter
+        self.ahead = ahead
+        self.name = name
         os.ftruncate(fd, nrows * self.stride)
-        super().__init__(nrows, row_shape, dtype, self._read_rows, self._take_rows)
+        super().__init__(
+            nrows, row_shape, dtype, self._read_rows, self._take_rows, chunk_bytes=chunk_bytes
+        )
 
-    def _read_rows(self, start: int, stop: int) -> np.ndarray:
-        out = np.empty((stop - start, *self.row_shape), dtype=self.dtype)
-        self._fill(out, start)
-        return out
+    def _view(
+        self, nrows: int, row_shape: tuple[int, ...], offset: int, transposed: bool
+    ) -> RowFile:
+        """The same file's bytes from ``offset`` seen as ``nrows`` rows of ``row_shape``."""
+        view = object.__new__(RowFile)
+        view.owner = self.owner
+        view.fd = -1
+        view.offset = offset
+        view.stride = int(np.prod(row_shape, dtype=np.int64)) * self.dtype.itemsize
+        view.counter = self.counter
+        view.ahead = self.ahead
+        view.name = self.name
+        RowSource.__init__(
+            view,
+            nrows,
+            row_shape,
+            self.dtype,
+            view._read_rows,
+            view._take_rows,
+            transposed,
+            self.chunk_bytes,
+        )
+        return view
 
-    def _fill(self, out: np.ndarray, row: int) -> None:
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        got = 0
-        while got < len(view):  # preadv may return short counts
-            n = os.preadv(self.fd, [view[got:]], row * self.stride + got)
-            if n <= 0:
-                raise OSError(f"short read from a streamed block at row {row}")
-            got += n
-        self.counter[0] += got
+    # --- reads: ``_load`` runs on the calling thread or the read-ahead thread ----------------
+    def _empty(self, request: tuple[int, int] | np.ndarray) -> np.ndarray:
+        n = request[1] - request[0] if isinstance(request, tuple) else len(request)
+        return np.empty((n, *self.row_shape), dtype=self.dtype)
 
-    def _take_rows(self, ids: np.ndarray) -> np.ndarray:
-        out = np.empty((len(ids), *self.row_shape), dtype=self.dtype)
+    def _load(self, request: tuple[int, int] | np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows ``a:b`` (a pair) or the rows at ``ids`` (an array) read from the file into
+        ``out`` now.
+
+        Touches no shared state (the caller counts the bytes) and allocates nothing: it may run
+        on the read-ahead thread, while ``out`` is allocated on the caller's (memory a thread
+        allocates comes from an arena of its own, which would hold freed chunks apart)."""
+        fd = self.owner.fd
+        if fd < 0:
+            raise OSError("the file was closed (its block was freed)")
+        if isinstance(request, tuple):
+            self._fill(fd, out, request[0])
+            return out
+        ids = request
         # runs of consecutive rows in ``ids`` are read with one call each
         k = 0
         while k < len(ids):
             j = k + 1
             while j < len(ids) and ids[j] == ids[j - 1] + 1:
                 j += 1
-            self._fill(out[k:j], int(ids[k]))
+            self._fill(fd, out[k:j], int(ids[k]))
             k = j
         return out
+
+    def _fill(self, fd: int, out: np.ndarray, row: int) -> None:
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        got = 0
+        start = self.offset + row * self.stride
+        while got < len(view):  # preadv may return short counts
+            n = os.preadv(fd, [view[got:]], start + got)
+            if n <= 0:
+                raise OSError(f"short read at row {row}")
+            got += n
+
+    def _failed(self, request: tuple[int, int] | np.ndarray, err: BaseException) -> OSError:
+        if isinstance(request, tuple):
+            what = f"rows {request[0]}:{request[1]}"
+        else:
+            what = f"{len(request)} rows from row {int(request[0]) if len(request) else 0}"
+        return OSError(f"reading {what} of the streamed block {self.name} from disk failed: {err}")
+
+    def _read_now(self, request: tuple[int, int] | np.ndarray) -> np.ndarray:
+        try:
+            rows = self._load(request, self._empty(request))
+        except OSError as err:
+            raise self._failed(request, err) from err
+        self.counter[0] += rows.nbytes
+        return rows
+
+    def _read_rows(self, start: int, stop: int) -> np.ndarray:
+        return self._read_now((start, stop))
+
+    def _take_rows(self, ids: np.ndarray) -> np.ndarray:
+        return self._read_now(ids)
+
+    def chunks(self, step: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        spans = [(a, min(a + step, self.nrows)) for a in range(0, self.nrows, step)]
+        with closing(self._read_all(spans)) as reads:
+            for a, b in spans:
+                rows = next(reads)
+                yield a, b, rows
+                del rows  # (a ``zip`` would keep it until the next chunk is read)
+
+    def gathers(self, ids: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]]:
+        starts = range(0, len(ids), step)
+        with closing(self._read_all([ids[a : a + step] for a in starts])) as reads:
+            for a in starts:
+                rows = next(reads)
+                yield a, rows
+                del rows
+
+    def _read_all(self, requests: list) -> Iterator[np.ndarray]:
+        """Each request's rows in order; with ``ahead``, the next one is read meanwhile.
+
+        The read-ahead thread is this generator's own (a pool of one, shut down when the
+        generator ends or is closed, waiting for the one read in flight): a kernel reads a
+        source start to end, so one thread one chunk ahead is all the overlap there is to
+        have, and no thread outlives the kernel, even one interrupted mid-way. A failed read
+        is raised here, on the caller's thread, naming the block."""
+        counter = self.counter
+        if not self.ahead or len(requests) < 2:
+            for request in requests:
+                began = time.perf_counter()
+                rows = self._read_now(request)
+                counter[1] += time.perf_counter() - began
+                counter[3] += 1
+                yield rows
+                del rows
+            return
+        pool = ThreadPoolExecutor(1, thread_name_prefix="timerl-read-ahead")
+        pending: Future | None = None
+        try:
+            pending = pool.submit(self._load, requests[0], self._empty(requests[0]))
+            for k, request in enumerate(requests):
+                if pending.done():
+                    counter[2] += 1
+                else:
+                    counter[3] += 1
+                    began = time.perf_counter()
+                    wait([pending])
+                    counter[1] += time.perf_counter() - began
+                try:
+                    rows = pending.result()
+                except OSError as err:
+                    raise self._failed(request, err) from err
+                counter[0] += rows.nbytes
+                pending = None
+                if k + 1 < len(requests):
+                    after = requests[k + 1]
+                    pending = pool.submit(self._load, after, self._empty(after))
+                yield rows
+                del rows  # the caller dropped its reference too: two chunks at most
+        finally:
+            if pending is not None:
+                pending.cancel()
+            pool.shutdown(wait=True)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         k = int(key[0] if isinstance(key, tuple) else key)
@@ -340,16 +490,42 @@ class RowFile(RowSource):
         data = memoryview(row.reshape(-1).view(np.uint8))
         if len(data) != self.stride:
             raise ValueError(f"a row of {row.shape} does not fit rows of {self.row_shape}")
+        fd = self.owner.fd
         done = 0
         while done < len(data):
-            done += os.pwrite(self.fd, data[done:], k * self.stride + done)
+            done += os.pwrite(fd, data[done:], self.offset + k * self.stride + done)
         self.counter[0] += done
 
+    # --- views that keep whole rows ---------------------------------------------------------
     def reshape(self, shape: tuple[int, ...]) -> RowSource:
-        return _ReshapedFile(self, shape)
+        shape = tuple(int(s) for s in shape)
+        size = int(np.prod(self.row_shape, dtype=np.int64)) * self.nrows
+        if (
+            self.transposed
+            or not shape
+            or not self.nrows
+            or shape[0] % self.nrows
+            or int(np.prod(shape, dtype=np.int64)) != size
+        ):
+            return RowSource.reshape(self, shape)  # raises, saying why
+        return self._view(shape[0], shape[1:], self.offset, False)
+
+    def permute(self, perm: tuple[int, ...]) -> RowSource:
+        if tuple(perm) != (1, 0) or len(self.row_shape) != 1:
+            return RowSource.permute(self, perm)  # raises, saying why
+        return self._view(self.nrows, self.row_shape, self.offset, not self.transposed)
+
+    def __getitem__(self, key: Any) -> Any:
+        k = key[0] if isinstance(key, tuple) and key[1:] in ((), (Ellipsis,)) else key
+        if isinstance(k, slice) and not self.transposed:
+            start, stop, step = k.indices(self.nrows)
+            if step == 1:
+                n = max(stop - start, 0)
+                return self._view(n, self.row_shape, self.offset + start * self.stride, False)
+        return RowSource.__getitem__(self, key)
 
     def close(self) -> None:
-        if self.fd >= 0:
+        if self.owner is self and self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
@@ -357,40 +533,51 @@ class RowFile(RowSource):
         self.close()
 
 
-class _ReshapedFile(RowSource):
-    """A ``RowFile`` with its rows seen in another shape (an alias's block): writes too."""
-
-    __slots__ = ("base",)
-
-    def __init__(self, base: RowFile, shape: tuple[int, ...]) -> None:
-        view = RowSource.reshape(base, shape)
-        super().__init__(view.nrows, view.row_shape, view.dtype, view.read, view.take)
-        self.base = base
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.base[key] = np.asarray(value).reshape(self.base.row_shape)
-
-
 class StreamStore(BlockStore):
     """A block store whose blocks live in files (``compiler/budget.py`` chose it under a
     memory budget): a block takes no memory, each point's row is written to the file right
-    after it is computed, and readers read the rows they need (``RowFile``)."""
+    after it is computed, and readers read the rows they need (``RowFile``), ``chunk_bytes``
+    at a time and, with ``ahead``, the next chunk read while this one is computed on."""
 
-    __slots__ = ("counter",)
+    __slots__ = ("counter", "name", "chunk_bytes", "ahead")
 
-    def __init__(self, extent: int, elem: tuple[int, ...], dtype: Any, backend: Any) -> None:
+    def __init__(
+        self,
+        extent: int,
+        elem: tuple[int, ...],
+        dtype: Any,
+        backend: Any,
+        name: str = "a streamed block",
+        chunk_bytes: int | None = None,
+        ahead: bool = False,
+    ) -> None:
         super().__init__(extent, elem, dtype, backend, owns=False)
-        self.counter = [0]
+        self.counter: list = [0, 0.0, 0, 0]  # see ``RowFile``
+        self.name = name
+        self.chunk_bytes = chunk_bytes
+        self.ahead = ahead
 
     def allocate(self, outer: tuple) -> int:
         if outer not in self.blocks:
-            rows = RowFile(self.extent, self.elem, self.dtype, self.counter)
+            rows = RowFile(
+                self.extent,
+                self.elem,
+                self.dtype,
+                self.counter,
+                self.name,
+                self.chunk_bytes,
+                self.ahead,
+            )
             self.blocks[outer] = (rows, np.zeros(self.extent, dtype=bool))
         return 0
 
     @property
     def streamed_bytes(self) -> int:
         return self.counter[0]
+
+    def read_stats(self) -> tuple[float, int, int]:
+        """Seconds kernels waited on reads, chunks read ahead in time, chunks waited for."""
+        return float(self.counter[1]), int(self.counter[2]), int(self.counter[3])
 
     def _close(self, outers: list[tuple]) -> None:
         for outer in outers:
@@ -423,6 +610,8 @@ class StorePlan:
         self.rings = {i for i, s in storage.items() if s.kind == "ring"}
         self.aliases = {i for i, s in storage.items() if s.kind == "alias"}
         self.allocations: dict[int, list[Op]] = {}  # id(loop) -> blocks it allocates
+        # op id -> bytes of streamed rows its kernel holds while it runs (compiler/budget.py)
+        self.read_bytes = {i: s.read_bytes for i, s in storage.items() if s.read_bytes}
 
         def visit(body: list, loop: Loop | None) -> None:
             for s in body:
@@ -448,8 +637,13 @@ class StorePlan:
                     outer = len(op.domain) - 1
                     out[op.id] = RingStore(extent, elem, op.dtype, backend, outer)
                     continue
-                if self.storage[op.id].streamed:
-                    out[op.id] = StreamStore(extent, elem, op.dtype, backend)
+                st = self.storage[op.id]
+                if st.streamed:
+                    chunk = st.chunk_bytes or None
+                    ahead = st.read_ahead and os.environ.get(READ_AHEAD_ENV, "1") != "0"
+                    out[op.id] = StreamStore(
+                        extent, elem, op.dtype, backend, op.label, chunk, ahead
+                    )
                     continue
                 owns = op.id not in self.aliases
                 out[op.id] = BlockStore(extent, elem, op.dtype, backend, owns)
@@ -501,6 +695,11 @@ class StorePlan:
             return f"{rows}[{src_of(last.start)}:{src_of(last.stop)}]"
         # ``[k, ...]`` keeps a 0-d row an array (``[k]`` would give a numpy scalar)
         return f"{rows}[{src_of(last)}, ...]"
+
+    def read_src(self, op: Op) -> list[str]:
+        """The meter's peak with the chunks ``op``'s kernel reads a streamed block into."""
+        n = self.read_bytes.get(op.id)
+        return [f"if M[0] + {n} > M[1]: M[1] = M[0] + {n}"] if n else []
 
     def swap_src(self, stmt: SwapOut | SwapIn, key: str) -> list[str]:
         if stmt.op.id not in self.blocks:
