@@ -214,3 +214,28 @@ def test_replayed_batches_enter_the_loss_with_their_own_advantages(tiny_corpus, 
         earlier = sum(plain["advantage"][i - b] for b in (1, 2) if i - b >= 0)
         want = (plain["loss"][i] + entropy - earlier) / 3 - entropy
         assert math.isclose(replayed["loss"][i], want, rel_tol=1e-5, abs_tol=1e-6), i
+
+
+def test_running_baseline_is_graphopt_trainers_running_mean():
+    """Per problem: the first reward sets the baseline, each later one moves it by 0.1 (as
+    ``graphopt.train`` keeps it); the advantage reads it before this iteration's update."""
+    from timerl.rl.graph_policy import running_baseline
+
+    rng = np.random.default_rng(0)
+    iters, batch, problems = 6, 2, 3
+    picks = rng.integers(problems, size=(iters, batch))
+    picks[:, 1] = (picks[:, 0] + 1) % problems  # no problem twice in one batch
+    rewards = rng.standard_normal((iters, batch)).astype(np.float32)
+    onehot = np.eye(problems, dtype=np.float32)[picks]
+    with tl.Context(dims=("i",)) as ctx:
+        (i,) = ctx.dims
+        before = running_baseline(
+            tl.from_numpy(rewards, domain=(i,)), tl.from_numpy(onehot, domain=(i,)), i
+        )
+        got = tl.evaluate(before, bounds={"I": iters})
+    base = np.full(problems, np.nan)
+    for it in range(iters):
+        want = [0.0 if np.isnan(base[k]) else base[k] for k in picks[it]]
+        np.testing.assert_allclose(got[it], want, rtol=1e-6, atol=1e-7)
+        for k, r in zip(picks[it], rewards[it], strict=True):
+            base[k] = r if np.isnan(base[k]) else 0.9 * base[k] + 0.1 * r

@@ -114,7 +114,7 @@ def graph_policy(config: GraphPolicyConfig | None = None, **overrides: Any) -> A
         if cfg.phase == "imitate":
             loss, metrics = _imitation(problems, pi, iteration, cfg)
         else:
-            loss, metrics = _search(problems, net, iteration, cfg, i)
+            loss, metrics = _search(problems, pi, iteration, cfg, i)
         params = net.parameters()
         loss.backward(inputs=params)
         Adam(params, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm).step()
@@ -137,31 +137,19 @@ def _initial_weights(cfg: GraphPolicyConfig) -> PolicyWeights:
 
 def _search(
     problems: GraphProblems,
-    net: GraphNet,
+    pi: GraphNet,
     iteration: RecurrentTensor,
     cfg: GraphPolicyConfig,
     i: Dim,
 ) -> tuple[RecurrentTensor, dict[str, RecurrentTensor]]:
-    k = len(problems.tasks)
-    pi = net.at(i)
     x, pred, succ, mask, cols, pick = problems.observe(iteration)
     mean = pi.mean_action(x, pred, succ, mask)
     log_std = pi.log_std()
     std = log_std.exp()
     z = (mean.detach() + std.detach() * randn(mean.shape, like=mean)).named("action")
     reward = problems.step(z, iteration).named("reward")
-    base = RecurrentTensor.placeholder((k,), "float32", (i,), name="baseline")
-    seen = RecurrentTensor.placeholder((k,), "float32", (i,), name="seen")
-    base[0] = from_numpy(np.zeros(k, dtype=np.float32))
-    seen[0] = from_numpy(np.zeros(k, dtype=np.float32))
-    before = (pick @ base[i].unsqueeze(-1)).squeeze(-1)
-    first = (pick @ seen[i].unsqueeze(-1)).squeeze(-1) == 0.0
-    rate = where(first, 1.0, BASELINE_RATE)
-    step = pick.transpose(0, 1) @ (rate * (reward - before)).unsqueeze(-1)
-    base[i + 1] = base[i] + step.squeeze(-1)
-    seen[i + 1] = seen[i] + pick.sum(0)
     logp = sample_logp(mean, log_std, mask, cols, z)
-    adv = normalised(reward - before)
+    adv = normalised(reward - running_baseline(reward, pick, i))
     loss = -(logp * adv).mean()
     for back in range(1, cfg.replay + 1):
         # the batch of ``back`` iterations ago (its graphs, its action, the log-density it
@@ -176,9 +164,31 @@ def _search(
         surrogate = minimum(ratio * oadv, clipped * oadv).mean()
         loss = loss - where(iteration >= back, surrogate, 0.0)
     loss = loss / (1 + cfg.replay) - log_std.sum() * cfg.entropy
-    metrics = {"loss": loss, "reward": reward.mean(), "action_std": std.mean()}
-    metrics["advantage"] = adv.mean()
+    metrics = {
+        "loss": loss,
+        "reward": reward.mean(),
+        "action_std": std.mean(),
+        "advantage": adv.mean(),
+    }
     return loss, metrics
+
+
+def running_baseline(reward: RecurrentTensor, pick: RecurrentTensor, i: Dim) -> RecurrentTensor:
+    """Each problem's running mean reward before this iteration, per problem of the batch:
+    a vector over all problems carried over ``i`` and updated through the batch's one-hot
+    ``pick`` (a problem's first reward sets it, later ones move it by ``BASELINE_RATE``)."""
+    k = pick.shape[-1]
+    base = RecurrentTensor.placeholder((k,), "float32", (i,), name="baseline")
+    seen = RecurrentTensor.placeholder((k,), "float32", (i,), name="seen")
+    base[0] = from_numpy(np.zeros(k, dtype=np.float32))
+    seen[0] = from_numpy(np.zeros(k, dtype=np.float32))
+    before = (pick @ base[i].unsqueeze(-1)).squeeze(-1)
+    first = (pick @ seen[i].unsqueeze(-1)).squeeze(-1) == 0.0
+    rate = where(first, 1.0, BASELINE_RATE)
+    step = pick.transpose(0, 1) @ (rate * (reward - before)).unsqueeze(-1)
+    base[i + 1] = base[i] + step.squeeze(-1)
+    seen[i + 1] = seen[i] + pick.sum(0)
+    return before
 
 
 def _imitation(
