@@ -259,6 +259,21 @@ def test_version_and_defaults_in_help(capsys):
         assert expected in text, expected
 
 
+def test_a_time_limit_stops_with_a_checkpoint_and_resume_finishes(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", "reinforce", "--num-envs", "4", "--num-steps", "32", "--steps", "512"]
+    argv += ["--log-dir", str(run), "--no-progress"]
+    assert main([*argv, "--minutes", "0.0001"]) == 0
+    out = capsys.readouterr().out
+    assert "stopping at the time limit" in out and "after iteration 1" in out
+    assert len((run / "metrics.csv").read_text().splitlines()) == 2
+    assert latest_checkpoint(run).name.endswith("0000000.npz")
+    assert main([*argv[:2], "--log-dir", str(run), "--no-progress", "--resume"]) == 0
+    assert len((run / "metrics.csv").read_text().splitlines()) == 5  # 4 iterations of 128
+    assert main([*argv, "--minutes", "0"]) != 0
+    assert "--minutes must be positive" in capsys.readouterr().err
+
+
 def test_without_env_an_algorithm_trains_on_its_own_default(tmp_path):
     """SAC needs a continuous action space: its default is Pendulum-v1, not CartPole-v1."""
     run = tmp_path / "sac"

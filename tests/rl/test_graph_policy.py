@@ -125,6 +125,13 @@ def test_searches_in_two_processes_train_the_same_weights(tiny_corpus, tmp_path)
         assert np.array_equal(one.params[k], two.params[k]), k
 
 
+def test_a_time_limit_writes_the_weights_reached(tiny_corpus, tmp_path):
+    _train(tiny_corpus, tmp_path / "w.npz", 1000, "--minutes", "0.0001")
+    rows = (tmp_path / "w.run" / "metrics.csv").read_text().splitlines()
+    assert 2 <= len(rows) < 100  # the header and the few updates before the limit
+    assert PolicyWeights.load(tmp_path / "w.npz").hidden == 8
+
+
 def test_settings_the_program_lacks_are_refused_by_name(tiny_corpus, tmp_path, capsys):
     argv = ["graphopt", "train", "--engine", "program", "--corpus", str(tiny_corpus)]
     argv += ["--out", str(tmp_path / "w.npz"), "--iterations", "1"]

@@ -391,7 +391,6 @@ def _train_by_program(args: argparse.Namespace) -> int:
     given = {
         "reward": args.reward,
         "ray_address": args.ray_address,
-        "minutes": args.minutes,
     }
     out = args.train_program(
         settings,
@@ -405,6 +404,7 @@ def _train_by_program(args: argparse.Namespace) -> int:
         imitate_updates=args.imitate_updates,
         imitate_scale=args.imitate_scale,
         targets=args.targets,
+        minutes=args.minutes,
         given=given,
     )
     print(f"wrote {out}")

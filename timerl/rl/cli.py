@@ -146,6 +146,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"total env steps (default: {DEFAULT_STEPS:,}; on --resume: the run's own)",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="stop after the iteration that passes this much wall time, with a checkpoint "
+        "(--resume continues; default: no limit)",
+    )
     p.add_argument("--backend", default="numpy", choices=sorted(BACKENDS), help="array backend")
     p.add_argument("--device", default="cpu", help="device for the torch or jax backend")
     p.add_argument(
@@ -348,6 +355,7 @@ def _train(args: argparse.Namespace) -> int:
         log_every=args.log_every,
         workers=args.workers,
         ray_address=args.ray_address,
+        minutes=args.minutes,
     )
     print(result.summary())
     return 0

@@ -9,6 +9,7 @@ continues the phase it stopped in and skips a phase already done."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,6 @@ from timerl.rl.train import make_config, train
 UNSUPPORTED = {
     "reward": "search",
     "ray_address": None,
-    "minutes": None,
 }
 
 
@@ -40,11 +40,14 @@ def train_program(
     imitate_updates: int = 300,
     imitate_scale: float = 1.0,
     targets: Path | None = None,
+    minutes: float | None = None,
     given: dict[str, Any] | None = None,
 ) -> Path:
     """Train (``run_dir``, default ``OUT.run``, holds checkpoints and metrics logs) and write
     the final weights to ``out``. ``given`` are the other ``graphopt train`` settings; one the
-    program does not implement is refused by name."""
+    program does not implement is refused by name. ``minutes`` bounds both phases together:
+    the phase running at the limit stops with a checkpoint, the next does not start, and the
+    weights it reached are written (``--resume`` continues)."""
     for name, value in (given or {}).items():
         if name in UNSUPPORTED and value != UNSUPPORTED[name]:
             flag = "--" + name.replace("_", "-")
@@ -56,7 +59,13 @@ def train_program(
     if warm_start == "imitate" and not 0 < imitate_scale <= 1:
         raise GraphError(f"--imitate-scale {imitate_scale}: must be in (0, 1]")
     run_dir = Path(run_dir) if run_dir is not None else out.with_suffix(".run")
-    options = {"checkpoint_every": checkpoint_every, "progress": progress, "resume": resume}
+    deadline = time.monotonic() + 60.0 * minutes if minutes is not None else None
+    options = {
+        "checkpoint_every": checkpoint_every,
+        "progress": progress,
+        "resume": resume,
+        "deadline": deadline,
+    }
     start: Path | None = None
     if warm_start == "imitate":
         imitate = {
@@ -64,14 +73,16 @@ def train_program(
             "phase": "imitate",
             "targets": str(targets if targets is not None else out.with_suffix(".targets.npz")),
         }
-        params, cfg = _phase(imitate, imitate_updates, run_dir / "imitate", **options)
+        params, cfg, done = _phase(imitate, imitate_updates, run_dir / "imitate", **options)
+        if not done:  # stopped at the time limit: the weights so far, unscaled
+            return export_weights(params, cfg, out)
         params = _scale_priorities(params, imitate_scale)
         if iterations == 0:
             return export_weights(params, cfg, out)
         start = export_weights(params, cfg, run_dir / "imitated.npz")
     search = {**settings, "phase": "search", "init": str(start) if start else ""}
     folder = run_dir / "search" if warm_start == "imitate" else run_dir
-    params, cfg = _phase(search, iterations, folder, **options)
+    params, cfg, _ = _phase(search, iterations, folder, **options)
     return export_weights(params, cfg, out)
 
 
@@ -83,11 +94,15 @@ def _phase(
     checkpoint_every: int,
     progress: bool,
     resume: bool,
-) -> tuple[dict[str, np.ndarray], Any]:
+    deadline: float | None,
+) -> tuple[dict[str, np.ndarray], Any, bool]:
     """Run one program for ``iterations`` updates in ``folder`` (continuing it on ``resume``,
-    not at all when it is already that far); its last parameters and config."""
+    not at all when it is already that far) until ``deadline``; its last parameters, its
+    config and whether it got there."""
     done = resume and bool(checkpoint_files(folder)) and _iterations_done(folder) >= iterations
     if not done:
+        # at least one update, even when the time is up as the phase starts
+        left = None if deadline is None else max((deadline - time.monotonic()) / 60.0, 1e-3)
         train(
             "graph-policy",
             settings,
@@ -98,9 +113,11 @@ def _phase(
             checkpoint_every=checkpoint_every,
             progress=progress,
             log_every=0 if progress else 10,
+            minutes=left,
         )
     ckpt = load_checkpoint(latest_checkpoint(folder))
-    return ckpt.params, make_config("graph-policy", ckpt.header["config"])
+    reached = ckpt.iteration + 1 >= iterations
+    return ckpt.params, make_config("graph-policy", ckpt.header["config"]), reached
 
 
 def _iterations_done(folder: Path) -> int:

@@ -235,6 +235,7 @@ def train(
     on_start: Callable[[], None] | None = None,
     workers: int = 0,
     ray_address: str | None = None,
+    minutes: float | None = None,
 ) -> TrainResult:
     """Train ``algo`` (any entry of ``ALGOS``); see ``timerl train --help`` for the options.
 
@@ -246,8 +247,12 @@ def train(
     the same, so it is not part of the config (a resume must use the same number, though).
     ``memory_budget``: see ``ctx.compile``; a program over it fails before training starts.
     ``on_start()`` is called once the program is compiled and its code generated, right
-    before the first iteration (a benchmark's mark between setup and run).
+    before the first iteration (a benchmark's mark between setup and run). ``minutes``: stop
+    after the first iteration that ends past this much wall time of running, with a
+    checkpoint; ``resume`` continues toward ``iterations``.
     """
+    if minutes is not None and minutes <= 0:
+        raise CheckpointError(f"--minutes must be positive, got {minutes}")
     if checkpoint_every < 1:
         raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
     log_path = Path(log_dir) if log_dir is not None else None
@@ -339,6 +344,7 @@ def train(
     saved_path: Path | None = ckpt.path if ckpt is not None else None
     ex.prepare(hooked=True)  # code generation is setup, not part of the first iteration
     begin = time.perf_counter()
+    deadline = begin + 60.0 * minutes if minutes is not None else None
     env = program.env
     param_names = [p.name for p in program.params]
     activations = infer_activations(prog.ops)
@@ -412,7 +418,10 @@ def train(
         history.append(record)
         writer.write(record)
         bar.update(per_iter, record)
-        last = i + 1 == iterations
+        timed_out = deadline is not None and time.perf_counter() >= deadline
+        last = i + 1 == iterations or timed_out
+        if timed_out and i + 1 < iterations:
+            echo(f"stopping at the time limit ({minutes:.3g} min) after iteration {i + 1}")
         if not progress and log_every and ((i + 1) % log_every == 0 or last):
             ret = record["episodic_return"]
             sps = (i + 1 - start) * per_iter / max(time.perf_counter() - begin, 1e-9)
@@ -465,14 +474,15 @@ def train(
     run_seconds = time.perf_counter() - begin
     returns = [h["episodic_return"] for h in history]
     tail = [r for r in returns[-10:] if math.isfinite(r)]
-    done_steps = (iterations - start) * per_iter
+    reached = history[-1]["iteration"] + 1 if history else start  # short of it on a time limit
+    done_steps = (reached - start) * per_iter
     stats = prog.stats()
     best_path = keeper.folder / "best.npz" if keeper is not None else None
     return TrainResult(
         algo=algo,
         env_id=cfg.env_id,
-        iterations=iterations,
-        env_steps=iterations * per_iter,
+        iterations=reached,
+        env_steps=reached * per_iter,
         mean_return_last10=float(np.mean(tail)) if tail else float("nan"),
         returns=returns,
         steps_per_second=done_steps / max(run_seconds, 1e-9),
