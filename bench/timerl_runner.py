@@ -257,6 +257,9 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
     patch(VectorEnv, "step", timed_env)
     patch(VectorEnv, "reset", timed_env)
     if kernels:
+        # the base class's table lookup (what the torch and jax backends use), and every
+        # backend's own where it overrides it
+        patch(Backend, "lowering", timed_lowering)
         for name in BACKENDS:
             try:
                 cls = backend_class(name)

@@ -161,6 +161,19 @@ def test_timerl_runner_returns_and_profile():
     assert NumpyBackend.lowering.__qualname__ == "NumpyBackend.lowering"
 
 
+def test_profile_times_the_kernels_of_a_backend_using_the_base_lookup():
+    """The torch backend takes its kernels through ``Backend.lowering`` (it does not
+    override it): its matmuls count as kernels, not as executor time."""
+    pytest.importorskip("torch")
+    from timerl.runtime.backend import Backend
+
+    small = Config("CartPole-v1", num_envs=4, num_steps=32, iterations=2, hidden_size=16)
+    prof = timerl_runner.profiled(small, backend="torch")
+    assert "matmul" in [p for p, _, _ in prof["top_kernels"]]
+    assert prof["kernels_s"] > 0
+    assert Backend.lowering.__qualname__ == "Backend.lowering"
+
+
 def test_cli_forwards_to_bench(capsys):
     from timerl import bench_cli
 
