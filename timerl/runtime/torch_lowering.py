@@ -9,6 +9,7 @@ backend does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,13 @@ def register_lowering(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def torch_dtype(dtype: Any) -> torch.dtype:
     """The torch dtype of a numpy dtype (numpy calls its boolean ``bool_``, torch ``bool``)."""
-    dt = np.dtype(dtype)
+    return _torch_dtype(np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _torch_dtype(dt: np.dtype) -> torch.dtype:
+    # cached: casts and broadcasts ask per kernel, and numpy's ``dtype.name`` takes about
+    # 12 us (5% of an e256 PPO iteration's run time on this backend)
     return getattr(torch, "bool" if dt == np.dtype(bool) else dt.name)
 
 
