@@ -44,3 +44,26 @@ def tiny_corpus(tmp_path):
         )
     (root / "index.json").write_text(json.dumps({"graphs": entries}))
     return root
+
+
+@pytest.fixture
+def sliced_matmul():
+    """A builder of ``x[0:T] @ w`` over a recurrence ``x`` of 256-wide rows: a block read
+    whole by a matmul, which a memory budget can stream (a fresh context per call)."""
+
+    def build():
+        import numpy as np
+
+        import timerl as tl
+
+        ctx = tl.Context(dims=("t",))
+        (t,), (T,) = ctx.dims, ctx.bounds
+        with ctx:
+            w = tl.from_numpy(np.linspace(-1, 1, 256 * 4, dtype=np.float32).reshape(256, 4))
+            x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
+            x[0] = tl.full((256,), 1.0)
+            x[t + 1] = (x[t] * 0.5 + 1.0).tanh()
+            out = x[0:T] @ w
+        return ctx, out
+
+    return build

@@ -148,25 +148,16 @@ def test_an_output_block_is_not_streamed():
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
-def test_a_block_sliced_into_a_matmul_streams_and_keeps_its_values(compiled, monkeypatch):
+def test_a_block_sliced_into_a_matmul_streams_and_keeps_its_values(
+    compiled, monkeypatch, sliced_matmul
+):
     # chunks of 8 rows (8 KiB): the 64 KiB block read whole as one chunk would save nothing
     monkeypatch.setattr(rowwise, "CHUNK_BYTES", 8 * 256 * 4)
 
-    def build():
-        ctx = tl.Context(dims=("t",))
-        (t,), (T,) = ctx.dims, ctx.bounds
-        with ctx:
-            w = tl.from_numpy(np.linspace(-1, 1, 256 * 4, dtype=np.float32).reshape(256, 4))
-            x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
-            x[0] = tl.full((256,), 1.0)
-            x[t + 1] = (x[t] * 0.5 + 1.0).tanh()
-            out = x[0:T] @ w
-        return ctx, out
-
-    ctx, out = build()
+    ctx, out = sliced_matmul()
     ref = ctx.compile(bounds={"T": 64}, outputs=[out], optimize=False)
     ref.run()
-    ctx, out2 = build()
+    ctx, out2 = sliced_matmul()
     need = ctx.compile(bounds={"T": 64}, outputs=[out2]).planned_peak().peak_bytes
     prog = ctx.compile(bounds={"T": 64}, outputs=[out2], memory_budget=need - 32 * 1024)
     assert "streamed to disk" in prog.explain()

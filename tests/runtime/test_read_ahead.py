@@ -144,29 +144,19 @@ def test_a_kernel_interrupted_mid_read_leaves_no_thread_behind(monkeypatch):
     rows.close()
 
 
-def _sliced_matmul():
-    ctx = tl.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
-    with ctx:
-        w = tl.from_numpy(np.linspace(-1, 1, 256 * 4, dtype=np.float32).reshape(256, 4))
-        x = tl.RecurrentTensor.placeholder((256,), domain=(t,))
-        x[0] = tl.full((256,), 1.0)
-        x[t + 1] = (x[t] * 0.5 + 1.0).tanh()
-        out = x[0:T] @ w
-    return ctx, out
-
-
-def test_the_plan_counts_two_chunks_and_reads_one_at_a_time_when_two_do_not_fit(monkeypatch):
+def test_the_plan_counts_two_chunks_and_reads_one_at_a_time_when_two_do_not_fit(
+    monkeypatch, sliced_matmul
+):
     row = 256 * 4  # bytes of one row of x
     monkeypatch.setattr(rowwise, "CHUNK_BYTES", 8 * row)
     monkeypatch.setattr(budget_pass, "SHRINK", 1)  # chunks of 8 rows, then 4
-    ctx, out = _sliced_matmul()
+    ctx, out = sliced_matmul()
     ref = ctx.compile(bounds={"T": 64}, outputs=[out], optimize=False)
     ref.run()
     need = ctx.compile(bounds={"T": 64}, outputs=[out]).planned_peak().peak_bytes
 
     def compile_(budget):
-        ctx2, out2 = _sliced_matmul()
+        ctx2, out2 = sliced_matmul()
         return ctx2.compile(bounds={"T": 64}, outputs=[out2], memory_budget=budget), out2
 
     def streamed(prog):

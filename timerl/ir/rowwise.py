@@ -162,6 +162,12 @@ class RowSource:
         return self._take(np.asarray(ids, dtype=np.int64).reshape(-1))
 
     def reshape(self, shape: tuple[int, ...]) -> RowSource:
+        nrows, row_shape = self.row_reshape(shape)
+        return self._with(nrows, row_shape, False)
+
+    def row_reshape(self, shape: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """``(rows, row shape)`` of ``shape`` when it splits each row into whole rows (the
+        only reshape a row source makes), else the error saying why."""
         shape = tuple(int(s) for s in shape)
         size = int(np.prod(self.row_shape, dtype=np.int64)) * self.nrows
         if (
@@ -175,7 +181,7 @@ class RowSource:
                 f"a row source of shape {self.shape} reshapes only its rows (each into whole "
                 f"rows), not to {shape}"
             )
-        return self._with(shape[0], shape[1:], False)
+        return shape[0], shape[1:]
 
     def permute(self, perm: tuple[int, ...]) -> RowSource:
         if tuple(perm) != (1, 0) or len(self.row_shape) != 1:

@@ -498,17 +498,8 @@ class RowFile(RowSource):
 
     # --- views that keep whole rows ---------------------------------------------------------
     def reshape(self, shape: tuple[int, ...]) -> RowSource:
-        shape = tuple(int(s) for s in shape)
-        size = int(np.prod(self.row_shape, dtype=np.int64)) * self.nrows
-        if (
-            self.transposed
-            or not shape
-            or not self.nrows
-            or shape[0] % self.nrows
-            or int(np.prod(shape, dtype=np.int64)) != size
-        ):
-            return RowSource.reshape(self, shape)  # raises, saying why
-        return self._view(shape[0], shape[1:], self.offset, False)
+        nrows, row_shape = self.row_reshape(shape)
+        return self._view(nrows, row_shape, self.offset, False)
 
     def permute(self, perm: tuple[int, ...]) -> RowSource:
         if tuple(perm) != (1, 0) or len(self.row_shape) != 1:
