@@ -499,3 +499,21 @@ def test_random_recurrence_gradients(n, kind, out, mode, backend, seed):
         total = _torch_read(xt, out, 0) ** 2
     (want,) = torch.autograd.grad(total, [tu])
     close(g, want.numpy(), rtol=1e-7, atol=1e-9)
+
+
+def test_index_add_sums_rows_at_their_index_and_its_gradient_is_take():
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    index = np.array([1, 1, 3, 0])
+    want = np.zeros((5, 3), dtype=np.float32)
+    np.add.at(want, index, rows)
+    with tl.Context(dims=("i",)) as ctx:
+        (i,) = ctx.dims
+        w = tl.RecurrentTensor.placeholder((4, 3), domain=(i,), requires_grad=True, name="w")
+        w[0] = tl.from_numpy(rows)
+        w[i + 1] = w[i].detach()
+        summed = w[i].index_add(tl.from_numpy(index), 5)
+        weights = tl.from_numpy(np.arange(15, dtype=np.float32).reshape(5, 3))
+        (summed * weights).sum().backward(inputs=[w])
+        got, grad = tl.evaluate([summed, w.grad], bounds={"I": 1})
+    np.testing.assert_array_equal(got[0], want)
+    np.testing.assert_array_equal(grad[0], np.arange(15, dtype=np.float32).reshape(5, 3)[index])

@@ -19,21 +19,16 @@ from timerl.rl.graph_env import GraphPolicyConfig, GraphProblems
 from timerl.rl.graph_policy import GraphNet, policy_loss
 
 
-def _batch(problems: GraphProblems, ks: list[int]) -> list[np.ndarray]:
-    parts = [problems.graph_arrays(k) for k in ks]
-    return [np.stack([p[j] for p in parts]) for j in range(5)]
-
-
 def test_padded_network_equals_graphopts_on_every_real_node(tiny_corpus):
     problems = GraphProblems(GraphPolicyConfig(corpus=str(tiny_corpus), num_envs=2))
     weights = PolicyWeights.random(8, 2, seed=3)
     # every problem padded to the largest graph: padding must not reach real nodes
     ks = list(range(len(problems.tasks)))
-    x, pred, succ, mask, _ = _batch(problems, ks)
+    x, *edges, mask, _ = problems.batch_arrays(ks)
     with tl.Context():
         net = GraphNet(weights, ())
-        arrays = [tl.from_numpy(a) for a in (x, pred, succ, mask)]
-        got = tl.evaluate(net.mean_action(*arrays))
+        edge_list = tuple(tl.from_numpy(a) for a in edges)
+        got = tl.evaluate(net.mean_action(tl.from_numpy(x), edge_list, tl.from_numpy(mask)))
     assert got.shape == (len(ks), problems.nodes, 7)
     for b, k in enumerate(ks):
         task = problems.tasks[k]
@@ -48,7 +43,7 @@ def test_loss_gradient_equals_the_torch_trainers(tiny_corpus):
     problems = GraphProblems(GraphPolicyConfig(corpus=str(tiny_corpus), num_envs=3))
     weights = PolicyWeights.random(8, 2, seed=1)
     ks = [0, 3, 4]  # peak memory and running time problems: different used outputs
-    x, pred, succ, mask, cols = _batch(problems, ks)
+    x, *edges, mask, cols = problems.batch_arrays(ks)
     rng = np.random.default_rng(0)
     z = rng.standard_normal((3, problems.nodes, 7)).astype(np.float32)
     adv = np.array([0.3, -0.1, 0.05], dtype=np.float32)
@@ -57,7 +52,8 @@ def test_loss_gradient_equals_the_torch_trainers(tiny_corpus):
         (i,) = ctx.dims
         net = GraphNet(weights, (i,))
         pi = net.at(i)
-        mean = pi.mean_action(*(tl.from_numpy(a) for a in (x, pred, succ, mask)))
+        edge_list = tuple(tl.from_numpy(a) for a in edges)
+        mean = pi.mean_action(tl.from_numpy(x), edge_list, tl.from_numpy(mask))
         loss = policy_loss(
             mean,
             pi.log_std(),

@@ -513,6 +513,19 @@ class RecurrentTensor:
         """Rows (along ``dim``) picked by an integer tensor, like ``torch.index_select``."""
         return self._new(apply("take", self.view, index.view, axis=norm_axis(dim, self.ndim)))
 
+    def index_add(self, index: RecurrentTensor, size: int, dim: int = 0) -> RecurrentTensor:
+        """Rows (along ``dim``) summed into ``size`` rows at the positions ``index`` gives
+        (a scatter-add, like ``torch.index_add`` into zeros; the gradient of ``take``)."""
+        return self._new(
+            apply(
+                "index_add",
+                self.view,
+                index.view,
+                axis=norm_axis(dim, self.ndim),
+                size=as_expr(size),
+            )
+        )
+
     def narrow(self, dim: int, start: int | Expr, length: int | Expr) -> RecurrentTensor:
         return self._new(
             apply(

@@ -1,9 +1,9 @@
 """The training split's graphs as a timerl environment: the host calls of the programs that
 train graphopt's policy (``graph_policy.py``).
 
-A batch of problems is padded to the largest training graph (``N`` nodes): features, a node
-mask, and the dense mean-over-predecessors and mean-over-successors matrices ``P`` and ``S``
-(``N x N`` each, built per batch). The search phase's step runs BRKGA steered by the sampled
+A batch of problems is padded to the largest training graph (``N`` nodes, ``E`` edges):
+features, a node mask, and the edge list with the weights that turn a sum over a node's
+incoming (outgoing) edges into the mean over its predecessors (successors). The search phase's step runs BRKGA steered by the sampled
 action against uniform BRKGA at the same budget and seed (in ``search_workers`` processes);
 the imitation phase's batches carry each graph's target order as padded pair indices and rank
 keys, and its score says how far above the target the mean priorities decode.
@@ -61,14 +61,6 @@ class GraphPolicyConfig(AlgoConfig):
     replay: int = 2  # search: past iterations whose batches each update scores again
     clip: float = 0.2  # search: the importance ratio's clip (as in PPO) for replayed samples
     search_workers: int = 1  # local processes running an update's searches (same results)
-
-
-def _mean_matrix(n_pad: int, to: np.ndarray, frm: np.ndarray) -> np.ndarray:
-    """``M @ h`` is, per node, the mean of ``h`` over the nodes ``frm`` its edges come from."""
-    m = np.zeros((n_pad, n_pad), dtype=np.float32)
-    np.add.at(m, (to, frm), 1.0)
-    counts = m.sum(axis=1, keepdims=True)
-    return m / np.maximum(counts, 1.0)
 
 
 def _quiet(line: str) -> None:
@@ -131,6 +123,7 @@ class GraphProblems:
         self.vec = self
         self.num_envs = cfg.num_envs
         self.nodes = max(t.problem.n for t in self.tasks)
+        self.edges = max(max(len(t.feats.src) for t in self.tasks), 1)
         self.rt = [k for k, t in enumerate(self.tasks) if t.problem.objective == "runtime"]
         self.mem = [k for k, t in enumerate(self.tasks) if t.problem.objective != "runtime"]
         self.imitated = [k for k, t in enumerate(self.tasks) if t.target is not None]
@@ -177,12 +170,14 @@ class GraphProblems:
         return earlier, later, pmask, keys, np.asarray(floor, dtype=np.float32)
 
     def graph_arrays(self, k: int) -> tuple[np.ndarray, ...]:
-        """Problem ``k`` padded to ``nodes``: features, P, S, node mask, used-column mask.
-        The small arrays are kept; the dense ``N x N`` matrices are built per batch (kept,
-        a hundred problems of 1,200 nodes would hold a gigabyte)."""
+        """Problem ``k`` padded to ``nodes`` nodes and ``edges`` edges: features, node mask,
+        used-column mask, and per edge its source, its destination and the weights that
+        make sums over edges means: 1 / in-degree of the destination (the mean over a
+        node's predecessors), 1 / out-degree of the source (over its successors); padded
+        edges join node 0 to itself with weight 0."""
         got = self._graphs.get(k)
-        task = self.tasks[k]
         if got is None:
+            task = self.tasks[k]
             feats, n, pad = task.feats, task.problem.n, self.nodes
             x = np.zeros((pad, NUM_FEATURES), dtype=np.float32)
             x[:n] = feats.x
@@ -190,17 +185,37 @@ class GraphProblems:
             mask[:n] = 1.0
             cols = np.zeros(OUTPUTS, dtype=np.float32)
             cols[used_columns(task.groups)] = 1.0
-            got = self._graphs[k] = (x, mask, cols)
-        x, mask, cols = got
-        feats = task.feats
-        pred = _mean_matrix(self.nodes, feats.dst, feats.src)
-        succ = _mean_matrix(self.nodes, feats.src, feats.dst)
-        return x, pred, succ, mask, cols
+            e = len(feats.src)
+            src = np.zeros(self.edges, dtype=np.int64)
+            dst = np.zeros(self.edges, dtype=np.int64)
+            src[:e], dst[:e] = feats.src, feats.dst
+            into = np.bincount(feats.dst, minlength=pad).astype(np.float32)
+            out_of = np.bincount(feats.src, minlength=pad).astype(np.float32)
+            w_pred = np.zeros(self.edges, dtype=np.float32)
+            w_succ = np.zeros(self.edges, dtype=np.float32)
+            w_pred[:e] = 1.0 / into[feats.dst]
+            w_succ[:e] = 1.0 / out_of[feats.src]
+            got = self._graphs[k] = (x, mask, cols, src, dst, w_pred, w_succ)
+        return got
+
+    def batch_arrays(self, ks: list[int]) -> tuple[np.ndarray, ...]:
+        """The batch of problems ``ks``: ``(x, src, dst, w_pred, w_succ, mask, cols)``, the
+        edges of all graphs in one list whose node indices count across the batch (graph
+        ``b``'s nodes from ``b * nodes``), as the network's flattened rows do."""
+        parts = [self.graph_arrays(k) for k in ks]
+        x, mask, cols = (np.stack([p[j] for p in parts]) for j in range(3))
+        offsets = np.arange(len(ks), dtype=np.int64)[:, None] * self.nodes
+        src = (np.stack([p[3] for p in parts]) + offsets).reshape(-1)
+        dst = (np.stack([p[4] for p in parts]) + offsets).reshape(-1)
+        w_pred = np.concatenate([p[5] for p in parts])
+        w_succ = np.concatenate([p[6] for p in parts])
+        return x, src, dst, w_pred, w_succ, mask, cols
 
     def _observe_targets(self, iteration: Any) -> tuple[np.ndarray, ...]:
         ks = self.imitation_picks(int(iteration))
-        parts = [self.graph_arrays(k)[:4] + self.target_arrays(k) for k in ks]
-        return tuple(np.stack([p[j] for p in parts]) for j in range(9))
+        graphs = self.batch_arrays(ks)[:6]
+        targets = [self.target_arrays(k) for k in ks]
+        return (*graphs, *(np.stack([t[j] for t in targets]) for j in range(5)))
 
     def _score(self, logits: np.ndarray, iteration: Any) -> np.ndarray:
         ks = self.imitation_picks(int(iteration))
@@ -214,11 +229,9 @@ class GraphProblems:
 
     def _observe(self, iteration: Any) -> tuple[np.ndarray, ...]:
         ks, _ = self.picks(int(iteration))
-        parts = [self.graph_arrays(k) for k in ks]
-        stacked = [np.stack([p[j] for p in parts]) for j in range(5)]
         pick = np.zeros((self.num_envs, len(self.tasks)), dtype=np.float32)
         pick[np.arange(self.num_envs), ks] = 1.0
-        return (*stacked, pick)
+        return (*self.batch_arrays(ks), pick)
 
     def _step(self, action: np.ndarray, iteration: Any) -> np.ndarray:
         ks, seeds = self.picks(int(iteration))
@@ -246,16 +259,19 @@ class GraphProblems:
 
     # --- as program ops --------------------------------------------------------------------
     def observe(self, iteration: RecurrentTensor) -> tuple[RecurrentTensor, ...]:
-        """``(x, P, S, mask, cols, pick)`` of the batch at ``iteration`` (a tensor over i)."""
-        b, n = self.num_envs, self.nodes
+        """``(x, src, dst, w_pred, w_succ, mask, cols, pick)`` of the batch at ``iteration``
+        (a tensor over i)."""
+        b, n, e = self.num_envs, self.nodes, self.edges
         return self._host_tuple(
             self._observe,
             iteration,
             "graphs.observe",
             [
                 ((b, n, NUM_FEATURES), "float32", "x"),
-                ((b, n, n), "float32", "pred"),
-                ((b, n, n), "float32", "succ"),
+                ((b * e,), "int64", "src"),
+                ((b * e,), "int64", "dst"),
+                ((b * e,), "float32", "w_pred"),
+                ((b * e,), "float32", "w_succ"),
                 ((b, n), "float32", "mask"),
                 ((b, OUTPUTS), "float32", "cols"),
                 ((b, len(self.tasks)), "float32", "pick"),
@@ -263,16 +279,19 @@ class GraphProblems:
         )
 
     def observe_targets(self, iteration: RecurrentTensor) -> tuple[RecurrentTensor, ...]:
-        """``(x, P, S, mask, first, second, pair_mask, keys, floor)`` of an imitation batch."""
-        b, n, p = self.num_envs, self.nodes, self.pairs
+        """``(x, src, dst, w_pred, w_succ, mask, first, second, pair_mask, keys, floor)`` of
+        an imitation batch."""
+        b, n, e, p = self.num_envs, self.nodes, self.edges, self.pairs
         return self._host_tuple(
             self._observe_targets,
             iteration,
             "graphs.observe_targets",
             [
                 ((b, n, NUM_FEATURES), "float32", "x"),
-                ((b, n, n), "float32", "pred"),
-                ((b, n, n), "float32", "succ"),
+                ((b * e,), "int64", "src"),
+                ((b * e,), "int64", "dst"),
+                ((b * e,), "float32", "w_pred"),
+                ((b * e,), "float32", "w_succ"),
                 ((b, n), "float32", "mask"),
                 ((b, p), "int64", "first"),
                 ((b, p), "int64", "second"),
