@@ -261,45 +261,38 @@ class GraphProblems:
     def observe(self, iteration: RecurrentTensor) -> tuple[RecurrentTensor, ...]:
         """``(x, src, dst, w_pred, w_succ, mask, cols, pick)`` of the batch at ``iteration``
         (a tensor over i)."""
-        b, n, e = self.num_envs, self.nodes, self.edges
+        b = self.num_envs
+        extra = [((b, OUTPUTS), "float32", "cols"), ((b, len(self.tasks)), "float32", "pick")]
         return self._host_tuple(
-            self._observe,
-            iteration,
-            "graphs.observe",
-            [
-                ((b, n, NUM_FEATURES), "float32", "x"),
-                ((b * e,), "int64", "src"),
-                ((b * e,), "int64", "dst"),
-                ((b * e,), "float32", "w_pred"),
-                ((b * e,), "float32", "w_succ"),
-                ((b, n), "float32", "mask"),
-                ((b, OUTPUTS), "float32", "cols"),
-                ((b, len(self.tasks)), "float32", "pick"),
-            ],
+            self._observe, iteration, "graphs.observe", self._graph_parts() + extra
         )
 
     def observe_targets(self, iteration: RecurrentTensor) -> tuple[RecurrentTensor, ...]:
         """``(x, src, dst, w_pred, w_succ, mask, first, second, pair_mask, keys, floor)`` of
         an imitation batch."""
-        b, n, e, p = self.num_envs, self.nodes, self.edges, self.pairs
+        b, n, p = self.num_envs, self.nodes, self.pairs
+        extra = [
+            ((b, p), "int64", "first"),
+            ((b, p), "int64", "second"),
+            ((b, p), "float32", "pair_mask"),
+            ((b, n), "float32", "keys"),
+            ((b,), "float32", "floor"),
+        ]
         return self._host_tuple(
-            self._observe_targets,
-            iteration,
-            "graphs.observe_targets",
-            [
-                ((b, n, NUM_FEATURES), "float32", "x"),
-                ((b * e,), "int64", "src"),
-                ((b * e,), "int64", "dst"),
-                ((b * e,), "float32", "w_pred"),
-                ((b * e,), "float32", "w_succ"),
-                ((b, n), "float32", "mask"),
-                ((b, p), "int64", "first"),
-                ((b, p), "int64", "second"),
-                ((b, p), "float32", "pair_mask"),
-                ((b, n), "float32", "keys"),
-                ((b,), "float32", "floor"),
-            ],
+            self._observe_targets, iteration, "graphs.observe_targets", self._graph_parts() + extra
         )
+
+    def _graph_parts(self) -> list[tuple]:
+        """(shape, dtype, name) of a batch's graphs: ``(x, src, dst, w_pred, w_succ, mask)``."""
+        b, n, e = self.num_envs, self.nodes, self.edges
+        return [
+            ((b, n, NUM_FEATURES), "float32", "x"),
+            ((b * e,), "int64", "src"),
+            ((b * e,), "int64", "dst"),
+            ((b * e,), "float32", "w_pred"),
+            ((b * e,), "float32", "w_succ"),
+            ((b, n), "float32", "mask"),
+        ]
 
     def score(self, logits: RecurrentTensor, iteration: RecurrentTensor) -> RecurrentTensor:
         """Per problem, how much higher (relative) the schedule its mean priorities decode to
