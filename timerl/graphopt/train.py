@@ -415,12 +415,10 @@ def imitation_step(
     """The imitation loss of ``batch`` peak-memory problems, and how far (relative) the
     schedule of each one's mean priorities is above its target's (before this update)."""
     torch = net.torch
-    mem = [i for i, t in enumerate(tasks) if t.target is not None]
     log_kappa = log_concentration(config.imitate_concentration, BASE_KAPPA)
     loss: Any = 0.0
     gaps = []
-    for _ in range(config.batch):
-        k = mem[int(rng.integers(len(mem)))]
+    for k in imitation_batch(tasks, config.batch, rng):
         task = tasks[k]
         assert task.target is not None
         action = net.forward(k, task.feats)
@@ -428,6 +426,12 @@ def imitation_step(
         logits = action[:, 0].detach().double().numpy()
         gaps.append(mean_decode_gap(task.problem, logits, task.target_value))
     return loss, gaps
+
+
+def imitation_batch(tasks: list[Task], batch: int, rng: np.random.Generator) -> list[int]:
+    """The problems of one imitation update: ``batch`` draws among those with a target."""
+    with_target = [i for i, t in enumerate(tasks) if t.target is not None]
+    return [with_target[int(rng.integers(len(with_target)))] for _ in range(batch)]
 
 
 def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
@@ -461,7 +465,7 @@ def search_loss(
     torch = _torch()
     drawn = []
     for _ in range(config.batch):
-        k = _pick(rng, tasks, config.runtime_share)
+        k = pick_task(rng, tasks, config.runtime_share)
         task = tasks[k]
         with torch.no_grad():
             mean = net.forward(k, task.feats)
@@ -521,7 +525,7 @@ def decode_loss(
     loss: Any = 0.0
     rewards: list[float] = []
     for _ in range(config.batch):
-        k = _pick(rng, tasks, config.runtime_share)
+        k = pick_task(rng, tasks, config.runtime_share)
         task = tasks[k]
         a, b = beta_params(torch, net.forward(k, task.feats), task.groups)
         keys = rng.beta(
@@ -547,16 +551,18 @@ def search_value(
     weights: PolicyWeights | None,
     action: np.ndarray | None,
 ) -> float:
-    """One search's value: uniform BRKGA (``weights`` None) or BRKGA steered by ``action``."""
+    """One search's value: uniform BRKGA seeded with the portfolio (``action`` None), or BRKGA
+    steered by ``action`` (``weights`` are not read then, and may be None)."""
     problem, seeds = shared
-    if weights is None:
+    if action is None:
         return brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed).value
     return learned_search(
         problem, weights, budget=budget, seed=seed, action=action, seeds=seeds
     ).value
 
 
-def _pick(rng: np.random.Generator, tasks: list[Task], runtime_share: float) -> int:
+def pick_task(rng: np.random.Generator, tasks: list[Task], runtime_share: float) -> int:
+    """A training problem: a runtime one with probability ``runtime_share`` (when any)."""
     rt = [i for i, t in enumerate(tasks) if t.problem.objective == "runtime"]
     mem = [i for i, t in enumerate(tasks) if t.problem.objective != "runtime"]
     pool = rt if rt and rng.random() < runtime_share else mem

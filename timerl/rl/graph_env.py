@@ -20,14 +20,19 @@ import numpy as np
 from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import GraphError
-from timerl.graphopt.brkga import brkga
-from timerl.graphopt.decoders import Problem, Solution, order_keys
+from timerl.graphopt.decoders import order_keys
 from timerl.graphopt.features import NUM_FEATURES
 from timerl.graphopt.imitate import mean_decode_gap, pair_index
-from timerl.graphopt.learned import learned_search
 from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.policy import OUTPUTS, used_columns
-from timerl.graphopt.train import TrainConfig, attach_targets, make_tasks
+from timerl.graphopt.train import (
+    TrainConfig,
+    attach_targets,
+    imitation_batch,
+    make_tasks,
+    pick_task,
+    search_value,
+)
 from timerl.ir.build import apply
 from timerl.rl.algos import AlgoConfig
 
@@ -65,17 +70,6 @@ class GraphPolicyConfig(AlgoConfig):
 
 def _quiet(line: str) -> None:
     """The driver's progress says how training goes; graphopt's own lines stay out of it."""
-
-
-def search(
-    shared: tuple[Problem, dict[str, Solution]], budget: int, seed: int, action: Any
-) -> float:
-    """One search's value: uniform BRKGA seeded with the portfolio (``action`` None), or
-    BRKGA steered by ``action`` (a pure call, for the search processes)."""
-    problem, seeds = shared
-    if action is None:
-        return brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed).value
-    return learned_search(problem, None, budget=budget, seed=seed, action=action, seeds=seeds).value
 
 
 class GraphProblems:
@@ -124,12 +118,8 @@ class GraphProblems:
         self.num_envs = cfg.num_envs
         self.nodes = max(t.problem.n for t in self.tasks)
         self.edges = max(max(len(t.feats.src) for t in self.tasks), 1)
-        self.rt = [k for k, t in enumerate(self.tasks) if t.problem.objective == "runtime"]
-        self.mem = [k for k, t in enumerate(self.tasks) if t.problem.objective != "runtime"]
-        self.imitated = [k for k, t in enumerate(self.tasks) if t.target is not None]
-        self.pairs = max(
-            (len(pair_index(self.tasks[k].target)[0]) for k in self.imitated), default=1
-        )
+        targets = [t.target for t in self.tasks if t.target is not None]
+        self.pairs = max((len(pair_index(order)[0]) for order in targets), default=1)
         self._done: list[float] = []
         self._graphs: dict[int, tuple[np.ndarray, ...]] = {}
 
@@ -139,8 +129,7 @@ class GraphProblems:
         rng = np.random.default_rng([self.cfg.seed, int(iteration)])
         ks, seeds = [], []
         for _ in range(self.num_envs):
-            pool = self.rt if self.rt and rng.random() < self.cfg.runtime_share else self.mem
-            ks.append(int(pool[int(rng.integers(len(pool)))]))
+            ks.append(pick_task(rng, self.tasks, self.cfg.runtime_share))
             seeds.append(int(rng.integers(self.cfg.uniform_seeds)))
         return ks, seeds
 
@@ -148,7 +137,7 @@ class GraphProblems:
         """The problems of an imitation update: ``graphopt.train``'s own draws, so both
         trainers see the same batches."""
         rng = np.random.default_rng([self.cfg.seed, 1, int(iteration)])
-        return [self.imitated[int(rng.integers(len(self.imitated)))] for _ in range(self.num_envs)]
+        return imitation_batch(self.tasks, self.num_envs, rng)
 
     def target_arrays(self, k: int) -> tuple[np.ndarray, ...]:
         """Problem ``k``'s target padded: pair indices (earlier, later) and their mask, the
@@ -240,14 +229,14 @@ class GraphProblems:
         # ``search_workers`` processes)
         pairs = zip(ks, seeds, strict=True)
         missing = sorted({(k, s) for k, s in pairs if s not in self.tasks[k].uniform})
-        calls = [(self.shared[k], budget, s, None) for k, s in missing]
+        calls = [(self.shared[k], budget, s, None, None) for k, s in missing]
         for b, (k, s) in enumerate(zip(ks, seeds, strict=True)):
             z = np.asarray(action[b, : self.tasks[k].problem.n], dtype=np.float32)
-            calls.append((self.shared[k], budget, s, z))
+            calls.append((self.shared[k], budget, s, None, z))
         sizes = [self.tasks[k].problem.n for k, _ in missing] + [
             self.tasks[k].problem.n for k in ks
         ]
-        values = self.pool.map(search, calls, sizes=sizes)
+        values = self.pool.map(search_value, calls, sizes=sizes)
         for (k, s), v in zip(missing, values, strict=False):
             self.tasks[k].uniform[s] = v
         out = np.zeros(self.num_envs, dtype=np.float32)
