@@ -100,6 +100,7 @@ class GraphProblems:
             runtime_share=cfg.runtime_share,
             budget=cfg.budget,
             seed=cfg.seed,
+            imitate_budget=cfg.imitate_budget,
         )
         if cfg.phase not in PHASES:
             raise GraphError(f"graph-policy: phase {cfg.phase!r}; choose from {', '.join(PHASES)}")
@@ -112,7 +113,6 @@ class GraphProblems:
                 raise GraphError(
                     "graph-policy: the imitate phase needs --targets FILE (searched when missing)"
                 )
-            tc.imitate_budget = cfg.imitate_budget
             attach_targets(self.tasks, self.shared, tc, Path(cfg.targets), self.pool, _quiet)
         self.vec = self
         self.num_envs = cfg.num_envs

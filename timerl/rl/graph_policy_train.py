@@ -99,8 +99,8 @@ def _phase(
     """Run one program for ``iterations`` updates in ``folder`` (continuing it on ``resume``,
     not at all when it is already that far) until ``deadline``; its last parameters, its
     config and whether it got there."""
-    done = resume and bool(checkpoint_files(folder)) and _iterations_done(folder) >= iterations
-    if not done:
+    saved = checkpoint_files(folder) if resume else []  # (iteration, path), oldest first
+    if not (saved and saved[-1][0] + 1 >= iterations):
         # at least one update, even when the time is up as the phase starts
         left = None if deadline is None else max((deadline - time.monotonic()) / 60.0, 1e-3)
         train(
@@ -108,7 +108,7 @@ def _phase(
             settings,
             iterations=iterations,
             log_dir=folder,
-            resume=resume and bool(checkpoint_files(folder)),
+            resume=bool(saved),
             overwrite=not resume,
             checkpoint_every=checkpoint_every,
             progress=progress,
@@ -118,10 +118,6 @@ def _phase(
     ckpt = load_checkpoint(latest_checkpoint(folder))
     reached = ckpt.iteration + 1 >= iterations
     return ckpt.params, make_config("graph-policy", ckpt.header["config"]), reached
-
-
-def _iterations_done(folder: Path) -> int:
-    return load_checkpoint(latest_checkpoint(folder)).iteration + 1
 
 
 def _scale_priorities(params: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
