@@ -133,13 +133,19 @@ def imitation_loss(torch: Any, action: Any, order: np.ndarray, log_kappa: float)
         rank = torch.nn.functional.softplus(-diff).mean()
     else:
         rank = logit.sum() * 0.0
-    target = torch.as_tensor(order_keys(order) - 0.5 / max(len(order), 1), dtype=torch.float32)
+    target = torch.as_tensor(rank_keys(order), dtype=torch.float32)
     calib = torch.nn.functional.binary_cross_entropy_with_logits(logit, target)
     # the cross-entropy's floor (the targets' own entropy) is subtracted so 0 = a perfect fit
     t = target.clamp(1e-6, 1 - 1e-6)
     calib = calib + (t * t.log() + (1 - t) * (1 - t).log()).mean()
     rest = (action[:, 1] - log_kappa).pow(2).mean() + action[:, 6].pow(2).mean()
     return rank + calib + 0.1 * rest
+
+
+def rank_keys(order: np.ndarray) -> np.ndarray:
+    """Per node, the key the calibration term fits its priority mean to: ``1 - position / n``,
+    moved half a step inside (0, 1)."""
+    return order_keys(order) - 0.5 / max(len(order), 1)
 
 
 def log_concentration(concentration: float, base: float) -> float:
@@ -156,4 +162,4 @@ def mean_decode_gap(problem: Problem, logits: np.ndarray, target_value: float) -
     return 0.0 if target_value <= 0 else (value - target_value) / target_value
 
 
-__all__ = ["compute_targets", "imitation_loss", "load_targets", "save_targets"]
+__all__ = ["compute_targets", "imitation_loss", "load_targets", "rank_keys", "save_targets"]

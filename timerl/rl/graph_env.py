@@ -20,9 +20,8 @@ import numpy as np
 from timerl.api.scope import current
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import GraphError
-from timerl.graphopt.decoders import order_keys
 from timerl.graphopt.features import NUM_FEATURES
-from timerl.graphopt.imitate import mean_decode_gap, pair_index
+from timerl.graphopt.imitate import mean_decode_gap, pair_index, rank_keys
 from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.policy import OUTPUTS, used_columns
 from timerl.graphopt.train import (
@@ -153,7 +152,7 @@ class GraphProblems:
         pmask[: len(first)] = 1.0
         n = task.problem.n
         keys = np.zeros(self.nodes, dtype=np.float32)
-        keys[:n] = order_keys(task.target) - 0.5 / max(n, 1)
+        keys[:n] = rank_keys(task.target)
         t = np.clip(keys[:n], 1e-6, 1 - 1e-6)
         floor = np.mean(t * np.log(t) + (1 - t) * np.log(1 - t), dtype=np.float32)
         return earlier, later, pmask, keys, np.asarray(floor, dtype=np.float32)
