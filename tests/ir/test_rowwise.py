@@ -115,3 +115,44 @@ def test_weight_gradient_sums_chunks_without_a_second_gradient(monkeypatch):
     np.testing.assert_allclose(
         take_matmul(x, idx, g[:200], trans=True), x[idx].T @ g[:200], rtol=1e-4, atol=1e-3
     )
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "form"),
+    [
+        ((300, 1), (1, 40), "broadcast product"),
+        ((2, 3, 5, 1), (1, 1, 7), "broadcast product"),
+        ((25, 8, 6), (6, 40), "rows of a batch as one product"),
+        ((40, 2 * rowwise.K_BLOCK + 37), (2 * rowwise.K_BLOCK + 37, 33), "inner blocks"),
+        ((4, 3000), (3000, 64), "one call (too few rows to block)"),
+        ((5, 3, 4), (5, 4, 2), "one call (batched operands)"),
+    ],
+)
+def test_dense_matmul_equals_matmul_in_every_form(a_shape, b_shape, form):
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=a_shape).astype(np.float32)
+    b = rng.normal(size=b_shape).astype(np.float32)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    got = rowwise.dense_matmul(a, b)
+    assert got.shape == want.shape and got.dtype == np.float32, form
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(a_shape[-1]))
+    out = np.full(want.shape, np.nan, dtype=np.float32)
+    assert rowwise.dense_matmul(a, b, out=out) is out
+    np.testing.assert_array_equal(out, got)
+
+
+def test_dense_matmul_blocks_a_long_inner_size_and_takes_a_transposed_view(monkeypatch):
+    calls: list[tuple[int, ...]] = []
+    matmul = np.matmul
+
+    def counting(x, y, **kw):
+        calls.append(x.shape)
+        return matmul(x, y, **kw)
+
+    monkeypatch.setattr(rowwise.np, "matmul", counting)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(3 * rowwise.K_BLOCK + 5, 48)).astype(np.float32)
+    g = rng.normal(size=(3 * rowwise.K_BLOCK + 5, 64)).astype(np.float32)
+    got = rowwise.dense_matmul(x.T, g)  # a weight gradient: x.T @ g over the rows
+    assert calls == [(48, rowwise.K_BLOCK)] * 3 + [(48, 5)]
+    np.testing.assert_allclose(got, x.T.astype(np.float64) @ g, rtol=1e-5, atol=1e-3)
