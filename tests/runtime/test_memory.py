@@ -212,3 +212,31 @@ def test_a_budget_swapping_cannot_meet_names_the_smallest_that_fits():
     prog = ctx.compile(bounds={"T": 100}, outputs=[out], memory_budget=fits)
     prog.run()
     assert prog.stats()["peak_bytes"] == fits
+
+
+def test_the_heap_is_trimmed_only_when_resting_memory_grows(monkeypatch):
+    from timerl.runtime import executor
+
+    trims: list[int] = []
+    resident = iter([100, 101, 105, 102])
+    monkeypatch.setattr(executor, "resident_bytes", lambda: next(resident) << 20)
+    monkeypatch.setattr(executor, "release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(executor, "TRIM_GROWTH", 4 << 20)
+    trim = executor.HeapTrim()
+    trim.after_iteration(executor.TRIM_PEAK - 1)  # a small program: never looks
+    for _ in range(5):
+        trim.after_iteration(executor.TRIM_PEAK)
+    # the first iteration trims; the second sets the resting level; only the fourth grew
+    assert trims == [1, 1]
+
+
+def test_where_resident_memory_is_unknown_every_iteration_trims(monkeypatch):
+    from timerl.runtime import executor
+
+    trims: list[int] = []
+    monkeypatch.setattr(executor, "resident_bytes", lambda: None)
+    monkeypatch.setattr(executor, "release_free_heap", lambda: trims.append(1))
+    trim = executor.HeapTrim()
+    for _ in range(3):
+        trim.after_iteration(executor.TRIM_PEAK)
+    assert trims == [1, 1, 1]

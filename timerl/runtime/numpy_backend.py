@@ -75,6 +75,8 @@ class NumpyBackend(Backend):
         return np.zeros(shape, dtype=dtype)
 
     def nbytes(self, value: Any) -> int:
+        if type(value) is np.ndarray:  # nearly every call: before the checks below
+            return value.nbytes
         if isinstance(value, (tuple, list)):
             return sum(self.nbytes(v) for v in value)
         return int(getattr(value, "nbytes", 0))
