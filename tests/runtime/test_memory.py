@@ -222,6 +222,7 @@ def test_the_heap_is_trimmed_only_when_resting_memory_grows(monkeypatch):
     monkeypatch.setattr(executor, "resident_bytes", lambda: next(resident) << 20)
     monkeypatch.setattr(executor, "release_free_heap", lambda: trims.append(1))
     monkeypatch.setattr(executor, "TRIM_GROWTH", 4 << 20)
+    monkeypatch.setattr(executor, "TRIM_SECONDS", 1e9)  # short iterations
     trim = executor.HeapTrim()
     trim.after_iteration(executor.TRIM_PEAK - 1)  # a small program: never looks
     for _ in range(5):
@@ -230,12 +231,14 @@ def test_the_heap_is_trimmed_only_when_resting_memory_grows(monkeypatch):
     assert trims == [1, 1]
 
 
-def test_where_resident_memory_is_unknown_every_iteration_trims(monkeypatch):
+@pytest.mark.parametrize("resident", [None, 100 << 20])
+def test_after_long_iterations_or_unknown_memory_every_iteration_trims(monkeypatch, resident):
     from timerl.runtime import executor
 
     trims: list[int] = []
-    monkeypatch.setattr(executor, "resident_bytes", lambda: None)
+    monkeypatch.setattr(executor, "resident_bytes", lambda: resident)
     monkeypatch.setattr(executor, "release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(executor, "TRIM_SECONDS", 1e9 if resident is None else 0.0)
     trim = executor.HeapTrim()
     for _ in range(3):
         trim.after_iteration(executor.TRIM_PEAK)

@@ -55,31 +55,39 @@ class RunStats:
 
 
 UNBOUNDED = 2**62
-# A program whose data peaks at this many bytes gives the heap's free pages back after the
-# first iteration of its outer loop, and after a later one when its resting memory grew by
-# ``TRIM_GROWTH`` over the second's: the arrays an iteration frees can leave the heap
-# fragmented, and the next iteration would peak that much higher than its arrays (a 375 MiB
-# rollout: 42 then 57 MiB at rest). A heap that merely holds one iteration's freed arrays is
-# not trimmed: the next iteration reuses those pages, where trimming them costs the faults of
-# touching them again (synthetic-e64, 12 iterations, 3 alternated runs: 146-152 ms an
-# iteration trimmed every time, 138-142 not, the same peak resident memory).
+# A program whose data peaks at this many bytes gives the heap's free pages back after an
+# iteration of its outer loop: the arrays an iteration frees can leave the heap fragmented,
+# and the next iteration would peak that much higher than its arrays (a 375 MiB rollout: 42
+# then 57 MiB at rest). Trimming costs the faults of touching those pages again, a few ms:
+# nothing against an iteration of ``TRIM_SECONDS`` or more, but 5% of synthetic-e64's
+# 0.15 s (12 iterations, 3 alternated runs: 146-152 ms an iteration trimmed every time,
+# 138-142 not, the same peak resident memory). After a shorter iteration the heap is
+# trimmed only where its resting memory grew by ``TRIM_GROWTH`` over the second iteration's;
+# a heap that merely holds one iteration's freed arrays hands them to the next.
 TRIM_PEAK = 16 << 20
+TRIM_SECONDS = 0.5
 TRIM_GROWTH = 4 << 20
 
 
 class HeapTrim:
-    """When to call :func:`release_free_heap` after an iteration (see ``TRIM_GROWTH``)."""
+    """When to call :func:`release_free_heap` after an iteration (see ``TRIM_PEAK``)."""
 
     def __init__(self) -> None:
         self.iterations = 0
         self.rest: int | None = None  # resident bytes after the second iteration
+        self.started = time.perf_counter()  # when the current iteration began
 
     def after_iteration(self, peak: int) -> None:
+        now = time.perf_counter()
+        seconds, self.started = now - self.started, now
         if peak < TRIM_PEAK:
             return
         self.iterations += 1
-        rss = None if self.iterations == 1 else resident_bytes()
-        if rss is None:  # the first iteration, or growth cannot be told (no-op off glibc)
+        if self.iterations == 1 or seconds >= TRIM_SECONDS:
+            release_free_heap()
+            return
+        rss = resident_bytes()
+        if rss is None:  # growth cannot be told: trim (a no-op off glibc)
             release_free_heap()
         elif self.rest is None:
             self.rest = rss
