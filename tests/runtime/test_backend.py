@@ -105,3 +105,22 @@ def test_torch_casts_where_its_promotion_differs_from_the_declared_dtype():
     assert values["numpy"].dtype == values["torch"].dtype == np.float64
     # torch divides in float32 before the cast: equal to float32 precision
     np.testing.assert_allclose(values["numpy"], values["torch"], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "transposed"),
+    [((300, 64), (64, 2), False), ((64, 3000), (3000, 3), True), ((8, 16), (16, 2), False)],
+)
+def test_torch_matmul_of_few_columns_equals_numpy(a_shape, b_shape, transposed):
+    pytest.importorskip("torch")
+    import torch
+
+    from timerl.runtime.torch_lowering import LOWERINGS
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=a_shape[::-1] if transposed else a_shape).astype(np.float32)
+    a = a.T if transposed else a  # a weight gradient's transposed view
+    b = rng.normal(size=b_shape).astype(np.float32)
+    got = LOWERINGS["matmul"](torch.from_numpy(a), torch.from_numpy(b))
+    assert got.is_contiguous() and tuple(got.shape) == (a_shape[0], b_shape[1])
+    np.testing.assert_allclose(got.numpy(), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
