@@ -207,6 +207,10 @@ class Program:
             return ["loops: all run in Python (the interpreter does not fuse them)"]
         lines = ["loops (one XLA loop each, or why not):"]
         lines += [f"  {loop} -> {what}" for loop, what in notes.items()]
+        kernels = getattr(self.backend, "kernel_notes", {})
+        if kernels:
+            lines.append("regions run as numpy kernels (a jitted call would cost more):")
+            lines += [f"  {region}: {why}" for region, why in kernels.items()]
         return lines
 
     def _storage_lines(self, full: bool) -> list[str]:

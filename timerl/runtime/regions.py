@@ -33,6 +33,7 @@ region's values are live together, as they are inside the compiled function).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,10 +43,26 @@ from timerl.errors import UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import prepare_call
-from timerl.schedule.program import Compute, Free, Stmt
+from timerl.schedule.program import Compute, Free, Loop, Stmt
 from timerl.symbolic import TRUE, Condition, Const, Expr, Slice
 
 MIN_OPS = 2  # a single op gains nothing from its own compiled function
+
+# When a region runs as numpy kernels instead of one jitted call (``Fusion.kernels_reason``).
+# Measured on the CPU (jax 0.10, numpy 2.4, one thread), PPO's policy step on gymnasium
+# CartPole (16 observations, 2x64 tanh, a categorical sample: 12 ops): the jitted call costs
+# JIT_CALL_US and more of dispatch whatever it computes, a numpy kernel of that size about
+# NUMPY_OP_US (the impl's call and this module's loop around it), and their arithmetic takes
+# about as long on either side (the same BLAS-sized products, elementwise ops on a thousand
+# elements). So a region is cheaper as kernels while its ops' count times NUMPY_OP_US is
+# under JIT_CALL_US; and only while its arithmetic (``prims`` cost estimates, elementary
+# operations) stays under MAX_NUMPY_COST, about a millisecond of numpy, past which what a
+# compiled function saves by fusing and threading is worth more than one dispatch.
+JIT_CALL_US = 80.0
+NUMPY_OP_US = 4.0
+MAX_NUMPY_COST = 1_000_000.0
+# ``TIMERL_NUMPY_REGIONS=0`` jits every region (for tests and comparisons)
+NUMPY_REGIONS_ENV = "TIMERL_NUMPY_REGIONS"
 
 
 @dataclass(eq=False)
@@ -54,6 +71,52 @@ class Region:
     drawn: list[Op] = field(default_factory=list)  # random sources, drawn before the call
     frees: list[Free] = field(default_factory=list)
     stmts: list[Stmt] = field(default_factory=list)  # every statement, in schedule order
+    # why it runs as numpy kernels rather than one jitted call (None: jitted)
+    kernels: str | None = None
+
+
+def region_cost(region: Region, shape_of: Any) -> float:
+    """The region's arithmetic in elementary operations, from ``prims``' cost estimates over
+    its ops' static shapes (``shape_of``: a shape to ints)."""
+    total = 0.0
+    for op in region.ops:
+        out = int(np.prod(shape_of(op.shape), dtype=np.int64))
+        ins = [int(np.prod(shape_of(e.src.shape), dtype=np.int64)) for e in op.inputs]
+        total += prims.get(op.prim).cost(out, ins, op.attrs)
+    return total
+
+
+def host_call_in(loop: Loop) -> Op | None:
+    """The first host call (an env step, a udf) ``loop``'s body makes at each of its points,
+    nested loops included; None if it makes none."""
+    for s in loop.body:
+        if isinstance(s, Compute) and prims.get(s.op.prim).traits.host:
+            return s.op
+        if isinstance(s, Loop):
+            found = host_call_in(s)
+            if found is not None:
+                return found
+    return None
+
+
+class AsNumpy:
+    """A value read by a region run as numpy kernels, as a numpy array: a jax array on the
+    CPU is read in place (about 4 us a call, so the last one seen is remembered with its
+    numpy view: the parameters a rollout reads at every step are converted once; a jax array
+    never changes, and holding it keeps its id from being reused)."""
+
+    __slots__ = ("seen", "view")
+
+    def __init__(self) -> None:
+        self.seen: Any = None
+        self.view: Any = None
+
+    def __call__(self, x: Any) -> Any:
+        if x.__class__ is np.ndarray:
+            return x
+        if x is not self.seen:
+            self.seen, self.view = x, np.asarray(x)
+        return self.view
 
 
 def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
@@ -136,6 +199,10 @@ class Fusion:
         self.untils = {lp.until.id for lp in gen.schedule.loops() if lp.until is not None}
         self.traced = getattr(gen.backend, "traced_attrs", {})
         self.bounds: dict = {}
+        # the numpy backend a region runs on where a jitted call costs more (None: never)
+        self.host_kernels = getattr(gen.backend, "host_kernels", None)
+        # regions run as numpy kernels, as ``explain()`` names them, and why
+        self.notes: dict[str, str] = getattr(gen.backend, "kernel_notes", {})
 
     def set_bounds(self, static: dict) -> None:
         """The static bounds: shapes written in them are fixed for the program's life."""
@@ -188,15 +255,19 @@ class Fusion:
                     return f"{op.label} reads a slice of {e.src.label} whose length changes"
         return None
 
-    def group(self, stmts: list[Stmt]) -> list[Stmt | Region]:
-        """The statements, with each run of at least ``MIN_OPS`` fusible ops as one region."""
+    def group(self, stmts: list[Stmt], loop: Loop | None = None) -> list[Stmt | Region]:
+        """The statements, with each run of at least ``MIN_OPS`` fusible ops as one region;
+        ``loop``: the loop whose body they are, run in Python (None: the top level)."""
         out: list[Stmt | Region] = []
         region: Region | None = None
+        host = host_call_in(loop) if loop is not None else None
 
         def close() -> None:
             nonlocal region
             if region is not None:
                 if len(region.ops) >= MIN_OPS:
+                    if host is not None and loop is not None:
+                        region.kernels = self.kernels_reason(region, loop, host)
                     out.append(region)
                 else:
                     out.extend(region.stmts)
@@ -227,6 +298,27 @@ class Fusion:
         close()
         return out
 
+    def kernels_reason(self, region: Region, loop: Loop, host: Op) -> str | None:
+        """Why ``region`` runs as numpy kernels (None: as one jitted call). Only in a loop
+        that runs in Python because it makes a host call at each point (each point is then
+        one call of the region, and the host call takes numpy arrays anyway), on a backend
+        whose arrays numpy reads in place (the CPU), and while the cost rule above holds."""
+        if self.host_kernels is None or os.environ.get(NUMPY_REGIONS_ENV, "1") == "0":
+            return None
+        n = len(region.ops)
+        cost = region_cost(region, self._static_shape)
+        if n * NUMPY_OP_US >= JIT_CALL_US or cost >= MAX_NUMPY_COST:
+            return None
+        why = (
+            f"{n} ops x {NUMPY_OP_US:g} us < a {JIT_CALL_US:g} us jitted call, "
+            f"{cost:,.0f} operations < {MAX_NUMPY_COST:,.0f}; the loop over {loop.dim.name} "
+            f"calls {host.label} at each point"
+        )
+        names = [o.name for o in region.ops if o.name and "#" not in o.name][:3]
+        what = ", ".join(names or [region.ops[0].label])
+        self.notes[f"{len(region.ops)} ops in the loop over {loop.dim.name} ({what})"] = why
+        return why
+
     def _reads_other_point(self, op: Op, region: Region) -> bool:
         """Whether ``op`` reads a region op at a point that may be the one the region is
         computing (it would read the store before the region writes it). A read at a constant
@@ -238,7 +330,32 @@ class Fusion:
         )
 
     # --- emitting ------------------------------------------------------------------------------
+    def emit_kernels(self, region: Region, depth: int) -> None:
+        """The region's statements in schedule order, each as the numpy backend's kernel (the
+        code generator run with that backend, frees where they are), and every value read
+        from outside the region converted to a numpy array."""
+        gen = self.gen
+        members = {m.id for m in region.ops} | {m.id for m in region.drawn}
+
+        def through(edge: Edge, src: str) -> str:
+            if edge.src.id in members:
+                return src
+            return f"{gen.const('ASNP', AsNumpy())}({src})"
+
+        backend, gen.backend, gen.read_through = gen.backend, self.host_kernels, through
+        try:
+            for s in region.stmts:
+                if isinstance(s, Free):
+                    gen.free(s, depth)
+                else:
+                    gen.compute(s.op, depth)
+        finally:
+            gen.backend, gen.read_through = backend, None
+
     def emit(self, region: Region, depth: int) -> None:
+        if region.kernels is not None:
+            self.emit_kernels(region, depth)
+            return
         gen = self.gen
         for op in region.drawn:
             gen.compute(op, depth)
