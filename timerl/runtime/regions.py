@@ -22,6 +22,11 @@ a region: its branch is picked outside, by the same Python conditions as elsewhe
 as a static argument (one trace per combination of branches the region meets, typically the
 first point, the last and the rest); only the taken branch's value is read.
 
+In a loop that runs in Python because it makes a host call at each point, a small region
+runs as the numpy backend's kernels instead of one jitted call (``Fusion.kernels_reason``:
+a jitted call's dispatch costs more than a few small kernels); its reads from outside are
+converted to numpy arrays (``AsNumpy``), its values stay numpy arrays.
+
 Random ops have no array inputs: they are drawn (by ``counter_rng`` in jnp) just before the
 region, whose key is a point's Python ints, and read as inputs. Ops with different guards share a region: which guards hold is part of the
 static argument, and a guarded-off op is neither computed nor are its reads made. A read of a
@@ -49,17 +54,19 @@ from timerl.symbolic import TRUE, Condition, Const, Expr, Slice
 MIN_OPS = 2  # a single op gains nothing from its own compiled function
 
 # When a region runs as numpy kernels instead of one jitted call (``Fusion.kernels_reason``).
-# Measured on the CPU (jax 0.10, numpy 2.4, one thread), PPO's policy step on gymnasium
-# CartPole (16 observations, 2x64 tanh, a categorical sample: 12 ops): the jitted call costs
-# JIT_CALL_US and more of dispatch whatever it computes, a numpy kernel of that size about
-# NUMPY_OP_US (the impl's call and this module's loop around it), and their arithmetic takes
-# about as long on either side (the same BLAS-sized products, elementwise ops on a thousand
-# elements). So a region is cheaper as kernels while its ops' count times NUMPY_OP_US is
-# under JIT_CALL_US; and only while its arithmetic (``prims`` cost estimates, elementary
-# operations) stays under MAX_NUMPY_COST, about a millisecond of numpy, past which what a
-# compiled function saves by fusing and threading is worth more than one dispatch.
-JIT_CALL_US = 80.0
-NUMPY_OP_US = 4.0
+# Measured on the CPU (jax 0.10, numpy 2.4, one thread) on PPO's policy step over gymnasium
+# CartPole (16 observations, 2x64 tanh, a categorical sample: 12 ops, 150k operations): the
+# jitted call took 100-250 us until its action was ready (more under load), the same ops as
+# numpy kernels 69 us (1.6-11.5 us each, their arithmetic included) plus about 10 us of the
+# generated Python around them. Their arithmetic costs about as much on either side (the
+# same BLAS products, elementwise ops on a thousand elements), so what decides is the number
+# of calls: a region is cheaper as kernels while its ops' count times NUMPY_OP_US stays under
+# JIT_CALL_US (the low end of what a call was measured to cost), and only while its
+# arithmetic (``prims`` cost estimates, elementary operations) stays under MAX_NUMPY_COST,
+# about a millisecond of numpy, past which what a compiled function saves by fusing is
+# worth more than one dispatch.
+JIT_CALL_US = 120.0
+NUMPY_OP_US = 6.0
 MAX_NUMPY_COST = 1_000_000.0
 # ``TIMERL_NUMPY_REGIONS=0`` jits every region (for tests and comparisons)
 NUMPY_REGIONS_ENV = "TIMERL_NUMPY_REGIONS"
