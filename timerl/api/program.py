@@ -211,6 +211,10 @@ class Program:
         if kernels:
             lines.append("regions run as numpy kernels (a jitted call would cost more):")
             lines += [f"  {region}: {why}" for region, why in kernels.items()]
+        draws = getattr(self.backend, "draw_notes", {})
+        if draws:
+            lines.append("random draws made by numpy's generator (a jax draw is a dozen calls):")
+            lines += [f"  {draw}: {why}" for draw, why in draws.items()]
         return lines
 
     def _storage_lines(self, full: bool) -> list[str]:

@@ -101,6 +101,7 @@ class CodeGen:
         }
         self.lines: list[str] = []
         self.read_through: Callable[[Edge, str], str] | None = None
+        self._reads: dict[tuple, str] = {}  # (op id, index) -> the source that reads it
         self.locals = self._local_ops()
         # runs of pure statements compiled as one function, on backends that can (jax)
         self.fusion = Fusion(self) if backend.fuses else None
@@ -185,6 +186,23 @@ class CodeGen:
         return src if self.read_through is None else self.read_through(edge, src)
 
     def _read_src(self, edge: Edge) -> str:
+        """One source per distinct read: a slice read twice (a rollout's rows read by two
+        ops of one region) is one gather, which a region passes once."""
+        key = (
+            edge.src.id,
+            tuple(
+                (self.names.src(i.start), self.names.src(i.stop))
+                if isinstance(i, Slice)
+                else self.names.src(i)
+                for i in edge.index
+            ),
+        )
+        found = self._reads.get(key)
+        if found is None:
+            found = self._reads[key] = self._new_read_src(edge)
+        return found
+
+    def _new_read_src(self, edge: Edge) -> str:
         src = edge.src
         if src.id in self.locals:
             return f"v{src.id}"

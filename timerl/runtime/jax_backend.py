@@ -78,6 +78,8 @@ class JaxBackend(Backend):
         self.host_kernels = NumpyBackend(threads=threads) if self._dev.platform == "cpu" else None
         # per region run as numpy kernels (as explain() names it): why
         self.kernel_notes: dict[str, str] = {}
+        # per region whose random draws numpy's generator makes (as explain() names it): why
+        self.draw_notes: dict[str, str] = {}
         self.traces = 0
         self.trace_seconds = 0.0
         self.donated_bytes = 0  # bytes of inputs donated to iteration calls
