@@ -356,3 +356,19 @@ def test_numpy_regions_only_in_loops_that_call_the_host():
     prog.run()
     assert prog.stats()["numpy_regions"] == 0
     assert "one XLA loop" in prog.explain()
+
+
+def test_a_kernel_region_converts_a_jax_array_it_reads_once():
+    """A value from outside a region run as numpy kernels is read as a numpy array; the same
+    small jax array read again (a parameter at every step) is not converted again."""
+    from timerl.runtime.regions import REMEMBER_ELEMENTS, AsNumpy
+
+    read = AsNumpy()
+    w = jax.numpy.arange(6.0).reshape(2, 3)
+    first = read(w)
+    assert isinstance(first, np.ndarray) and read(w) is first
+    np.testing.assert_array_equal(first, np.arange(6.0).reshape(2, 3))
+    plain = np.ones(4)
+    assert read(plain) is plain and read(w) is first
+    big = jax.numpy.zeros(REMEMBER_ELEMENTS + 1)
+    assert isinstance(read(big), np.ndarray) and read(w) is first  # a large one is not kept

@@ -107,11 +107,14 @@ def host_call_in(loop: Loop) -> Op | None:
     return None
 
 
+REMEMBER_ELEMENTS = 1 << 16  # the largest array ``AsNumpy`` keeps alive between reads
+
+
 class AsNumpy:
     """A value read by a region run as numpy kernels, as a numpy array: a jax array on the
     CPU is read in place (about 4 us a call, so the last one seen is remembered with its
     numpy view: the parameters a rollout reads at every step are converted once; a jax array
-    never changes, and holding it keeps its id from being reused)."""
+    never changes). Only small arrays are remembered, as remembering keeps one alive."""
 
     __slots__ = ("seen", "view")
 
@@ -122,9 +125,12 @@ class AsNumpy:
     def __call__(self, x: Any) -> Any:
         if x.__class__ is np.ndarray:
             return x
-        if x is not self.seen:
-            self.seen, self.view = x, np.asarray(x)
-        return self.view
+        if x is self.seen:
+            return self.view
+        view = np.asarray(x)
+        if view.size <= REMEMBER_ELEMENTS:
+            self.seen, self.view = x, view
+        return view
 
 
 def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
