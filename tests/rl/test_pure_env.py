@@ -38,6 +38,9 @@ def _compile(ap, backend: str, iterations: int, extra=(), calls: list | None = N
 
 def _loops(prog) -> dict[str, str]:
     text = prog.explain()
+    # no loop calls the host: nothing runs as numpy kernels, nothing is drawn by numpy
+    assert "numpy kernels" not in text and "numpy's generator" not in text
+    assert prog.stats().get("numpy_regions", 0) == 0
     part = text.split("loops (one XLA loop each, or why not):\n")[1].split("schedule")[0]
     return dict(line.strip().split(" -> ") for line in part.strip().splitlines())
 

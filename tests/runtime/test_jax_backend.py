@@ -135,8 +135,12 @@ def test_other_backends_generate_no_regions(backend):
     assert "jit_traces" not in prog.stats()
 
 
-def test_a_user_function_between_pure_ops_runs_on_the_host():
-    """A udf inside a run of pure ops splits it: it is called with numpy arrays, never traced."""
+@pytest.mark.parametrize("numpy_regions", ["1", "0"])
+def test_a_user_function_between_pure_ops_runs_on_the_host(numpy_regions, monkeypatch):
+    """A udf inside a run of pure ops splits it: it is called with numpy arrays, never traced.
+    The runs around it are small and the loop calls it at each point, so they run as numpy
+    kernels; ``TIMERL_NUMPY_REGIONS=0`` jits them instead, to the same values."""
+    monkeypatch.setenv("TIMERL_NUMPY_REGIONS", numpy_regions)
     seen = []
 
     def host(a: np.ndarray) -> np.ndarray:
@@ -158,8 +162,16 @@ def test_a_user_function_between_pure_ops_runs_on_the_host():
     n = len(seen)
     prog = ctx.compile(bounds={T: 5}, outputs=[x], backend="jax")
     prog.run()
-    assert len(seen) - n == 4 and prog.stats()["jit_regions"] >= 2
-    np.testing.assert_allclose(prog.value(x), want, rtol=1e-6)
+    stats = prog.stats()
+    assert len(seen) - n == 4
+    if numpy_regions == "1":  # the two runs around the udf; the ops before the loop jitted
+        assert stats["numpy_regions"] == 2 and stats["jit_regions"] == 1
+        assert "regions run as numpy kernels" in prog.explain()
+        np.testing.assert_array_equal(prog.value(x), want)  # the reference's own kernels
+    else:
+        assert stats["numpy_regions"] == 0 and stats["jit_regions"] >= 2
+        assert "numpy kernels" not in prog.explain()
+        np.testing.assert_allclose(prog.value(x), want, rtol=1e-6)
 
 
 def test_a_dynamic_loop_runs_on_jax():
@@ -178,33 +190,44 @@ def test_a_dynamic_loop_runs_on_jax():
     np.testing.assert_array_equal(got, want)
 
 
-def test_a_ppo_program_on_jax_matches_numpy():
+@pytest.mark.parametrize("numpy_regions", ["1", "0"])
+def test_a_ppo_program_on_jax_matches_numpy(numpy_regions, monkeypatch):
     """A whole training program: env steps (host calls) between regions, merges in regions,
-    recurrences read across iterations of the outer loop; the metrics agree with numpy's."""
+    recurrences read across iterations of the outer loop; the metrics agree with numpy's,
+    with the rollout's policy step run as numpy kernels or (``TIMERL_NUMPY_REGIONS=0``) as
+    a jitted region."""
     from timerl.rl.algos import ppo
 
+    monkeypatch.setenv("TIMERL_NUMPY_REGIONS", numpy_regions)
     got = {}
     for backend in ("numpy", "jax"):
         prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8, epochs=2, minibatches=2)
         metrics = list(prog.metrics.values())
-        c = prog.ctx.compile(bounds={"I": 3, **prog.bounds}, outputs=metrics, backend=backend)
+        c = prog.ctx.compile(bounds={"I": 4, **prog.bounds}, outputs=metrics, backend=backend)
         c.run()
         got[backend] = [np.asarray(c.value(m), dtype=np.float64) for m in metrics]
         if backend == "jax":
             traces = c.stats()["jit_traces"]
             assert traces > 0
+            # the update and GAE stay compiled; the policy's step is kernels or one region
+            assert "for u in 0 .. U-1 (" in c.explain() and "-> one XLA loop" in c.explain()
+            kernels = "ops in the loop over t (obs, action)" in c.explain()
+            assert kernels == (numpy_regions == "1")
             c.run()
             assert c.stats()["jit_traces"] == traces
     for a, b in zip(got["numpy"], got["jax"], strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
 
 
-def test_a_host_env_step_costs_one_jitted_call():
+@pytest.mark.parametrize("numpy_regions", ["1", "0"])
+def test_a_host_env_step_costs_one_jitted_call_or_none(numpy_regions, monkeypatch):
     """With a host env the rollout's regions are split at the env call: the policy's region is
-    one jitted call per step, and the env's results (numpy arrays, taken apart outside
-    regions) need none, so eight more steps per iteration make eight more calls each."""
+    one jitted call per step (``TIMERL_NUMPY_REGIONS=0``), or, small as it is, numpy kernels
+    and no call at all; the env's results (numpy arrays, taken apart outside regions) need
+    none. So eight more steps per iteration make eight more calls each, or none."""
     from timerl.rl.algos import ppo
 
+    monkeypatch.setenv("TIMERL_NUMPY_REGIONS", numpy_regions)
     calls = {}
     for steps in (8, 16):
         obs = {}
@@ -218,7 +241,7 @@ def test_a_host_env_step_costs_one_jitted_call():
         before = c.stats()["jit_calls"]
         c.run()  # traced and compiled: count one run's calls
         calls[steps] = c.stats()["jit_calls"] - before
-    assert calls[16] - calls[8] == 3 * 8
+    assert calls[16] - calls[8] == (3 * 8 if numpy_regions == "0" else 0)
 
 
 def test_the_training_driver_runs_on_jax_and_agrees_with_numpy():
@@ -269,3 +292,83 @@ def test_a_region_merge_selects_its_branch_traced_even_over_values_not_computed(
     got = tl.evaluate([x1, x2], bounds={T: 3}, backend="jax")
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def _host_loop(shape: tuple[int, ...], n_ops: int) -> tuple:
+    """A loop over t calling a udf at each point, around a chain of ``n_ops`` elementwise ops
+    on arrays of ``shape``: the region the cost rule decides about."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=shape, domain=(t,))
+        x[0] = tl.from_numpy(np.full(shape, 0.1, dtype=np.float32))
+        a = x[t]
+        for k in range(n_ops):
+            a = (a * 0.5).tanh() if k % 2 else a + 0.25
+        b = tl.RecurrentTensor(
+            apply("udf", a.view, fn=lambda v: v * 0.5, shape=shape, dtype=np.dtype("float32")),
+            ctx,
+        )
+        x[t + 1] = b
+    return ctx, x, {T: 3}
+
+
+@pytest.mark.parametrize(
+    ("shape", "n_ops", "kernels"),
+    [
+        ((16, 4), 6, True),  # a few small ops: numpy's kernels cost less than a jitted call
+        ((16, 4), 40, False),  # forty kernels cost more than one call
+        ((1200, 1000), 4, False),  # millions of operations: compiled, dispatch is noise
+    ],
+)
+def test_the_cost_rule_picks_numpy_kernels_for_small_regions_only(shape, n_ops, kernels):
+    from timerl.runtime import regions
+
+    ctx, x, bounds = _host_loop(shape, n_ops)
+    want = tl.evaluate(x, bounds=bounds)
+    prog = ctx.compile(bounds=bounds, outputs=[x], backend="jax")
+    prog.run()
+    stats = prog.stats()
+    # the ops before the loop are one jitted region either way (top level: called once)
+    assert stats["numpy_regions"] == (1 if kernels else 0)
+    assert stats["jit_regions"] == (1 if kernels else 2)
+    explained = prog.explain()
+    if kernels:
+        why = next(line for line in explained.splitlines() if "ops in the loop over t" in line)
+        ops = int(why.split()[0])
+        assert ops * regions.NUMPY_OP_US < regions.JIT_CALL_US
+        assert "calls udf#" in why and why.endswith("at each point")
+        np.testing.assert_array_equal(prog.value(x), want)
+    else:
+        assert "numpy kernels" not in explained
+        np.testing.assert_allclose(prog.value(x), want, rtol=1e-5)
+
+
+def test_numpy_regions_only_in_loops_that_call_the_host():
+    """The same small ops in a loop with no host call run as one XLA loop, not as kernels."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(16, 4), domain=(t,))
+        x[0] = tl.from_numpy(np.full((16, 4), 0.1, dtype=np.float32))
+        x[t + 1] = (x[t] * 0.5).tanh() + 0.25
+    prog = ctx.compile(bounds={T: 3}, outputs=[x], backend="jax")
+    prog.run()
+    assert prog.stats()["numpy_regions"] == 0
+    assert "one XLA loop" in prog.explain()
+
+
+def test_a_kernel_region_converts_a_jax_array_it_reads_once():
+    """A value from outside a region run as numpy kernels is read as a numpy array; the same
+    small jax array read again (a parameter at every step) is not converted again."""
+    from timerl.runtime.regions import REMEMBER_ELEMENTS, AsNumpy
+
+    read = AsNumpy()
+    w = jax.numpy.arange(6.0).reshape(2, 3)
+    first = read(w)
+    assert isinstance(first, np.ndarray) and read(w) is first
+    np.testing.assert_array_equal(first, np.arange(6.0).reshape(2, 3))
+    plain = np.ones(4)
+    assert read(plain) is plain and read(w) is first
+    big = jax.numpy.zeros(REMEMBER_ELEMENTS + 1)
+    assert isinstance(read(big), np.ndarray) and read(w) is first  # a large one is not kept

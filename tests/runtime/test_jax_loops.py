@@ -48,6 +48,7 @@ def _explained(prog) -> dict[str, str]:
     """explain()'s loop lines: each loop's header and what became of it."""
     text = prog.explain()
     part = text.split("loops (one XLA loop each, or why not):\n")[1].split("schedule")[0]
+    part = part.split("regions run as numpy kernels")[0]
     out = {}
     for line in part.strip().splitlines():
         loop, what = line.strip().split(" -> ")

@@ -207,6 +207,14 @@ class Program:
             return ["loops: all run in Python (the interpreter does not fuse them)"]
         lines = ["loops (one XLA loop each, or why not):"]
         lines += [f"  {loop} -> {what}" for loop, what in notes.items()]
+        kernels = getattr(self.backend, "kernel_notes", {})
+        if kernels:
+            lines.append("regions run as numpy kernels (a jitted call would cost more):")
+            lines += [f"  {region}: {why}" for region, why in kernels.items()]
+        draws = getattr(self.backend, "draw_notes", {})
+        if draws:
+            lines.append("random draws made by numpy's generator (a jax draw is a dozen calls):")
+            lines += [f"  {draw}: {why}" for draw, why in draws.items()]
         return lines
 
     def _storage_lines(self, full: bool) -> list[str]:

@@ -100,6 +100,8 @@ class CodeGen:
             "np": np,
         }
         self.lines: list[str] = []
+        self.read_through: Callable[[Edge, str], str] | None = None
+        self._reads: dict[tuple, str] = {}  # (op id, index) -> the source that reads it
         self.locals = self._local_ops()
         # runs of pure statements compiled as one function, on backends that can (jax)
         self.fusion = Fusion(self) if backend.fuses else None
@@ -178,6 +180,29 @@ class CodeGen:
         return "(" + "".join(f"{x}, " for x in items) + ")"
 
     def read_src(self, edge: Edge) -> str:
+        """The source of the value ``edge`` reads, through ``read_through`` when set (a
+        region run as numpy kernels converts what it reads from outside)."""
+        src = self._read_src(edge)
+        return src if self.read_through is None else self.read_through(edge, src)
+
+    def _read_src(self, edge: Edge) -> str:
+        """One source per distinct read: a slice read twice (a rollout's rows read by two
+        ops of one region) is one gather, which a region passes once."""
+        key = (
+            edge.src.id,
+            tuple(
+                (self.names.src(i.start), self.names.src(i.stop))
+                if isinstance(i, Slice)
+                else self.names.src(i)
+                for i in edge.index
+            ),
+        )
+        found = self._reads.get(key)
+        if found is None:
+            found = self._reads[key] = self._new_read_src(edge)
+        return found
+
+    def _new_read_src(self, edge: Edge) -> str:
         src = edge.src
         if src.id in self.locals:
             return f"v{src.id}"
@@ -376,20 +401,20 @@ class CodeGen:
         if loop is outer:
             self.emit(depth, "CTL.before()")
             self.emit(depth, f"for {d} in range(CTL.start, {b}):")
-            self.body(loop.body, depth + 1, outer)
+            self.body(loop.body, depth + 1, outer, loop)
             self.emit(depth + 1, f"CTL.after({d})")
             return
         if loop.until is None:
             rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
             self.emit(depth, f"for {d} in {rng}:")
-            self.body(loop.body, depth + 1, outer)
+            self.body(loop.body, depth + 1, outer, loop)
             return
         done = loop.until
         self.emit(depth, f"_cap = CTL.caps.get({self.const('BOUND', loop.dim.bound)})")
         self.emit(depth, f"{b} = {UNBOUNDED} if _cap is None else _cap")
         self.emit(depth, f"{d} = 0")
         self.emit(depth, "while True:")
-        self.body(loop.body, depth + 1, outer)
+        self.body(loop.body, depth + 1, outer, loop)
         point = self.key_src([self.names.of(x) for x in done.domain])
         read = f"v{done.id}" if done.id in self.locals else f"S{done.id}[{point}]"
         self.emit(depth + 1, f"if TRUTH({read}):")
@@ -415,10 +440,14 @@ class CodeGen:
         if loop is outer:
             self.emit(depth + 1, f"CTL.after({d})")
 
-    def body(self, stmts: list[Stmt], depth: int, outer: Loop | None) -> None:
+    def body(
+        self, stmts: list[Stmt], depth: int, outer: Loop | None, loop: Loop | None = None
+    ) -> None:
+        """``stmts`` emitted at ``depth``; ``loop``: the loop (run in Python) they are the
+        body of, None at the top level."""
         if not stmts:
             self.emit(depth, "pass")
-        for s in self.fusion.group(stmts) if self.fusion is not None else stmts:
+        for s in self.fusion.group(stmts, loop) if self.fusion is not None else stmts:
             if isinstance(s, Compute):
                 self.compute(s.op, depth)
             elif isinstance(s, Free):

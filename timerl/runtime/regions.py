@@ -22,6 +22,11 @@ a region: its branch is picked outside, by the same Python conditions as elsewhe
 as a static argument (one trace per combination of branches the region meets, typically the
 first point, the last and the rest); only the taken branch's value is read.
 
+In a loop that runs in Python because it makes a host call at each point, a small region
+runs as the numpy backend's kernels instead of one jitted call (``Fusion.kernels_reason``:
+a jitted call's dispatch costs more than a few small kernels); its reads from outside are
+converted to numpy arrays (``AsNumpy``), its values stay numpy arrays.
+
 Random ops have no array inputs: they are drawn (by ``counter_rng`` in jnp) just before the
 region, whose key is a point's Python ints, and read as inputs. Ops with different guards share a region: which guards hold is part of the
 static argument, and a guarded-off op is neither computed nor are its reads made. A read of a
@@ -33,6 +38,7 @@ region's values are live together, as they are inside the compiled function).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,10 +48,28 @@ from timerl.errors import UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import prepare_call
-from timerl.schedule.program import Compute, Free, Stmt
+from timerl.schedule.program import Compute, Free, Loop, Stmt
 from timerl.symbolic import TRUE, Condition, Const, Expr, Slice
 
 MIN_OPS = 2  # a single op gains nothing from its own compiled function
+
+# When a region runs as numpy kernels instead of one jitted call (``Fusion.kernels_reason``).
+# Measured on the CPU (jax 0.10, numpy 2.4, one thread) on PPO's policy step over gymnasium
+# CartPole (16 observations, 2x64 tanh, a categorical sample: 12 ops, 150k operations): the
+# jitted call took 100-250 us until its action was ready (more under load), the same ops as
+# numpy kernels 69 us (1.6-11.5 us each, their arithmetic included) plus about 10 us of the
+# generated Python around them. Their arithmetic costs about as much on either side (the
+# same BLAS products, elementwise ops on a thousand elements), so what decides is the number
+# of calls: a region is cheaper as kernels while its ops' count times NUMPY_OP_US stays under
+# JIT_CALL_US (the low end of what a call was measured to cost), and only while its
+# arithmetic (``prims`` cost estimates, elementary operations) stays under MAX_NUMPY_COST,
+# about a millisecond of numpy, past which what a compiled function saves by fusing is
+# worth more than one dispatch.
+JIT_CALL_US = 120.0
+NUMPY_OP_US = 6.0
+MAX_NUMPY_COST = 1_000_000.0
+# ``TIMERL_NUMPY_REGIONS=0`` jits every region (for tests and comparisons)
+NUMPY_REGIONS_ENV = "TIMERL_NUMPY_REGIONS"
 
 
 @dataclass(eq=False)
@@ -54,6 +78,59 @@ class Region:
     drawn: list[Op] = field(default_factory=list)  # random sources, drawn before the call
     frees: list[Free] = field(default_factory=list)
     stmts: list[Stmt] = field(default_factory=list)  # every statement, in schedule order
+    # why it runs as numpy kernels rather than one jitted call (None: jitted)
+    kernels: str | None = None
+    numpy_draws: bool = False  # random sources drawn by numpy before a jitted region
+
+
+def region_cost(region: Region, shape_of: Any) -> float:
+    """The region's arithmetic in elementary operations, from ``prims``' cost estimates over
+    its ops' static shapes (``shape_of``: a shape to ints)."""
+    total = 0.0
+    for op in region.drawn + region.ops:
+        out = int(np.prod(shape_of(op.shape), dtype=np.int64))
+        ins = [int(np.prod(shape_of(e.src.shape), dtype=np.int64)) for e in op.inputs]
+        total += prims.get(op.prim).cost(out, ins, op.attrs)
+    return total
+
+
+def host_call_in(loop: Loop) -> Op | None:
+    """The first host call (an env step, a udf) ``loop``'s body makes at each of its points,
+    nested loops included; None if it makes none."""
+    for s in loop.body:
+        if isinstance(s, Compute) and prims.get(s.op.prim).traits.host:
+            return s.op
+        if isinstance(s, Loop):
+            found = host_call_in(s)
+            if found is not None:
+                return found
+    return None
+
+
+REMEMBER_ELEMENTS = 1 << 16  # the largest array ``AsNumpy`` keeps alive between reads
+
+
+class AsNumpy:
+    """A value read by a region run as numpy kernels, as a numpy array: a jax array on the
+    CPU is read in place (about 4 us a call, so the last one seen is remembered with its
+    numpy view: the parameters a rollout reads at every step are converted once; a jax array
+    never changes). Only small arrays are remembered, as remembering keeps one alive."""
+
+    __slots__ = ("seen", "view")
+
+    def __init__(self) -> None:
+        self.seen: Any = None
+        self.view: Any = None
+
+    def __call__(self, x: Any) -> Any:
+        if x.__class__ is np.ndarray:
+            return x
+        if x is self.seen:
+            return self.view
+        view = np.asarray(x)
+        if view.size <= REMEMBER_ELEMENTS:
+            self.seen, self.view = x, view
+        return view
 
 
 def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
@@ -136,6 +213,12 @@ class Fusion:
         self.untils = {lp.until.id for lp in gen.schedule.loops() if lp.until is not None}
         self.traced = getattr(gen.backend, "traced_attrs", {})
         self.bounds: dict = {}
+        # the numpy backend a region runs on where a jitted call costs more (None: never)
+        self.host_kernels = getattr(gen.backend, "host_kernels", None)
+        # regions run as numpy kernels, as ``explain()`` names them, and why
+        self.notes: dict[str, str] = getattr(gen.backend, "kernel_notes", {})
+        # random draws made by numpy's generator before a jitted region, and why
+        self.draw_notes: dict[str, str] = getattr(gen.backend, "draw_notes", {})
 
     def set_bounds(self, static: dict) -> None:
         """The static bounds: shapes written in them are fixed for the program's life."""
@@ -188,15 +271,23 @@ class Fusion:
                     return f"{op.label} reads a slice of {e.src.label} whose length changes"
         return None
 
-    def group(self, stmts: list[Stmt]) -> list[Stmt | Region]:
-        """The statements, with each run of at least ``MIN_OPS`` fusible ops as one region."""
+    def group(self, stmts: list[Stmt], loop: Loop | None = None) -> list[Stmt | Region]:
+        """The statements, with each run of at least ``MIN_OPS`` fusible ops as one region;
+        ``loop``: the loop whose body they are, run in Python (None: the top level)."""
         out: list[Stmt | Region] = []
         region: Region | None = None
+        host = host_call_in(loop) if loop is not None else None
 
         def close() -> None:
             nonlocal region
             if region is not None:
-                if len(region.ops) >= MIN_OPS:
+                # in a loop stepping the host, a single op or random draw may run as a
+                # numpy kernel too (an eager jax op or a draw costs a dispatch of its own)
+                if host is not None and loop is not None:
+                    region.kernels = self.kernels_reason(region, loop, host)
+                    if region.kernels is None and region.drawn:
+                        region.numpy_draws = self.draws_reason(region, loop, host)
+                if region.kernels is not None or len(region.ops) >= MIN_OPS:
                     out.append(region)
                 else:
                     out.extend(region.stmts)
@@ -210,12 +301,19 @@ class Fusion:
                 if region is None:
                     region = Region()
                 region.ops.append(op)
-            elif region is not None and isinstance(s, Compute) and not s.op.inputs:
-                # a random source, drawn just before the region
-                if not prims.get(s.op.prim).traits.random:
+            elif (
+                isinstance(s, Compute)
+                and not s.op.inputs
+                and (region is not None or host is not None)
+            ):
+                # a random source, drawn just before the region (in a loop stepping the host,
+                # one may begin a region: it may run as a numpy kernel)
+                if not prims.get(s.op.prim).traits.random or not self._fixed(s.op.shape):
                     close()
                     out.append(s)
                     continue
+                if region is None:
+                    region = Region()
                 region.drawn.append(s.op)
             elif region is not None and isinstance(s, Free):
                 region.frees.append(s)
@@ -226,6 +324,46 @@ class Fusion:
             region.stmts.append(s)
         close()
         return out
+
+    def kernels_reason(self, region: Region, loop: Loop, host: Op) -> str | None:
+        """Why ``region`` runs as numpy kernels (None: as one jitted call). Only in a loop
+        that runs in Python because it makes a host call at each point (each point is then
+        one call of the region, and the host call takes numpy arrays anyway), on a backend
+        whose arrays numpy reads in place (the CPU), and while the cost rule above holds."""
+        if self.host_kernels is None or os.environ.get(NUMPY_REGIONS_ENV, "1") == "0":
+            return None
+        n = len(region.ops) + len(region.drawn)
+        cost = region_cost(region, self._static_shape)
+        if n * NUMPY_OP_US >= JIT_CALL_US or cost >= MAX_NUMPY_COST:
+            return None
+        why = (
+            f"{n} ops x {NUMPY_OP_US:g} us < a {JIT_CALL_US:g} us jitted call, "
+            f"{cost:,.0f} operations < {MAX_NUMPY_COST:,.0f}; the loop over {loop.dim.name} "
+            f"calls {host.label} at each point"
+        )
+        ops = region.drawn + region.ops
+        names = [o.name for o in ops if o.name and "#" not in o.name][:3]
+        what = ", ".join(names or [ops[0].label])
+        self.notes[f"{n} ops in the loop over {loop.dim.name} ({what})"] = why
+        return why
+
+    def draws_reason(self, region: Region, loop: Loop, host: Op) -> bool:
+        """Whether the random draws before a jitted region in a loop stepping the host are
+        drawn by numpy's generator (the same bits): eagerly on jax the generator is a dozen
+        dispatches (measured: 1.7 ms a draw of 16x2 uniforms in PPO's iteration, numpy
+        0.3 ms), and the region takes a numpy array as it is."""
+        if self.host_kernels is None or os.environ.get(NUMPY_REGIONS_ENV, "1") == "0":
+            return False
+        drawn = Region(ops=list(region.drawn))
+        if region_cost(drawn, self._static_shape) >= MAX_NUMPY_COST:
+            return False
+        what = ", ".join(o.label for o in region.drawn[:3])
+        key = f"{len(region.drawn)} in the loop over {loop.dim.name} ({what})"
+        self.draw_notes[key] = (
+            f"before a jitted region; the loop over {loop.dim.name} calls {host.label} at "
+            "each point"
+        )
+        return True
 
     def _reads_other_point(self, op: Op, region: Region) -> bool:
         """Whether ``op`` reads a region op at a point that may be the one the region is
@@ -238,10 +376,41 @@ class Fusion:
         )
 
     # --- emitting ------------------------------------------------------------------------------
-    def emit(self, region: Region, depth: int) -> None:
+    def emit_kernels(self, region: Region, depth: int) -> None:
+        """The region's statements in schedule order, each as the numpy backend's kernel (the
+        code generator run with that backend, frees where they are), and every value read
+        from outside the region converted to a numpy array."""
         gen = self.gen
-        for op in region.drawn:
-            gen.compute(op, depth)
+        members = {m.id for m in region.ops} | {m.id for m in region.drawn}
+
+        def through(edge: Edge, src: str) -> str:
+            if edge.src.id in members:
+                return src
+            return f"{gen.const('ASNP', AsNumpy())}({src})"
+
+        backend, gen.backend, gen.read_through = gen.backend, self.host_kernels, through
+        try:
+            for s in region.stmts:
+                if isinstance(s, Free):
+                    gen.free(s, depth)
+                else:
+                    gen.compute(s.op, depth)
+        finally:
+            gen.backend, gen.read_through = backend, None
+
+    def emit(self, region: Region, depth: int) -> None:
+        if region.kernels is not None:
+            self.emit_kernels(region, depth)
+            return
+        gen = self.gen
+        backend = gen.backend
+        if region.numpy_draws:
+            gen.backend = self.host_kernels
+        try:
+            for op in region.drawn:
+                gen.compute(op, depth)
+        finally:
+            gen.backend = backend
         members = {m.id for m in region.ops}
         args: list[str] = []
         arg_keys: list[tuple] = []
