@@ -127,10 +127,7 @@ def gather_points(
         except KeyError:
             items = None  # a missing point: the general walk below names it
         if items:
-            shapes = {tuple(getattr(x, "shape", ())) for x in items if not isinstance(x, list)}
-            if len(shapes) == 1 and not any(isinstance(x, list) for x in items):
-                return stack(items)
-            return items
+            return _stacked_if_uniform(items, stack)
 
     def rec(prefix: tuple, level: int) -> Any:
         if level == len(axes):
@@ -146,12 +143,18 @@ def gather_points(
                 len(a) for a, k in zip(axes[level + 1 :], kinds[level + 1 :], strict=True) if k
             )
             return empty((0,) + rest)
-        shapes = {tuple(getattr(x, "shape", ())) for x in items if not isinstance(x, list)}
-        if len(shapes) == 1 and not any(isinstance(x, list) for x in items):
-            return stack(items)
-        return items
+        return _stacked_if_uniform(items, stack)
 
     return rec((), 0)
+
+
+def _stacked_if_uniform(items: list, stack: Callable) -> Any:
+    """``items`` stacked where they are arrays of one shape; ragged ones stay a list."""
+    if any(isinstance(x, list) for x in items):
+        return items
+    if len({tuple(getattr(x, "shape", ())) for x in items}) == 1:
+        return stack(items)
+    return items
 
 
 def element_shape(edge: Edge) -> tuple[Expr, ...]:

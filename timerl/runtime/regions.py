@@ -325,12 +325,16 @@ class Fusion:
         close()
         return out
 
+    def _numpy_allowed(self) -> bool:
+        """Whether anything may run as numpy kernels: on the CPU, unless switched off."""
+        return self.host_kernels is not None and os.environ.get(NUMPY_REGIONS_ENV, "1") != "0"
+
     def kernels_reason(self, region: Region, loop: Loop, host: Op) -> str | None:
         """Why ``region`` runs as numpy kernels (None: as one jitted call). Only in a loop
         that runs in Python because it makes a host call at each point (each point is then
         one call of the region, and the host call takes numpy arrays anyway), on a backend
         whose arrays numpy reads in place (the CPU), and while the cost rule above holds."""
-        if self.host_kernels is None or os.environ.get(NUMPY_REGIONS_ENV, "1") == "0":
+        if not self._numpy_allowed():
             return None
         n = len(region.ops) + len(region.drawn)
         cost = region_cost(region, self._static_shape)
@@ -352,7 +356,7 @@ class Fusion:
         drawn by numpy's generator (the same bits): eagerly on jax the generator is a dozen
         dispatches (measured: 1.7 ms a draw of 16x2 uniforms in PPO's iteration, numpy
         0.3 ms), and the region takes a numpy array as it is."""
-        if self.host_kernels is None or os.environ.get(NUMPY_REGIONS_ENV, "1") == "0":
+        if not self._numpy_allowed():
             return False
         drawn = Region(ops=list(region.drawn))
         if region_cost(drawn, self._static_shape) >= MAX_NUMPY_COST:
