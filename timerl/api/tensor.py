@@ -34,7 +34,7 @@ class RecurrentTensor:
     """A tensor over a domain of the context's dims, with a spatial shape.
 
     Inside an expression, ``x`` alone means ``x`` at the current point; ``x[t - 1]``,
-    ``x[0:T]`` read it elsewhere (see DESIGN.md section 2).
+    ``x[0:T]`` read it elsewhere (docs/guide.md, "Dims, bounds, domains and shapes").
     """
 
     __slots__ = ("view", "ctx", "requires_grad", "grad", "outer", "__weakref__")

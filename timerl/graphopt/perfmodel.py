@@ -1,6 +1,6 @@
 """Performance model: peak memory of an order on one device, and a multi-device simulator.
 
-Single device (the definition in DESIGN.md section 6): running node k allocates its output (a
+Single device (the definition docs/graphopt.md uses): running node k allocates its output (a
 view allocates nothing and keeps its root buffer alive); a buffer is freed right after the last
 consumer of it and of all its views has run (with no consumer, right after its own step);
 outputs are never freed; the peak is the largest resident sum while any node runs.
