@@ -269,3 +269,39 @@ def test_strict_form_charges_outside_values_only_for_slice_reads(ppo):
     # the slice read obs[i, 0:T] still holds every point, as in the corpus graphs
     corpus_obs = max(nd.bytes for g in graphs for nd in g.nodes if nd.id.endswith(":in:obs"))
     assert max(nd.bytes for nd in stacked) == corpus_obs
+
+
+def test_strict_form_holds_values_freed_in_the_block_from_its_start(ppo):
+    """The update frees rollout values it reads: in the compiler's model those inputs hold
+    their bytes from the block's start (every other source waits for them), so an order that
+    reaches their last reader early lowers the block's peak."""
+    from timerl.schedule.to_graph import _clean
+
+    prog, _ = ppo
+    held_seen = 0
+    for block, g, _ in _compiler_graphs(prog):
+        inside = {op.id for op in block.ops}
+        by_label: dict[str, set] = {}
+        for op in block.ops:
+            for e in op.inputs:
+                by_label.setdefault(_clean(e.src.label), set()).add(e.src)
+        # labels without op numbers can repeat: only those naming one source are checked
+        outside = {k: next(iter(v)) for k, v in by_label.items() if len(v) == 1}
+        held = {
+            v
+            for v, nd in enumerate(g.nodes)
+            if nd.op == "input"
+            and (src := outside.get(nd.id.split(":in:", 1)[1])) is not None
+            and src.id in block.freed
+            and src.id not in inside
+        }
+        for v in held:
+            assert g.nodes[v].bytes > 0 and not g.preds[v]
+        for v in range(g.n):
+            name = g.nodes[v].id.split(":in:", 1)[-1]
+            if g.nodes[v].op == "input" and name not in outside:
+                continue  # a source behind an ambiguous label: held or not is not known here
+            if v not in held and not set(g.preds[v]) - held:  # a source but for held inputs
+                assert held <= set(g.preds[v]), g.nodes[v].id
+        held_seen += len(held)
+    assert held_seen > 0

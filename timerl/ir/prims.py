@@ -173,7 +173,7 @@ _unary(
     "sigmoid",
     lambda x: np.where(
         x >= 0, 1 / (1 + np.exp(-np.abs(x))), 1 - 1 / (1 + np.exp(-np.abs(x)))
-    ).astype(x.dtype),
+    ).astype(x.dtype, copy=False),
     lambda ap, op, i, o, g: [ap("mul", g, ap("mul", o, ap("sub", _c(ap, 1.0, o), o)))],
 )
 _unary(
@@ -242,9 +242,9 @@ def _vjp_extremum(cmp: str):
 
 
 def _np_div(a, b):
-    out = np.divide(a, b)
+    out = np.divide(a, b)  # a fresh array: ``astype`` copies only where the dtype differs
     return (
-        out.astype(np.result_type(a, b))
+        out.astype(np.result_type(a, b), copy=False)
         if np.issubdtype(np.result_type(a, b), np.floating)
         else out
     )
@@ -296,7 +296,7 @@ register(
     Prim(
         "where",
         _infer_where,
-        lambda c, a, b: np.where(c, a, b).astype(np.result_type(a, b)),
+        lambda c, a, b: np.where(c, a, b).astype(np.result_type(a, b), copy=False),
         _vjp_where,
         elementwise=True,
     )

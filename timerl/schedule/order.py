@@ -31,6 +31,7 @@ from timerl.graphopt.decoders import Problem
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.policy import PolicyWeights
 from timerl.ir.graph import Op, consumers
+from timerl.schedule.liveness import add_frees
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
 from timerl.schedule.to_graph import block_graph, loop_blocks
 from timerl.symbolic import Bound
@@ -48,7 +49,10 @@ def order_blocks(
     sched: Schedule, ops: list[Op], bounds: Mapping[Bound, int], keep: set[int]
 ) -> tuple[Schedule, int]:
     """The schedule with each block reordered where that lowers its peak; and how many were."""
-    blocks = loop_blocks(sched.body)
+    # the blocks as the memory statements will cut them: a value computed earlier and freed
+    # in a block is held there from its start (``to_graph``); reordering inside blocks moves
+    # no free to another block
+    blocks = loop_blocks(add_frees(sched, ops, keep).body)
     readers = consumers(ops)
     where: dict[int, int] = {}  # op id -> index of the block holding it
     for b, block in enumerate(blocks):

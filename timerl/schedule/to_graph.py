@@ -56,7 +56,11 @@ alive at once in a ring buffer): a valid order of that graph keeps every such re
 written order has it relative to its source. ``resident_inputs`` (also the compiler's) gives
 input nodes only the bytes of slice reads (stacked into a fresh buffer when read): a plain read
 of a value computed outside the block moves no data, and that value is resident whatever the
-block's order, so charging it to the block would only hide what the order changes.
+block's order, so charging it to the block would only hide what the order changes. The
+exception is a value computed before the block and freed inside it (the rollout's activations,
+freed by the update's backward pass): it is live from the block's start until its last reader
+there, so its input node holds its bytes and comes before every other source of the graph, and
+an order that reaches its last reader early frees it early.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ import numpy as np
 from timerl.graphopt.graph import Graph, Node
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View
-from timerl.schedule.program import Compute, Loop, Stmt
+from timerl.schedule.program import Compute, Free, Loop, Stmt
 from timerl.schedule.scheduler import SAME, STRICT_FUTURE, STRICT_PAST, relation
 from timerl.symbolic import Bound, Const, Dim, Expr, Slice, vevaluate
 
@@ -121,6 +125,10 @@ class Block:
 
     loops: tuple[Loop, ...]
     ops: list[Op] = field(default_factory=list)
+    # ids of the ops whose memory statements free them among the block's statements: a value
+    # computed before the block and freed in it is live from the block's start to its last
+    # reader there, so the block's order decides how long it is held
+    freed: set[int] = field(default_factory=set)
 
     @property
     def dims(self) -> tuple[Dim, ...]:
@@ -142,6 +150,8 @@ def loop_blocks(body: Sequence[Stmt], loops: tuple[Loop, ...] = ()) -> list[Bloc
                 current = Block(loops)
                 out.append(current)
             current.ops.append(stmt.op)
+        elif isinstance(stmt, Free) and current is not None:
+            current.freed.add(stmt.op.id)
     return out
 
 
@@ -255,6 +265,7 @@ class _BlockExport:
         node_of: dict[int, str] = {}  # block op id -> its node id
         input_of: dict[int, dict[str, Any]] = {}  # source op id -> its input node
         input_reads: dict[int, dict[str, int]] = {}  # source op id -> index text -> bytes
+        held: set[str] = set()  # input nodes of values live at the block's start
         last_effect: str | None = None
         for op in self.block.ops:
             preds: list[str] = []
@@ -283,7 +294,10 @@ class _BlockExport:
                     nodes.append(entry)
                 key = ", ".join(map(str, edge.index))
                 stacked = any(isinstance(idx, Slice) for idx in edge.index)
-                if self.resident_inputs and not stacked:
+                if self.resident_inputs and src.id in self.block.freed and src.id not in self.pos:
+                    held.add(entry["id"])  # live at the block's start, freed after its reader
+                    input_reads[src.id][key] = self._read_bytes(edge, op)
+                elif self.resident_inputs and not stacked:
                     input_reads[src.id][key] = 0  # lives outside the block whatever the order
                 else:
                     input_reads[src.id][key] = self._read_bytes(edge, op)
@@ -305,6 +319,10 @@ class _BlockExport:
             nodes.append(node)
         for src_id, per_index in input_reads.items():
             input_of[src_id]["bytes"] = int(sum(per_index.values()))
+        if held:  # held inputs come first: every other source of the graph waits for them
+            has_pred = {b for a, b in edges if a not in held}
+            roots = [d["id"] for d in nodes if d["id"] not in has_pred and d["id"] not in held]
+            edges.extend((h, r) for h in sorted(held) for r in roots)
         op_of = {nid: op for op in self.block.ops for nid in [node_of[op.id]]}
         return Graph(name, [_node(d) for d in nodes], edges), op_of
 
