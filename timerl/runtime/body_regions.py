@@ -385,6 +385,7 @@ class BodyFusion:
                         point = gen.key_src([gen.names.of(x) for x in op.domain])
                         gen.emit(inner, f"S{op.id}[{point}] = v{op.id}")
                     gen.alloc(op, inner, f"v{op.id}")
+                    gen.drop_stored(op, inner, f"v{op.id}")
                 gen.emit(inner, "C[0] += 1")
             elif isinstance(s, Loop):
                 region = body.regions[position]

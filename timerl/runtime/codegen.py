@@ -274,7 +274,15 @@ class CodeGen:
         self.alloc(op, body_depth, var)
         for line in self.plan.read_src(op):
             self.emit(body_depth, line)
+        self.drop_stored(op, body_depth, var)
         self.emit(body_depth, "C[0] += 1")
+
+    def drop_stored(self, op: Op, depth: int, var: str) -> None:
+        """Drop the local of a value just put in its store: readers read the store, and a
+        local left behind would keep the value alive after its free, until the next point
+        reassigns it (a parameter-sized array an iteration, unseen by the meter)."""
+        if op.id not in self.locals and op.id not in self.plan.blocks:
+            self.emit(depth, f"{var} = None")
 
     def start(self, op: Op, depth: int) -> None:
         """Start ``op``'s host call in the background; its compute later waits for it."""

@@ -567,3 +567,4 @@ class LoopFusion:
         gen.emit(depth, f"v{op.id} = {value}")
         gen.emit(depth, f"S{op.id}[{point}] = v{op.id}")
         gen.alloc(op, depth, f"v{op.id}")
+        gen.drop_stored(op, depth, f"v{op.id}")

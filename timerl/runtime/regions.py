@@ -545,6 +545,7 @@ class Fusion:
                 point = gen.key_src([gen.names.of(d) for d in op.domain])
                 gen.emit(body, f"S{op.id}[{point}] = v{op.id}")
             gen.alloc(op, body, f"v{op.id}")
+            gen.drop_stored(op, body, f"v{op.id}")
             gen.emit(body, "C[0] += 1")
         gen.emit(depth, "_r = None")
         for stmt in region.frees:
