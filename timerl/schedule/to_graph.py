@@ -294,10 +294,13 @@ class _BlockExport:
                     nodes.append(entry)
                 key = ", ".join(map(str, edge.index))
                 stacked = any(isinstance(idx, Slice) for idx in edge.index)
-                if self.resident_inputs and src.id in self.block.freed and src.id not in self.pos:
+                # computed before the block and freed in it
+                freed_here = (
+                    self.resident_inputs and src.id in self.block.freed and src.id not in self.pos
+                )
+                if freed_here:
                     held.add(entry["id"])  # live at the block's start, freed after its reader
-                    input_reads[src.id][key] = self._read_bytes(edge, op)
-                elif self.resident_inputs and not stacked:
+                if self.resident_inputs and not stacked and not freed_here:
                     input_reads[src.id][key] = 0  # lives outside the block whatever the order
                 else:
                     input_reads[src.id][key] = self._read_bytes(edge, op)
