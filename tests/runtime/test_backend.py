@@ -107,20 +107,57 @@ def test_torch_casts_where_its_promotion_differs_from_the_declared_dtype():
     np.testing.assert_allclose(values["numpy"], values["torch"], rtol=1e-6)
 
 
+@pytest.mark.parametrize("numpy_products", [True, False])
 @pytest.mark.parametrize(
-    ("a_shape", "b_shape", "transposed"),
-    [((300, 64), (64, 2), False), ((64, 3000), (3000, 3), True), ((8, 16), (16, 2), False)],
+    ("a_shape", "b_shape", "transposed", "dtype"),
+    [
+        ((300, 64), (64, 2), False, np.float32),
+        ((64, 3000), (3000, 3), True, np.float32),  # a weight gradient's transposed view
+        ((8, 16), (16, 2), False, np.float64),
+        ((5, 40, 48), (48, 64), False, np.float32),  # a batch of rows times a weight
+        ((6, 4), (4, 3), False, np.int64),  # not BLAS: torch's product either way
+    ],
 )
-def test_torch_matmul_of_few_columns_equals_numpy(a_shape, b_shape, transposed):
+def test_torch_matmul_equals_numpy(
+    monkeypatch, numpy_products, a_shape, b_shape, transposed, dtype
+):
     pytest.importorskip("torch")
     import torch
 
-    from timerl.runtime.torch_lowering import LOWERINGS
+    from timerl.ir.rowwise import dense_matmul
+    from timerl.runtime import torch_lowering
 
+    monkeypatch.setattr(torch_lowering, "NUMPY_PRODUCTS", numpy_products)
+    monkeypatch.setattr(torch_lowering, "NUMPY_MIN_ROWS", 1)  # these small products too
     rng = np.random.default_rng(0)
-    a = rng.normal(size=a_shape[::-1] if transposed else a_shape).astype(np.float32)
-    a = a.T if transposed else a  # a weight gradient's transposed view
-    b = rng.normal(size=b_shape).astype(np.float32)
-    got = LOWERINGS["matmul"](torch.from_numpy(a), torch.from_numpy(b))
-    assert got.is_contiguous() and tuple(got.shape) == (a_shape[0], b_shape[1])
+    a = (rng.normal(size=a_shape[::-1] if transposed else a_shape) * 4).astype(dtype)
+    a = a.T if transposed else a
+    b = (rng.normal(size=b_shape) * 4).astype(dtype)
+    got = torch_lowering.LOWERINGS["matmul"](torch.from_numpy(a), torch.from_numpy(b))
+    assert got.dtype == torch.from_numpy(a).dtype
+    assert tuple(got.shape) == a_shape[:-1] + b_shape[-1:]
+    if numpy_products and dtype != np.int64:  # numpy's own kernel: the numpy backend's values
+        np.testing.assert_array_equal(got.numpy(), dense_matmul(a, b))
     np.testing.assert_allclose(got.numpy(), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("numpy_products", [True, False])
+@pytest.mark.parametrize("trans", [False, True])
+def test_torch_take_matmul_equals_numpy(monkeypatch, numpy_products, trans):
+    pytest.importorskip("torch")
+    import torch
+
+    from timerl.runtime import torch_lowering
+
+    monkeypatch.setattr(torch_lowering, "NUMPY_PRODUCTS", numpy_products)
+    monkeypatch.setattr(torch_lowering, "NUMPY_MIN_ROWS", 1)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 3, 4)).astype(np.float32)
+    idx = rng.integers(0, 50, size=(2, 10))
+    w = rng.normal(size=(20, 5) if trans else (12, 5)).astype(np.float32)
+    got = torch_lowering.LOWERINGS["take_matmul"](
+        torch.from_numpy(x), torch.from_numpy(idx), torch.from_numpy(w), trans=trans
+    )
+    rows = x[idx].reshape(-1, 12)
+    want = rows.T @ w if trans else (rows @ w).reshape(2, 10, 5)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from timerl.ir import rowwise
 from timerl.ir.prims import REGISTRY
-from timerl.ir.rowwise import chunk_rows
 
 LOWERINGS: dict[str, Callable[..., Any]] = {}
 
@@ -156,16 +156,44 @@ register_lowering("pad_axis", _pad_axis)
 register_lowering("cat", lambda *xs, axis: torch.cat(xs, dim=axis))
 
 
-def _matmul(a: Any, b: Any) -> Any:
-    """``a @ b``; a product of 2 to 8 columns over a large ``a`` as ``(b.T @ a.T).T``.
+def _cpu_vendor() -> str:
+    """The CPU's vendor id (``AuthenticAMD``, ``GenuineIntel``; empty where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
-    MKL's kernels for so few columns are slow (1 thread, this project's 2-core EPYC): a
-    policy head's weight gradient, (64, 64000) (a transposed view) @ (64000, 2), takes
-    26.8 ms direct and 3.4 ms swapped, (64000, 64) @ (64, 2) 13.0 against 3.7 ms. Below
-    16,384 elements of ``a`` the two transposes cost more than they save.
-    """
-    if a.dim() == 2 and b.dim() == 2 and 2 <= b.shape[1] <= 8 and a.numel() >= 16384:
-        return (b.T @ a.T).T.contiguous()
+
+# torch's CPU wheels multiply with MKL, which runs a generic code path on non-Intel CPUs; numpy's
+# OpenBLAS picks its kernels by CPU. On this project's 2-core EPYC, one thread, float32, numpy's
+# product (``ir/rowwise.dense_matmul``: OpenBLAS and its forms for PPO's shapes) takes about
+# half MKL's time on many rows times a weight ((250, 256, 64) @ (64, 64): 20 against 40 ms;
+# (4096, 64) @ (64, 64): 1.3 against 2.6 ms) and a tenth of it on few columns ((64, 64000), a
+# transposed view, @ (64000, 2): 3.1 against 66 ms). On a few rows torch wins: the two arrays'
+# conversion costs about 15 us, and MKL is as fast below about 1,000 rows. So on such a CPU those
+# two kinds of CPU products of floats are numpy's, on the tensors' own memory (no copy).
+NUMPY_PRODUCTS = torch.backends.mkl.is_available() and _cpu_vendor() not in ("", "GenuineIntel")
+NUMPY_MIN_ROWS = 2048  # output rows from which numpy's product is the faster
+_NUMPY_BLAS_DTYPES = (torch.float32, torch.float64)
+
+
+def _numpy_product(*xs: Any) -> bool:
+    return NUMPY_PRODUCTS and all(
+        isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype in _NUMPY_BLAS_DTYPES
+        for x in xs
+    )
+
+
+def _matmul(a: Any, b: Any) -> Any:
+    """``a @ b``; numpy's product where it is the faster BLAS (above)."""
+    rows = a.numel() // max(a.shape[-1], 1)
+    few_columns = b.shape[-1] <= 8 and a.numel() >= 16384
+    if (rows >= NUMPY_MIN_ROWS or few_columns) and a.dtype == b.dtype and _numpy_product(a, b):
+        return torch.from_numpy(rowwise.dense_matmul(a.numpy(), b.numpy()))
     return torch.matmul(a, b)
 
 
@@ -221,9 +249,12 @@ def _cumsum(x: Any, axis: int, reverse: bool = False) -> Any:
 
 def _take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> Any:
     """``x[idx] @ w`` (or ``x[idx].T @ w``), a chunk of rows at a time (``ir/rowwise.py``)."""
+    many = idx.numel() >= NUMPY_MIN_ROWS
+    if many and _numpy_product(x, w) and x.dtype == w.dtype and idx.device.type == "cpu":
+        return torch.from_numpy(rowwise.take_matmul(x.numpy(), idx.numpy(), w.numpy(), trans))
     ids = idx.reshape(-1)
     k = int(np.prod(tuple(x.shape[1:])))
-    step = chunk_rows(k * x.element_size())
+    step = rowwise.chunk_rows(k * x.element_size())
     if trans:
         out = torch.zeros((k, w.shape[-1]), dtype=w.dtype, device=w.device)
         for a in range(0, ids.numel(), step):
