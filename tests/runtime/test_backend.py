@@ -161,3 +161,19 @@ def test_torch_take_matmul_equals_numpy(monkeypatch, numpy_products, trans):
     rows = x[idx].reshape(-1, 12)
     want = rows.T @ w if trans else (rows @ w).reshape(2, 10, 5)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_backend_caps_numpys_blas_threads_where_products_run_there(monkeypatch):
+    pytest.importorskip("torch")
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from timerl.runtime import torch_backend
+
+    monkeypatch.setattr(torch_backend, "NUMPY_PRODUCTS", True)
+    backend = torch_backend.TorchBackend(threads=1)
+    with threadpool_limits(limits=2, user_api="blas"):
+        with backend.active():
+            inside = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        after = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    assert inside and all(n == 1 for n in inside)
+    assert all(n == 2 for n in after)  # restored on the way out

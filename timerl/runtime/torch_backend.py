@@ -11,7 +11,7 @@ import torch
 
 from timerl.errors import BackendError
 from timerl.runtime.backend import Backend
-from timerl.runtime.torch_lowering import DONATING, LOWERINGS, torch_dtype
+from timerl.runtime.torch_lowering import DONATING, LOWERINGS, NUMPY_PRODUCTS, torch_dtype
 
 
 class TorchBackend(Backend):
@@ -69,11 +69,17 @@ class TorchBackend(Backend):
         # torch call (measured: a third of a CPU PPO run's time). CPU is torch's default, so
         # only another device needs it, for the tensors lowerings create without inputs.
         device = torch.device(self._dev) if self._dev.type != "cpu" else contextlib.nullcontext()
+        # large CPU products may run on numpy's BLAS (``torch_lowering``): the same thread cap
+        blas: Any = contextlib.nullcontext()
+        if NUMPY_PRODUCTS and self._dev.type == "cpu" and self.threads is not None:
+            from threadpoolctl import threadpool_limits
+
+            blas = threadpool_limits(limits=self.threads, user_api="blas")
         # inference mode, not only no_grad: timerl differentiates its own graph, never through
         # torch's autograd, and without version counters and view tracking each small op is
         # about 10% cheaper
         try:
-            with device, torch.inference_mode():
+            with device, blas, torch.inference_mode():
                 yield
         finally:
             torch.set_num_threads(before)
