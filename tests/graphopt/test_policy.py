@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from timerl.errors import CheckpointError
-from timerl.graphopt.baselines import best_of_portfolio
+from timerl.graphopt.baselines import best_of_portfolio, portfolio_solutions
+from timerl.graphopt.brkga import brkga
 from timerl.graphopt.decoders import Problem
 from timerl.graphopt.features import (
     FEATURE_VERSION,
@@ -184,6 +185,35 @@ def test_learned_search_places_and_swaps():
     res = learned_search(p, w, budget=60)
     assert res.solution.placement is not None and res.solution.swap is not None
     assert res.value <= best_of_portfolio(p).value
+
+
+def test_weights_know_which_objectives_they_learned():
+    random = PolicyWeights.random(hidden=8, rounds=1)
+    assert random.objectives == ("peak-memory", "runtime")  # the ablation's control: everywhere
+    imitated = PolicyWeights(random.params, 8, 1, {"trained": True, "iterations": 0})
+    assert imitated.objectives == ("peak-memory",)  # imitation fits peak-memory orders only
+    rewarded = {"trained": True, "iterations": 5, "config": {"runtime_share": 0.3}}
+    assert PolicyWeights(random.params, 8, 1, rewarded).objectives == ("peak-memory", "runtime")
+    no_runtime = {**rewarded, "config": {"runtime_share": 0.0}}
+    assert PolicyWeights(random.params, 8, 1, no_runtime).objectives == ("peak-memory",)
+    told = {"trained": True, "objectives": ["runtime"]}
+    assert PolicyWeights(random.params, 8, 1, told).objectives == ("runtime",)
+    assert load_policy().objectives == ("peak-memory",)  # the shipped file: imitation only
+
+
+def test_learned_search_does_not_steer_an_objective_the_weights_never_learned():
+    g = random_graph(40, seed=2)
+    cluster = Cluster.make(2, memory_limit=200_000, host=True)
+    p = Problem(g, "runtime", cluster)
+    random = PolicyWeights.random(hidden=8, rounds=1, seed=3)
+    imitated = PolicyWeights(random.params, 8, 1, {"trained": True, "objectives": ["peak-memory"]})
+    seeds = list(portfolio_solutions(p).values())
+    uniform = brkga(p, budget=60, seeds=seeds, seed=1)
+    res = learned_search(p, imitated, budget=60, seed=1)
+    assert res.value == uniform.value and "uniform" in res.method
+    assert np.array_equal(res.solution.order, uniform.solution.order)
+    steered = learned_search(p, random, budget=60, seed=1)  # the untrained network steers
+    assert steered.method == "learned"
 
 
 def test_features_reuse_portfolio_orders():

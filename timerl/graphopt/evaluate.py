@@ -70,7 +70,8 @@ def run_method(
         if name == "untrained":
             policy = PolicyWeights.random(policy.hidden, policy.rounds, seed=seed)
         res = learned_search(problem, policy, budget=budget, seed=seed, jobs=jobs)
-        res.method = name
+        if name == "untrained":
+            res.method = name
     elif name == "exact":
         if not problem.single:
             raise GraphError("method 'exact' solves peak memory on one device only")

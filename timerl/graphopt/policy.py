@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import CheckpointError
+from timerl.graphopt.decoders import OBJECTIVES
 from timerl.graphopt.features import FEATURE_VERSION, NUM_FEATURES, GraphFeatures
 
 FORMAT = "timerl-graphopt-policy"
@@ -87,6 +88,22 @@ class PolicyWeights:
                 scale = 0.1 if name == "out.w" else 1.0 / np.sqrt(shape[0])
                 params[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
         return cls(params, hidden, rounds, {"trained": False})
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        """The objectives these weights learned from: a file's ``objectives`` entry, else what
+        its training implies (imitation fits peak-memory orders only; the reward phase also
+        sees runtime problems when ``runtime_share`` is positive). An untrained network is
+        applied to every objective: it is the ablation's control."""
+        if "objectives" in self.meta:
+            return tuple(self.meta["objectives"])
+        if not self.meta.get("trained"):
+            return OBJECTIVES
+        config = self.meta.get("config") or {}
+        rewarded = int(self.meta.get("iterations", 1)) > 0
+        if rewarded and float(config.get("runtime_share", 0.3)) > 0:
+            return OBJECTIVES
+        return ("peak-memory",)
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> None:

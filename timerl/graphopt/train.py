@@ -360,6 +360,10 @@ def train(
             "samples": state["samples"],
             "train_seconds": round(state["seconds"], 1),
             "imitation_updates": state["imitation"],
+            # imitation fits peak-memory orders; runtime problems are learned from the reward
+            "objectives": sorted({t.problem.objective for t in tasks})
+            if state["iteration"] > 0
+            else ["peak-memory"],
             "config": asdict(config),
         }
     )

@@ -284,7 +284,15 @@ def export_weights(params: dict[str, np.ndarray], cfg: GraphPolicyConfig, out: P
         {k: np.asarray(v, dtype=np.float32) for k, v in params.items()},
         cfg.hidden[0],
         len(cfg.hidden),
-        {"trained": True, "trainer": "timerl program"},
+        {
+            "trained": True,
+            "trainer": "timerl program",
+            # the imitation phase fits peak-memory orders; the search phase's problems include
+            # runtime ones when ``runtime_share`` is positive
+            "objectives": ["peak-memory", "runtime"]
+            if cfg.phase == "search" and cfg.runtime_share > 0
+            else ["peak-memory"],
+        },
     )
     expected = PolicyWeights.random(cfg.hidden[0], len(cfg.hidden)).params
     missing = sorted(set(expected) - set(weights.params))
