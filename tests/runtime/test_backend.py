@@ -167,9 +167,9 @@ def test_torch_backend_caps_numpys_blas_threads_where_products_run_there(monkeyp
     pytest.importorskip("torch")
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from timerl.runtime import torch_backend
+    from timerl.runtime import torch_backend, torch_lowering
 
-    monkeypatch.setattr(torch_backend, "NUMPY_PRODUCTS", True)
+    monkeypatch.setattr(torch_lowering, "NUMPY_PRODUCTS", True)
     backend = torch_backend.TorchBackend(threads=1)
     with threadpool_limits(limits=2, user_api="blas"):
         with backend.active():

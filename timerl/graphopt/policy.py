@@ -65,6 +65,12 @@ def param_shapes(hidden: int, rounds: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def trained_objectives(rewarded: bool, runtime_share: float) -> tuple[str, ...]:
+    """What a training run teaches: imitation fits peak-memory orders only; reward updates also
+    see runtime problems when ``runtime_share`` is positive. Both trainers record this."""
+    return OBJECTIVES if rewarded and runtime_share > 0 else ("peak-memory",)
+
+
 @dataclass
 class PolicyWeights:
     """Parameters of the network plus its description (``meta``, JSON-serialisable)."""
@@ -101,9 +107,7 @@ class PolicyWeights:
             return OBJECTIVES
         config = self.meta.get("config") or {}
         rewarded = int(self.meta.get("iterations", 1)) > 0
-        if rewarded and float(config.get("runtime_share", 0.3)) > 0:
-            return OBJECTIVES
-        return ("peak-memory",)
+        return trained_objectives(rewarded, float(config.get("runtime_share", 0.3)))
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> None:

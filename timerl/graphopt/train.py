@@ -58,6 +58,7 @@ from timerl.graphopt.policy import (
     OUTPUTS,
     PolicyWeights,
     key_groups,
+    trained_objectives,
     used_columns,
 )
 
@@ -360,10 +361,14 @@ def train(
             "samples": state["samples"],
             "train_seconds": round(state["seconds"], 1),
             "imitation_updates": state["imitation"],
-            # imitation fits peak-memory orders; runtime problems are learned from the reward
-            "objectives": sorted({t.problem.objective for t in tasks})
-            if state["iteration"] > 0
-            else ["peak-memory"],
+            "objectives": list(
+                trained_objectives(
+                    state["iteration"] > 0,
+                    config.runtime_share
+                    if any(t.problem.objective == "runtime" for t in tasks)
+                    else 0.0,
+                )
+            ),
             "config": asdict(config),
         }
     )

@@ -46,7 +46,7 @@ from timerl.api.optim import Adam
 from timerl.api.tensor import RecurrentTensor, cat, full, minimum, where
 from timerl.errors import GraphError
 from timerl.graphopt.imitate import log_concentration
-from timerl.graphopt.policy import BASE_KAPPA, PolicyWeights
+from timerl.graphopt.policy import BASE_KAPPA, PolicyWeights, trained_objectives
 from timerl.graphopt.train import LOG_STD_RANGE
 from timerl.rl.algos import AlgoProgram
 from timerl.rl.graph_env import GraphPolicyConfig, GraphProblems
@@ -287,11 +287,7 @@ def export_weights(params: dict[str, np.ndarray], cfg: GraphPolicyConfig, out: P
         {
             "trained": True,
             "trainer": "timerl program",
-            # the imitation phase fits peak-memory orders; the search phase's problems include
-            # runtime ones when ``runtime_share`` is positive
-            "objectives": ["peak-memory", "runtime"]
-            if cfg.phase == "search" and cfg.runtime_share > 0
-            else ["peak-memory"],
+            "objectives": list(trained_objectives(cfg.phase == "search", cfg.runtime_share)),
         },
     )
     expected = PolicyWeights.random(cfg.hidden[0], len(cfg.hidden)).params

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from timerl.errors import BackendError
+from timerl.runtime import torch_lowering
 from timerl.runtime.backend import Backend
-from timerl.runtime.torch_lowering import DONATING, LOWERINGS, NUMPY_PRODUCTS, torch_dtype
+from timerl.runtime.torch_lowering import DONATING, LOWERINGS, torch_dtype
 
 
 class TorchBackend(Backend):
@@ -71,7 +72,7 @@ class TorchBackend(Backend):
         device = torch.device(self._dev) if self._dev.type != "cpu" else contextlib.nullcontext()
         # large CPU products may run on numpy's BLAS (``torch_lowering``): the same thread cap
         blas: Any = contextlib.nullcontext()
-        if NUMPY_PRODUCTS and self._dev.type == "cpu" and self.threads is not None:
+        if torch_lowering.NUMPY_PRODUCTS and self._dev.type == "cpu" and self.threads is not None:
             from threadpoolctl import threadpool_limits
 
             blas = threadpool_limits(limits=self.threads, user_api="blas")
