@@ -159,6 +159,7 @@ class Program:
             out["planned_peak_bytes"] = self.planned_peak().peak_bytes
         if self._last is not None:
             out["swapped_bytes"] = self._last.swapped_bytes()
+            out["swap_tier"] = self.backend.swap_tier  # "disk", or "host" from an accelerator
             reads = self._last.read_stats()
             if reads is not None:
                 out.update(reads)

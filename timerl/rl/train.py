@@ -90,7 +90,8 @@ class TrainResult:
     run_seconds: float = 0.0
     peak_bytes: int = 0
     planned_peak_bytes: int | None = None  # under a memory budget: the compiler's plan
-    swapped_bytes: int = 0  # bytes written to and read back from disk
+    swapped_bytes: int = 0  # bytes moved to the next tier (disk, or host memory) and back
+    device_peak_bytes: int | None = None  # on an accelerator: its allocator's own peak
     log_dir: str | None = None
     steps_this_run: int = 0
     first_iteration: int = 0
@@ -491,6 +492,7 @@ def train(
         peak_bytes=stats["peak_bytes"],
         planned_peak_bytes=stats.get("planned_peak_bytes"),
         swapped_bytes=int(stats.get("swapped_bytes", 0)),
+        device_peak_bytes=stats.get("device_peak_bytes"),
         log_dir=str(log_path) if log_path else None,
         steps_this_run=done_steps,
         first_iteration=start,

@@ -127,7 +127,25 @@ class Backend:
         yield
 
     def device_peak_bytes(self) -> int | None:
+        """The accelerator allocator's own peak since ``reset_device_peak``; None on the host."""
         return None
+
+    def reset_device_peak(self) -> None:
+        """Start ``device_peak_bytes`` afresh (each run does)."""
+
+    # Where a block swapped out under a memory budget goes: "disk" (files, read back
+    # explicitly) where the arrays already live in host memory; "host" for an accelerator,
+    # whose next tier is the host's memory (``to_host``/``from_host``).
+    swap_tier = "disk"
+
+    def to_host(self, value: Any) -> Any:
+        """A host-memory copy of ``value`` to hold while it is swapped out (``swap_tier``
+        "host"); the copy may still be in flight when this returns."""
+        raise BackendError(f"the {self.name} backend on {self.device!r} swaps to disk")
+
+    def from_host(self, value: Any) -> Any:
+        """``to_host``'s copy back on the device, ordered before any later kernel."""
+        raise BackendError(f"the {self.name} backend on {self.device!r} swaps to disk")
 
     def fuse(self, key: Hashable, fn: Callable[..., tuple]) -> Callable[..., tuple]:
         """``fn(static, *arrays)`` (pure: a tuple of arrays out) compiled as one unit, cached

@@ -353,6 +353,8 @@ class CodeGen:
         op = stmt.op
         if op.id in self.plan.blocks:
             key = self.key_src([self.names.src(p) for p in stmt.prefix])
+            # ``_b``, the block a loop wrote last, must not keep a freed block alive
+            self.emit(depth, "_b = None")
             if stmt.pinned:  # (an alias only: a block is never freed around pinned points)
                 pins = self.key_src([self.names.src(p) for p in stmt.pinned])
                 self.emit(depth, f"if {self.names.src(stmt.prefix[-1])} not in {pins}:")

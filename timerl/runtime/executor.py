@@ -488,6 +488,7 @@ class Executor:
         hooked = bool(start or on_iteration or before_outer)
         self._outer = self.outer_loop() if hooked else None
         self._start, self._on_iteration, self._before_outer = start, on_iteration, before_outer
+        self.backend.reset_device_peak()  # stats() reports this run's peak
         try:
             with self.backend.active():
                 if self.compiled:
@@ -521,7 +522,7 @@ class Executor:
             release_free_heap()
 
     def swapped_bytes(self) -> int:
-        """Bytes written to disk and read back so far: swapped blocks and streamed ones."""
+        """Bytes moved to the next tier and back so far: swapped blocks and streamed ones."""
         return sum(
             s.moved + (s.streamed_bytes if isinstance(s, StreamStore) else 0)
             for s in self.stores.values()

@@ -181,6 +181,13 @@ class JaxBackend(Backend):
 
         return call
 
+    def device_peak_bytes(self) -> int | None:
+        if self._dev.platform == "cpu":
+            return None
+        stats = self._dev.memory_stats() or {}
+        peak = stats.get("peak_bytes_in_use")
+        return None if peak is None else int(peak)
+
     def region_stats(self) -> dict[str, Any]:
         return {
             "jit_loops": len(self._loops),

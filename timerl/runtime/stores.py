@@ -70,6 +70,7 @@ class BlockStore:
         "block_bytes",
         "backend",
         "on_disk",
+        "on_host",
         "moved",
     )
 
@@ -83,8 +84,11 @@ class BlockStore:
         self.zeros = backend.zeros
         self.nbytes_of = backend.nbytes
         self.backend = backend
-        self.on_disk: dict[tuple, str] = {}  # outer -> file of a swapped-out block
-        self.moved = 0  # bytes written to and read back from disk
+        # outer -> (file, dtype, written mask) of a block swapped out to disk
+        self.on_disk: dict[tuple, tuple[str, np.dtype, np.ndarray]] = {}
+        # outer -> (host copy, written mask) of a block swapped out of an accelerator
+        self.on_host: dict[tuple, tuple[Any, np.ndarray]] = {}
+        self.moved = 0  # bytes moved to the next tier (disk or host memory) and back
         # an alias's blocks are another store's memory: freeing them releases nothing
         size = int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
         self.block_bytes = size if owns else 0
@@ -114,52 +118,65 @@ class BlockStore:
     def free_all(self) -> int:
         n = len(self.blocks) * self.block_bytes
         self.blocks.clear()
-        self._forget_files(())
+        self._forget_swapped(())
         return n
 
-    # --- swapping to disk -------------------------------------------------------------------
+    # --- swapping to the next tier ------------------------------------------------------------
     def swap_out(self, key: tuple) -> int:
-        """Write the blocks under ``key`` to files and drop them from memory; bytes released.
+        """Move the blocks under ``key`` to the backend's next tier; bytes released.
 
-        Files are written and read back explicitly (``np.save``/``np.load``), never mapped,
-        so a swapped block holds no memory at all."""
+        On the host that tier is disk: each block's rows written raw to a file and read back
+        explicitly into a fresh array (``tofile``/``fromfile``: no copy of the block on the
+        way, never mapped), so a swapped block holds no memory at all; the written mask
+        (a byte a row) stays. An accelerator's next tier is host memory
+        (``Backend.to_host``)."""
         k = len(key)
         n = 0
+        to_host = self.backend.swap_tier == "host"
         for outer in [o for o in self.blocks if o[:k] == key]:
             rows, written = self.blocks.pop(outer)
-            fd, path = tempfile.mkstemp(prefix="timerl-swap-", suffix=".npz", dir=_swap_dir())
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, rows=self.backend.to_numpy(rows), written=written)
-            self.on_disk[outer] = path
             n += self.block_bytes
+            if to_host:
+                self.on_host[outer] = (self.backend.to_host(rows), written)
+                continue
+            array = np.ascontiguousarray(self.backend.to_numpy(rows))
+            fd, path = tempfile.mkstemp(prefix="timerl-swap-", suffix=".rows", dir=_swap_dir())
+            with os.fdopen(fd, "wb") as f:
+                array.tofile(f)
+            self.on_disk[outer] = (path, array.dtype, written)
         self.moved += n
         return n
 
     def swap_in(self, key: tuple) -> int:
-        """Read back the blocks under ``key`` that ``swap_out`` wrote; bytes taken again."""
+        """Bring back the blocks under ``key`` that ``swap_out`` moved; bytes taken again."""
         k = len(key)
         n = 0
+        for outer in [o for o in self.on_host if o[:k] == key]:
+            rows, written = self.on_host.pop(outer)
+            self.blocks[outer] = (self.backend.from_host(rows), written)
+            n += self.block_bytes
         for outer in [o for o in self.on_disk if o[:k] == key]:
-            path = self.on_disk.pop(outer)
-            with np.load(path) as data:
-                rows, written = self.backend.asarray(data["rows"].copy()), data["written"].copy()
+            path, dtype, written = self.on_disk.pop(outer)
+            rows = np.fromfile(path, dtype=dtype).reshape((self.extent, *self.elem))
             os.unlink(path)
-            self.blocks[outer] = (rows, written)
+            self.blocks[outer] = (self.backend.asarray(rows), written)
             n += self.block_bytes
         self.moved += n
         return n
 
-    def _forget_files(self, key: tuple) -> None:
+    def _forget_swapped(self, key: tuple) -> None:
         k = len(key)
+        for outer in [o for o in self.on_host if o[:k] == key]:
+            del self.on_host[outer]
         for outer in [o for o in self.on_disk if o[:k] == key]:
-            os.unlink(self.on_disk.pop(outer))
+            os.unlink(self.on_disk.pop(outer)[0])
 
     def free_prefix(self, key: tuple) -> int:
         k = len(key)
         gone = [outer for outer in self.blocks if outer[:k] == key]
         for outer in gone:
             del self.blocks[outer]
-        self._forget_files(key)
+        self._forget_swapped(key)
         return len(gone) * self.block_bytes
 
     # --- the dict interface of a point store -----------------------------------------------
@@ -696,7 +713,8 @@ class StorePlan:
         if stmt.op.id not in self.blocks:
             return []  # held as points on this backend: nothing to swap
         if isinstance(stmt, SwapOut):
-            return [f"M[0] -= S{stmt.op.id}.swap_out({key})"]
+            # ``_b`` (the block a loop wrote last) must not keep the swapped block alive
+            return ["_b = None", f"M[0] -= S{stmt.op.id}.swap_out({key})"]
         return [f"M[0] += S{stmt.op.id}.swap_in({key})", "if M[0] > M[1]: M[1] = M[0]"]
 
     def block_free_src(self, stmt: Free, key: str) -> str:

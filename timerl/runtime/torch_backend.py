@@ -26,6 +26,8 @@ class TorchBackend(Backend):
             raise BackendError(f"device {device!r} asked for, but CUDA is not available")
         super().__init__(device, threads)
         self._dev = torch.device(device)
+        if self._dev.type == "cuda":
+            self.swap_tier = "host"
 
     def cast(self, value: Any, dtype: np.dtype) -> Any:
         want = torch_dtype(dtype)
@@ -84,6 +86,21 @@ class TorchBackend(Backend):
                 yield
         finally:
             torch.set_num_threads(before)
+
+    def to_host(self, value: Any) -> Any:
+        # Pinned memory lets the copy run asynchronously on the current stream: the swap-out
+        # costs the kernel launch only, and the device memory it frees is reused only by
+        # kernels queued after the copy (the caching allocator is stream-ordered).
+        pinned = self._dev.type == "cuda"
+        host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pinned)
+        return host.copy_(value, non_blocking=pinned)
+
+    def from_host(self, value: Any) -> Any:
+        return value.to(self._dev, non_blocking=self._dev.type == "cuda")
+
+    def reset_device_peak(self) -> None:
+        if self._dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self._dev)
 
     def device_peak_bytes(self) -> int | None:
         if self._dev.type == "cuda":
