@@ -56,11 +56,16 @@ class System:
         return f"not installed: {', '.join(missing)}" if missing else None
 
 
+def _on_host(cfg: Config, backend: str) -> Config:
+    """The numpy backend runs on the host whatever ``--device`` the other systems use."""
+    return replace(cfg, device="cpu") if backend == "numpy" else cfg
+
+
 def _timerl(backend: str) -> Callable[[Config, str], Result]:
     def run(cfg: Config, algo: str) -> Result:
         from bench import timerl_runner
 
-        return timerl_runner.run(cfg, algo=algo, backend=backend)
+        return timerl_runner.run(_on_host(cfg, backend), algo=algo, backend=backend)
 
     return run
 
@@ -69,7 +74,7 @@ def _timerl_profile(backend: str) -> Callable[[Config, str], dict[str, Any]]:
     def profile(cfg: Config, algo: str) -> dict[str, Any]:
         from bench import timerl_runner
 
-        return timerl_runner.profiled(cfg, algo=algo, backend=backend)
+        return timerl_runner.profiled(_on_host(cfg, backend), algo=algo, backend=backend)
 
     return profile
 
@@ -856,6 +861,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=None, help="override every case's count")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch/BLAS/XLA threads (default 1)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="device of the torch and jax systems and baselines, e.g. cuda (numpy: the host)",
+    )
     p.add_argument("--out", default=None, help="directory for results.csv, table.md, PNG plots")
     p.add_argument("--profile", action="store_true", help="cost breakdown of timerl runs")
     p.add_argument(
@@ -880,6 +890,7 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
     cases = all_cases(quick=args.quick, iterations=args.iterations, seed=args.seed)
     for case in cases:
         case.config.threads = args.threads
+        case.config.device = args.device
     if args.list:
         for case in cases:
             print(f"{case.label:<20} [{case.experiment}] {case.describe()}")
@@ -900,7 +911,7 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
             pin_xla_threads()
     began = time.perf_counter()
     print(f"timerl bench rl: {len(chosen)} configuration(s) x {len(names)} system(s) "
-          f"x {repeats} repeat(s), {args.threads} thread(s)")  # fmt: skip
+          f"x {repeats} repeat(s), {args.threads} thread(s), device {args.device}")  # fmt: skip
     for case in chosen:
         print(f"  {case.label:<20} {case.describe()}")
     rows = run_benchmark(chosen, names, repeats, not args.in_process, systems)

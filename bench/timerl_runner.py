@@ -180,7 +180,8 @@ def _result(cfg: Config, out: Any, records: list, start: float, algo: str, backe
         total_s=time.perf_counter() - start,
         total_env_steps=cfg.batch_size * len(records),
         peak_rss_bytes=int(getattr(out, "peak_rss_bytes", 0) or peak_rss_bytes()),
-        framework_peak_bytes=int(out.peak_bytes),
+        # on an accelerator its allocator's peak, as the baselines report; else timerl's meter
+        framework_peak_bytes=int(out.device_peak_bytes or out.peak_bytes),
         returns=returns,
         base_rss_bytes=int(getattr(out, "base_rss_bytes", 0)),
         memory_budget_bytes=int(getattr(out, "memory_budget_bytes", 0)),

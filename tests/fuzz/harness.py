@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import traceback
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ HAS_OPTIMIZE_FLAG = "optimize" in inspect.signature(tl.evaluate).parameters
 
 RTOL = 1e-7
 ATOL = 1e-9
+
+# the device of the torch and jax configurations ("cuda" on a machine with a GPU)
+DEVICE = os.environ.get("TIMERL_FUZZ_DEVICE", "cpu")
 
 
 class Finding(AssertionError):
@@ -38,9 +42,11 @@ class Config:
 
     backend: str = "numpy"
     optimize: bool = True
+    device: str = "cpu"
 
     def __str__(self) -> str:
-        return f"{self.backend}{'' if self.optimize else ', optimize=False'}"
+        on = "" if self.device == "cpu" else f" on {self.device}"
+        return f"{self.backend}{on}{'' if self.optimize else ', optimize=False'}"
 
 
 def configs(torch_too: bool, unoptimised: bool = True, jax_too: bool = False) -> list[Config]:
@@ -48,9 +54,9 @@ def configs(torch_too: bool, unoptimised: bool = True, jax_too: bool = False) ->
     if HAS_OPTIMIZE_FLAG and unoptimised:
         out.append(Config("numpy", optimize=False))
     if torch_too:
-        out.append(Config("torch"))
+        out.append(Config("torch", device=DEVICE))
     if jax_too:
-        out.append(Config("jax"))
+        out.append(Config("jax", device=DEVICE))
     return out
 
 
@@ -98,7 +104,9 @@ def run_config(program: Program, cfg: Config) -> list:
         wanted += [b.tensors[t.name].grad for t in program.inputs]
     kwargs = {} if cfg.optimize else {"optimize": False}
     try:
-        return tl.evaluate(wanted, bounds=program.bounds(b), backend=cfg.backend, **kwargs)
+        return tl.evaluate(
+            wanted, bounds=program.bounds(b), backend=cfg.backend, device=cfg.device, **kwargs
+        )
     except tl.TimerlError as exc:
         raise Finding(f"rejected by evaluate ({cfg})", _short(exc), program) from exc
     except Exception as exc:

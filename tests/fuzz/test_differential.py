@@ -9,7 +9,9 @@ same reference. A failure prints the shrunk program as runnable timerl source.
 ``TIMERL_FUZZ_EXAMPLES`` sets the total number of programs (default 2,000, split over the tests
 below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_JAX_EXAMPLES`` (default 20) sets
 how many further programs ``test_jax_backend`` checks on the jax backend (each compiles jitted
-regions, so they cost more). ``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
+regions, so they cost more). ``TIMERL_FUZZ_DEVICE`` (default cpu) is the device of the torch
+and jax runs; on another (``cuda``) every program runs on torch there too, not a fifth.
+``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
 and fails at the end with each distinct failure (unshrunk) instead of stopping at the first.
 """
 
@@ -25,7 +27,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import HAS_OPTIMIZE_FLAG, Finding, check, signature  # noqa: E402
+from harness import DEVICE, HAS_OPTIMIZE_FLAG, Finding, check, signature  # noqa: E402
 from programs import FLAGS, DrawChooser, Program, generate  # noqa: E402
 
 TOTAL = int(os.environ.get("TIMERL_FUZZ_EXAMPLES", "2000"))
@@ -58,7 +60,7 @@ def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Progr
     """
     ch = DrawChooser(draw)
     program = generate(ch, frozenset(FLAGS), grad=grad, max_stages=max_stages, two=two)
-    torch_too = ch.chance(20)
+    torch_too = ch.chance(20) or DEVICE != "cpu"
     unoptimised = not grad or ch.chance(34)
     return program, torch_too, unoptimised
 
