@@ -435,6 +435,8 @@ def accounting_lines(rows: list[Row]) -> list[str]:
     for row in rows:
         if row.case.experiment != "memory":
             continue
+        if any(r.get("config", {}).get("device", "cpu") != "cpu" for r in row.results):
+            continue  # on an accelerator the peak is the device's, not the host's RSS
         run_data = row.run_data_bytes
         metered = row.median("framework_peak_bytes")
         if row.status != "ok" or math.isnan(run_data) or math.isnan(metered) or metered <= 0:
