@@ -65,6 +65,8 @@ def test_ppo_rollout_streams_to_disk_and_runs_at_its_planned_peak(minibatches, e
     assert stats["peak_bytes"] <= free.stats()["peak_bytes"] - _obs_bytes()
     # every row written once per iteration and read back at least once
     assert stats["swapped_bytes"] >= 2 * 3 * _obs_bytes()
+    # one iteration's observations on disk at a time (a block's file closes when it frees)
+    assert stats["swap_tier"] == "disk" and stats["swap_tier_peak_bytes"] == _obs_bytes()
     for m, m2 in zip(metrics, streamed, strict=True):
         np.testing.assert_allclose(prog.value(m2), free.value(m), rtol=1e-5, atol=1e-6)
 

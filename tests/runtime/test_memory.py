@@ -212,6 +212,7 @@ def test_an_idle_block_is_swapped_to_the_next_tier_under_a_budget(backend, devic
     assert stats["peak_bytes"] <= budget and stats["peak_bytes"] == stats["planned_peak_bytes"]
     assert stats["swapped_bytes"] == 2 * block  # written once, read back once
     assert stats["swap_tier"] == ("host" if device == "cuda" else "disk")
+    assert stats["swap_tier_peak_bytes"] == block  # x, while y's loop runs
     np.testing.assert_array_equal(prog.value(out), free.value(out))
 
 
@@ -255,6 +256,7 @@ def test_a_host_tier_swaps_to_memory_and_writes_no_file(monkeypatch, compiled):
     prog.run(compiled=compiled)
     stats = prog.stats()
     assert stats["swap_tier"] == "host" and stats["swapped_bytes"] == 2 * block
+    assert stats["swap_tier_peak_bytes"] == block
     assert stats["peak_bytes"] == stats["planned_peak_bytes"]
     np.testing.assert_array_equal(prog.value(out), free.value(out))
 

@@ -160,6 +160,8 @@ class Program:
         if self._last is not None:
             out["swapped_bytes"] = self._last.swapped_bytes()
             out["swap_tier"] = self.backend.swap_tier  # "disk", or "host" from an accelerator
+            # the most bytes swapped and streamed blocks held there at once
+            out["swap_tier_peak_bytes"] = run.tier.peak
             reads = self._last.read_stats()
             if reads is not None:
                 out.update(reads)

@@ -26,7 +26,7 @@ from timerl.ir.validate import exclusive_conditions
 from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
 from timerl.runtime.codegen import CodeGen
-from timerl.runtime.stores import BlockStore, StorePlan, StreamStore
+from timerl.runtime.stores import BlockStore, StorePlan, StreamStore, TierMeter
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
 
@@ -52,6 +52,7 @@ class RunStats:
     seconds: float = 0.0
     statements: int = 0
     memory: MemoryMeter = field(default_factory=MemoryMeter)
+    tier: TierMeter = field(default_factory=TierMeter)  # the next tier: swapped, streamed
 
 
 UNBOUNDED = 2**62
@@ -208,9 +209,9 @@ class Executor:
         self.dynamic = dict(dynamic)  # bound -> cap (None: no cap)
         self.seed = seed
         # a dict per op, or a BlockStore where the storage plan says so (both executors)
-        self.stores: dict[int, Any] = self.plan.make_stores(ops, backend)
-        self.ops = {op.id: op for op in ops}
         self.stats = RunStats()
+        self.stores: dict[int, Any] = self.plan.make_stores(ops, backend, self.stats.tier)
+        self.ops = {op.id: op for op in ops}
         self._trim = HeapTrim()
         self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
         self._prepared: dict[int, Callable[[dict], None]] = {}

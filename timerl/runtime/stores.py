@@ -57,6 +57,25 @@ def _swap_dir() -> str:
     return _SWAP_DIR[0]
 
 
+class TierMeter:
+    """Bytes held in the next memory tier (disk, or host memory from an accelerator) by
+    swapped and streamed blocks: the run's live count and its peak, shared by its stores."""
+
+    __slots__ = ("live", "peak")
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def add(self, n: int) -> None:
+        self.live += n
+        if self.live > self.peak:
+            self.peak = self.live
+
+    def sub(self, n: int) -> None:
+        self.live -= n
+
+
 class BlockStore:
     """Blocks of ``extent`` rows of shape ``elem``, keyed by the point of the outer dims."""
 
@@ -72,6 +91,7 @@ class BlockStore:
         "on_disk",
         "on_host",
         "moved",
+        "tier",
     )
 
     def __init__(
@@ -89,6 +109,7 @@ class BlockStore:
         # outer -> (host copy, written mask) of a block swapped out of an accelerator
         self.on_host: dict[tuple, tuple[Any, np.ndarray]] = {}
         self.moved = 0  # bytes moved to the next tier (disk or host memory) and back
+        self.tier = TierMeter()  # the run's, shared by its stores (``make_stores``)
         # an alias's blocks are another store's memory: freeing them releases nothing
         size = int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
         self.block_bytes = size if owns else 0
@@ -145,6 +166,7 @@ class BlockStore:
                 array.tofile(f)
             self.on_disk[outer] = (path, array.dtype, written)
         self.moved += n
+        self.tier.add(n)
         return n
 
     def swap_in(self, key: tuple) -> int:
@@ -162,14 +184,17 @@ class BlockStore:
             self.blocks[outer] = (self.backend.asarray(rows), written)
             n += self.block_bytes
         self.moved += n
+        self.tier.sub(n)
         return n
 
     def _forget_swapped(self, key: tuple) -> None:
         k = len(key)
         for outer in [o for o in self.on_host if o[:k] == key]:
             del self.on_host[outer]
+            self.tier.sub(self.block_bytes)
         for outer in [o for o in self.on_disk if o[:k] == key]:
             os.unlink(self.on_disk.pop(outer)[0])
+            self.tier.sub(self.block_bytes)
 
     def free_prefix(self, key: tuple) -> int:
         k = len(key)
@@ -577,7 +602,14 @@ class StreamStore(BlockStore):
                 self.ahead,
             )
             self.blocks[outer] = (rows, np.zeros(self.extent, dtype=bool))
+            self.tier.add(self.file_bytes)
         return 0
+
+    @property
+    def file_bytes(self) -> int:
+        """The bytes of one block's file, written as its rows are computed."""
+        rows = int(np.prod((self.extent, *self.elem), dtype=np.int64))
+        return rows * np.dtype(self.dtype).itemsize
 
     @property
     def streamed_bytes(self) -> int:
@@ -590,6 +622,7 @@ class StreamStore(BlockStore):
     def _close(self, outers: list[tuple]) -> None:
         for outer in outers:
             self.blocks.pop(outer)[0].close()
+            self.tier.sub(self.file_bytes)
 
     def free_all(self) -> int:
         self._close(list(self.blocks))
@@ -634,8 +667,11 @@ class StorePlan:
 
         visit(schedule.body, None)
 
-    def make_stores(self, ops: Iterable[Op], backend: Any) -> dict[int, Any]:
-        """A store per op: a ``BlockStore`` for each block, a dict otherwise."""
+    def make_stores(
+        self, ops: Iterable[Op], backend: Any, tier: TierMeter | None = None
+    ) -> dict[int, Any]:
+        """A store per op: a ``BlockStore`` for each block, a dict otherwise; the block
+        stores count what they hold in the next tier on ``tier``."""
         out: dict[int, Any] = {}
         for op in ops:
             if op.id in self.blocks:
@@ -657,6 +693,10 @@ class StorePlan:
                 out[op.id] = BlockStore(extent, elem, op.dtype, backend, owns)
             else:
                 out[op.id] = {}
+        if tier is not None:
+            for store in out.values():
+                if isinstance(store, BlockStore):
+                    store.tier = tier
         return out
 
     def allocated_by(self, loop: Loop) -> list[Op]:
