@@ -5,6 +5,8 @@ and why the others were not."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,38 @@ def test_a_forward_recurrence_is_one_call():
     assert list(calls.values()) == [1]  # twelve iterations, one call
     assert prog.stats()["jit_loops"] == 1
     assert _explained(prog) == {"for t in 0 .. T-1": "one XLA loop"}
+
+
+def test_independent_iterations_are_one_vmap(monkeypatch):
+    """``next[t] = v[t + 1]``, a bootstrap past the last step (PPO's next values), once ``v``
+    is complete: no iteration reads another's, so that loop runs as one vmap."""
+    from timerl.runtime import jax_loops
+
+    while_loops = []
+    fori_loop = jax_loops.lax.fori_loop
+    monkeypatch.setattr(
+        jax_loops.lax, "fori_loop", lambda *a: while_loops.append(1) or fori_loop(*a)
+    )
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        v = tl.RecurrentTensor.placeholder(shape=(4,), domain=(t,))
+        v[0] = tl.from_numpy(np.arange(4, dtype=np.float32))
+        v[t + 1] = (v[t] * 0.9).tanh() + 0.1
+        boot = tl.from_numpy(np.full(4, 3.0, np.float32))
+        nxt = tl.RecurrentTensor.placeholder(shape=(4,), domain=(t,))
+        nxt[t.eq(T - 1)] = boot * 2.0
+        nxt[True] = v[t + 1].tanh()
+    prog, calls = _check(ctx, {T: 7}, [nxt])
+    assert sum(calls.values()) == len(calls) == 2  # each loop one call
+    notes = re.findall(r"for t in 0 \.\. T-1 \(\d ops: (\w+)#\d+\) -> (.*)", prog.explain())
+    assert notes == [("merge", "one XLA loop"), ("tanh", "one vmap (iterations independent)")]
+    assert len(while_loops) == 1  # traced once: v's recurrence
+    vs = [np.arange(4, dtype=np.float32)]
+    for _ in range(6):
+        vs.append(np.tanh(vs[-1] * np.float32(0.9)) + np.float32(0.1))
+    want = np.concatenate([np.tanh(np.stack(vs[1:])), np.full((1, 4), 6.0, np.float32)])
+    np.testing.assert_allclose(prog.value(nxt), want, rtol=1e-6)
 
 
 def test_a_backward_recurrence_like_gae():

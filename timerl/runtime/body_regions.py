@@ -119,7 +119,7 @@ class BodyFusion:
         self.loops.notes[describe(loop, ops)] = "one XLA program per iteration"
         for r in found.regions:
             inner = [s.op for s in r.loop.body if isinstance(s, Compute)]
-            self.loops.notes[describe(r.loop, inner)] = "one XLA loop, inside the iteration's"
+            self.loops.notes[describe(r.loop, inner)] = f"{r.plan.note()}, inside the iteration's"
         return found
 
     def _plan(self, loop: Loop) -> BodyRegion:

@@ -118,6 +118,17 @@ class LoopPlan:
     finals: tuple[int, ...]  # returned: the last iteration's value
     rows_out: tuple[int, ...]  # returned: every iteration's value, as one array per iteration
 
+    @property
+    def parallel(self) -> bool:
+        """No iteration reads another's values (nothing carried, no history read): the
+        iterations may run at once, as one batched computation."""
+        return all(r[0] not in ("last", "hist") for st in self.steps for r in st.refs)
+
+    def note(self) -> str:
+        """How ``explain()`` names the traced loop."""
+        many = self.extent > 1 and self.parallel
+        return "one vmap (iterations independent)" if many else "one XLA loop"
+
 
 @dataclass(eq=False)
 class LoopRegion:
@@ -206,7 +217,7 @@ class LoopFusion:
         ops = [s.op for s in loop.body if isinstance(s, Compute)]
         found = self._plan(loop, outer, ops)
         self.notes[describe(loop, ops)] = (
-            "one XLA loop" if isinstance(found, LoopRegion) else f"runs in Python: {found}"
+            found.plan.note() if isinstance(found, LoopRegion) else f"runs in Python: {found}"
         )
         return found if isinstance(found, LoopRegion) else None
 
