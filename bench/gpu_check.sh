@@ -4,7 +4,9 @@
 #      jax backend on the GPU for its own programs, each against the numpy reference; the
 #      memory tests, whose swap test runs on cuda there (blocks swapped to host memory);
 #   2. the benchmark's synthetic-e256 and memory-e8 cases, timerl torch and jax on the GPU
-#      against eager PyTorch and the jitted JAX PPO on the same GPU, alternated.
+#      against eager PyTorch and the jitted JAX PPO on the same GPU, alternated;
+#   3. where a jax iteration's time goes on the GPU: inside its jitted call or in the host's
+#      work around it, and the device's kernels by name (bench/jax_iteration.py).
 # Usage: bench/gpu_check.sh [OUTDIR]   (python3 with torch built for CUDA and jax with a GPU
 # plugin; DEVICE=cpu runs the same steps on the host, FUZZ / REPEATS size them).
 set -u -o pipefail
@@ -38,5 +40,10 @@ timeout 300 $py -m bench.rl --configs "${CONFIGS:-synthetic-e256,memory-e8}" \
   --systems timerl_torch,torch_ppo,timerl_jax,jax_ppo --device "$device" \
   --repeats "${REPEATS:-2}" --iterations "${ITERATIONS:-3}" 2>&1 | tee "$out/bench.txt"
 bench=$?
-echo "tests exit $tests, bench exit $bench" | tee -a "$out/facts.txt"
-exit $((tests || bench))
+
+# 3. a jax iteration on the GPU, inside and around its call
+timeout 120 $py -m bench.jax_iteration --config synthetic-e256 --device "$device" --kernels \
+  2>&1 | tee "$out/jax_iteration.txt"
+split=$?
+echo "tests exit $tests, bench exit $bench, jax_iteration exit $split" | tee -a "$out/facts.txt"
+exit $((tests || bench || split))
