@@ -183,10 +183,15 @@ def test_bad_combinations_name_the_env_and_the_reason():
         make_env("CartPole-v1", 2, 0, "jax", workers=2)
 
 
-def test_a_tally_of_a_rollout_at_once_equals_its_steps_one_by_one():
+@pytest.mark.parametrize("loop_from", [1, 10**9], ids=["by steps", "by passes"])
+def test_a_tally_of_a_rollout_at_once_equals_its_steps_one_by_one(monkeypatch, loop_from):
     """The driver's episode returns after a pure env's rollout: ``add_steps`` over ``(T, n)``
-    rewards and dones gives the very sums, lengths and order of ``T`` calls of ``add``."""
+    rewards and dones gives the very sums, lengths and order of ``T`` calls of ``add``, both
+    ways it can sum them."""
+    from timerl.rl import vector_env
     from timerl.rl.vector_env import EpisodeTally
+
+    monkeypatch.setattr(vector_env, "STEP_LOOP_FROM_ENVS", loop_from)
 
     rng = np.random.default_rng(0)
     for trial in range(50):

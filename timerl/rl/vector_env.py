@@ -24,6 +24,10 @@ def register_native(env_id: str, factory: Callable[..., VectorEnv]) -> None:
     _NATIVE[env_id] = factory
 
 
+# ``EpisodeTally.add_steps`` loops over the steps from this many envs on (see there)
+STEP_LOOP_FROM_ENVS = 128
+
+
 class EpisodeTally:
     """Running return and length of each env's episode, and the episodes ended since last asked.
 
@@ -54,15 +58,25 @@ class EpisodeTally:
 
     def add_steps(self, rewards: np.ndarray, dones: np.ndarray) -> None:
         """``T`` steps of every env at once (``(T, num_envs)`` arrays): the same sums, in the
-        same order, as ``T`` calls of ``add``. Each episode's sum is one column of a matrix
-        (the running return or 0.0 in row 0, then its rewards) summed down by one sequential
-        ``np.add.accumulate``, so no Python loop runs over the steps or the episodes (a loop
-        over CartPole's short episodes cost 0.4 ms an iteration)."""
+        same order, as ``T`` calls of ``add``. Two exact ways, picked by the number of envs:
+        whole-array passes cost per element, a loop over the steps per step (measured here,
+        numpy on one core: 250 steps x 256 envs 6.5 ms by passes, 1.6 ms by steps; 128 x 16
+        0.28 and 0.55 ms; 1,000 x 8 0.56 and 2.0 ms; 128 x 64 about equal)."""
         rewards = np.asarray(rewards, dtype=np.float64)
         dones = np.asarray(dones, dtype=bool)
-        steps, n = rewards.shape
-        if steps == 0:
+        if rewards.shape[0] == 0:
             return
+        if rewards.shape[1] >= STEP_LOOP_FROM_ENVS:
+            self._add_by_steps(rewards, dones)
+        else:
+            self._add_by_passes(rewards, dones)
+
+    def _add_by_passes(self, rewards: np.ndarray, dones: np.ndarray) -> None:
+        """Each episode's sum is one column of a matrix (the running return or 0.0 in row 0,
+        then its rewards) summed down by one sequential ``np.add.accumulate``, so no Python
+        loop runs over the steps or the episodes (a loop over CartPole's short episodes cost
+        0.4 ms an iteration)."""
+        steps, n = rewards.shape
         tt = np.arange(steps)[:, None]
         # segment of each step within its env (dones strictly before it) and its position
         before = np.cumsum(dones, axis=0) - dones
@@ -89,6 +103,38 @@ class EpisodeTally:
         ran = np.where(dones[-1], 0, steps - first[-1])
         self.running_return[:] = sums[ran, last]
         self.running_length[:] = length0[last] + ran
+
+    def _add_by_steps(self, rewards: np.ndarray, dones: np.ndarray) -> None:
+        """The running returns summed row by row, as ``add`` does; the ends' lengths and the
+        running lengths in closed form (an episode ending at row ``t`` began after its env's
+        previous end, or ``running_length`` rows before row 0)."""
+        steps = rewards.shape[0]
+        t_end, j_end = np.nonzero(dones)  # row-major: the order ``add`` meets the ends
+        by_env = np.argsort(j_end, kind="stable")
+        t_env, j_env = t_end[by_env], j_end[by_env]
+        first = np.ones(len(j_env), dtype=bool)
+        first[1:] = j_env[1:] != j_env[:-1]
+        began = np.empty_like(t_env)
+        began[first] = -self.running_length[j_env[first]]
+        began[~first] = t_env[:-1][~first[1:]] + 1
+        lengths = np.empty_like(t_env)
+        lengths[by_env] = t_env + 1 - began
+        ret = self.running_return
+        cut = np.searchsorted(t_end, np.arange(steps + 1))  # row k's ends: cut[k]:cut[k + 1]
+        returns = np.empty(len(t_end))
+        for k, row in enumerate(rewards):
+            np.add(ret, row, out=ret)
+            a, b = cut[k], cut[k + 1]
+            if a != b:
+                idx = j_end[a:b]
+                returns[a:b] = ret[idx]
+                ret[idx] = 0.0
+        self.done_returns.extend(returns.tolist())
+        self.done_lengths.extend(lengths.tolist())
+        last_end = np.full(len(ret), -1)
+        last_end[j_env] = t_env  # each env's latest end (written last)
+        ended = last_end >= 0
+        self.running_length[:] = np.where(ended, steps - 1 - last_end, self.running_length + steps)
 
     def completed_returns(self) -> np.ndarray:
         """Returns of the episodes finished since the last call (then forgotten)."""
