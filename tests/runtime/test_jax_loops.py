@@ -117,6 +117,30 @@ def test_independent_iterations_are_one_vmap(monkeypatch):
     np.testing.assert_allclose(prog.value(nxt), want, rtol=1e-6)
 
 
+def test_a_stacked_reshape_is_its_sources_history_reshaped(monkeypatch):
+    """``y[t] = x[t].reshape(6)`` with both read whole after the loop (PPO's observations and
+    their flattened view): the traced loop keeps one history, ``y``'s is ``x``'s reshaped."""
+    from timerl.runtime import jax_backend
+
+    plans = []
+    make = jax_backend.loop_function
+    monkeypatch.setattr(jax_backend, "loop_function", lambda plan: plans.append(plan) or make(plan))
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(2, 3), domain=(t,))
+        x[0] = tl.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+        x[t + 1] = (x[t] * 0.9).tanh() + 0.1
+        y = x.reshape(6)
+        flat = y[0:T] @ tl.from_numpy(np.ones(6, np.float32))
+        whole = x[0:T].sum(0)
+    _check(ctx, {T: 5}, [flat, whole])
+    (plan,) = plans
+    assert len(plan.derived) == 1 and len(plan.hist) == 1
+    ((source, shape),) = plan.derived.values()
+    assert source in plan.hist and shape == (6,)
+
+
 def test_a_backward_recurrence_like_gae():
     """``gae[t] = delta[t] + g * (1 - done[t]) * gae[t + 1]``, the last step its base case:
     a backward loop reading per-step inputs from outside and its own next value."""

@@ -100,14 +100,25 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
         else:
             last, hist = lax.fori_loop(0, n, body, (init_last, init_hist))
         finals = {m: last[m] for m in plan.finals}
-        rows_out = {m: hist[m] for m in plan.rows_out}
-        return finals, rows_out
+        return finals, _rows_out(hist)
+
+    def _rows_out(every: dict) -> dict:
+        """Each stacked value's array; a derived one is its source's, reshaped (a view)."""
+        out = {}
+        for m in plan.rows_out:
+            if m in plan.derived:
+                source, shape = plan.derived[m]
+                out[m] = every[source].reshape((n, *shape))
+            else:
+                out[m] = every[m]
+        return out
 
     def parallel(closed: tuple, stacked: tuple, env0: dict) -> tuple[dict, dict]:
         """Iterations that read nothing of each other run as one ``vmap`` over the loop
         index: no while loop, whose every iteration costs a launch and a predicate on a GPU
         (PPO's ``next_value[t] = value[t + 1]`` loop: 250 of them per iteration)."""
-        kept = set(plan.finals) | set(plan.rows_out)
+        kept = (set(plan.finals) | set(plan.rows_out)) - set(plan.derived)
+        kept |= {source for source, _ in plan.derived.values()}
 
         def one(u: Any, row: tuple) -> dict:
             env = dict(env0)
@@ -121,7 +132,10 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
 
         every = jax.vmap(one)(jnp.arange(n), stacked)  # row u: iteration at index u
         final = n - 1 if plan.forward else 0
-        return {m: every[m][final] for m in plan.finals}, {m: every[m] for m in plan.rows_out}
+        finals = {m: every[m][final] for m in plan.finals if m not in plan.derived}
+        rows = _rows_out(every)
+        finals.update({m: rows[m][final] for m in plan.finals if m in plan.derived})
+        return finals, rows
 
     return run
 

@@ -117,6 +117,9 @@ class LoopPlan:
     hist: dict[int, tuple[tuple[int, ...], np.dtype]]  # carried: every iteration's value
     finals: tuple[int, ...]  # returned: the last iteration's value
     rows_out: tuple[int, ...]  # returned: every iteration's value, as one array per iteration
+    # a value of ``rows_out`` that is a contiguous view (a reshape) of another's point: no
+    # history of its own, the other's history reshaped after the loop (op -> (source, shape))
+    derived: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
 
     @property
     def parallel(self) -> bool:
@@ -141,6 +144,31 @@ class LoopRegion:
     rows_out: list[tuple[Op, tuple[int, ...] | None]]  # None: every point; else the ones kept
     outside_frees: list[Free]
     live_bytes: int
+
+
+def _derived_histories(
+    rows_out: list[tuple[Op, Any]], hist: dict[int, tuple], read_around: set[int], shapes: dict
+) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """Stacked values that need no history of their own: a contiguous view (a reshape,
+    identity or detach) of another stacked value at the same point, read at no other
+    iteration inside the loop, is that value's history reshaped after the loop. (PPO's
+    flattened observations: without this the rollout kept every image twice.)"""
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for op, _ in rows_out:
+        if op.id in read_around or len(op.inputs) != 1:
+            continue
+        if prims.get(op.prim).traits.whole_view != "contiguous" or op.guard != TRUE:
+            continue
+        e = op.inputs[0]
+        source = out[e.src.id][0] if e.src.id in out else e.src.id
+        if source not in hist or e.cond != TRUE or e.src.dtype != op.dtype:
+            continue
+        if tuple(op.domain) != tuple(e.src.domain):
+            continue
+        if not all(i is d for i, d in zip(e.index, op.domain, strict=True)):
+            continue
+        out[op.id] = (source, shapes[op.id][0])
+    return out
 
 
 def _symbols(item: Any) -> frozenset:
@@ -328,6 +356,9 @@ class LoopFusion:
                 hist[op_id] = shapes[op_id]
         for op_id in stacked:
             hist[op_id] = shapes[op_id]
+        derived = _derived_histories(rows_out, hist, set(other), shapes)
+        for op_id in derived:
+            del hist[op_id]
         for op in finals:
             if op.id not in hist:
                 last[op.id] = shapes[op.id]
@@ -368,6 +399,7 @@ class LoopFusion:
             hist=hist,
             finals=tuple(op.id for op in [*finals, *split_free]),
             rows_out=tuple(op.id for op, _ in rows_out),
+            derived=derived,
         )
         live = sum(_nbytes(st.shape, st.dtype) for st in steps)
         live += sum(_nbytes(s, d) for s, d in last.values())
@@ -539,7 +571,10 @@ class LoopFusion:
                 conds.append(f"{d} != {last}")
             where = f" if {' and '.join(conds)}" if conds else ""
             outer = gen.key_src([gen.names.of(x) for x in op.domain[:-1]])
-            row = _nbytes(*plan.hist[op.id])
+            # (a derived history is its source's memory, reshaped; the meter still counts
+            # it as its own, as before it was derived: an over-count on this backend)
+            shape, dtype = plan.hist.get(op.id) or (plan.derived[op.id][1], op.dtype)
+            row = _nbytes(shape, dtype)
             gen.emit(depth, f"_ks = [{d} for {d} in range({b}){where}]")
             gen.emit(depth, f"S{op.id}.put_rows({outer}, _h[{op.id}], _ks, {row})")
             gen.emit(depth, f"M[0] += len(_ks) * {row}")
