@@ -20,9 +20,12 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 
-def _program(width: int, rows: int, budget_blocks: float | None, backend: str, device: str):
+def idle_block(width: int = 1024) -> tuple[Any, Any]:
+    """``x`` is written, idle while ``y``'s loop runs, then read whole: a block to swap.
+    ``(context, output)``; the memory tests use it too."""
     import timerl as tl
 
     ctx = tl.Context(dims=("t",))
@@ -35,10 +38,15 @@ def _program(width: int, rows: int, budget_blocks: float | None, backend: str, d
         y[0] = x[T - 1] * 2.0
         y[t + 1] = y[t] * 0.9
         out = x[0:T] @ y[0:T].sum(0)
+    return ctx, out
+
+
+def _program(width: int, rows: int, budget_blocks: float | None, backend: str, device: str):
+    ctx, out = idle_block(width)
     block = rows * width * 4
     budget = None if budget_blocks is None else int(budget_blocks * block)
     prog = ctx.compile(
-        bounds={T: rows}, outputs=[out], backend=backend, device=device, memory_budget=budget
+        bounds={"T": rows}, outputs=[out], backend=backend, device=device, memory_budget=budget
     )
     return prog, out
 

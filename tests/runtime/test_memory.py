@@ -3,6 +3,9 @@ read from it are free), so a PPO rollout of large observations costs about its o
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +14,12 @@ from timerl.compiler import budget as budget_pass
 from timerl.compiler.budget import parse_bytes
 from timerl.ir import rowwise
 from timerl.rl.algos import ppo
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `bench` is a top-level directory, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench.swap import idle_block  # noqa: E402  (the swap benchmark's program)
 
 STEPS = 512
 
@@ -171,21 +180,6 @@ def test_planned_peak_of_a_plain_recurrence_is_the_measured_peak():
     assert planned.note == "replayed in full"
 
 
-def _idle_block(width: int = 1024):
-    """``x`` is written, idle while ``y``'s loop runs, then read whole: a block to swap."""
-    ctx = tl.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
-    with ctx:
-        x = tl.RecurrentTensor.placeholder((width,), domain=(t,))
-        x[0] = tl.full((width,), 1.0)
-        x[t + 1] = x[t] * 0.5 + 1.0
-        y = tl.RecurrentTensor.placeholder((width,), domain=(t,))
-        y[0] = x[T - 1] * 2.0
-        y[t + 1] = y[t] * 0.9
-        out = x[0:T] @ y[0:T].sum(0)
-    return ctx, out
-
-
 def _cuda() -> list[tuple[str, str]]:
     """("torch", "cuda") where a CUDA device exists: the host-memory tier for real."""
     try:
@@ -199,7 +193,7 @@ def _cuda() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
 def test_an_idle_block_is_swapped_to_the_next_tier_under_a_budget(backend, device, compiled):
     block = 100 * 1024 * 4
-    ctx, out = _idle_block()
+    ctx, out = idle_block()
     kw = {"bounds": {"T": 100}, "outputs": [out], "backend": backend, "device": device}
     free = ctx.compile(**kw)
     free.run(compiled=compiled)
@@ -223,7 +217,7 @@ def test_a_swapped_block_really_leaves_memory(compiled):
     import tracemalloc
 
     block = 64 * 16384 * 4  # 4 MiB: far above the few objects a run makes
-    ctx, out = _idle_block(16384)
+    ctx, out = idle_block(16384)
     prog = ctx.compile(bounds={"T": 64}, outputs=[out], memory_budget=int(1.5 * block))
     prog.run(compiled=compiled)  # the code is generated on the first run
     tracemalloc.start()
@@ -247,7 +241,7 @@ def test_a_host_tier_swaps_to_memory_and_writes_no_file(monkeypatch, compiled):
 
     monkeypatch.setattr(stores.tempfile, "mkstemp", no_file)
     block = 100 * 1024 * 4
-    ctx, out = _idle_block()
+    ctx, out = idle_block()
     kw = {"bounds": {"T": 100}, "outputs": [out], "backend": "torch"}
     free = ctx.compile(**kw)
     free.run(compiled=compiled)
@@ -262,7 +256,7 @@ def test_a_host_tier_swaps_to_memory_and_writes_no_file(monkeypatch, compiled):
 
 
 def test_a_budget_swapping_cannot_meet_names_the_smallest_that_fits():
-    ctx, out = _idle_block()
+    ctx, out = idle_block()
     with pytest.raises(tl.MemoryBudgetError) as err:
         ctx.compile(bounds={"T": 100}, outputs=[out], memory_budget=100_000)
     fits = int(str(err.value).split("memory_budget=")[1].split(".")[0])
