@@ -353,13 +353,12 @@ class CodeGen:
         op = stmt.op
         if op.id in self.plan.blocks:
             key = self.key_src([self.names.src(p) for p in stmt.prefix])
-            # ``_b``, the block a loop wrote last, must not keep a freed block alive
-            self.emit(depth, "_b = None")
             if stmt.pinned:  # (an alias only: a block is never freed around pinned points)
                 pins = self.key_src([self.names.src(p) for p in stmt.pinned])
                 self.emit(depth, f"if {self.names.src(stmt.prefix[-1])} not in {pins}:")
                 depth += 1
-            self.emit(depth, self.plan.block_free_src(stmt, key))
+            for line in self.plan.block_free_src(stmt, key):
+                self.emit(depth, line)
             return
         n = 0 if op.id in self.plan.views else _static_nbytes(op)
         if op.id in self.locals:

@@ -182,6 +182,7 @@ class JaxBackend(Backend):
         return call
 
     def device_peak_bytes(self) -> int | None:
+        # XLA's allocator has no reset: this is the process's peak on the device, not the run's
         if self._dev.platform == "cpu":
             return None
         stats = self._dev.memory_stats() or {}

@@ -132,9 +132,8 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
 
         every = jax.vmap(one)(jnp.arange(n), stacked)  # row u: iteration at index u
         final = n - 1 if plan.forward else 0
-        finals = {m: every[m][final] for m in plan.finals if m not in plan.derived}
         rows = _rows_out(every)
-        finals.update({m: rows[m][final] for m in plan.finals if m in plan.derived})
+        finals = {m: (rows if m in plan.derived else every)[m][final] for m in plan.finals}
         return finals, rows
 
     return run

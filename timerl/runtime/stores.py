@@ -57,6 +57,11 @@ def _swap_dir() -> str:
     return _SWAP_DIR[0]
 
 
+def _block_size(extent: int, elem: tuple[int, ...], dtype: Any) -> int:
+    """Bytes of a block of ``extent`` rows of shape ``elem``."""
+    return int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
 class TierMeter:
     """Bytes held in the next memory tier (disk, or host memory from an accelerator) by
     swapped and streamed blocks: the run's live count and its peak, shared by its stores."""
@@ -111,8 +116,7 @@ class BlockStore:
         self.moved = 0  # bytes moved to the next tier (disk or host memory) and back
         self.tier = TierMeter()  # the run's, shared by its stores (``make_stores``)
         # an alias's blocks are another store's memory: freeing them releases nothing
-        size = int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
-        self.block_bytes = size if owns else 0
+        self.block_bytes = _block_size(extent, elem, dtype) if owns else 0
 
     # --- what the executors call -----------------------------------------------------------
     def allocate(self, outer: tuple) -> int:
@@ -608,8 +612,7 @@ class StreamStore(BlockStore):
     @property
     def file_bytes(self) -> int:
         """The bytes of one block's file, written as its rows are computed."""
-        rows = int(np.prod((self.extent, *self.elem), dtype=np.int64))
-        return rows * np.dtype(self.dtype).itemsize
+        return _block_size(self.extent, self.elem, self.dtype)
 
     @property
     def streamed_bytes(self) -> int:
@@ -757,12 +760,13 @@ class StorePlan:
             return ["_b = None", f"M[0] -= S{stmt.op.id}.swap_out({key})"]
         return [f"M[0] += S{stmt.op.id}.swap_in({key})", "if M[0] > M[1]: M[1] = M[0]"]
 
-    def block_free_src(self, stmt: Free, key: str) -> str:
+    def block_free_src(self, stmt: Free, key: str) -> list[str]:
         if stmt.op.id in self.rings and len(stmt.prefix) == len(stmt.op.domain):
-            return f"S{stmt.op.id}.pop({key})"  # one point: the ring keeps its rows
+            return [f"S{stmt.op.id}.pop({key})"]  # one point: the ring keeps its rows
+        # ``_b`` (the block a loop wrote last) must not keep a freed block alive
         if not stmt.prefix:
-            return f"M[0] -= S{stmt.op.id}.free_all()"
-        return f"M[0] -= S{stmt.op.id}.free_prefix({key})"
+            return ["_b = None", f"M[0] -= S{stmt.op.id}.free_all()"]
+        return ["_b = None", f"M[0] -= S{stmt.op.id}.free_prefix({key})"]
 
 
 def _key(items: list[str]) -> str:
