@@ -177,3 +177,28 @@ def test_torch_backend_caps_numpys_blas_threads_where_products_run_there(monkeyp
         after = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
     assert inside and all(n == 1 for n in inside)
     assert all(n == 2 for n in after)  # restored on the way out
+
+
+def test_a_gpu_asked_for_where_there_is_none_is_a_clear_error(monkeypatch):
+    """``device="cuda"`` (as ``bench rl --device cuda`` passes it) on a machine without a GPU
+    names the device, for torch and for jax, before anything runs."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BackendError, match="device 'cuda' asked for, but CUDA is not available"):
+        make_backend("torch", "cuda")
+
+    def no_gpu(platform=None):
+        raise RuntimeError(f"Unknown backend {platform}")
+
+    monkeypatch.setattr(jax, "devices", no_gpu)
+    with pytest.raises(BackendError, match="device 'cuda' asked for, but jax has none"):
+        make_backend("jax", "cuda")
+
+
+def test_a_host_backend_swaps_to_disk_and_has_no_host_tier():
+    """A backend on the host has no host tier to copy to: asking is an error naming it."""
+    backend = make_backend("numpy")
+    assert backend.swap_tier == "disk"
+    with pytest.raises(BackendError, match="the numpy backend on 'cpu' swaps to disk"):
+        backend.to_host(np.zeros(3))
