@@ -335,13 +335,54 @@ def test_the_cost_rule_picks_numpy_kernels_for_small_regions_only(shape, n_ops, 
     explained = prog.explain()
     if kernels:
         why = next(line for line in explained.splitlines() if "ops in the loop over t" in line)
-        ops = int(why.split()[0])
-        assert ops * regions.NUMPY_OP_US < regions.JIT_CALL_US
+        kernels_launched = int(why.split(": ")[1].split()[0])
+        assert kernels_launched * regions.NUMPY_OP_US < regions.JIT_CALL_US
         assert "calls udf#" in why and why.endswith("at each point")
         np.testing.assert_array_equal(prog.value(x), want)
     else:
         assert "numpy kernels" not in explained
         np.testing.assert_allclose(prog.value(x), want, rtol=1e-5)
+
+
+def test_views_and_merges_launch_no_kernel_in_the_cost_rule():
+    """A region's count for the cost rule is of the ops that launch a numpy kernel: a merge
+    picks one of its inputs and a reshape is a view, so neither counts (a region of PPO's
+    carried parameters, all merges, cost 1 ms as a jitted call)."""
+    from timerl.runtime.regions import kernel_ops
+
+    ctx = tl.Context(dims=("t",))
+    (t,), _ = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((4,), domain=(t,))
+        x[0] = tl.full((4,), 1.0)
+        x[t + 1] = x[t] * 0.5
+        y = (x[t] + 1.0).reshape((2, 2))
+    merge, reshape = x.view.op, y.view.op
+    add = reshape.inputs[0].src
+    assert (merge.prim, reshape.prim, add.prim) == ("merge", "reshape", "add")
+    assert kernel_ops([merge, reshape]) == 0
+    assert kernel_ops([merge, add, reshape]) == 1
+
+
+def test_no_kernel_computes_on_a_value_a_jitted_call_still_computes():
+    """A region whose kernel reads a value computed in compiled code (directly, or through
+    the region's views) stays one jitted call: as kernels numpy would wait for XLA there."""
+    from timerl.runtime.regions import Fusion, Region
+
+    ctx = tl.Context(dims=("t",))
+    (t,), _ = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((4,), domain=(t,))
+        x[0] = tl.full((4,), 1.0)
+        x[t + 1] = x[t] * 0.5
+        y = x[t].reshape((2, 2)) + 1.0
+    add = y.view.op
+    reshape = add.inputs[0].src
+    merge = reshape.inputs[0].src
+    assert (merge.prim, reshape.prim, add.prim) == ("merge", "reshape", "add")
+    assert Fusion._computes_on(Region(ops=[reshape, add]), {merge.id})
+    assert not Fusion._computes_on(Region(ops=[reshape, add]), set())
+    assert not Fusion._computes_on(Region(ops=[reshape]), {merge.id})  # a view only passes it
 
 
 def test_numpy_regions_only_in_loops_that_call_the_host():

@@ -39,6 +39,7 @@ region's values are live together, as they are inside the compiled function).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +61,10 @@ MIN_OPS = 2  # a single op gains nothing from its own compiled function
 # numpy kernels 69 us (1.6-11.5 us each, their arithmetic included) plus about 10 us of the
 # generated Python around them. Their arithmetic costs about as much on either side (the
 # same BLAS products, elementwise ops on a thousand elements), so what decides is the number
-# of calls: a region is cheaper as kernels while its ops' count times NUMPY_OP_US stays under
-# JIT_CALL_US (the low end of what a call was measured to cost), and only while its
+# of calls: a region is cheaper as kernels while the count of its ops that launch a kernel
+# (``kernel_ops``: views and merges pick or reshape a buffer, launching none) times
+# NUMPY_OP_US stays under JIT_CALL_US (the low end of what a call was measured to cost), and
+# only while its
 # arithmetic (``prims`` cost estimates, elementary operations) stays under MAX_NUMPY_COST,
 # about a millisecond of numpy, past which what a compiled function saves by fusing is
 # worth more than one dispatch.
@@ -81,6 +84,15 @@ class Region:
     # why it runs as numpy kernels rather than one jitted call (None: jitted)
     kernels: str | None = None
     numpy_draws: bool = False  # random sources drawn by numpy before a jitted region
+
+
+def kernel_ops(ops: list[Op]) -> int:
+    """How many of ``ops`` launch a kernel as numpy's: views and merges do not. A jitted
+    call costs per buffer too, so a region of PPO's parameters carried from one iteration
+    into the next (a merge each, and the Adam moments') cost 1 ms as a call, against the
+    microseconds of its few kernels."""
+    traits = [prims.get(op.prim).traits for op in ops]
+    return sum(1 for t in traits if not (t.view or t.piecewise))
 
 
 def region_cost(region: Region, shape_of: Any) -> float:
@@ -105,6 +117,15 @@ def host_call_in(loop: Loop) -> Op | None:
             if found is not None:
                 return found
     return None
+
+
+def _computed_in(loop: Loop) -> Iterator[int]:
+    """The ids of the ops ``loop``'s body computes, nested loops included."""
+    for s in loop.body:
+        if isinstance(s, Compute):
+            yield s.op.id
+        elif isinstance(s, Loop):
+            yield from _computed_in(s)
 
 
 REMEMBER_ELEMENTS = 1 << 16  # the largest array ``AsNumpy`` keeps alive between reads
@@ -277,6 +298,9 @@ class Fusion:
         out: list[Stmt | Region] = []
         region: Region | None = None
         host = host_call_in(loop) if loop is not None else None
+        # values this body computes in compiled code (a jitted region, a nested loop that
+        # makes no host call): still being computed when the Python after the call runs
+        compiled: set[int] = set()
 
         def close() -> None:
             nonlocal region
@@ -284,11 +308,13 @@ class Fusion:
                 # in a loop stepping the host, a single op or random draw may run as a
                 # numpy kernel too (an eager jax op or a draw costs a dispatch of its own)
                 if host is not None and loop is not None:
-                    region.kernels = self.kernels_reason(region, loop, host)
+                    region.kernels = self.kernels_reason(region, loop, host, compiled)
                     if region.kernels is None and region.drawn:
                         region.numpy_draws = self.draws_reason(region, loop, host)
                 if region.kernels is not None or len(region.ops) >= MIN_OPS:
                     out.append(region)
+                    if region.kernels is None:
+                        compiled.update(op.id for op in region.ops)
                 else:
                     out.extend(region.stmts)
             region = None
@@ -319,6 +345,8 @@ class Fusion:
                 region.frees.append(s)
             else:
                 close()
+                if isinstance(s, Loop) and host_call_in(s) is None:
+                    compiled.update(_computed_in(s))
                 out.append(s)
                 continue
             region.stmts.append(s)
@@ -329,27 +357,50 @@ class Fusion:
         """Whether anything may run as numpy kernels: on the CPU, unless switched off."""
         return self.host_kernels is not None and os.environ.get(NUMPY_REGIONS_ENV, "1") != "0"
 
-    def kernels_reason(self, region: Region, loop: Loop, host: Op) -> str | None:
+    def kernels_reason(
+        self, region: Region, loop: Loop, host: Op, compiled: set[int] | None = None
+    ) -> str | None:
         """Why ``region`` runs as numpy kernels (None: as one jitted call). Only in a loop
         that runs in Python because it makes a host call at each point (each point is then
         one call of the region, and the host call takes numpy arrays anyway), on a backend
-        whose arrays numpy reads in place (the CPU), and while the cost rule above holds."""
+        whose arrays numpy reads in place (the CPU), and while the cost rule above holds.
+
+        Not where a kernel would compute on a value of ``compiled`` (computed by an earlier
+        jitted call of this body): numpy would wait for XLA there, where a jitted call is
+        queued behind it and the Python after it runs meanwhile (measured on PPO with
+        gymnasium CartPole: the region after the update as kernels made the iteration 2-3 ms
+        slower)."""
         if not self._numpy_allowed():
             return None
-        n = len(region.ops) + len(region.drawn)
+        if compiled and self._computes_on(region, compiled):
+            return None
+        n = kernel_ops(region.ops + region.drawn)
         cost = region_cost(region, self._static_shape)
         if n * NUMPY_OP_US >= JIT_CALL_US or cost >= MAX_NUMPY_COST:
             return None
         why = (
-            f"{n} ops x {NUMPY_OP_US:g} us < a {JIT_CALL_US:g} us jitted call, "
+            f"{n} kernels x {NUMPY_OP_US:g} us < a {JIT_CALL_US:g} us jitted call, "
             f"{cost:,.0f} operations < {MAX_NUMPY_COST:,.0f}; the loop over {loop.dim.name} "
             f"calls {host.label} at each point"
         )
         ops = region.drawn + region.ops
         names = [o.name for o in ops if o.name and "#" not in o.name][:3]
         what = ", ".join(names or [ops[0].label])
-        self.notes[f"{n} ops in the loop over {loop.dim.name} ({what})"] = why
+        self.notes[f"{len(ops)} ops in the loop over {loop.dim.name} ({what})"] = why
         return why
+
+    @staticmethod
+    def _computes_on(region: Region, compiled: set[int]) -> bool:
+        """Whether a kernel of ``region`` reads a value of ``compiled``, directly or through
+        the region's views and merges (which only pass it on)."""
+        passed = set(compiled)
+        for op in region.ops:
+            reads = any(e.src.id in passed for e in op.inputs)
+            if reads and kernel_ops([op]):
+                return True
+            if reads:
+                passed.add(op.id)
+        return False
 
     def draws_reason(self, region: Region, loop: Loop, host: Op) -> bool:
         """Whether the random draws before a jitted region in a loop stepping the host are
