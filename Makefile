@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[torch,jax,dev,graphopt,train,onnx,envpool,mujoco,ray]"
+	$(BIN)/pip install -q -e ".[torch,jax,dev,graphopt,train,onnx,envpool,mujoco,ray,gymnax]"
 	touch $(STAMP)
 
 venv: $(STAMP)

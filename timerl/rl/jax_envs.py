@@ -17,6 +17,10 @@ so it can be passed through ``jax.jit`` as an ordinary argument.
 - ``CartPole-v1`` follows gymnasium's CartPole-v1 (Euler integration, +1 per step including the
   last, termination at |x| > 2.4 or |theta| > 12 degrees, truncation after 500 steps), computed
   in float32 where gymnasium uses float64, and with JAX's random numbers for the first state.
+- ``gymnax:<id>`` is any env of gymnax's registry (``pip install 'timerl[gymnax]'``), e.g.
+  ``gymnax:Acrobot-v1``: gymnax's single-env functions, batched by ``jax.vmap``, with the key
+  for its random steps carried in the state. gymnax resets ended episodes inside ``step`` as
+  timerl's envs do, so nothing is adapted but the batch.
 
 jax is optional: this module imports without it, and :func:`make_jax_env` raises
 :class:`~timerl.errors.EnvError` when it is missing.
@@ -24,6 +28,7 @@ jax is optional: this module imports without it, and :func:`make_jax_env` raises
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -284,11 +289,93 @@ class JaxEnv:
 
 
 JAX_ENV_IDS = ("Synthetic-v0", "CartPole-v1")
+GYMNAX_PREFIX = "gymnax:"  # "gymnax:Acrobot-v1": that env of gymnax's registry
+
+
+class GymnaxState(NamedTuple):
+    """A batch of gymnax states and the key its next step splits."""
+
+    inner: Any
+    key: Any
+
+
+def _gymnax_env(env_id: str, num_envs: int, **kwargs: Any) -> JaxEnv:
+    """``env_id`` (``gymnax:<name>``) as a batch of ``num_envs`` gymnax envs.
+
+    gymnax's functions take one env and a key per call; a batch is their ``vmap`` with one key
+    per env, split from the key in the state, so a step stays a pure function of the state.
+    """
+    jax, jnp = _jax()
+    name = env_id[len(GYMNAX_PREFIX) :]
+    try:
+        import gymnax
+        from gymnax.environments import spaces
+    except ImportError as err:
+        raise EnvError(
+            f"{env_id}: gymnax environments need gymnax ({err}); install it with "
+            "`pip install 'timerl[gymnax]'`"
+        ) from err
+    if name not in gymnax.registered_envs:
+        close = difflib.get_close_matches(name, gymnax.registered_envs, n=5, cutoff=0.5)
+        hint = f"; did you mean {', '.join(GYMNAX_PREFIX + c for c in close)}?" if close else ""
+        raise EnvError(f"no gymnax environment {name!r}{hint}")
+    try:
+        env, env_params = gymnax.make(name, **kwargs)
+    except TypeError as err:
+        raise EnvError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {err}") from err
+    obs_space = env.observation_space(env_params)
+    act_space = env.action_space(env_params)
+    if isinstance(act_space, spaces.Discrete):
+        discrete, num_actions, action_shape = True, int(act_space.n), ()
+        low = high = None
+    elif isinstance(act_space, spaces.Box):
+        discrete, num_actions = False, None
+        action_shape = tuple(int(d) for d in act_space.shape)
+        low = np.broadcast_to(np.asarray(act_space.low, np.float32), action_shape).copy()
+        high = np.broadcast_to(np.asarray(act_space.high, np.float32), action_shape).copy()
+    else:
+        raise EnvError(
+            f"{env_id}: action space {type(act_space).__name__} is not supported "
+            "(Discrete or Box only)"
+        )
+    batch_reset = jax.vmap(env.reset, in_axes=(0, None))
+    batch_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def reset(key: Any, params: Any) -> tuple[GymnaxState, Any]:
+        key, sub = jax.random.split(_as_key(key))
+        obs, inner = batch_reset(jax.random.split(sub, num_envs), params)
+        return GymnaxState(inner, key), obs
+
+    def step(state: GymnaxState, action: Any, params: Any) -> tuple[GymnaxState, Any, Any, Any]:
+        key, sub = jax.random.split(state.key)
+        out = batch_step(jax.random.split(sub, num_envs), state.inner, action, params)
+        obs, inner, reward = out[:3]
+        # gymnax 1.x returns (terminated, truncated), 0.0.x one done flag; an episode ends
+        # at either
+        done = out[3] | out[4] if len(out) == 6 else out[3]
+        return GymnaxState(inner, key), obs, reward, jnp.asarray(done, bool)
+
+    obs_shape = tuple(int(d) for d in obs_space.shape)
+    return JaxEnv(
+        env_id,
+        num_envs,
+        obs_shape,
+        discrete,
+        num_actions,
+        action_shape,
+        low,
+        high,
+        env_params,
+        reset,
+        step,
+    )
 
 
 def make_jax_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> JaxEnv:
     """The JAX version of ``env_id``; ``seed`` fixes its constants (Synthetic-v0's projection)."""
     _jax()
+    if env_id.startswith(GYMNAX_PREFIX):
+        return _gymnax_env(env_id, num_envs, **kwargs)
     if env_id == "Synthetic-v0":
         try:
             params = synthetic_params(num_envs, seed, **kwargs)
@@ -317,4 +404,7 @@ def make_jax_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -
         return JaxEnv(
             env_id, num_envs, (4,), True, 2, (), None, None, params, cartpole_reset, cartpole_step
         )
-    raise EnvError(f"no JAX version of environment {env_id!r}; available: {', '.join(JAX_ENV_IDS)}")
+    raise EnvError(
+        f"no JAX version of environment {env_id!r}; available: {', '.join(JAX_ENV_IDS)}, "
+        f"and {GYMNAX_PREFIX}<id> for gymnax's (`pip install 'timerl[gymnax]'`)"
+    )

@@ -40,8 +40,8 @@ from timerl.symbolic import Dim
 class PureFn:
     """The ``fn`` of a ``pure_call`` op: ``self(*xs)`` traced by jax, ``host`` on numpy arrays.
 
-    ``host`` runs the function jitted with jax's default (32-bit) types, as jax_envs and the
-    JAX baseline do; 64-bit inputs are narrowed first so jax does not warn on every call."""
+    Both run the function with jax's default (32-bit) types, as jax_envs, gymnax and the JAX
+    baseline do; ``host`` narrows 64-bit inputs first so jax does not warn on every call."""
 
     def __init__(self, fn: Callable[..., tuple], name: str) -> None:
         self.fn = fn
@@ -49,7 +49,14 @@ class PureFn:
         self._jitted: Callable[..., tuple] | None = None
 
     def __call__(self, *xs: Any) -> tuple:
-        return self.fn(*xs)
+        import jax
+
+        # traced with jax's default types, as ``host`` runs it: an env written for them
+        # (gymnax's) mixes int32 state with 64-bit literals otherwise
+        narrow = {np.dtype(np.int64): np.int32, np.dtype(np.float64): np.float32}
+        xs = tuple(x.astype(narrow[x.dtype]) if x.dtype in narrow else x for x in xs)
+        with jax.enable_x64(False):
+            return self.fn(*xs)
 
     def host(self, *xs: Any) -> tuple[np.ndarray, ...]:
         import jax
