@@ -344,31 +344,9 @@ def test_the_cost_rule_picks_numpy_kernels_for_small_regions_only(shape, n_ops, 
         np.testing.assert_allclose(prog.value(x), want, rtol=1e-5)
 
 
-def test_views_and_merges_launch_no_kernel_in_the_cost_rule():
-    """A region's count for the cost rule is of the ops that launch a numpy kernel: a merge
-    picks one of its inputs and a reshape is a view, so neither counts (a region of PPO's
-    carried parameters, all merges, cost 1 ms as a jitted call)."""
-    from timerl.runtime.regions import kernel_ops
-
-    ctx = tl.Context(dims=("t",))
-    (t,), _ = ctx.dims, ctx.bounds
-    with ctx:
-        x = tl.RecurrentTensor.placeholder((4,), domain=(t,))
-        x[0] = tl.full((4,), 1.0)
-        x[t + 1] = x[t] * 0.5
-        y = (x[t] + 1.0).reshape((2, 2))
-    merge, reshape = x.view.op, y.view.op
-    add = reshape.inputs[0].src
-    assert (merge.prim, reshape.prim, add.prim) == ("merge", "reshape", "add")
-    assert kernel_ops([merge, reshape]) == 0
-    assert kernel_ops([merge, add, reshape]) == 1
-
-
-def test_no_kernel_computes_on_a_value_a_jitted_call_still_computes():
-    """A region whose kernel reads a value computed in compiled code (directly, or through
-    the region's views) stays one jitted call: as kernels numpy would wait for XLA there."""
-    from timerl.runtime.regions import Fusion, Region
-
+def _merge_reshape_add() -> tuple:
+    """The ops of ``x[t].reshape((2, 2)) + 1.0`` for a recurrence ``x``: (merge, reshape,
+    add), the merge picking ``x``'s definition at each point."""
     ctx = tl.Context(dims=("t",))
     (t,), _ = ctx.dims, ctx.bounds
     with ctx:
@@ -378,8 +356,28 @@ def test_no_kernel_computes_on_a_value_a_jitted_call_still_computes():
         y = x[t].reshape((2, 2)) + 1.0
     add = y.view.op
     reshape = add.inputs[0].src
-    merge = reshape.inputs[0].src
-    assert (merge.prim, reshape.prim, add.prim) == ("merge", "reshape", "add")
+    ops = (reshape.inputs[0].src, reshape, add)
+    assert [op.prim for op in ops] == ["merge", "reshape", "add"]
+    return ops
+
+
+def test_views_and_merges_launch_no_kernel_in_the_cost_rule():
+    """A region's count for the cost rule is of the ops that launch a numpy kernel: a merge
+    picks one of its inputs and a reshape is a view, so neither counts (a region of PPO's
+    carried parameters, all merges, cost 1 ms as a jitted call)."""
+    from timerl.runtime.regions import kernel_ops
+
+    merge, reshape, add = _merge_reshape_add()
+    assert kernel_ops([merge, reshape]) == 0
+    assert kernel_ops([merge, add, reshape]) == 1
+
+
+def test_no_kernel_computes_on_a_value_a_jitted_call_still_computes():
+    """A region whose kernel reads a value computed in compiled code (directly, or through
+    the region's views) stays one jitted call: as kernels numpy would wait for XLA there."""
+    from timerl.runtime.regions import Fusion, Region
+
+    merge, reshape, add = _merge_reshape_add()
     assert Fusion._computes_on(Region(ops=[reshape, add]), {merge.id})
     assert not Fusion._computes_on(Region(ops=[reshape, add]), set())
     assert not Fusion._computes_on(Region(ops=[reshape]), {merge.id})  # a view only passes it
