@@ -40,9 +40,12 @@ def test_a_batch_is_gymnax_stepped_env_by_env():
             key, sub = jax.random.split(key)
             keys = jax.random.split(sub, 3)
             for k in range(3):
-                o, states[k], r, term, trunc, _ = single.step(keys[k], states[k], action[k], params)
+                out = single.step(keys[k], states[k], action[k], params)
+                o, states[k], r = out[:3]
+                # gymnax 1.x: (..., terminated, truncated, info); 0.0.x: (..., done, info)
+                ended = out[3] | out[4] if len(out) == 6 else out[3]
                 np.testing.assert_array_equal(obs[k], o)
-                assert float(reward[k]) == float(r) and bool(done[k]) == bool(term | trunc)
+                assert float(reward[k]) == float(r) and bool(done[k]) == bool(ended)
 
 
 def test_a_box_action_space_gives_bounds():
