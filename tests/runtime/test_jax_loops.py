@@ -306,6 +306,24 @@ def test_a_row_store_hands_rows_over_stacked_until_one_is_rewritten():
     assert not store and store.stacked((1,), 4) is None
 
 
+@pytest.mark.parametrize("held", [1, 6])
+def test_put_rows_replaces_the_points_it_covers_however_many_are_held(held):
+    """Points already held under the outer point at the rows put are replaced (whether the
+    store scans its few points or pops each row's key); points elsewhere stay."""
+    from timerl.runtime.stores import RowStore
+
+    store = RowStore({(1, k): np.full(3, -1.0) for k in range(held)})
+    store[(0, 2)] = np.zeros(3)
+    rows = np.arange(15.0).reshape(5, 3)
+    store.put_rows((1,), rows, [0, 1, 2, 3])
+    assert len(store) == 4 + 1 + max(held - 4, 0)
+    for k in range(4):
+        np.testing.assert_array_equal(store[(1, k)], rows[k])
+    np.testing.assert_array_equal(store[(0, 2)], np.zeros(3))
+    if held > 4:
+        np.testing.assert_array_equal(store[(1, 5)], np.full(3, -1.0))
+
+
 def test_a_loop_reads_an_earlier_loops_rows_stacked():
     """A loop's every-iteration values, read per iteration by a later fused loop and as a
     whole slice, are handed over as the one array the first loop returned."""

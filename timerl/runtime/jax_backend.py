@@ -160,6 +160,7 @@ class JaxBackend(Backend):
         # where the call returns each donated op: the top-level values (-1) or a nested loop's
         where = {op: -1 if op in plan.outs else _returned_by(plan, op) for _, op in plan.donate}
         last: dict[int, Any] = {}
+        sizes: dict[tuple, int] = {}  # (op, shape) -> bytes: an array's nbytes costs more
 
         def call(inputs: tuple, index: Any) -> Any:
             kept = tuple([inputs[k] for k in kept_at])
@@ -171,7 +172,10 @@ class JaxBackend(Backend):
                     x = jax.device_put(x, may_alias=False)  # a fresh buffer of its own
                 else:
                     others.add(id(x))
-                    self.donated_bytes += self.nbytes(x)
+                    size = sizes.get((op, x.shape))
+                    if size is None:
+                        size = sizes[(op, x.shape)] = self.nbytes(x)
+                    self.donated_bytes += size
                 donated.append(x)
             out = jitted(tuple(donated), kept, index)
             top, nested = out
