@@ -64,10 +64,9 @@ MIN_OPS = 2  # a single op gains nothing from its own compiled function
 # of calls: a region is cheaper as kernels while the count of its ops that launch a kernel
 # (``kernel_ops``: views and merges pick or reshape a buffer, launching none) times
 # NUMPY_OP_US stays under JIT_CALL_US (the low end of what a call was measured to cost), and
-# only while its
-# arithmetic (``prims`` cost estimates, elementary operations) stays under MAX_NUMPY_COST,
-# about a millisecond of numpy, past which what a compiled function saves by fusing is
-# worth more than one dispatch.
+# only while its arithmetic (``prims`` cost estimates, elementary operations) stays under
+# MAX_NUMPY_COST, about a millisecond of numpy, past which what a compiled function saves by
+# fusing is worth more than one dispatch.
 JIT_CALL_US = 120.0
 NUMPY_OP_US = 6.0
 MAX_NUMPY_COST = 1_000_000.0
