@@ -41,7 +41,8 @@ class PureFn:
     """The ``fn`` of a ``pure_call`` op: ``self(*xs)`` traced by jax, ``host`` on numpy arrays.
 
     Both run the function with jax's default (32-bit) types, as jax_envs, gymnax and the JAX
-    baseline do; ``host`` narrows 64-bit inputs first so jax does not warn on every call."""
+    baseline do; 64-bit inputs are narrowed first (jax would truncate them with a warning on
+    every call)."""
 
     def __init__(self, fn: Callable[..., tuple], name: str) -> None:
         self.fn = fn
@@ -53,8 +54,7 @@ class PureFn:
 
         # traced with jax's default types, as ``host`` runs it: an env written for them
         # (gymnax's) mixes int32 state with 64-bit literals otherwise
-        narrow = {np.dtype(np.int64): np.int32, np.dtype(np.float64): np.float32}
-        xs = tuple(x.astype(narrow[x.dtype]) if x.dtype in narrow else x for x in xs)
+        xs = tuple(_narrow(x) for x in xs)
         with jax.enable_x64(False):
             return self.fn(*xs)
 
@@ -71,7 +71,8 @@ class PureFn:
         return f"PureFn({self.name})"
 
 
-def _narrow(x: np.ndarray) -> np.ndarray:
+def _narrow(x: Any) -> Any:
+    """``x`` (a numpy array or a traced jax value) in 32 bits where it is in 64."""
     if x.dtype == np.int64:
         return x.astype(np.int32)
     if x.dtype == np.float64:

@@ -85,13 +85,18 @@ class Region:
     numpy_draws: bool = False  # random sources drawn by numpy before a jitted region
 
 
+def launches_kernel(op: Op) -> bool:
+    """Whether ``op`` launches a kernel as numpy's: views and merges pick or reshape a buffer.
+    A jitted call costs per buffer too, so a region of PPO's parameters carried from one
+    iteration into the next (a merge each, and the Adam moments') cost 1 ms as a call,
+    against the microseconds of its few kernels."""
+    traits = prims.get(op.prim).traits
+    return not (traits.view or traits.piecewise)
+
+
 def kernel_ops(ops: list[Op]) -> int:
-    """How many of ``ops`` launch a kernel as numpy's: views and merges do not. A jitted
-    call costs per buffer too, so a region of PPO's parameters carried from one iteration
-    into the next (a merge each, and the Adam moments') cost 1 ms as a call, against the
-    microseconds of its few kernels."""
-    traits = [prims.get(op.prim).traits for op in ops]
-    return sum(1 for t in traits if not (t.view or t.piecewise))
+    """How many of ``ops`` launch a kernel (``launches_kernel``)."""
+    return sum(1 for op in ops if launches_kernel(op))
 
 
 def region_cost(region: Region, shape_of: Any) -> float:
@@ -395,7 +400,7 @@ class Fusion:
         passed = set(compiled)
         for op in region.ops:
             reads = any(e.src.id in passed for e in op.inputs)
-            if reads and kernel_ops([op]):
+            if reads and launches_kernel(op):
                 return True
             if reads:
                 passed.add(op.id)

@@ -817,17 +817,17 @@ class RowStore(dict):
         if outer in self.lazy:
             self._split_all(outer)
             del self.lazy[outer]
+        wanted = set(ks)
         held = dict.__len__(self)
         if held >= len(ks):
             for k in ks:
                 dict.pop(self, (*outer, k), None)
         elif held:  # a few points held (a loop's last row, stored alone): scan those
-            wanted = set(ks)
             for p in [p for p in dict.keys(self) if p[-1] in wanted and p[:-1] == outer]:
                 dict.pop(self, p)
         if row_bytes is None:
             row_bytes = int(getattr(rows, "nbytes", 0)) // max(int(rows.shape[0]), 1)
-        self.lazy[outer] = [rows, set(ks), row_bytes, False]
+        self.lazy[outer] = [rows, wanted, row_bytes, False]
 
     def stacked(self, outer: tuple, n: int) -> Any:
         """The rows of ``outer`` as one array of ``n``, or None where it is not held so."""
