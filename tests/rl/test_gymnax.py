@@ -86,6 +86,18 @@ def test_bad_gymnax_ids_name_the_env_and_suggest():
         make_jax_env("Acrobot-v1")  # not built in: the error names the gymnax form
 
 
+def test_bad_keywords_and_an_unsupported_action_space_name_the_env(monkeypatch):
+    with pytest.raises(EnvError, match=r"gymnax:CartPole-v1: bad keyword arguments \['bogus'\]"):
+        make_jax_env("gymnax:CartPole-v1", bogus=1)
+    from gymnax.environments import spaces
+
+    env, params = gymnax.make("CartPole-v1")
+    dict_space = spaces.Dict({"a": spaces.Discrete(2)})
+    monkeypatch.setattr(type(env), "action_space", lambda self, p=None: dict_space)
+    with pytest.raises(EnvError, match="gymnax:CartPole-v1: action space Dict is not supported"):
+        make_jax_env("gymnax:CartPole-v1")
+
+
 def test_a_missing_gymnax_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gymnax", None)  # import fails as if not installed
     with pytest.raises(EnvError, match=r"timerl\[gymnax\]"):
