@@ -294,3 +294,25 @@ def test_after_long_iterations_or_unknown_memory_every_iteration_trims(monkeypat
     for _ in range(3):
         trim.after_iteration(executor.TRIM_PEAK)
     assert trims == [1, 1, 1]
+
+
+def test_the_planned_peak_names_the_op_that_reaches_it():
+    """``wide`` writes into ``base``'s buffer (its last reader), so the peak is where ``base``
+    is computed beside the 4 KiB of ones it broadcasts, and explain() and the budget error
+    say so."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(16,), domain=(t,))
+        x[0] = tl.zeros((16,))
+        x[t + 1] = x[t] + 1.0
+        base = (x[t].reshape((16, 1)) * tl.ones((1, 1024))).named("base")
+        wide = (base * 2.0).named("wide")
+        small = wide.sum(1).named("small")
+    prog = ctx.compile(bounds={T: 3}, outputs=[small])
+    planned = prog.planned_peak()
+    assert planned.peak_at == "base" and planned.holders[0] == ("base", 64 * 1024)
+    assert "wide" not in {name for name, _ in planned.holders}
+    assert "reached computing base" in prog.explain()
+    with pytest.raises(tl.MemoryBudgetError, match="The peak is reached computing base"):
+        ctx.compile(bounds={T: 3}, outputs=[small], memory_budget=1024)

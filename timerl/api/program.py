@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
-from timerl.compiler.budget import PlannedPeak, planned_peak
+from timerl.compiler.budget import PlannedPeak, format_bytes, planned_peak
 from timerl.compiler.donation import describe as describe_donations
 from timerl.compiler.pipeline import Compiled, CompileReport
 from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
@@ -184,6 +184,7 @@ class Program:
         lines += [f"  {note}" for note in _notes(self.report.notes, full)]
         lines += self._storage_lines(full)
         lines += self._donation_lines(full)
+        lines += self._peak_lines()
         regions = self.backend.region_stats()
         if regions is not None:
             lines.append(
@@ -238,6 +239,17 @@ class Program:
             lines.append(f"  {op.label}: {st.kind} ({st.why})")
         if points:
             lines.append(f"  {points} other tensors: point stores (explain(full=True) says why)")
+        return lines
+
+    def _peak_lines(self, shown: int = 5) -> list[str]:
+        """The planned peak, the op whose statement reaches it and the largest tensors live
+        then: where to look to lower it (or to choose a memory budget)."""
+        plan = self.planned_peak()
+        if plan.peak_bytes is None:
+            return [f"planned peak: not known before the run ({plan.note})"]
+        where = f", reached computing {plan.peak_at}" if plan.peak_at else ""
+        lines = [f"planned peak: {format_bytes(plan.peak_bytes)}{where}; largest live then:"]
+        lines += [f"  {name}: {format_bytes(n)}" for name, n in plan.holders[:shown]]
         return lines
 
     def _donation_lines(self, full: bool, shown: int = 10) -> list[str]:

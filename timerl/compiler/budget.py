@@ -96,6 +96,7 @@ class PlannedPeak:
     # from these without replaying again (``_fit_reads``)
     peak_apart_reads: int = 0
     live_at_reads: dict[int, int] = field(default_factory=dict)
+    peak_at: str = ""  # the op whose statement reaches the peak: where to look to lower it
 
 
 def planned_peak(
@@ -116,7 +117,7 @@ def planned_peak(
     labels = {op.id: op.label for op in ops}
     live: dict[int, dict[tuple, int]] = {}
     per_op: dict[int, int] = {}
-    state: dict = {"total": 0, "peak": 0, "at_peak": {}}
+    state: dict = {"total": 0, "peak": 0, "at_peak": {}, "at": "", "stmt": ""}
     notes: list[str] = []
 
     def add(op_id: int, key: tuple, n: int) -> None:
@@ -129,6 +130,7 @@ def planned_peak(
         if state["total"] > state["peak"]:
             state["peak"] = state["total"]
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
+            state["at"] = state["stmt"]
 
     at_reads: dict[int, int] = {}
 
@@ -138,6 +140,7 @@ def planned_peak(
             state["peak"] = state["total"] + n
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
             state["at_peak"][what] = n
+            state["at"] = state["stmt"]
 
     def drop(op_id: int, keys: list[tuple]) -> None:
         points = live.get(op_id, {})
@@ -175,6 +178,7 @@ def planned_peak(
                     continue
                 if op.guard != TRUE and not op.guard.evaluate(env):
                     continue
+                state["stmt"] = op.label
                 if st.kind == "point":
                     if op.id in donations:  # the dead input's point becomes this op's
                         e = op.inputs[donations[op.id]]
@@ -236,7 +240,9 @@ def planned_peak(
     run(sched.body, 0)
     holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
     note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
-    return PlannedPeak(int(state["peak"]), holders, note, int(state.get("apart", 0)), at_reads)
+    return PlannedPeak(
+        int(state["peak"]), holders, note, int(state.get("apart", 0)), at_reads, state["at"]
+    )
 
 
 _POINT = Storage("point", "")
@@ -251,8 +257,9 @@ def check_budget(plan: PlannedPeak, budget: int) -> None:
     raise MemoryBudgetError(
         f"the program needs {format_bytes(plan.peak_bytes)} ({plan.peak_bytes} bytes) at its "
         f"peak, over the memory budget of {format_bytes(budget)} ({budget} bytes); the "
-        f"smallest budget that fits is memory_budget={plan.peak_bytes}. The largest tensor "
-        f"live then is {top[0]} ({format_bytes(top[1])})"
+        f"smallest budget that fits is memory_budget={plan.peak_bytes}. "
+        + (f"The peak is reached computing {plan.peak_at}; the " if plan.peak_at else "The ")
+        + f"largest tensor live then is {top[0]} ({format_bytes(top[1])})"
         + (f"; next: {others}" if others else "")
         + ". Swapping idle blocks to disk and streaming blocks read by rows do not bring it "
         "lower. Lower the batch "
