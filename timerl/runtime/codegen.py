@@ -100,6 +100,11 @@ class CodeGen:
             "np": np,
         }
         self.lines: list[str] = []
+        # per loop body being emitted (outermost first): its statements' depth and the guard
+        # conditions it has evaluated into locals (see ``cond``)
+        self._conds: list[tuple[int, dict[str, str]]] = []
+        self._cond_names = itertools.count()
+        self._static: set[Bound] = set()
         self.read_through: Callable[[Edge, str], str] | None = None
         self._reads: dict[tuple, str] = {}  # (op id, index) -> the source that reads it
         self.locals = self._local_ops()
@@ -253,12 +258,41 @@ class CodeGen:
         self.emit(depth, f"M[0] += {size}")
         self.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
 
+    def cond(self, c: Condition, depth: int) -> str:
+        """Source testing ``c`` at ``depth``: a local evaluated once per iteration of the
+        loop body where it is first needed, when that is at the body's own depth.
+
+        A PPO update body guards a few hundred statements (the last minibatch's values, the
+        carried state) with the same two or three conditions; evaluated inline, that one
+        expression was a third of the generated source's tokens (Python's compile of the
+        function peaks at about 7 KB a line) and was re-evaluated at every statement. Only
+        conditions over loop indices and static bounds are kept: those cannot change inside
+        one iteration, while a dynamic bound is assigned when its loop ends.
+        """
+        src = self.names.src(c)
+        if (
+            not self._conds
+            or not c.symbols()
+            or not all(not isinstance(x, Bound) or x in self._static for x in c.symbols())
+        ):
+            return src
+        for _, seen in reversed(self._conds):
+            if src in seen:
+                return seen[src]
+        top, seen = self._conds[-1]
+        if depth != top:  # inside a branch: a local set there may be unset on a later path
+            return src
+        name = f"_g{next(self._cond_names)}"
+        self.emit(depth, f"{name} = {src}")
+        seen[src] = name
+        return name
+
     def compute(self, op: Op, depth: int) -> None:
         var = f"v{op.id}"
         point = self.key_src([self.names.of(d) for d in op.domain])
         body_depth = depth
         if op.guard != TRUE:
-            self.emit(depth, f"if {self.names.src(op.guard)}:")
+            self.emit(depth, f"if {self.cond(op.guard, depth)}:")
             body_depth += 1
         if op.id in self.plan.aliases:
             pass  # its rows are its base block's: nothing to compute
@@ -294,9 +328,12 @@ class CodeGen:
 
     def merge(self, op: Op, depth: int, var: str) -> None:
         shape_src = self.key_src([self.names.src(s) for s in op.shape])
+        # the first branch's test may become a local; the later ones stay inline (evaluated
+        # only when reached, as the chain would)
         for k, e in enumerate(op.inputs):
             kw = "if" if k == 0 else "elif"
-            self.emit(depth, f"{kw} {self.names.src(e.cond)}:")
+            test = self.cond(e.cond, depth) if k == 0 else self.names.src(e.cond)
+            self.emit(depth, f"{kw} {test}:")
             self.emit(depth + 1, f"{var} = {self.read_src(e)}")
         self.emit(depth, "else:")
         err = self.const("UNDEF", f"{op.where()} has no definition at this point")
@@ -366,7 +403,7 @@ class CodeGen:
                 return  # its one point was handed to the op that wrote into it
             size = n if n is not None else f"NB(v{op.id})"
             if op.guard != TRUE:  # a local is freed at its own point, so where it was computed
-                self.emit(depth, f"if {self.names.src(op.guard)}: M[0] -= {size}")
+                self.emit(depth, f"if {self.cond(op.guard, depth)}: M[0] -= {size}")
             else:
                 self.emit(depth, f"M[0] -= {size}")
             return
@@ -456,6 +493,7 @@ class CodeGen:
         body of, None at the top level."""
         if not stmts:
             self.emit(depth, "pass")
+        self._conds.append((depth, {}))
         for s in self.fusion.group(stmts, loop) if self.fusion is not None else stmts:
             if isinstance(s, Compute):
                 self.compute(s.op, depth)
@@ -471,6 +509,7 @@ class CodeGen:
                 self.loop(s, depth, outer)
             else:
                 self.fusion.emit(s, depth)
+        self._conds.pop()
 
     def generate(self, static_bounds: dict[Bound, int], outer: Loop | None) -> Callable:
         self.ns.update(
@@ -486,6 +525,7 @@ class CodeGen:
         )
         if self.fusion is not None:
             self.fusion.set_bounds(static_bounds)
+        self._static = set(static_bounds)
         head = []
         for b, v in static_bounds.items():
             head.append(f"    {self.names.of(b)} = {int(v)}")
