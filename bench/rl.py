@@ -751,6 +751,7 @@ def profile_table(profiles: list[dict[str, Any]]) -> tuple[list[str], list[list[
         "env",
         "kernels",
         "executor/framework",
+        "kernel timers",
         "top kernels (s)",
     ]
     cells = []
@@ -770,6 +771,7 @@ def profile_table(profiles: list[dict[str, Any]]) -> tuple[list[str], list[list[
                 part(p["env_s"]),
                 part(p["kernels_s"]),
                 part(p["executor_s"]),
+                part(p.get("timers_s")),
                 top,
             ]
         )
@@ -786,7 +788,7 @@ def print_profiles(profiles: list[dict[str, Any]]) -> None:
         return
     table = Table(title="Where a run's time goes (one instrumented run per system)")
     for k, name in enumerate(header):
-        table.add_column(name, justify="left" if k < 2 or k == 7 else "right")
+        table.add_column(name, justify="left" if k < 2 or k == 8 else "right")
     for line in cells:
         table.add_row(*line)
     Console(width=180).print(table)

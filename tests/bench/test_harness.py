@@ -153,6 +153,10 @@ def test_timerl_runner_returns_and_profile():
     assert prof["env_calls"] >= 4 * 32  # one step per rollout step (+ the reset)
     assert prof["env_s"] + prof["kernels_s"] <= prof["run_s"] * 1.05
     assert prof["top_kernels"] and prof["kernel_calls"] > 0
+    # the timers' own cost (measured on a no-op kernel) is taken out of the executor's share
+    assert 0 < prof["timers_s"] < prof["run_s"]
+    assert prof["executor_s"] < prof["executor_uncorrected_s"]
+    assert "_probe" not in [p for p, _, _ in prof["top_kernels"]]
     # the patches are gone afterwards
     from timerl.rl.envs import VectorEnv
     from timerl.runtime.numpy_backend import NumpyBackend
