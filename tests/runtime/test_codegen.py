@@ -138,3 +138,32 @@ def test_a_guard_is_evaluated_once_per_loop_iteration():
     for a, b in zip(ref, got, strict=True):
         np.testing.assert_array_equal(a, b)
     assert peak == ref_peak
+
+
+def test_a_traceback_through_generated_code_shows_the_line_and_its_tensor():
+    """The generated source is registered in linecache under a name of its own: an error in
+    a kernel or a host function shows the generated line, whose comment names the tensor
+    and where the user defined it; the entry goes when the function does."""
+    import gc
+    import linecache
+    import traceback
+
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(4,), domain=(t,))
+        x[0] = tl.zeros((4,))
+        x[t + 1] = x[t] + 1.0
+        ctx.sink(x, lambda value, point: 1 / 0 if point["t"] == 2 else None)
+    prog = ctx.compile(bounds={T: 3}, outputs=[x])
+    with pytest.raises(ZeroDivisionError) as err:
+        prog.run()
+    shown = "".join(traceback.format_exception(err.value))
+    frame = next(line for line in shown.splitlines() if "<timerl schedule" in line)
+    name = frame.split('"')[1]
+    after = shown.split(frame, 1)[1].splitlines()[1]
+    assert "sink(" in after and "test_codegen.py" in after
+    assert name in linecache.cache
+    del prog, err
+    gc.collect()
+    assert name not in linecache.cache

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import linecache
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -33,6 +35,7 @@ from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, 
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
 
 UNBOUNDED = 2**62
+_SOURCES = itertools.count()  # numbers the generated sources registered in linecache
 
 
 def _static_nbytes(op: Op) -> int | None:
@@ -371,7 +374,8 @@ class CodeGen:
             kwargs.append(f"key={self.key_src(items)}")
         if donate is not None:
             kwargs.append(f"out={args[donate]}")
-        self.emit(depth, f"{var} = {fn}({', '.join(args + kwargs)})")
+        where = op.where().replace("\n", " ")
+        self.emit(depth, f"{var} = {fn}({', '.join(args + kwargs)})  # {where}")
 
     def _attr_src(self, value: Any) -> str:
         if isinstance(value, (Expr, Condition)):
@@ -554,9 +558,15 @@ class CodeGen:
                     1,
                 )
         self.source = src
-        code = compile(src, "<timerl schedule>", "exec")
+        # a name of its own in linecache, so that a traceback through the generated code
+        # shows the line (and the tensor its comment names) where it failed
+        name = f"<timerl schedule {next(_SOURCES)}>"
+        code = compile(src, name, "exec")
         exec(code, self.ns)  # noqa: S102 - our own generated source
-        return self.ns["run"]
+        run = self.ns["run"]
+        linecache.cache[name] = (len(src), None, src.splitlines(keepends=True), name)
+        weakref.finalize(run, linecache.cache.pop, name, None)
+        return run
 
 
 def _no_bytes(value: Any) -> int:
