@@ -22,6 +22,17 @@ def ctx_it():
     return ctx, i, t, big_i, big_t
 
 
+def counting(size: int):
+    """``x[t]`` of shape ``(size,)`` counting up from zeros, in a context of its own (enter it
+    again to define more): returns (ctx, t, T, x)."""
+    ctx, t, big_t = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(shape=(size,), domain=(t,))
+        x[0] = tl.zeros((size,))
+        x[t + 1] = x[t] + 1.0
+    return ctx, t, big_t, x
+
+
 def until_program():
     """``x[i, t]`` counting up until it reaches ``i + 2`` (``ctx.until``: a loop whose extent is
     known only while it runs), and its sum: returns (ctx, {I: 3, T: 50}, [x, s])."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_helpers import until_program
+from core_helpers import counting, until_program
 
 import timerl as tl
 from timerl.rl.algos import ppo, reinforce
@@ -148,12 +148,8 @@ def test_a_traceback_through_generated_code_shows_the_line_and_its_tensor():
     import linecache
     import traceback
 
-    ctx = tl.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
+    ctx, t, T, x = counting(4)
     with ctx:
-        x = tl.RecurrentTensor.placeholder(shape=(4,), domain=(t,))
-        x[0] = tl.zeros((4,))
-        x[t + 1] = x[t] + 1.0
         ctx.sink(x, lambda value, point: 1 / 0 if point["t"] == 2 else None)
     prog = ctx.compile(bounds={T: 3}, outputs=[x])
     with pytest.raises(ZeroDivisionError) as err:

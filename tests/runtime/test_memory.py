@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from core_helpers import counting
 
 import timerl as tl
 from timerl.compiler import budget as budget_pass
@@ -300,12 +301,8 @@ def test_the_planned_peak_names_the_op_that_reaches_it():
     """``wide`` writes into ``base``'s buffer (its last reader), so the peak is where ``base``
     is computed beside the 4 KiB of ones it broadcasts, and explain() and the budget error
     say so."""
-    ctx = tl.Context(dims=("t",))
-    (t,), (T,) = ctx.dims, ctx.bounds
+    ctx, t, T, x = counting(16)
     with ctx:
-        x = tl.RecurrentTensor.placeholder(shape=(16,), domain=(t,))
-        x[0] = tl.zeros((16,))
-        x[t + 1] = x[t] + 1.0
         base = (x[t].reshape((16, 1)) * tl.ones((1, 1024))).named("base")
         wide = (base * 2.0).named("wide")
         small = wide.sum(1).named("small")
