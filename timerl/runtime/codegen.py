@@ -273,10 +273,11 @@ class CodeGen:
         one iteration, while a dynamic bound is assigned when its loop ends.
         """
         src = self.names.src(c)
+        syms = c.symbols()
         if (
             not self._conds
-            or not c.symbols()
-            or not all(not isinstance(x, Bound) or x in self._static for x in c.symbols())
+            or not syms
+            or any(isinstance(x, Bound) and x not in self._static for x in syms)
         ):
             return src
         for _, seen in reversed(self._conds):
