@@ -8,7 +8,7 @@ import pytest
 
 from timerl.errors import EnvError
 from timerl.rl import synthetic
-from timerl.rl.envs import make_env
+from timerl.rl.envs import GymBatchedCartPole, GymVectorEnv, make_env
 
 
 class _DictObsEnv(gym.Env):
@@ -118,6 +118,53 @@ def test_same_step_autoreset_matches_manual_resets():
     returns, lengths = env.completed_returns(), env.completed_lengths()
     assert len(returns) >= ends and np.array_equal(returns, lengths.astype(float))
     assert env.completed_returns().size == 0  # cleared by the first call
+
+
+def test_batched_cartpole_replays_one_gymnasium_env_per_copy():
+    env = make_env("CartPole-v1", num_envs=5, seed=3)
+    ref = GymVectorEnv("CartPole-v1", num_envs=5, seed=3)  # a gymnasium env per copy
+    assert isinstance(env, GymBatchedCartPole)
+    np.testing.assert_allclose(env.reset(), ref.reset(), rtol=1e-6)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        actions = rng.integers(0, 2, 5)
+        obs, reward, done = env.step(actions)
+        r_obs, r_reward, r_done = ref.step(actions)
+        np.testing.assert_array_equal(done, r_done)
+        np.testing.assert_array_equal(env.terminated, ref.terminated)
+        np.testing.assert_array_equal(reward, r_reward)
+        np.testing.assert_allclose(obs, r_obs, rtol=1e-6, atol=1e-7)
+        if done.any():
+            np.testing.assert_allclose(env.final_obs, ref.final_obs, rtol=1e-6, atol=1e-7)
+    lengths = env.completed_lengths()
+    assert len(lengths) > 30  # many episodes ended and restarted on the way
+    np.testing.assert_array_equal(lengths, ref.completed_lengths())
+    np.testing.assert_array_equal(env.completed_returns(), ref.completed_returns())
+
+
+def test_batched_cartpole_resumes_the_state_of_a_per_copy_env():
+    ref = GymVectorEnv("CartPole-v1", num_envs=3, seed=2)  # as checkpoints before held it
+    ref.reset()
+    for t in range(30):
+        ref.step(np.full(3, t % 2))
+    env = make_env("CartPole-v1", num_envs=3, seed=2)
+    env.load_state_dict(ref.state_dict())
+    for t in range(60):
+        actions = np.full(3, t % 3 == 0, dtype=np.int64)
+        obs, _, done = env.step(actions)
+        r_obs, _, r_done = ref.step(actions)
+        np.testing.assert_array_equal(done, r_done)
+        np.testing.assert_allclose(obs, r_obs, rtol=1e-6, atol=1e-7)
+
+
+def test_batched_cartpole_truncates_at_the_time_limit():
+    env = make_env("CartPole-v1", num_envs=3, seed=1, max_episode_steps=20)
+    obs = env.reset()
+    for t in range(1, 46):
+        balance = (obs[:, 2] + 0.5 * obs[:, 3] > 0).astype(np.int64)
+        obs, _, done = env.step(balance)
+        assert done.all() == (t % 20 == 0) and not env.terminated.any()
+    np.testing.assert_array_equal(env.completed_lengths(), [20] * 6)
 
 
 def test_synthetic_episode_length_and_reset_obs():

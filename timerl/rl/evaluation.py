@@ -364,7 +364,6 @@ def _record(
         ) from None
     try:
         env = _make_env(header, seed, render_mode="rgb_array")
-        sim = env._vec  # the gymnasium vector env behind timerl's
     except Exception as err:
         raise EnvError(
             f"{header['config']['env_id']}: cannot render this environment for --video ({err})"
@@ -374,7 +373,7 @@ def _record(
 
     def frame() -> np.ndarray:
         try:
-            return np.asarray(sim.envs[0].render())
+            return env.render_first()
         except Exception as err:  # e.g. gymnasium's DependencyNotInstalled for pygame
             env.close()
             raise EnvError(

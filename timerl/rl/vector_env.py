@@ -275,6 +275,10 @@ class VectorEnv:
         """Release simulator resources; the env cannot be used afterwards."""
         self._needs_reset = True
 
+    def render_first(self) -> np.ndarray:
+        """An RGB frame of env 0 (made with ``render_mode="rgb_array"``), for videos."""
+        raise EnvError(f"{self.env_id}: {type(self).__name__} does not render")
+
     def __enter__(self) -> VectorEnv:
         return self
 
