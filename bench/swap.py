@@ -53,7 +53,7 @@ def _program(width: int, rows: int, budget_blocks: float | None, backend: str, d
 
 def _measure(args: argparse.Namespace, budget_blocks: float | None) -> dict:
     """One configuration in this process: seconds per run, meter peak, memory held."""
-    from timerl.runtime.executor import resident_bytes
+    from timerl.runtime.heap import resident_bytes
 
     prog, out = _program(args.width, args.rows, budget_blocks, args.backend, args.device)
     sync = (lambda: None) if args.device == "cpu" else _cuda_sync

@@ -266,37 +266,6 @@ def test_a_budget_swapping_cannot_meet_names_the_smallest_that_fits():
     assert prog.stats()["peak_bytes"] == fits
 
 
-def test_the_heap_is_trimmed_only_when_resting_memory_grows(monkeypatch):
-    from timerl.runtime import executor
-
-    trims: list[int] = []
-    resident = iter([100, 101, 105, 102])
-    monkeypatch.setattr(executor, "resident_bytes", lambda: next(resident) << 20)
-    monkeypatch.setattr(executor, "release_free_heap", lambda: trims.append(1))
-    monkeypatch.setattr(executor, "TRIM_GROWTH", 4 << 20)
-    monkeypatch.setattr(executor, "TRIM_SECONDS", 1e9)  # short iterations
-    trim = executor.HeapTrim()
-    trim.after_iteration(executor.TRIM_PEAK - 1)  # a small program: never looks
-    for _ in range(5):
-        trim.after_iteration(executor.TRIM_PEAK)
-    # the first iteration trims; the second sets the resting level; only the fourth grew
-    assert trims == [1, 1]
-
-
-@pytest.mark.parametrize("resident", [None, 100 << 20])
-def test_after_long_iterations_or_unknown_memory_every_iteration_trims(monkeypatch, resident):
-    from timerl.runtime import executor
-
-    trims: list[int] = []
-    monkeypatch.setattr(executor, "resident_bytes", lambda: resident)
-    monkeypatch.setattr(executor, "release_free_heap", lambda: trims.append(1))
-    monkeypatch.setattr(executor, "TRIM_SECONDS", 1e9 if resident is None else 0.0)
-    trim = executor.HeapTrim()
-    for _ in range(3):
-        trim.after_iteration(executor.TRIM_PEAK)
-    assert trims == [1, 1, 1]
-
-
 def test_the_planned_peak_names_the_op_that_reaches_it():
     """``wide`` writes into ``base``'s buffer (its last reader), so the peak is where ``base``
     is computed beside the 4 KiB of ones it broadcasts, and explain() and the budget error

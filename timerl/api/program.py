@@ -99,6 +99,7 @@ class Program:
             compiled=compiled,
             storage=self.compiled.storage,
             donations=self.compiled.donations,
+            keep_freed_pages=self.memory_budget is None,
         )
 
     def planned_peak(self) -> PlannedPeak:

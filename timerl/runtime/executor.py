@@ -8,10 +8,7 @@ and the memory meter counts live bytes at every statement.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
-import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +23,7 @@ from timerl.ir.validate import exclusive_conditions
 from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
 from timerl.runtime.codegen import CodeGen
+from timerl.runtime.heap import TRIM_PEAK, HeapTrim, keep_freed_pages, release_free_heap
 from timerl.runtime.stores import BlockStore, StorePlan, StreamStore, TierMeter
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
@@ -56,56 +54,6 @@ class RunStats:
 
 
 UNBOUNDED = 2**62
-# A program whose data peaks at this many bytes gives the heap's free pages back after an
-# iteration of its outer loop: the arrays an iteration frees can leave the heap fragmented,
-# and the next iteration would peak that much higher than its arrays (a 375 MiB rollout: 42
-# then 57 MiB at rest). Trimming costs the faults of touching those pages again, a few ms:
-# nothing against an iteration of ``TRIM_SECONDS`` or more, but 5% of synthetic-e64's
-# 0.15 s (12 iterations, 3 alternated runs: 146-152 ms an iteration trimmed every time,
-# 138-142 not, the same peak resident memory). After a shorter iteration the heap is
-# trimmed only where its resting memory grew by ``TRIM_GROWTH`` over the second iteration's;
-# a heap that merely holds one iteration's freed arrays hands them to the next.
-TRIM_PEAK = 16 << 20
-TRIM_SECONDS = 0.5
-TRIM_GROWTH = 4 << 20
-
-
-class HeapTrim:
-    """When to call :func:`release_free_heap` after an iteration (see ``TRIM_PEAK``)."""
-
-    def __init__(self) -> None:
-        self.iterations = 0
-        self.rest: int | None = None  # resident bytes after the second iteration
-        self.started = time.perf_counter()  # when the current iteration began
-
-    def after_iteration(self, peak: int) -> None:
-        now = time.perf_counter()
-        seconds, self.started = now - self.started, now
-        if peak < TRIM_PEAK:
-            return
-        self.iterations += 1
-        if self.iterations == 1 or seconds >= TRIM_SECONDS:
-            release_free_heap()
-            return
-        rss = resident_bytes()
-        if rss is None:  # growth cannot be told: trim (a no-op off glibc)
-            release_free_heap()
-        elif self.rest is None:
-            self.rest = rss
-        elif rss > self.rest + TRIM_GROWTH:
-            release_free_heap()
-
-
-def resident_bytes() -> int | None:
-    """The process's resident memory now (Linux's ``/proc/self/statm``), None elsewhere."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class _Control:
@@ -154,30 +102,6 @@ def _compile(items: list[Expr | Condition]) -> Callable[[Mapping], tuple]:
     return lambda env: fn(*[env[s] for s in syms])
 
 
-_TRIM: list[Any] = []  # glibc's malloc_trim, looked up once ([None] where there is none)
-
-
-def release_free_heap() -> None:
-    """Hand the heap pages compiling left free back to the system (glibc only).
-
-    Compiling and Python's compile of the generated run function (3,500 lines for PPO) peak
-    at about 20 MiB of small objects that are freed before the run; glibc keeps those pages,
-    so they would sit in the process's resident memory beside the program's data, which the
-    meter and ``planned_peak`` cannot see. Elsewhere (no glibc) this does nothing.
-    """
-    if not _TRIM:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None).malloc_trim
-                fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-            except (OSError, AttributeError):
-                fn = None
-        _TRIM.append(fn)
-    if _TRIM[0] is not None:
-        _TRIM[0](0)
-
-
 class Executor:
     def __init__(
         self,
@@ -191,8 +115,10 @@ class Executor:
         compiled: bool = True,
         storage: Mapping[int, Any] | None = None,
         donations: Mapping[int, int] | None = None,
+        keep_freed_pages: bool = True,
     ) -> None:
         self.schedule = schedule
+        self.keep_freed_pages = keep_freed_pages  # runtime/heap.py; not under a memory budget
         # op id -> the input whose buffer it writes into, where this backend can
         self.donations = backend.donations(donations or {}, ops)
         # block stores write points in place: a backend of immutable arrays (jax) keeps a
@@ -490,6 +416,7 @@ class Executor:
         self._outer = self.outer_loop() if hooked else None
         self._start, self._on_iteration, self._before_outer = start, on_iteration, before_outer
         self.backend.reset_device_peak()  # stats() reports this run's peak
+        keep_freed_pages(self.keep_freed_pages)  # iterations reuse each other's freed arrays
         try:
             with self.backend.active():
                 if self.compiled:
@@ -501,6 +428,8 @@ class Executor:
                     self._run_body(self.schedule.body, env)
         finally:
             self.stats.seconds = time.perf_counter() - begin
+            if self.stats.memory.peak >= TRIM_PEAK:
+                release_free_heap()  # the pages the run's arrays were kept in
         return self.stats
 
     def prepare(self, hooked: bool = True) -> None:

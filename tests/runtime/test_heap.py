@@ -1,0 +1,112 @@
+"""The C heap's settings and trims around a run (runtime/heap.py)."""
+
+from __future__ import annotations
+
+import resource
+
+import numpy as np
+import pytest
+
+from timerl.runtime import heap
+
+
+class _FakeLibc:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return 1
+
+    def malloc_trim(self, pad: int) -> int:
+        return 1
+
+
+@pytest.fixture
+def fake_libc(monkeypatch):
+    libc = _FakeLibc()
+    monkeypatch.setattr(heap, "_LIBC", [libc])
+    monkeypatch.setattr(heap, "_KEEPING", [False])
+    for name in heap._USER_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    return libc
+
+
+def test_freed_pages_are_kept_until_a_run_under_a_budget(fake_libc):
+    assert heap.keep_freed_pages()
+    assert heap.keep_freed_pages()  # already kept: nothing to set
+    assert fake_libc.calls == [(-3, heap.MMAP_THRESHOLD), (-1, heap.TRIM_THRESHOLD)]
+    assert not heap.keep_freed_pages(False)  # glibc's first thresholds again
+    assert fake_libc.calls[2:] == [(-3, 128 << 10), (-1, 128 << 10)]
+
+
+def test_a_heap_never_kept_is_left_as_glibc_set_it(fake_libc):
+    assert not heap.keep_freed_pages(False)
+    assert fake_libc.calls == []
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("MALLOC_TRIM_THRESHOLD_", "131072"), ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1")],
+)
+def test_the_users_own_heap_settings_are_left_alone(fake_libc, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    assert not heap.keep_freed_pages()
+    assert fake_libc.calls == []
+
+
+def test_a_freed_array_is_reused_without_faulting_its_pages_again():
+    if heap._glibc() is None:
+        pytest.skip("glibc's heap only")
+    heap.keep_freed_pages()  # what every run does first
+    n = (8 << 20) // 4  # 8 MiB: above glibc's default mmap threshold, below the kept one
+
+    def faults_of_one_array() -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        a = np.ones(n, dtype=np.float32)
+        del a
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    faults_of_one_array()  # the heap grows to hold it once
+    assert faults_of_one_array() < 64  # 2,048 pages an array when they are handed back
+
+
+def test_the_heap_is_trimmed_only_when_resting_memory_grows(monkeypatch):
+    trims: list[int] = []
+    resident = iter([100, 101, 105, 102])
+    monkeypatch.setattr(heap, "resident_bytes", lambda: next(resident) << 20)
+    monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(heap, "TRIM_GROWTH", 4 << 20)
+    monkeypatch.setattr(heap, "TRIM_SECONDS", 1e9)  # short iterations
+    trim = heap.HeapTrim()
+    trim.after_iteration(heap.TRIM_PEAK - 1)  # a small program: never looks
+    for _ in range(5):
+        trim.after_iteration(heap.TRIM_PEAK)
+    # the first iteration trims; the second sets the resting level; only the fourth grew
+    assert trims == [1, 1]
+
+
+@pytest.mark.parametrize("resident", [None, 100 << 20])
+def test_after_long_iterations_or_unknown_memory_every_iteration_trims(monkeypatch, resident):
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "resident_bytes", lambda: resident)
+    monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(heap, "TRIM_SECONDS", 1e9 if resident is None else 0.0)
+    trim = heap.HeapTrim()
+    for _ in range(3):
+        trim.after_iteration(heap.TRIM_PEAK)
+    assert trims == [1, 1, 1]
+
+
+def test_a_run_under_a_memory_budget_does_not_keep_freed_pages(fake_libc):
+    from core_helpers import counting
+
+    ctx, _, big_t, x = counting(4)
+    free = ctx.compile(bounds={big_t: 8}, outputs=[x])
+    budgeted = ctx.compile(bounds={big_t: 8}, outputs=[x], memory_budget=1 << 20)
+    free.run()
+    assert heap._KEEPING == [True]
+    budgeted.run()
+    assert heap._KEEPING == [False]
+    np.testing.assert_array_equal(budgeted.value(x), free.value(x))
