@@ -347,6 +347,31 @@ def test_moving_slice_with_a_clamped_read_on_another_dim(backend):
     _check_grads([gh], lambda a: _moving_clamped_ref(a)[1], [h])
 
 
+def _window_2d_ref(h):
+    n_i, n_t = h.shape
+    y = np.array(
+        [
+            [h[max(i - 1, 0) : i + 1, max(t - 1, 0) : t + 1].sum() for t in range(n_t)]
+            for i in range(n_i)
+        ]
+    )
+    return y, float((y * y).sum())
+
+
+def test_clamped_window_over_two_dims_and_its_gradient(backend):
+    # each dim's clamp splits the read into pieces; at the other pieces' points a piece's
+    # gradient holds zeros whose other window length differs from its own
+    h = _arr(3, 4, seed=5)
+    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    with ctx:
+        H = tl.from_numpy(h, domain=(i, t), requires_grad=True, dtype="float64")
+        y = H[tl.max(i - 1, 0) : i + 1, tl.max(t - 1, 0) : t + 1].sum(0).sum(0)
+        (y * y).sum().backward()
+        yv, gh = tl.evaluate([y, H.grad], backend=backend)
+    close(yv, _window_2d_ref(h)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gh], lambda a: _window_2d_ref(a)[1], [h])
+
+
 # --- a point's index as a value -----------------------------------------------------------------
 
 

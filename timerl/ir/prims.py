@@ -789,11 +789,20 @@ register(
 )
 
 
-# A position outside x can only come from a point where the read did not apply (a clamped
-# window split into affine pieces: the other piece's points hold zeros of another length).
+# A position outside x, or an element of another shape than x's, can only come from a point
+# where the read did not apply: a clamped window is split into affine pieces, and a piece's
+# gradient at the other pieces' points holds zeros of those points' lengths (a window over two
+# dims: the other dim's length differs too). The gather is zeros there.
 def _np_diag_gather(xs, first, step, shape, dtype, valid=True):
     if len(xs) == 0 or not valid:
         return np.zeros((0 if valid else shape[0],) + tuple(shape[1:]), dtype=dtype)
+    if any(x.shape[1:] != tuple(shape[1:]) for x in xs):
+        if any(np.any(x) for x in xs):
+            raise ValueError(
+                f"diag_gather: elements of shape {[x.shape[1:] for x in xs]} hold values where "
+                f"x's shape is {tuple(shape[1:])}"
+            )
+        return np.zeros(tuple(shape), dtype=dtype)
     zero = np.zeros(tuple(shape[1:]), dtype=dtype)
     picks = ((x, first + step * j) for j, x in enumerate(xs))
     return np.stack([x[k] if 0 <= k < len(x) else zero for x, k in picks])
