@@ -435,6 +435,8 @@ class Executor:
     def prepare(self, hooked: bool = True) -> None:
         """Generate the code a run will execute now, so that the first iteration does not pay
         for it (``hooked``: the run will start mid-way or call iteration hooks)."""
+        with self.backend.active():
+            pass  # the first thread limits scan the loaded libraries (threadpoolctl): 3 ms
         if self.compiled and hooked not in self._generated:
             outer = self.outer_loop() if hooked else None
             gen = CodeGen(
