@@ -110,3 +110,21 @@ def test_a_run_under_a_memory_budget_does_not_keep_freed_pages(fake_libc):
     budgeted.run()
     assert heap._KEEPING == [False]
     np.testing.assert_array_equal(budgeted.value(x), free.value(x))
+
+
+def test_a_trim_raises_the_level_the_next_one_waits_for(monkeypatch):
+    # a heap whose resting size wanders (torch's does) is trimmed at each new high only:
+    # a trim costs the next iteration the faults of every page it gave back
+    trims: list[int] = []
+    resident = iter([100, 106, 108, 111])
+    monkeypatch.setattr(heap, "resident_bytes", lambda: next(resident) << 20)
+    monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(heap, "TRIM_GROWTH", 4 << 20)
+    monkeypatch.setattr(heap, "TRIM_SECONDS", 1e9)
+    trim = heap.HeapTrim()
+    done = []
+    for _ in range(5):
+        trim.after_iteration(heap.TRIM_PEAK)
+        done.append(len(trims))
+    # the first iteration trims; 100 is the level; 106 trims and becomes it; 108 does not
+    assert done == [1, 1, 2, 2, 3]

@@ -119,6 +119,10 @@ class Backend:
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         raise NotImplementedError
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """An array whose values are never read before they are written (a block store's)."""
+        return self.zeros(shape, dtype)
+
     def truth(self, value: Any) -> bool:
         return bool(self.to_numpy(value).all())
 

@@ -26,8 +26,10 @@ from typing import Any
 # nothing against an iteration of ``TRIM_SECONDS`` or more, but 5% of synthetic-e64's
 # 0.15 s (12 iterations, 3 alternated runs: 146-152 ms an iteration trimmed every time,
 # 138-142 not, the same peak resident memory). After a shorter iteration the heap is
-# trimmed only where its resting memory grew by ``TRIM_GROWTH`` over the second iteration's;
-# a heap that merely holds one iteration's freed arrays hands them to the next.
+# trimmed only where its resting memory grew by ``TRIM_GROWTH`` over its level: the second
+# iteration's, then the size it had at the last trim, so that a heap whose resting size
+# wanders (torch's does, by tens of MiB on synthetic-e256) is trimmed at each new high only.
+# A heap that merely holds one iteration's freed arrays hands them to the next.
 TRIM_PEAK = 16 << 20
 TRIM_SECONDS = 0.5
 TRIM_GROWTH = 4 << 20
@@ -143,3 +145,4 @@ class HeapTrim:
             self.rest = rss
         elif rss > self.rest + TRIM_GROWTH:
             release_free_heap()
+            self.rest = rss  # a new high: the next trim waits until the heap grows past it

@@ -74,6 +74,10 @@ class NumpyBackend(Backend):
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.zeros(shape, dtype=dtype)
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        # np.zeros of memory the heap reuses is a memset (0.6 ms for a 16 MiB block)
+        return np.empty(shape, dtype=dtype)
+
     def nbytes(self, value: Any) -> int:
         if type(value) is np.ndarray:  # nearly every call: before the checks below
             return value.nbytes

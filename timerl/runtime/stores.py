@@ -89,7 +89,7 @@ class BlockStore:
         "extent",
         "elem",
         "dtype",
-        "zeros",
+        "empty",
         "nbytes_of",
         "block_bytes",
         "backend",
@@ -106,7 +106,7 @@ class BlockStore:
         self.extent = extent
         self.elem = elem
         self.dtype = dtype
-        self.zeros = backend.zeros
+        self.empty = backend.empty
         self.nbytes_of = backend.nbytes
         self.backend = backend
         # outer -> (file, dtype, written mask) of a block swapped out to disk
@@ -124,7 +124,7 @@ class BlockStore:
         if outer in self.blocks:
             return 0
         self.blocks[outer] = (
-            self.zeros((self.extent, *self.elem), self.dtype),
+            self.empty((self.extent, *self.elem), self.dtype),
             np.zeros(self.extent, dtype=bool),
         )
         return self.block_bytes
@@ -283,7 +283,7 @@ class RingStore(BlockStore):
         if outer in self.blocks:
             return 0
         self.blocks[outer] = (
-            self.zeros((self.extent, *self.elem), self.dtype),
+            self.empty((self.extent, *self.elem), self.dtype),
             np.full(self.extent, -1, dtype=np.int64),
         )
         return self.block_bytes

@@ -49,6 +49,9 @@ class TorchBackend(Backend):
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         return torch.zeros(shape, dtype=torch_dtype(dtype), device=self._dev)
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return torch.empty(shape, dtype=torch_dtype(dtype), device=self._dev)
+
     def nbytes(self, value: Any) -> int:
         if isinstance(value, (tuple, list)):
             return sum(self.nbytes(v) for v in value)
