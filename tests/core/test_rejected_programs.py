@@ -331,45 +331,43 @@ def test_recurrence_reading_an_input_through_an_index(kind, through, backend):
 
 def _moving_clamped_ref(h):
     n_i, n_t = h.shape
-    y = np.array([[h[0 : i + 1, max(t - 1, 0)].sum(0) for t in range(n_t)] for i in range(n_i)])
-    return y, float((y * y).sum())
-
-
-def test_moving_slice_with_a_clamped_read_on_another_dim(backend):
-    h = _arr(3, 5, seed=12)
-    ctx, i, t, I, T = ctx_it()  # noqa: E741
-    with ctx:
-        H = tl.from_numpy(h, domain=(i, t), requires_grad=True, dtype="float64")
-        y = H[0 : i + 1, tl.max(t - 1, 0)].sum(0)
-        (y * y).sum().backward()
-        yv, gh = tl.evaluate([y, H.grad], backend=backend)
-    close(yv, _moving_clamped_ref(h)[0], rtol=1e-12, atol=1e-12)
-    _check_grads([gh], lambda a: _moving_clamped_ref(a)[1], [h])
+    return np.array([[h[0 : i + 1, max(t - 1, 0)].sum(0) for t in range(n_t)] for i in range(n_i)])
 
 
 def _window_2d_ref(h):
     n_i, n_t = h.shape
-    y = np.array(
+    return np.array(
         [
             [h[max(i - 1, 0) : i + 1, max(t - 1, 0) : t + 1].sum() for t in range(n_t)]
             for i in range(n_i)
         ]
     )
-    return y, float((y * y).sum())
 
 
-def test_clamped_window_over_two_dims_and_its_gradient(backend):
-    # each dim's clamp splits the read into pieces; at the other pieces' points a piece's
-    # gradient holds zeros whose other window length differs from its own
-    h = _arr(3, 4, seed=5)
+# a moving slice with a clamped read on another dim; a clamped window over two dims (each
+# dim's clamp splits the read into pieces, and at the other pieces' points a piece's gradient
+# holds zeros whose other window length differs from its own)
+@pytest.mark.parametrize(
+    "read, ref",
+    [
+        (lambda H, i, t: H[0 : i + 1, tl.max(t - 1, 0)].sum(0), _moving_clamped_ref),
+        (
+            lambda H, i, t: H[tl.max(i - 1, 0) : i + 1, tl.max(t - 1, 0) : t + 1].sum(0).sum(0),
+            _window_2d_ref,
+        ),
+    ],
+    ids=["moving-and-clamped", "clamped-window-2d"],
+)
+def test_slices_with_clamped_reads_and_their_gradients(read, ref, backend):
+    h = _arr(3, 5, seed=12)
     ctx, i, t, I, T = ctx_it()  # noqa: E741
     with ctx:
         H = tl.from_numpy(h, domain=(i, t), requires_grad=True, dtype="float64")
-        y = H[tl.max(i - 1, 0) : i + 1, tl.max(t - 1, 0) : t + 1].sum(0).sum(0)
+        y = read(H, i, t)
         (y * y).sum().backward()
         yv, gh = tl.evaluate([y, H.grad], backend=backend)
-    close(yv, _window_2d_ref(h)[0], rtol=1e-12, atol=1e-12)
-    _check_grads([gh], lambda a: _window_2d_ref(a)[1], [h])
+    close(yv, ref(h), rtol=1e-12, atol=1e-12)
+    _check_grads([gh], lambda a: float((ref(a) ** 2).sum()), [h])
 
 
 # --- a point's index as a value -----------------------------------------------------------------

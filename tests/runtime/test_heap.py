@@ -72,14 +72,19 @@ def test_a_freed_array_is_reused_without_faulting_its_pages_again():
     assert faults_of_one_array() < 64  # 2,048 pages an array when they are handed back
 
 
-def test_the_heap_is_trimmed_only_when_resting_memory_grows(monkeypatch):
+def _short_iterations(monkeypatch, resident_mib: list[int]) -> tuple[heap.HeapTrim, list[int]]:
+    """A HeapTrim over short iterations after which the process holds ``resident_mib``."""
     trims: list[int] = []
-    resident = iter([100, 101, 105, 102])
+    resident = iter(resident_mib)
     monkeypatch.setattr(heap, "resident_bytes", lambda: next(resident) << 20)
     monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
     monkeypatch.setattr(heap, "TRIM_GROWTH", 4 << 20)
-    monkeypatch.setattr(heap, "TRIM_SECONDS", 1e9)  # short iterations
-    trim = heap.HeapTrim()
+    monkeypatch.setattr(heap, "TRIM_SECONDS", 1e9)
+    return heap.HeapTrim(), trims
+
+
+def test_the_heap_is_trimmed_only_when_resting_memory_grows(monkeypatch):
+    trim, trims = _short_iterations(monkeypatch, [100, 101, 105, 102])
     trim.after_iteration(heap.TRIM_PEAK - 1)  # a small program: never looks
     for _ in range(5):
         trim.after_iteration(heap.TRIM_PEAK)
@@ -115,13 +120,7 @@ def test_a_run_under_a_memory_budget_does_not_keep_freed_pages(fake_libc):
 def test_a_trim_raises_the_level_the_next_one_waits_for(monkeypatch):
     # a heap whose resting size wanders (torch's does) is trimmed at each new high only:
     # a trim costs the next iteration the faults of every page it gave back
-    trims: list[int] = []
-    resident = iter([100, 106, 108, 111])
-    monkeypatch.setattr(heap, "resident_bytes", lambda: next(resident) << 20)
-    monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
-    monkeypatch.setattr(heap, "TRIM_GROWTH", 4 << 20)
-    monkeypatch.setattr(heap, "TRIM_SECONDS", 1e9)
-    trim = heap.HeapTrim()
+    trim, trims = _short_iterations(monkeypatch, [100, 106, 108, 111])
     done = []
     for _ in range(5):
         trim.after_iteration(heap.TRIM_PEAK)
