@@ -370,6 +370,33 @@ def test_slices_with_clamped_reads_and_their_gradients(read, ref, backend):
     _check_grads([gh], lambda a: float((ref(a) ** 2).sum()), [h])
 
 
+def _backward_max_ref(u):
+    n = len(u)
+    x = np.zeros(n)
+    x[n - 1] = u[n - 1, 0]
+    for k in range(n - 2, -1, -1):
+        x[k] = np.tanh((x[k + 1] * 0.5 + np.maximum(x[k + 1], u[max(k - 2, 0)])).sum())
+    return x, float((x * x).sum())
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_backward_recurrence_with_a_clamped_read_beside_it(n, backend):
+    # the clamp's pieces split the gradient's guards in two at each round of the recurrence;
+    # unless the halves join again, the guard outgrows its size limit and becomes every point,
+    # where the maximum's gradient reads x past its end
+    u = _arr(n, 2, seed=3)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[t.eq(T - 1)] = U[t, 0]
+        x[True] = (x[t + 1] * 0.5 + tl.maximum(x[t + 1], U[tl.max(t - 2, 0)])).sum(-1).tanh()
+        (x * x).sum().backward()
+        xv, gu = tl.evaluate([x, U.grad], backend=backend)
+    close(xv, _backward_max_ref(u)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: _backward_max_ref(a)[1], [u])
+
+
 # --- a point's index as a value -----------------------------------------------------------------
 
 

@@ -115,3 +115,14 @@ def test_division_shows_its_argument_in_parentheses():
 def test_an_index_plus_a_float_is_a_timerl_error(make):
     with pytest.raises(IndexExprError, match="integer index expression"):
         make()
+
+
+def test_disjuncts_alike_but_for_touching_intervals_are_joined():
+    # a clamped read's pieces split a guard so around a recurrence, doubling at each round
+    a = T.ne(t + 1)
+    assert simplify((a & (t <= 2)) | (a & (t >= 3))) == a
+    assert simplify((a & (t >= 1) & (t <= 2)) | (a & (t >= 3) & (t <= 6))) == simplify(
+        a & (t >= 1) & (t <= 6)
+    )
+    gap = (a & (t <= 2)) | (a & (t >= 4))
+    assert simplify(gap) != a and not any(simplify(gap).evaluate(p) for p in _points() if p[t] == 3)

@@ -251,6 +251,57 @@ def union(a: Condition, b: Condition) -> Condition:
     return _absorb(Or.make([a, b]))
 
 
+def _join_alike(parts: tuple[Condition, ...]) -> list[Condition] | None:
+    """Disjuncts alike but for an interval of one form, joined where the intervals touch:
+    ``(A & (t <= 2)) | (A & (t >= 3))`` is ``A``. A clamped read's pieces split a guard this
+    way around a recurrence, and the split doubles at each round. None when nothing joined."""
+    out = list(parts)
+    joined = False
+    k = 0
+    while k < len(out):
+        for m in range(k + 1, len(out)):
+            both = _join_pair(out[k], out[m])
+            if both is not None:
+                out[k] = both
+                del out[m]
+                joined = True
+                break
+        else:
+            k += 1
+    return out if joined else None
+
+
+def _join_pair(a: Condition, b: Condition) -> Condition | None:
+    pa = a.parts if isinstance(a, And) else (a,)
+    pb = b.parts if isinstance(b, And) else (b,)
+    only_a = [c for c in pa if c not in pb]
+    only_b = [c for c in pb if c not in pa]
+    if not only_a or not only_b:
+        return None  # one implies the other: absorption's case
+    ra, oa = _ranges(And.make(only_a))
+    rb, ob = _ranges(And.make(only_b))
+    if oa or ob or len(ra) != 1 or ra.keys() != rb.keys():
+        return None
+    ((key, x),) = ra.items()
+    y = rb[key]
+    if x.out or y.out:
+        return None
+    if (x.lo is not None and y.lo is not None and y.lo < x.lo) or (
+        x.lo is not None and y.lo is None
+    ):
+        x, y = y, x  # x starts first
+    if x.hi is not None and y.lo is not None and y.lo > x.hi + 1:
+        return None  # a gap between them
+    lo = x.lo
+    hi = None if x.hi is None or y.hi is None else max(x.hi, y.hi)
+    span: Condition = TRUE
+    if lo is not None:
+        span = span & (key >= lo)
+    if hi is not None:
+        span = span & (key <= hi)
+    return And.make([*(c for c in pa if c in pb), simplify(span)])
+
+
 def _union_intervals(parts: tuple[Condition, ...]) -> list[Condition] | None:
     """Disjuncts that are each one interval of the same form, joined where they touch:
     ``(t == 0) | (t == 1) | (t >= 2)`` is ``t >= 0``. None when nothing was joined."""
@@ -297,6 +348,11 @@ def _absorb(cond: Condition) -> Condition:
     """Drop the disjuncts that imply another one: ``(t >= 2) | (t >= 1)`` is ``t >= 1``."""
     if not isinstance(cond, Or):
         return cond
+    alike = _join_alike(cond.parts)
+    if alike is not None:
+        cond = Or.make(alike)
+        if not isinstance(cond, Or):
+            return cond
     joined = _union_intervals(cond.parts)
     if joined is not None:
         cond = Or.make(joined)
