@@ -20,10 +20,11 @@ from timerl.errors import BoundError, TimerlError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.ir.validate import exclusive_conditions
+from timerl.runtime import heap
 from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
 from timerl.runtime.codegen import CodeGen
-from timerl.runtime.heap import TRIM_PEAK, HeapTrim, keep_freed_pages, release_free_heap
+from timerl.runtime.heap import TRIM_PEAK, HeapTrim, release_free_heap
 from timerl.runtime.stores import BlockStore, StorePlan, StreamStore, TierMeter
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
@@ -416,7 +417,7 @@ class Executor:
         self._outer = self.outer_loop() if hooked else None
         self._start, self._on_iteration, self._before_outer = start, on_iteration, before_outer
         self.backend.reset_device_peak()  # stats() reports this run's peak
-        keep_freed_pages(self.keep_freed_pages)  # iterations reuse each other's freed arrays
+        heap.keep_freed_pages(self.keep_freed_pages)  # iterations reuse each other's arrays
         try:
             with self.backend.active():
                 if self.compiled:

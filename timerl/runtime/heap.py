@@ -126,7 +126,7 @@ class HeapTrim:
 
     def __init__(self) -> None:
         self.iterations = 0
-        self.rest: int | None = None  # resident bytes after the second iteration
+        self.rest: int | None = None  # resident bytes after the 2nd iteration or the last trim
         self.started = time.perf_counter()  # when the current iteration began
 
     def after_iteration(self, peak: int) -> None:

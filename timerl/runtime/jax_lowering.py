@@ -155,8 +155,8 @@ def _diag_gather(xs: Any, first: int, step: int, shape: Any, dtype: Any, valid: 
     # positions outside x come from points where the read did not apply (see the reference)
     if len(xs) == 0 or not valid:
         return jnp.zeros((0 if valid else shape[0],) + tuple(shape[1:]), dtype=np.dtype(dtype))
-    if any(tuple(x.shape[1:]) != tuple(shape[1:]) for x in xs):
-        return jnp.zeros(tuple(shape), dtype=np.dtype(dtype))  # a piece that does not apply here
+    if any(tuple(x.shape[1:]) != tuple(shape[1:]) for x in xs):  # a piece not applying here
+        return jnp.zeros(tuple(shape), dtype=np.dtype(dtype))
     zero = jnp.zeros(tuple(shape[1:]), dtype=np.dtype(dtype))
     picks = ((x, first + step * j) for j, x in enumerate(xs))
     return jnp.stack([x[k] if 0 <= k < len(x) else zero for x, k in picks])

@@ -221,10 +221,8 @@ def _diag_gather(xs: Any, first: int, step: int, shape: Any, dtype: Any, valid: 
     # positions outside x come from points where the read did not apply (see the reference)
     if len(xs) == 0 or not valid:
         return torch.zeros((0 if valid else shape[0],) + tuple(shape[1:]), dtype=torch_dtype(dtype))
-    if any(tuple(x.shape[1:]) != tuple(shape[1:]) for x in xs):
-        return torch.zeros(
-            tuple(shape), dtype=torch_dtype(dtype)
-        )  # a piece that does not apply here
+    if any(tuple(x.shape[1:]) != tuple(shape[1:]) for x in xs):  # a piece not applying here
+        return torch.zeros(tuple(shape), dtype=torch_dtype(dtype))
     zero = torch.zeros(tuple(shape[1:]), dtype=torch_dtype(dtype))
     picks = ((x, first + step * j) for j, x in enumerate(xs))
     return torch.stack([x[k] if 0 <= k < len(x) else zero for x, k in picks])

@@ -272,34 +272,18 @@ def _join_alike(parts: tuple[Condition, ...]) -> list[Condition] | None:
 
 
 def _join_pair(a: Condition, b: Condition) -> Condition | None:
+    """``a | b`` as their common conjuncts and one interval, where what differs between them is
+    an interval of the same form on each side and the two touch; else None."""
     pa = a.parts if isinstance(a, And) else (a,)
     pb = b.parts if isinstance(b, And) else (b,)
     only_a = [c for c in pa if c not in pb]
     only_b = [c for c in pb if c not in pa]
     if not only_a or not only_b:
         return None  # one implies the other: absorption's case
-    ra, oa = _ranges(And.make(only_a))
-    rb, ob = _ranges(And.make(only_b))
-    if oa or ob or len(ra) != 1 or ra.keys() != rb.keys():
+    joined = _union_intervals((And.make(only_a), And.make(only_b)))
+    if joined is None or len(joined) != 1:
         return None
-    ((key, x),) = ra.items()
-    y = rb[key]
-    if x.out or y.out:
-        return None
-    if (x.lo is not None and y.lo is not None and y.lo < x.lo) or (
-        x.lo is not None and y.lo is None
-    ):
-        x, y = y, x  # x starts first
-    if x.hi is not None and y.lo is not None and y.lo > x.hi + 1:
-        return None  # a gap between them
-    lo = x.lo
-    hi = None if x.hi is None or y.hi is None else max(x.hi, y.hi)
-    span: Condition = TRUE
-    if lo is not None:
-        span = span & (key >= lo)
-    if hi is not None:
-        span = span & (key <= hi)
-    return And.make([*(c for c in pa if c in pb), simplify(span)])
+    return And.make([*(c for c in pa if c in pb), joined[0]])
 
 
 def _union_intervals(parts: tuple[Condition, ...]) -> list[Condition] | None:
