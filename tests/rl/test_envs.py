@@ -273,6 +273,10 @@ def test_unknown_id_and_unsupported_spaces():
         make_env("TimerlTest/MultiAct-v0")
     with pytest.raises(EnvError, match="Synthetic-v0: bad keyword"):
         make_env("Synthetic-v0", obs_size=3)
+    with pytest.raises(EnvError, match=r"CartPole-v1: bad keyword arguments \['bogus'\]"):
+        make_env("CartPole-v1", bogus=1)  # the batched simulator's constructor
+    with pytest.raises(EnvError, match="SyntheticVectorEnv does not render"):
+        make_env("Synthetic-v0").render_first()
     with pytest.raises(EnvError, match="num_envs"):
         make_env("Synthetic-v0", num_envs=0)
 
