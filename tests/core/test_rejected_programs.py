@@ -482,6 +482,32 @@ def test_two_step_recurrence_whose_step_may_never_apply(n, backend):
     _check_grads([gu], lambda a: ref(a)[1], [u])
 
 
+def _overlapping_branches_ref(u):
+    n_i, n_t = u.shape[:2]
+    p = np.zeros((n_i, n_t))
+    for i in range(n_i):
+        for t in range(n_t):
+            p[i, t] = u[i, t, 0] if i + t == 0 or t == 0 else u[0, t - 1, 0]
+    return p, float((p * p).sum())
+
+
+def test_last_branch_read_where_the_earlier_ones_fail_on_two_dims(backend):
+    """The last branch applies where ``~((i + t == 0) | (t == 0))``; its read over ``t`` alone
+    is needed only where ``t != 0``, or it reads ``u[0, -1]`` (it raised OutOfRangeError)."""
+    u = _arr(3, 3, 2, seed=16)
+    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    with ctx:
+        U = tl.from_numpy(u, domain=(i, t), requires_grad=True, dtype="float64")
+        p = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        p[(i + t).eq(0)] = U[i, t, 0]
+        p[t.eq(0)] = U[i, t, 0]
+        p[True] = U[0, t - 1, 0]
+        (p * p).sum().backward()
+        pv, gu = tl.evaluate([p, U.grad], backend=backend)
+    close(pv, _overlapping_branches_ref(u)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: _overlapping_branches_ref(a)[1], [u])
+
+
 MULTI_SLICE_READS = {
     # name: (timerl read of h over (i, t), numpy read at point (i, t) of h with shape (I, T, 2))
     "fixed_and_after": (

@@ -142,6 +142,18 @@ def _widen(old: Condition, new: Condition) -> Condition:
     return _from_intervals(terms, now)
 
 
+def _conjuncts(cond: Condition) -> list[Condition]:
+    """``cond`` as a list of conditions that all hold: And flattened, and a negated Or as the
+    negations of its parts (a branch's exclusive condition is ``~(c1 | c2)``)."""
+    if isinstance(cond, And):
+        return [c for p in cond.parts for c in _conjuncts(p)]
+    if isinstance(cond, Not) and isinstance(cond.part, Or):
+        return [c for p in cond.part.parts for c in _conjuncts(~p)]
+    if isinstance(cond, Not) and isinstance(cond.part, Not):
+        return _conjuncts(cond.part.part)
+    return [cond]
+
+
 def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Condition:
     """The points of ``src`` that ``reader`` reads where ``cond`` holds at its own point.
 
@@ -165,7 +177,7 @@ def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Cond
     if any(isinstance(s, Dim) and s not in moved for s in out.symbols()):
         # The reader's condition is also about dims the read does not map: keep the parts
         # of it that are not (a superset of the points read, so still sound).
-        parts = out.parts if isinstance(out, And) else (out,)
+        parts = _conjuncts(out)
         out = TRUE
         for part in parts:
             if all(not isinstance(s, Dim) or s in moved for s in part.symbols()):
