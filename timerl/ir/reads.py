@@ -5,6 +5,13 @@ their own needed points and the edge's condition: exact for same-point reads, sh
 points, every point for anything else. Solved as a fixed point, since recurrences make the
 graph cyclic. Guard inference uses it to compute ops only where they are read; autodiff to let
 a VJP contribute only where the forward value was read.
+
+Where an op's needs outgrow what a guard can say (comparisons on two linear forms that do not
+fold), they are capped by the points where the op can be computed at all (every read in
+range, through the ops it reads up to a piecewise one) instead of becoming every point, where
+it would read out of range. In a valid program every needed point is computable, so the cap
+keeps them all; ``NeededPoints.capped`` names the capped ops for the compiler to confirm
+that on the actual bounds.
 """
 
 from __future__ import annotations
@@ -12,11 +19,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from timerl.ir import prims
 from timerl.ir.graph import Op
 from timerl.ir.validate import exclusive_conditions
-from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, simplify
+from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, Slice, simplify
 from timerl.symbolic.bounds import union
 from timerl.symbolic.expr import And, Cmp, Literal, Not, Or, Symbol
 
@@ -190,8 +198,25 @@ def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Cond
     return simplify(out)
 
 
-def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
-    """Op id -> the points of it that ``roots`` (read everywhere) need, transitively."""
+@dataclass(frozen=True)
+class NeededPoints:
+    """Each op's needed points (op id -> condition), and the ops whose needs were capped by
+    their computable points (sound for valid programs only: see the module docstring)."""
+
+    guards: dict[int, Condition]
+    capped: frozenset[int] = frozenset()
+
+    def __getitem__(self, op_id: int) -> Condition:
+        return self.guards[op_id]
+
+
+def needed_points(ops: list[Op], roots: Iterable[Op], cap: bool = True) -> NeededPoints:
+    """The points of each op that ``roots`` (read everywhere) need, transitively.
+
+    ``cap=False`` makes a guard that outgrows its size every point instead of the op's
+    computable points: the reading the compiler falls back to when a cap does not hold.
+    """
+    roots = list(roots)
     guard: dict[int, Condition] = {op.id: FALSE for op in ops}
     for r in roots:
         guard[r.id] = TRUE
@@ -215,13 +240,15 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
     changes = {op.id: 0 for op in ops}
     budget = MAX_ROUNDS * len(ops)
     seen: dict[tuple[int, Condition], Condition] = {}  # read_points of unchanged readers
+    computable: dict[int, Condition] | None = None  # computed on the first cap
+    capped: set[int] = set()
     while heap:
         budget -= 1
         if budget < 0:
-            return {op.id: TRUE for op in ops}
+            return NeededPoints({op.id: TRUE for op in ops})
         op = by_id[-heapq.heappop(heap)]
         pending.discard(op.id)
-        if guard[op.id] == TRUE:
+        if guard[op.id] == TRUE or op.id in capped:
             continue
         g: Condition = FALSE
         for reader, edge, cond in reads[op.id]:
@@ -234,6 +261,12 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
             g = union(g, part)  # absorbs disjuncts one another implies
             if _atoms(g) > MAX_ATOMS:
                 g = _compact(g)  # rather than every point, where it is about one form
+            if _atoms(g) > MAX_ATOMS and cap and not prims.get(op.prim).traits.piecewise:
+                if computable is None:
+                    computable = computable_points(ops)
+                g = computable[op.id]
+                capped.add(op.id)
+                break
             if g == TRUE or _atoms(g) > MAX_ATOMS:
                 g = TRUE
                 break
@@ -254,4 +287,58 @@ def needed_points(ops: list[Op], roots: Iterable[Op]) -> dict[int, Condition]:
             if src not in pending and src not in root_ids:
                 pending.add(src)
                 heapq.heappush(heap, -src)
-    return guard
+    return NeededPoints(guard, frozenset(capped))
+
+
+def computable_points(ops: list[Op]) -> dict[int, Condition]:
+    """Op id -> a superset of the points where the op can be computed.
+
+    A non-piecewise op can be computed where each of its reads is in range and each op it
+    reads (up to a piecewise one, which picks a branch per point and so bounds nothing here)
+    can be computed at the points read. Reads through a slice keep only their own range.
+    Every cycle of the graph passes through a piecewise op, so the ops below are a DAG.
+    """
+    by_id = {op.id: op for op in ops}
+    out: dict[int, Condition] = {}
+    opened: set[int] = set()  # a cycle without a piecewise op (none should exist) reads TRUE
+    for start in ops:
+        stack = [(start, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if op.id in out:
+                continue
+            if prims.get(op.prim).traits.piecewise:
+                out[op.id] = TRUE
+                continue
+            if not expanded:
+                opened.add(op.id)
+                stack.append((op, True))
+                stack.extend(
+                    (e.src, False)
+                    for e in op.inputs
+                    if e.src.id in by_id and e.src.id not in out and e.src.id not in opened
+                )
+                continue
+            out[op.id] = _computable_here(op, out)
+    return out
+
+
+def _computable_here(op: Op, known: dict[int, Condition]) -> Condition:
+    """Where ``op``'s own reads are in range and its sources computable at the points read."""
+    cond: Condition = TRUE
+    for e in op.inputs:
+        in_range: Condition = TRUE
+        moved: dict[Dim, Expr] = {}
+        for d, idx in zip(e.src.domain, e.index, strict=True):
+            if isinstance(idx, Slice):
+                empty = idx.stop <= idx.start
+                in_range = in_range & (empty | ((idx.start >= 0) & (idx.stop <= d.bound)))
+            else:
+                in_range = in_range & (idx >= 0) & (idx < d.bound)
+                moved[d] = idx
+        src = known.get(e.src.id, TRUE)
+        if src != TRUE and len(moved) == len(e.src.domain):
+            in_range = in_range & src.substitute(moved)
+        cond = cond & (~e.cond | in_range)
+    out = simplify(cond)
+    return out if _atoms(out) <= 4 * MAX_ATOMS else TRUE

@@ -16,7 +16,7 @@ import numpy as np
 from timerl.errors import BoundError, OutOfRangeError, ProgramError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
-from timerl.symbolic import FALSE, Bound, Condition, Dim, Expr, Slice, vevaluate
+from timerl.symbolic import FALSE, TRUE, Bound, Condition, Dim, Expr, Slice, vevaluate
 
 MAX_POINTS = 8_000_000
 
@@ -160,6 +160,45 @@ def _check_edge(op: Op, edge: Edge, active: np.ndarray, env: dict, bounds, n: in
                 f"{op.where()} reads {src.label} at {d.name}={idx}, outside 0..{d.bound.name}-1 "
                 f"(= {extent - 1}), at {_where(bad, op, env)}"
             )
+
+
+def reads_within_guards(ops: list[Op], bounds: Mapping[Bound, int], srcs: set[int]) -> bool:
+    """Whether every point read of an op in ``srcs`` lies inside that op's guard.
+
+    Guards are needed points, a superset of the points read by construction, except where
+    ``timerl.ir.reads`` capped them by the computable points: this confirms those on the
+    actual bounds. A slice read of a capped op that is not computed everywhere is not
+    checked point by point; it answers False.
+    """
+    for op in ops:
+        edges = [
+            (e, c)
+            for e, c in zip(op.inputs, _conds(op), strict=True)
+            if e.src.id in srcs and e.src.guard != TRUE
+        ]
+        if not edges:
+            continue
+        env = _grid(op.domain, bounds)
+        n = len(env[op.domain[0]]) if op.domain else 1
+        guard = _as_mask(vevaluate(op.guard, env), n)
+        for edge, cond in edges:
+            active = guard & _as_mask(vevaluate(cond, env), n)
+            if not active.any():
+                continue
+            if any(isinstance(idx, Slice) for idx in edge.index):
+                return False
+            at = dict(env)
+            for d, idx in zip(edge.src.domain, edge.index, strict=True):
+                at[d] = np.broadcast_to(vevaluate(idx, env), (n,))
+            if not _as_mask(vevaluate(edge.src.guard, at), n)[active].all():
+                return False
+    return True
+
+
+def _conds(op: Op) -> list[Condition]:
+    if prims.get(op.prim).traits.piecewise:
+        return exclusive_conditions(op)
+    return [e.cond for e in op.inputs]
 
 
 def check_not_empty(ops: list[Op]) -> None:

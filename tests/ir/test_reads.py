@@ -1,0 +1,65 @@
+"""Needed and computable points, alone: what guard inference is built from."""
+
+from __future__ import annotations
+
+import numpy as np
+from core_helpers import ctx_t
+
+import timerl as tl
+from timerl.compiler.guards import add_guards
+from timerl.compiler.spec import freeze
+from timerl.ir.graph import copy_graph, walk
+from timerl.ir.reads import computable_points, needed_points
+from timerl.ir.validate import reads_within_guards
+from timerl.symbolic import TRUE, vevaluate
+
+
+def _holds(cond, t, T, n):
+    return [bool(vevaluate(cond, {t: k, T: n})) for k in range(n)]
+
+
+def test_computable_points_follow_shifted_reads_down_to_a_piecewise_op():
+    ctx, t, T = ctx_t()
+    with ctx:
+        u = tl.from_numpy(np.arange(5.0), domain=(t,))
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = u[0]
+        x[t + 1] = x * 0.5
+        a = x[t - 1].tanh()  # reads x one step back: not at t = 0
+        b = a[t - 1] + u[t + 1]  # and a one more back, u one ahead: 2 <= t <= T - 2
+    ops = list(walk([b.op]))
+    can = computable_points(ops)
+    assert can[x.op.id] == TRUE  # piecewise: a branch per point
+    assert _holds(can[a.op.id], t, T, 5) == [False, True, True, True, True]
+    assert _holds(can[b.op.id], t, T, 5) == [False, False, True, True, False]
+
+
+def test_needed_points_are_exact_and_uncapped_on_one_form():
+    ctx, t, T = ctx_t()
+    with ctx:
+        u = tl.from_numpy(np.arange(5.0), domain=(t,))
+        r = tl.RecurrentTensor.placeholder((), domain=(t,))
+        r[t.eq(T - 1)] = u
+        r[True] = u + 0.9 * r[t + 1]
+    ops = list(walk([r.op]))
+    needed = needed_points(ops, [r.op])
+    assert not needed.capped
+    branch = r.op.inputs[1].src  # u + 0.9 * r[t + 1]: read where t < T - 1 only
+    assert _holds(needed[branch.id], t, T, 5) == [True, True, True, True, False]
+
+
+def test_a_read_outside_a_guard_is_found():
+    ctx, t, T = ctx_t()
+    with ctx:
+        u = tl.from_numpy(np.arange(5.0), domain=(t,))
+        a = u.tanh()
+        b = a[0] * 2.0  # needs a at t = 0 only
+    spec = freeze([], [b.op], ctx.dims, ctx._until, *ctx.resolve_bounds({}))
+    ops = list(add_guards(spec).ops)
+    guard_of_a = next(op.guard for op in ops if op.id == a.op.id)
+    assert _holds(guard_of_a, t, T, 5) == [True, False, False, False, False]
+    assert reads_within_guards(ops, spec.check_bounds, {a.op.id})
+    narrowed = {op.id: op.guard for op in ops}
+    narrowed[a.op.id] = t >= 1  # a guard that misses the point b reads
+    wrong = copy_graph(ops, guards=narrowed)
+    assert not reads_within_guards(wrong, spec.check_bounds, {a.op.id})
