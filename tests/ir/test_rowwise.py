@@ -156,3 +156,40 @@ def test_dense_matmul_blocks_a_long_inner_size_and_takes_a_transposed_view(monke
     got = rowwise.dense_matmul(x.T, g)  # a weight gradient: x.T @ g over the rows
     assert calls == [(48, rowwise.K_BLOCK)] * 3 + [(48, 5)]
     np.testing.assert_allclose(got, x.T.astype(np.float64) @ g, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("shape", "axes"),
+    [
+        ((300, 4), 0),
+        ((300, 4), (0,)),
+        ((30, 10, 3), (0, 1)),
+        ((300, 2, 2), -3),
+        ((300, 1), 0),  # one column: numpy's pairwise sum
+        ((300, 4), 1),  # not leading
+        ((30, 10, 3), (1, 2)),
+        ((300, 4), None),
+        ((300, 4), (0, 1)),  # every axis
+        ((10, 4), 0),  # few rows
+    ],
+)
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_leading_sum_is_numpys_sum(shape, axes, keepdims, dtype):
+    x = (np.random.default_rng(0).normal(size=shape) * 10).astype(dtype)
+    got = rowwise.leading_sum(x, axes, keepdims)
+    want = np.sum(x, axis=axes, keepdims=keepdims)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_leading_sum_of_a_transposed_view_is_numpys_sum():
+    x = np.random.default_rng(1).normal(size=(4, 300)).astype(np.float32).T  # not C-contiguous
+    np.testing.assert_allclose(rowwise.leading_sum(x, 0), x.sum(0), rtol=1e-5)
+
+
+def test_leading_sum_over_many_rows_is_at_least_as_accurate_as_numpys():
+    x = np.random.default_rng(2).normal(size=(64000, 8)).astype(np.float32)
+    exact = x.astype(np.float64).sum(0)
+    got = np.abs(rowwise.leading_sum(x, 0) - exact).max()
+    assert got <= np.abs(x.sum(0) - exact).max()

@@ -382,7 +382,11 @@ def _np_reduce(fn):
     return run
 
 
-register(Prim("sum", _infer_reduce, _np_reduce(np.sum), _vjp_sum))
+def _np_sum(x, axes=None, keepdims=False, _sum=False):
+    return rowwise.leading_sum(x, axes, keepdims)
+
+
+register(Prim("sum", _infer_reduce, _np_sum, _vjp_sum))
 register(Prim("max", _infer_reduce, _np_reduce(np.max), _vjp_max))
 
 
