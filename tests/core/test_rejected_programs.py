@@ -522,25 +522,32 @@ def _chained_rows_ref(u):
     return x, float((x * x).sum())
 
 
+def _chained_rows(u, i, t, T):
+    """``(x, U)`` of the program ``_chained_rows_ref`` computes, its loss's gradient built
+    (inside the context of dims ``(i, t)``)."""
+    U = tl.from_numpy(u, domain=(i, t), requires_grad=True, dtype="float64")
+    y = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+    y[i, 0] = U[i, 0, 0]
+    y[i, t + 1] = y[i, t].tanh()
+    x = tl.RecurrentTensor.placeholder((2,), "float64", domain=(i, t))
+    x[0, 0] = U[0, 0]
+    x[i + 1, 0] = x[i, T - 1].tanh()
+    a = tl.where(U[i, t, 0] > 0, x[i, t], x[i, t].tanh())
+    b = tl.where(U[i, t] > 0, y[i, t + 1], x[i, t]).tanh()
+    x[i, t + 1] = (x[i, t] + a + b).tanh()
+    (x * x).sum().backward()
+    return x, U
+
+
 def test_recurrence_over_rows_and_steps_with_branches_on_both(backend):
     """Rows chained end to start (``x[i + 1, 0]`` reads ``x[i, T - 1]``), steps reading
     another recurrence: the gradient's guards compare ``i`` and ``t`` and do not fold. They
     became every point, where ``tanh(x[i, t - 1])`` reads ``t = -1`` (OutOfRangeError); they
     are now capped by the points each op can be computed at."""
     u = _arr(2, 3, 2, seed=17)
-    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    ctx, i, t, _, T = ctx_it()
     with ctx:
-        U = tl.from_numpy(u, domain=(i, t), requires_grad=True, dtype="float64")
-        y = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
-        y[i, 0] = U[i, 0, 0]
-        y[i, t + 1] = y[i, t].tanh()
-        x = tl.RecurrentTensor.placeholder((2,), "float64", domain=(i, t))
-        x[0, 0] = U[0, 0]
-        x[i + 1, 0] = x[i, T - 1].tanh()
-        a = tl.where(U[i, t, 0] > 0, x[i, t], x[i, t].tanh())
-        b = tl.where(U[i, t] > 0, y[i, t + 1], x[i, t]).tanh()
-        x[i, t + 1] = (x[i, t] + a + b).tanh()
-        (x * x).sum().backward()
+        x, U = _chained_rows(u, i, t, T)
         xv, gu = tl.evaluate([x, U.grad], backend=backend)
     close(xv, _chained_rows_ref(u)[0], rtol=1e-12, atol=1e-12)
     _check_grads([gu], lambda v: _chained_rows_ref(v)[1], [u])
@@ -552,19 +559,9 @@ def test_a_cap_that_does_not_hold_falls_back_to_every_point(monkeypatch):
     import timerl.compiler.guards as guards
 
     monkeypatch.setattr(guards, "reads_within_guards", lambda *args: False)
-    ctx, i, t, I, T = ctx_it()  # noqa: E741
+    ctx, i, t, _, T = ctx_it()
     with ctx:
-        U = tl.from_numpy(_arr(2, 3, 2, seed=17), domain=(i, t), requires_grad=True)
-        y = tl.RecurrentTensor.placeholder((), "float32", domain=(i, t))
-        y[i, 0] = U[i, 0, 0]
-        y[i, t + 1] = y[i, t].tanh()
-        x = tl.RecurrentTensor.placeholder((2,), "float32", domain=(i, t))
-        x[0, 0] = U[0, 0]
-        x[i + 1, 0] = x[i, T - 1].tanh()
-        a = tl.where(U[i, t, 0] > 0, x[i, t], x[i, t].tanh())
-        b = tl.where(U[i, t] > 0, y[i, t + 1], x[i, t]).tanh()
-        x[i, t + 1] = (x[i, t] + a + b).tanh()
-        (x * x).sum().backward()
+        x, U = _chained_rows(_arr(2, 3, 2, seed=17), i, t, T)
         with pytest.raises(tl.OutOfRangeError, match=r"t=t - 1, outside 0\.\.T-1"):
             tl.evaluate([x, U.grad])
 

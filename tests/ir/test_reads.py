@@ -38,13 +38,13 @@ def test_needed_points_are_exact_and_uncapped_on_one_form():
     ctx, t, T = ctx_t()
     with ctx:
         u = tl.from_numpy(np.arange(5.0), domain=(t,))
-        r = tl.RecurrentTensor.placeholder((), domain=(t,))
-        r[t.eq(T - 1)] = u
-        r[True] = u + 0.9 * r[t + 1]
-    ops = list(walk([r.op]))
-    needed = needed_points(ops, [r.op])
+        g = tl.RecurrentTensor.placeholder((), domain=(t,))
+        g[t.eq(T - 1)] = u.tanh()
+        g[True] = g[t + 1] * 0.5 - u
+    ops = list(walk([g.op]))
+    needed = needed_points(ops, [g.op])
     assert not needed.capped
-    branch = r.op.inputs[1].src  # u + 0.9 * r[t + 1]: read where t < T - 1 only
+    branch = g.op.inputs[1].src  # g[t + 1] * 0.5 - u: read where t < T - 1 only
     assert _holds(needed[branch.id], t, T, 5) == [True, True, True, True, False]
 
 
