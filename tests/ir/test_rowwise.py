@@ -174,13 +174,14 @@ def test_dense_matmul_blocks_a_long_inner_size_and_takes_a_transposed_view(monke
     ],
 )
 @pytest.mark.parametrize("keepdims", [False, True])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64])
 def test_leading_sum_is_numpys_sum(shape, axes, keepdims, dtype):
     x = (np.random.default_rng(0).normal(size=shape) * 10).astype(dtype)
     got = rowwise.leading_sum(x, axes, keepdims)
     want = np.sum(x, axis=axes, keepdims=keepdims)
     assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    rtol = {np.float16: 1e-3, np.float32: 1e-5}.get(dtype, 1e-12)
+    np.testing.assert_allclose(got, want, rtol=rtol)
 
 
 def test_leading_sum_of_a_transposed_view_is_numpys_sum():

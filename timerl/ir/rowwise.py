@@ -121,9 +121,12 @@ def leading_sum(x: np.ndarray, axes: int | tuple[int, ...] | None, keepdims: boo
     return out.reshape((1,) * lead + rest if keepdims else rest)
 
 
+_BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # float16 has no BLAS product
+
+
 def _leading_axes(x: np.ndarray, axes: int | tuple[int, ...] | None) -> int:
     """How many leading axes ``axes`` sums where a product with ones pays, else 0."""
-    if axes is None or not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+    if axes is None or not isinstance(x, np.ndarray) or x.dtype not in _BLAS_FLOATS:
         return 0
     picked = sorted(a % x.ndim for a in ((axes,) if isinstance(axes, int) else axes))
     lead = len(picked)
