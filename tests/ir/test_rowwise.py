@@ -171,6 +171,8 @@ def test_dense_matmul_blocks_a_long_inner_size_and_takes_a_transposed_view(monke
         ((300, 4), None),
         ((300, 4), (0, 1)),  # every axis
         ((10, 4), 0),  # few rows
+        ((300, 4), ()),  # no axis
+        ((300,), 0),
     ],
 )
 @pytest.mark.parametrize("keepdims", [False, True])
