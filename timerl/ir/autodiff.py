@@ -21,7 +21,7 @@ from timerl.ir import prims
 from timerl.ir.build import apply
 from timerl.ir.graph import Edge, Op, View, consumers, walk
 from timerl.ir.reads import needed_points
-from timerl.ir.validate import exclusive_conditions
+from timerl.ir.validate import edge_conditions
 from timerl.symbolic import (
     FALSE,
     TRUE,
@@ -126,7 +126,7 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
         rule = prims.get(c.prim)
         g = View.of(grad_ops[c.id])
         parts = rule.vjp(_ap, c, ins, View.of(c), g)
-        conds = exclusive_conditions(c) if rule.traits.piecewise else [e.cond for e in c.inputs]
+        conds = edge_conditions(c)
         live = needed[c.id]
         for edge, part, cond in zip(c.inputs, parts, conds, strict=True):
             if part is None or edge.src.id not in relevant:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from timerl.ir import prims
 from timerl.ir.graph import Op
-from timerl.ir.validate import exclusive_conditions
+from timerl.ir.validate import edge_conditions
 from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, Slice, simplify
 from timerl.symbolic.bounds import union
 from timerl.symbolic.expr import And, Cmp, Literal, Not, Or, Symbol
@@ -222,12 +222,7 @@ def needed_points(ops: list[Op], roots: Iterable[Op], cap: bool = True) -> Neede
         guard[r.id] = TRUE
     reads: dict[int, list] = {op.id: [] for op in ops}
     for reader in ops:
-        conds = (
-            exclusive_conditions(reader)
-            if prims.get(reader.prim).traits.piecewise
-            else [e.cond for e in reader.inputs]
-        )
-        for edge, cond in zip(reader.inputs, conds, strict=True):
+        for edge, cond in zip(reader.inputs, edge_conditions(reader), strict=True):
             reads[edge.src.id].append((reader, edge, cond))
     root_ids = {r.id for r in roots}
     by_id = {op.id: op for op in ops}
@@ -261,14 +256,15 @@ def needed_points(ops: list[Op], roots: Iterable[Op], cap: bool = True) -> Neede
             g = union(g, part)  # absorbs disjuncts one another implies
             if _atoms(g) > MAX_ATOMS:
                 g = _compact(g)  # rather than every point, where it is about one form
-            if _atoms(g) > MAX_ATOMS and cap and not prims.get(op.prim).traits.piecewise:
-                if computable is None:
-                    computable = computable_points(ops)
-                g = computable[op.id]
-                capped.add(op.id)
-                break
-            if g == TRUE or _atoms(g) > MAX_ATOMS:
-                g = TRUE
+                if _atoms(g) > MAX_ATOMS:
+                    g = TRUE
+                    if cap and not prims.get(op.prim).traits.piecewise:
+                        if computable is None:
+                            computable = computable_points(ops)
+                        g = computable[op.id]
+                        capped.add(op.id)
+                    break
+            if g == TRUE:
                 break
         if g == guard[op.id]:
             continue

@@ -87,6 +87,13 @@ def exclusive_conditions(op: Op) -> list[Condition]:
     return out
 
 
+def edge_conditions(op: Op) -> list[Condition]:
+    """Where each input edge of ``op`` is read: a piecewise op's branches exclusively."""
+    if prims.get(op.prim).traits.piecewise:
+        return exclusive_conditions(op)
+    return [e.cond for e in op.inputs]
+
+
 def check_bounds(ops: list[Op], bounds: Mapping[Bound, int]) -> None:
     for op in ops:
         for d in op.domain:
@@ -173,7 +180,7 @@ def reads_within_guards(ops: list[Op], bounds: Mapping[Bound, int], srcs: set[in
     for op in ops:
         edges = [
             (e, c)
-            for e, c in zip(op.inputs, _conds(op), strict=True)
+            for e, c in zip(op.inputs, edge_conditions(op), strict=True)
             if e.src.id in srcs and e.src.guard != TRUE
         ]
         if not edges:
@@ -193,12 +200,6 @@ def reads_within_guards(ops: list[Op], bounds: Mapping[Bound, int], srcs: set[in
             if not _as_mask(vevaluate(edge.src.guard, at), n)[active].all():
                 return False
     return True
-
-
-def _conds(op: Op) -> list[Condition]:
-    if prims.get(op.prim).traits.piecewise:
-        return exclusive_conditions(op)
-    return [e.cond for e in op.inputs]
 
 
 def check_not_empty(ops: list[Op]) -> None:
