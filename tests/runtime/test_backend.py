@@ -4,6 +4,7 @@ primitive they cannot lower before anything runs."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -61,6 +62,19 @@ def test_a_numpy_program_never_imports_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("preset", [None, "0"])
+def test_the_torch_backend_asks_for_huge_pages_unless_the_user_said_otherwise(preset):
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if preset is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = preset
+    code = "import os, timerl.runtime.torch_backend; print(os.environ['THP_MEM_ALLOC_ENABLE'])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == (preset or "1")
 
 
 def _tanh_program(seen: list):
