@@ -206,3 +206,49 @@ def test_a_block_read_through_a_view_at_the_first_update_is_freed_there(compiled
     prog.run(compiled=compiled)
     assert prog.stats()["peak_bytes"] == planned
     np.testing.assert_allclose(_values(ref, [total])[0], np.asarray(prog.value(total)), rtol=1e-6)
+
+
+def _rows_in_place():
+    """Inside the loop over t: ``h`` (a tanh, read whole after the loop: a block), ``c``
+    (float plus int, computed in another dtype than one of its inputs: a block written by
+    copy) and ``z`` (a product read in a window: a ring)."""
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        obs = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="obs")
+        obs[i, 0] = tl.full((3,), 0.5) * tl.full((), i)
+        h = (obs[i, t] * 0.5).tanh()
+        c = h + tl.full((3,), 1, dtype=np.int64)
+        obs[i, t + 1] = c * 0.5 - 0.4
+        z = obs[i, t] * 2.0
+        loss = h[i, 0:T].sum(0).sum(0) + c[i, 0:T].sum(0).sum(0)
+        window = z[i, tl.max(t - 2, 0) : t + 1].sum(0).sum(0)
+    return ctx, [loss, window], (h, z, c)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+def test_an_elementwise_kernel_writes_its_row_of_the_block(backend, compiled):
+    ctx, outs, (h, z, c) = _rows_in_place()
+    bounds = {"I": 2, "T": 9}
+    ref = ctx.compile(bounds=bounds, outputs=outs, optimize=False)
+    prog = ctx.compile(bounds=bounds, outputs=outs, backend=backend)
+    storage = {op.label: prog.compiled.storage.get(op.id) for op in prog.ops}
+    ids = {op.label: op.id for op in prog.ops}
+    assert storage[h.name].kind == "block" and storage[h.name].in_place
+    assert storage[z.name].kind == "ring" and storage[z.name].in_place
+    assert storage[c.name].kind == "block" and not storage[c.name].in_place
+    assert f"{h.name}: block" in prog.explain() and "writes each row in place" in prog.explain()
+    for a, b in zip(_values(ref, outs), _values(prog, outs, compiled), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    ex = prog.executor(compiled=True)
+    ex.prepare(hooked=False)
+    source = ex.source
+    assert f"out=BL{ids[h.name]}[" in source and f"out=BL{ids[z.name]}[" in source
+    assert f"out=BL{ids[c.name]}[" not in source
+    # the accounting is the block's, as when the row was copied in
+    prog.run(compiled=True)
+    peak = prog.stats()["peak_bytes"]
+    prog.run(compiled=False)
+    assert prog.stats()["peak_bytes"] == peak

@@ -45,12 +45,17 @@ def _static_shape(op: Op) -> tuple[int, ...] | None:
     return tuple(int(s.value) for s in op.shape)
 
 
-def _writes_into(y: Op) -> bool:
+def computes_into(y: Op) -> bool:
+    """Whether ``y``'s kernel can write its result into a buffer it is given (``out=``): an
+    elementwise op that is not a view, of static rank at least one, whose inputs all have its
+    dtype (the result is computed in it, with no cast after)."""
     t = prims.get(y.prim).traits
     if not t.elementwise or t.view or t.piecewise or t.host or t.random or t.constant:
         return False
     shape = _static_shape(y)
-    return shape is not None and len(shape) >= 1
+    if shape is None or len(shape) < 1:
+        return False
+    return all(e.src.dtype == y.dtype for e in y.inputs)
 
 
 def plan_donations(
@@ -75,10 +80,10 @@ def plan_donations(
             if isinstance(s, Loop):
                 visit(s.body)
                 continue
-            if not isinstance(s, Compute) or not _writes_into(s.op):
+            if not isinstance(s, Compute) or not computes_into(s.op):
                 continue
             y = s.op
-            if point_kind(y.id) != "point" or any(e.src.dtype != y.dtype for e in y.inputs):
+            if point_kind(y.id) != "point":
                 continue
             frees: list[Free] = []
             for nxt in body[j + 1 :]:

@@ -32,7 +32,8 @@ class OpCall:
     tuple of those, evaluated at each point. ``key`` is ``None`` or, for a random op, the
     ``(seed, stream)`` prefix and the coordinates (expressions) that complete its key.
     ``pass_point``: a host op that receives the point as its last argument. ``out``: the
-    position of the input whose buffer ``fn`` writes into, passed again as ``out=``.
+    position of the input whose buffer ``fn`` writes into, passed again as ``out=``. ``row``:
+    ``fn`` writes into the op's own row of its block, passed as ``out=``.
     """
 
     fn: Callable[..., Any]
@@ -40,6 +41,7 @@ class OpCall:
     key: tuple[tuple[int, int], tuple[Any, ...]] | None
     pass_point: bool
     out: int | None = None
+    row: bool = False
 
 
 def host_call(
@@ -66,11 +68,14 @@ def host_call(
     return call_at if op.attrs.get("pass_point", False) else call
 
 
-def prepare_call(op: Op, backend: Backend, seed: int, donate: int | None = None) -> OpCall:
+def prepare_call(
+    op: Op, backend: Backend, seed: int, donate: int | None = None, row: bool = False
+) -> OpCall:
     """The kernel with static attributes bound, and what is left to evaluate per point.
 
     ``donate``: the position of an input whose buffer the kernel writes its result into
-    (``compiler/donation.py``), through the backend's donating lowering."""
+    (``compiler/donation.py``), through the backend's donating lowering; ``row``: the kernel
+    writes into the op's row of its block instead (``Storage.in_place``), through the same."""
     rule = prims.get(op.prim)
     traits = rule.traits
     if traits.piecewise:
@@ -84,7 +89,7 @@ def prepare_call(op: Op, backend: Backend, seed: int, donate: int | None = None)
         if k not in per_point and k not in META_ATTRS
     }
     kernel = backend.kernel(op)
-    if donate is not None:
+    if donate is not None or row:
         writer = backend.donating_lowering(op.prim)
         if writer is None:
             raise ValueError(f"{op.where()}: the {backend.name} backend cannot write into inputs")
@@ -102,7 +107,7 @@ def prepare_call(op: Op, backend: Backend, seed: int, donate: int | None = None)
         stream = op.attrs.get("stream", op.id)
         coords = op.attrs.get("key_at")
         key = ((seed, stream), tuple(op.domain) if coords is None else tuple(coords))
-    return OpCall(fn, point_attrs, key, False, donate)
+    return OpCall(fn, point_attrs, key, False, donate, row)
 
 
 def gather_points(

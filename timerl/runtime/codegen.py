@@ -298,13 +298,21 @@ class CodeGen:
         if op.guard != TRUE:
             self.emit(depth, f"if {self.cond(op.guard, depth)}:")
             body_depth += 1
+        in_place = self.plan.writes_row(op, self.backend)
         if op.id in self.plan.aliases:
             pass  # its rows are its base block's: nothing to compute
+        elif in_place:
+            # the kernel writes the row; no local keeps it (a view would keep the block alive)
+            row, mark = self.plan.row_src(op, self.names.of)
+            self.call(op, body_depth, var, point, row=row)
+            self.emit(body_depth, mark)
         elif prims.get(op.prim).traits.piecewise:
             self.merge(op, body_depth, var)
         else:
             self.call(op, body_depth, var, point)
-        if op.id in self.plan.blocks:
+        if in_place:
+            pass  # the kernel wrote its row
+        elif op.id in self.plan.blocks:
             for line in self.plan.block_write_src(op, var, self.names.of):
                 self.emit(body_depth, line)
         elif op.id not in self.locals:
@@ -346,9 +354,11 @@ class CodeGen:
         dt = self.const("DT", op.dtype)
         self.emit(depth, f"{var} = {bc}({var}, {shape_src}, {dt})")
 
-    def call(self, op: Op, depth: int, var: str, point: str) -> None:
+    def call(self, op: Op, depth: int, var: str, point: str, row: str | None = None) -> None:
+        """``var = kernel(...)``; with ``row`` (the source of a block's row), ``kernel(...,
+        out=row)`` and no ``var``."""
         donate = self.donations.get(op.id)
-        call = prepare_call(op, self.backend, self.seed, donate)
+        call = prepare_call(op, self.backend, self.seed, donate, row=row is not None)
         if op.id in self.host_only or (
             prims.get(op.prim).traits.host and getattr(self.backend, "host_results_numpy", False)
         ):
@@ -375,8 +385,11 @@ class CodeGen:
             kwargs.append(f"key={self.key_src(items)}")
         if donate is not None:
             kwargs.append(f"out={args[donate]}")
+        if row is not None:
+            kwargs.append(f"out={row}")
         where = op.where().replace("\n", " ")
-        self.emit(depth, f"{var} = {fn}({', '.join(args + kwargs)})  # {where}")
+        target = "" if row is not None else f"{var} = "
+        self.emit(depth, f"{target}{fn}({', '.join(args + kwargs)})  # {where}")
 
     def _attr_src(self, value: Any) -> str:
         if isinstance(value, (Expr, Condition)):

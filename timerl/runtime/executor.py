@@ -282,6 +282,7 @@ class Executor:
 
             return mark
         donate = self.donations.get(op.id)
+        row = self.plan.writes_row(op, backend)  # its kernel writes its row of the block
         readers = [self._reader(e, take=k == donate) for k, e in enumerate(op.inputs)]
         shared = shared or donate is not None  # a donated result is its input's bytes
         if prims.get(op.prim).traits.piecewise:
@@ -303,7 +304,7 @@ class Executor:
                 meter.add(0 if shared else backend.nbytes(value))
 
             return run_merge
-        call = prepare_call(op, backend, self.seed, donate)
+        call = prepare_call(op, backend, self.seed, donate, row=row)
         kernel = call.fn
         out = call.out
         layout: list[tuple[str, int, bool]] = []  # name, count, is_tuple
@@ -338,9 +339,12 @@ class Executor:
                 attrs["key"] = key_prefix + tuple(key_fn(env))
             if out is not None:
                 attrs = dict(attrs, out=args[out])
-            value = kernel(*args, point) if udf_point else kernel(*args, **attrs)
-            store[point] = value
-            meter.add(0 if shared else backend.nbytes(value))
+            if row:
+                kernel(*args, **attrs, out=store.row_to_write(point))
+            else:
+                value = kernel(*args, point) if udf_point else kernel(*args, **attrs)
+                store[point] = value
+                meter.add(0 if shared else backend.nbytes(value))
             if reads and meter.live + reads > meter.peak:  # the chunks it read rows into
                 meter.peak = meter.live + reads
 

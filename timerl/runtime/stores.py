@@ -224,6 +224,15 @@ class BlockStore:
         rows[last] = value
         written[last] = True
 
+    def row_to_write(self, point: tuple) -> Any:
+        """The row of ``point``, marked written: a kernel writes the value into it."""
+        outer, last = point[:-1], point[-1]
+        if outer not in self.blocks:
+            self.allocate(outer)
+        rows, written = self.blocks[outer]
+        written[last] = True
+        return rows[last]
+
     def get(self, point: tuple, default: Any = None) -> Any:
         try:
             return self[point]
@@ -320,6 +329,14 @@ class RingStore(BlockStore):
         rows, held = self.blocks[outer]
         rows[last % self.extent] = value
         held[last % self.extent] = last
+
+    def row_to_write(self, point: tuple) -> Any:
+        outer, last = point[:-1], point[-1]
+        if outer not in self.blocks:
+            self.allocate(outer)
+        rows, held = self.blocks[outer]
+        held[last % self.extent] = last
+        return rows[last % self.extent]
 
     def pop(self, point: tuple, default: Any = None) -> Any:
         """Forget one point (its row stays allocated until the buffer is freed)."""
@@ -653,6 +670,12 @@ class StorePlan:
         self.views = {i for i, s in storage.items() if s.kind == "view"}
         self.rings = {i for i, s in storage.items() if s.kind == "ring"}
         self.aliases = {i for i, s in storage.items() if s.kind == "alias"}
+        # blocks and rings whose kernel writes each row itself (``Storage.in_place``)
+        self.in_place = {
+            i
+            for i, s in storage.items()
+            if s.in_place and s.kind in ("block", "ring") and not s.streamed
+        }
         self.allocations: dict[int, list[Op]] = {}  # id(loop) -> blocks it allocates
         # op id -> bytes of streamed rows its kernel holds while it runs (compiler/budget.py)
         self.read_bytes = {i: s.read_bytes for i, s in storage.items() if s.read_bytes}
@@ -730,6 +753,23 @@ class StorePlan:
                 f"_b[1][{last} % {n}] = {last}",
             ]
         return [f"_b = BL{op.id}[{outer}]", f"_b[0][{last}] = {var}", f"_b[1][{last}] = True"]
+
+    def writes_row(self, op: Op, backend: Any) -> bool:
+        """Whether ``op``'s kernel writes each point into its row, on ``backend``."""
+        return op.id in self.in_place and backend.donating_lowering(op.prim) is not None
+
+    def row_src(self, op: Op, name_of: Callable) -> tuple[str, str]:
+        """The row a kernel writes ``op``'s point into (``writes_row``), and the line that
+        then marks the point written."""
+        outer = _key([name_of(d) for d in op.domain[:-1]])
+        last = name_of(op.domain[-1])
+        if op.id in self.rings:
+            n = self.storage[op.id].extent
+            return (
+                f"BL{op.id}[{outer}][0][{last} % {n}]",
+                f"BL{op.id}[{outer}][1][{last} % {n}] = {last}",
+            )
+        return f"BL{op.id}[{outer}][0][{last}]", f"BL{op.id}[{outer}][1][{last}] = True"
 
     def block_read_src(self, edge: Edge, src_of: Callable) -> str | None:
         """A row or a view of rows of one block; None for reads that span blocks."""
