@@ -62,7 +62,9 @@ def test_ppo_rollout_streams_to_disk_and_runs_at_its_planned_peak(minibatches, e
     prog.run()
     stats = prog.stats()
     assert stats["peak_bytes"] == stats["planned_peak_bytes"] <= budget
-    assert stats["peak_bytes"] <= free.stats()["peak_bytes"] - _obs_bytes()
+    # the block leaves the peak, less the chunks of it a reader holds (two: one read ahead)
+    held = 2 * rowwise.CHUNK_BYTES
+    assert stats["peak_bytes"] <= free.stats()["peak_bytes"] - _obs_bytes() + held
     # every row written once per iteration and read back at least once
     assert stats["swapped_bytes"] >= 2 * 3 * _obs_bytes()
     # one iteration's observations on disk at a time (a block's file closes when it frees)

@@ -97,6 +97,11 @@ CASES: dict[str, list[tuple[list, dict]]] = {
     ],
     "index_add": [([f32(2, 2, 3), np.array([[0, 4], [4, 1]])], {"axis": 0, "size": 5})],
     "cumsum": [([f32(3, 4)], {"axis": 1}), ([f32(3, 4)], {"axis": 0, "reverse": True})],
+    "linear_scan": [
+        ([f32(5, 3), f32(5, 3), f32(3)], {"reverse": True}),
+        ([f32(5, 3), f32(5), f32(3)], {"reverse": False}),  # one coefficient a row
+        ([f32(1, 2), f32(1, 2), f32(2)], {"reverse": True}),
+    ],
     "argsort": [([np.array([[3.0, 1.0, 3.0, 0.0]], dtype=np.float32)], {"axis": 1})],
     "full": [([], {"shape": (2, 3), "value": 1.5, "dtype": "float32"})],
     "const": [([], {"value": f32(2, 3)})],

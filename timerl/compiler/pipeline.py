@@ -20,6 +20,8 @@ from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
 from timerl.compiler.reuse import enabled as reuse_enabled
 from timerl.compiler.reuse import reuse_first_iteration
+from timerl.compiler.scan import enabled as scan_enabled
+from timerl.compiler.scan import scan_recurrences
 from timerl.compiler.simplify import simplify
 from timerl.compiler.spec import ProgramSpec
 from timerl.compiler.storage import Storage, plan_storage
@@ -83,6 +85,8 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
         rewrite("simplification", simplify, "ops removed by folding and identities")
         if reuse_enabled():
             rewrite("first-iteration reuse", lambda s: reuse_first_iteration(s, report.notes))
+        if scan_enabled():
+            rewrite("linear recurrences", lambda s: scan_recurrences(s, report.notes))
         if vectorize_enabled():
             rewrite("vectorisation", lambda s: vectorize(s, report.notes))
     rewrite("domain conditions", add_guards)

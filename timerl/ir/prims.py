@@ -1008,6 +1008,36 @@ register(
         ],
     )
 )
+
+
+def _np_linear_scan(a, c, base, reverse=False):
+    """``x[t] = a[t] + c[t] * x[t + 1]`` for ``t < T - 1`` and ``x[T - 1] = base``
+    (``reverse``), or ``x[t] = a[t] + c[t] * x[t - 1]`` and ``x[0] = base``: a first-order
+    linear recurrence over the leading axis (GAE, discounted returns), each row computed as
+    the point-by-point program computes it (a product, then a sum), into one array."""
+    out = np.empty(np.shape(a), dtype=np.result_type(a, c, base))
+    steps = len(out)
+    if steps == 0:
+        return out
+    out[steps - 1 if reverse else 0] = base
+    d = 1 if reverse else -1
+    for t in range(steps - 2, -1, -1) if reverse else range(1, steps):
+        row = out[t]
+        np.multiply(c[t], out[t + d], out=row)
+        np.add(a[t], row, out=row)
+    return out
+
+
+register(
+    Prim(
+        "linear_scan",
+        lambda s, d, a: (s[0], d[0]),
+        _np_linear_scan,
+        differentiable=False,  # made by the compiler (compiler/scan.py), after autodiff
+    )
+)
+
+
 register(
     Prim(
         "argsort",
@@ -1064,4 +1094,5 @@ _declare(("udf",), host=True)
 _declare(("pure_call",), multi_output=True)
 _declare(("const", "full", "iota"), constant=True)
 _declare(("orthogonal",), fresh=True)
+_declare(("linear_scan",), fresh=True, cost=lambda o, i, a: 2.0 * o)
 _declare(("expand",), broadcast=True)

@@ -193,7 +193,24 @@ def _take_matmul(x: Any, idx: Any, w: Any, trans: bool = False) -> Any:
 
 register_lowering("take_matmul", _take_matmul)
 register_lowering("index_add", _index_add)
+
+
+def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False) -> Any:
+    def step(x: Any, ac: tuple[Any, Any]) -> tuple[Any, Any]:
+        y = ac[0] + ac[1] * x
+        return y, y
+
+    if a.shape[0] == 0:
+        return a
+    if reverse:
+        _, ys = jax.lax.scan(step, base, (a[:-1], c[:-1]), reverse=True)
+        return jnp.concatenate([ys, base[None]], axis=0)
+    _, ys = jax.lax.scan(step, base, (a[1:], c[1:]))
+    return jnp.concatenate([base[None], ys], axis=0)
+
+
 register_lowering("cumsum", _cumsum)
+register_lowering("linear_scan", _linear_scan)
 register_lowering("argsort", lambda x, axis: jnp.argsort(x, axis=axis, stable=True))
 
 # --- sources -----------------------------------------------------------------------------------

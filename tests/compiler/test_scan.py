@@ -1,0 +1,138 @@
+"""Linear recurrences run as one scan (compiler/scan.py).
+
+Every program runs generated and interpreted, on numpy and torch, and is compared value for
+value with the unoptimised reference (``optimize=False``: the loop as written).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from timerl.rl.returns import discounted_returns, gae
+
+BACKENDS = ["numpy", "torch"]
+RNG = np.random.default_rng(3)
+
+
+def _data(n_i: int, n_t: int, width: int):
+    reward = RNG.standard_normal((n_i, n_t, width)).astype(np.float32)
+    done = RNG.random((n_i, n_t, width)) < 0.2
+    value = RNG.standard_normal((n_i, n_t, width)).astype(np.float32)
+    return reward, done, value
+
+
+def _returns_program(kind: str, n_i: int = 3, n_t: int = 11, width: int = 4):
+    """GAE or discounted returns over (i, t), read whole after the loop and at points."""
+    reward, done, value = _data(n_i, n_t, width)
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        r = tl.from_numpy(reward, domain=(i, t))
+        d = tl.from_numpy(done, domain=(i, t))
+        v = tl.from_numpy(value, domain=(i, t))
+        if kind == "gae":
+            out = gae(r, d, v, gamma=0.99, lam=0.95, bootstrap=v[i, T - 1] * 0.5)
+        else:
+            out = discounted_returns(r, d, gamma=0.9)
+        whole = out[i, 0:T].sum(0) * 1.0
+        first = out[i, 0] + out[i, T - 1]
+    return ctx, {I: n_i, T: n_t}, [whole, first], out
+
+
+def _forward_program(n_i: int = 2, n_t: int = 9):
+    """A forward recurrence ``x[t] = a[t] + c[t] * x[t - 1]`` from ``x[0] = b``."""
+    a_np = RNG.standard_normal((n_i, n_t, 3)).astype(np.float32)
+    c_np = RNG.random((n_i, n_t, 3)).astype(np.float32)
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        a = tl.from_numpy(a_np, domain=(i, t))
+        c = tl.from_numpy(c_np, domain=(i, t))
+        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
+        x[t.eq(0)] = a * 2.0
+        x[True] = a + c * x[i, t - 1]
+        out = x[i, 0:T].sum(0) + x[i, T - 1]
+    return ctx, {I: n_i, T: n_t}, [out], x
+
+
+def _values(prog, outs, compiled=None):
+    prog.run(compiled=compiled)
+    return [np.asarray(prog.value(o)) for o in outs]
+
+
+def _scans(prog) -> list:
+    return [op for op in prog.ops if op.prim == "linear_scan"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("kind", ["gae", "returns", "forward"])
+def test_a_linear_recurrence_is_one_scan_with_the_loops_values(kind, compiled, backend):
+    if kind == "forward":
+        ctx, bounds, outs, x = _forward_program()
+    else:
+        ctx, bounds, outs, x = _returns_program(kind)
+    ref = ctx.compile(bounds=bounds, outputs=outs, optimize=False)
+    prog = ctx.compile(bounds=bounds, outputs=outs, backend=backend)
+    (scan,) = _scans(prog)
+    assert scan.attrs["reverse"] == (kind != "forward")
+    assert f"scanned {x.name} over t as one linear recurrence" in prog.explain()
+    # the scan computes each row as the loop did: on numpy the same values to the bit (torch
+    # sums the rows read whole in its own order)
+    for a, b in zip(_values(ref, outs), _values(prog, outs, compiled), strict=True):
+        if backend == "numpy":
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_terms_that_depend_on_the_recurrence_keep_the_loop():
+    """``a[t]`` reads ``x[t + 2]``: the scan could not start before the loop ends."""
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        u = tl.from_numpy(RNG.standard_normal((2, 8, 3)).astype(np.float32), domain=(i, t))
+        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
+        ahead = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="ahead")
+        ahead[t >= T - 2] = u
+        ahead[True] = u + x[i, t + 2] * 0.5
+        x[t.eq(T - 1)] = u
+        x[True] = ahead + u * x[i, t + 1]
+        out = x[i, 0:T].sum(0)
+    bounds = {I: 2, T: 8}
+    ref = ctx.compile(bounds=bounds, outputs=[out], optimize=False)
+    prog = ctx.compile(bounds=bounds, outputs=[out])
+    assert not _scans(prog)
+    assert "not scanned x: its terms depend on it" in prog.explain(full=True)
+    np.testing.assert_array_equal(_values(ref, [out])[0], _values(prog, [out])[0])
+
+
+def test_an_output_recurrence_and_a_guarded_base_keep_the_loop():
+    ctx, bounds, outs, x = _returns_program("returns")
+    prog = ctx.compile(bounds=bounds, outputs=[*outs, x])  # the user reads x itself
+    assert not _scans(prog)
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        u = tl.from_numpy(RNG.standard_normal((2, 8, 3)).astype(np.float32), domain=(i, t))
+        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
+        x[t >= T - 2] = u  # two points of base: not a first-order recurrence from one end
+        x[True] = u + u * x[i, t + 1]
+        out = x[i, 0:T].sum(0)
+    prog = ctx.compile(bounds={I: 2, T: 8}, outputs=[out])
+    assert not _scans(prog)
+    assert "not scanned x: its first branch is not the first or last point of t" in prog.explain(
+        full=True
+    )
+
+
+def test_the_pass_can_be_turned_off(monkeypatch):
+    ctx, bounds, outs, _ = _returns_program("gae")
+    monkeypatch.setenv("TIMERL_NO_SCAN", "1")
+    assert not _scans(ctx.compile(bounds=bounds, outputs=outs))

@@ -1,0 +1,210 @@
+"""Linear recurrences as one scan: ``x[t] = a[t] + c[t] * x[t + 1]`` over a whole loop.
+
+GAE and discounted returns are first-order linear recurrences backward in time:
+
+    adv[.., T - 1] = b[.., T - 1]
+    adv[.., t]     = a[.., t] + c[.., t] * adv[.., t + 1]        (t < T - 1)
+
+Point by point, each step is a piecewise choice, a product, a sum and their bookkeeping in the
+loop over ``t`` (on PPO's numpy program about 10 us a step, a tenth of a small rollout's
+iteration), although ``a``, ``c`` and ``b`` are known before the loop starts. This pass
+rewrites such an ``x`` into
+
+    s[..]     = linear_scan(a[.., 0:T], c[.., 0:T], b[.., T - 1])   (one op, no ``t``)
+    x[.., t]  = select_at(s[..], index=t)
+
+and vectorisation, which runs next, reads ``s`` whole where ``x`` was read whole and a row of
+it where ``x`` was read at a point. The scan computes each row as the program did (the product,
+then the sum, in the op's dtype), so the values are the same to the bit. The forward form
+(``x[.., 0] = b``, ``x[.., t] = a + c * x[.., t - 1]``) is the same scan in the other direction.
+
+An ``x`` is rewritten only when all of this holds (else it is left as written):
+
+- it is a piecewise definition over its innermost dim ``t`` (not the program's outermost, which
+  carries the training state and its iteration hooks) with a static extent, of two branches:
+  the first where ``t == T - 1`` (or ``t == 0``), the second unconditional;
+- the second branch is ``add(a, m)`` (either order) with ``m = mul(c, x[.., t + 1])`` (either
+  order; ``t - 1`` forward), ``x`` read at its own outer point; the sum and product are read by
+  nothing else, and nobody reads them but this definition;
+- ``a``, ``c`` and the first branch's ``b`` are read at the point itself, over dims of ``x``
+  with ``t`` among them for ``a`` and ``c``; ``a`` has ``x``'s shape, ``c`` its shape or none;
+  every value has ``x``'s floating dtype;
+- none of ``a``, ``c``, ``b`` depends on ``x`` at the same outer point (they must be complete
+  before the scan runs); reads of an earlier or later outer point (the parameters' ``i - 1``)
+  do not count;
+- ``x`` is not an output (its op is kept as written for the user to read).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from timerl.compiler.spec import ProgramSpec
+from timerl.ir import prims
+from timerl.ir.graph import Edge, Op, consumers, copy_graph, walk
+from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
+from timerl.symbolic.bounds import always_lt0
+
+DISABLE_ENV = "TIMERL_NO_SCAN"  # set to 1 to compare against the loop as written
+
+
+def enabled() -> bool:
+    """Whether the pass runs (``TIMERL_NO_SCAN=1`` turns it off, for measuring)."""
+    return os.environ.get(DISABLE_ENV, "") in ("", "0")
+
+
+class _Decline(Exception):
+    pass
+
+
+def _at_point(e: Edge, dims: Sequence[Dim]) -> bool:
+    """``e`` reads its source at the reader's own point, over some of ``dims``."""
+    return all(i is d and d in dims for i, d in zip(e.index, e.src.domain, strict=True))
+
+
+def _carried(e: Edge, dim: Dim) -> bool:
+    """``e`` reads an earlier or later point of a dim other than ``dim``."""
+    for d, idx in zip(e.src.domain, e.index, strict=True):
+        if d is dim or idx is d or isinstance(idx, Slice) or d not in idx.symbols():
+            continue
+        if always_lt0(idx - d) or always_lt0(d - idx):
+            return True
+    return False
+
+
+def _depends_on(starts: Iterable[Op], x: Op, dim: Dim) -> bool:
+    """Whether a value read from ``starts`` needs ``x`` at the same point of its outer dims."""
+    stack, seen = list(starts), set()
+    while stack:
+        op = stack.pop()
+        if op.id == x.id:
+            return True
+        if op.id in seen:
+            continue
+        seen.add(op.id)
+        stack.extend(e.src for e in op.inputs if not _carried(e, dim))
+    return False
+
+
+def _reads(op: Op, x: Op) -> bool:
+    return op.prim == "mul" and any(e.src.id == x.id for e in op.inputs)
+
+
+def _split(op: Op, kind: str, x: Op | None = None) -> tuple[Edge, Edge]:
+    """The two operands of a ``kind`` op, the one reading ``x`` (if given) second."""
+    if op.prim != kind or len(op.inputs) != 2:
+        raise _Decline(f"its step is not a {kind}")
+    first, second = op.inputs
+    if x is not None and first.src.id == x.id:
+        first, second = second, first
+    return first, second
+
+
+def _match(x: Op, spec: ProgramSpec, readers: dict) -> tuple[Op, Op, Edge, Edge, Edge, bool]:
+    """``(sum, product, a, c, b, reverse)`` of a recurrence ``x`` the pass can rewrite."""
+    if not prims.get(x.prim).traits.piecewise or not x.domain or len(x.inputs) != 2:
+        raise _Decline("not a two-branch piecewise definition")
+    t = x.domain[-1]
+    if spec.dims and t is spec.dims[0]:
+        raise _Decline(f"{t.name} is the program's outermost dim")
+    if t.bound not in spec.static:
+        raise _Decline(f"the extent of {t.name} is not static")
+    if not np.issubdtype(x.dtype, np.floating) or not all(isinstance(s, Const) for s in x.shape):
+        raise _Decline("not a float tensor of static shape")
+    base, step = x.inputs
+    if step.cond != TRUE or not _at_point(step, x.domain) or not _at_point(base, x.domain):
+        raise _Decline("its branches are not read at its own point")
+    if base.cond == t.eq(t.bound - 1):
+        reverse, lag = True, 1
+    elif base.cond == t.eq(Const(0)):
+        reverse, lag = False, -1
+    else:
+        raise _Decline(f"its first branch is not the first or last point of {t.name}")
+    total = step.src
+    a, prod_edge = _split(total, "add")
+    if not _reads(prod_edge.src, x):
+        a, prod_edge = prod_edge, a
+    product = prod_edge.src
+    c, xe = _split(product, "mul", x)
+    if xe.src.id != x.id or xe.cond != TRUE or not _at_point(prod_edge, x.domain):
+        raise _Decline("its step does not read it")
+    for d, idx in zip(x.domain, xe.index, strict=True):
+        want = d + lag if d is t else d
+        if not (idx is d if d is not t else isinstance(idx, Expr) and idx == want):
+            raise _Decline(f"its step reads it elsewhere than {t.name} {'+-'[lag < 0]} 1")
+    if any(len(readers[o.id]) != 1 for o in (total, product)):
+        raise _Decline("its step's product or sum is read elsewhere too")
+    for e, name in ((a, "a"), (c, "c")):
+        if e.cond != TRUE or not _at_point(e, x.domain) or t not in e.src.domain:
+            raise _Decline(f"its term {name} is not read at its own point along {t.name}")
+    if a.src.shape != x.shape or c.src.shape not in (x.shape, ()):
+        raise _Decline("its terms' shapes differ from its own")
+    if any(o.dtype != x.dtype for o in (a.src, c.src, base.src, total, product)):
+        raise _Decline("its terms have another dtype")
+    if total.guard != TRUE or product.guard != TRUE:
+        raise _Decline("its step is guarded")
+    if _depends_on((a.src, c.src, base.src), x, t):
+        raise _Decline("its terms depend on it")
+    return total, product, a, c, base, reverse
+
+
+def _rewrite(x: Op, a: Edge, c: Edge, b: Edge, reverse: bool) -> tuple[Op, Op]:
+    """The scan over ``x``'s outer point and ``x`` as a row of it."""
+    t = x.domain[-1]
+    whole = Slice(Const(0), t.bound)
+    end = t.bound - 1 if reverse else Const(0)
+
+    def sliced(e: Edge, at: Expr | Slice) -> Edge:
+        return Edge(e.src, tuple(at if i is t else i for i in e.index))
+
+    extent = (t.bound, *x.shape)
+    scan = Op(
+        prim="linear_scan",
+        domain=x.domain[:-1],
+        shape=extent,
+        dtype=x.dtype,
+        inputs=[sliced(a, whole), sliced(c, whole), sliced(b, end)],
+        attrs={"reverse": reverse},
+        name=f"scan({x.label})",
+        site=x.site,
+    )
+    row = Op(
+        prim="select_at",
+        domain=x.domain,
+        shape=x.shape,
+        dtype=x.dtype,
+        inputs=[Edge(scan, tuple(x.domain[:-1]))],
+        attrs={"index": t},
+        name=x.name,
+        site=x.site,
+    )
+    return scan, row
+
+
+def scan_recurrences(spec: ProgramSpec, notes: list[str] | None = None) -> ProgramSpec:
+    """The program with every linear recurrence the pass can show equal rewritten as a scan."""
+    keep = {op.id for op in spec.roots} | set(spec.keep)
+    readers = consumers(spec.ops)
+    redirect: dict[int, Op] = {}
+    created: list[Op] = []
+    for x in spec.ops:
+        if x.id in keep or not prims.get(x.prim).traits.piecewise:
+            continue
+        try:
+            _, _, a, c, b, reverse = _match(x, spec, readers)
+        except _Decline as why:
+            if notes is not None and len(x.inputs) == 2:
+                notes.append(f"not scanned {x.label}: {why}")
+            continue
+        scan, row = _rewrite(x, a, c, b, reverse)
+        redirect[x.id] = row
+        created += [scan, row]
+        if notes is not None:
+            notes.append(f"scanned {x.label} over {x.domain[-1].name} as one linear recurrence")
+    if not redirect:
+        return spec
+    copied = copy_graph(list(spec.ops) + created, redirect=redirect)
+    return spec.with_ops(walk(spec.with_ops(copied).roots))
