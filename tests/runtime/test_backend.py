@@ -216,3 +216,22 @@ def test_a_host_backend_swaps_to_disk_and_has_no_host_tier():
     assert backend.swap_tier == "disk"
     with pytest.raises(BackendError, match="the numpy backend on 'cpu' swaps to disk"):
         backend.to_host(np.zeros(3))
+
+
+def test_torch_takes_host_arrays_as_they_are_and_gives_them_back_the_same():
+    pytest.importorskip("torch")
+    from timerl.runtime.torch_backend import TorchBackend
+
+    be = TorchBackend()
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = be.asarray(a)
+    a[0, 0] = 7.0  # the same memory, as torch.as_tensor shares it
+    assert t[0, 0].item() == 7.0
+    back = be.to_numpy(t)
+    back[1, 1] = -1.0
+    assert t[1, 1].item() == -1.0
+    frozen = np.ones(3, dtype=np.float32)
+    frozen.flags.writeable = False
+    reversed_ = np.arange(4, dtype=np.int64)[::-1]
+    for odd in (frozen, reversed_, np.array([1, 2], dtype=np.uint16)):
+        np.testing.assert_array_equal(be.to_numpy(be.asarray(odd)), odd)
