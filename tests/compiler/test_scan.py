@@ -80,6 +80,7 @@ def test_a_linear_recurrence_is_one_scan_with_the_loops_values(kind, compiled, b
     prog = ctx.compile(bounds=bounds, outputs=outs, backend=backend)
     (scan,) = _scans(prog)
     assert scan.attrs["reverse"] == (kind != "forward")
+    assert scan.attrs["full"]  # its terms are defined everywhere: read (and batched) whole
     assert f"scanned {x.name} over t as one linear recurrence" in prog.explain()
     # the scan computes each row as the loop did: on numpy the same values to the bit (torch
     # sums the rows read whole in its own order)
@@ -112,10 +113,16 @@ def test_terms_that_depend_on_the_recurrence_keep_the_loop():
     np.testing.assert_array_equal(_values(ref, [out])[0], _values(prog, [out])[0])
 
 
-def test_an_output_recurrence_and_a_guarded_base_keep_the_loop():
-    ctx, bounds, outs, x = _returns_program("returns")
-    prog = ctx.compile(bounds=bounds, outputs=[*outs, x])  # the user reads x itself
-    assert not _scans(prog)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_recurrence_asked_for_as_an_output_reads_back_its_rows(backend):
+    ctx, bounds, outs, x = _returns_program("gae")
+    ref = ctx.compile(bounds=bounds, outputs=[x], optimize=False)
+    prog = ctx.compile(bounds=bounds, outputs=[x], backend=backend)  # the user reads x itself
+    assert len(_scans(prog)) == 1
+    np.testing.assert_allclose(_values(ref, [x])[0], _values(prog, [x])[0], rtol=1e-6)
+
+
+def test_a_base_over_two_points_keeps_the_loop():
     ctx = tl.Context(dims=("i", "t"))
     i, t = ctx.dims
     I, T = ctx.bounds
@@ -127,12 +134,32 @@ def test_an_output_recurrence_and_a_guarded_base_keep_the_loop():
         out = x[i, 0:T].sum(0)
     prog = ctx.compile(bounds={I: 2, T: 8}, outputs=[out])
     assert not _scans(prog)
-    assert "not scanned x: its first branch is not the first or last point of t" in prog.explain(
-        full=True
-    )
+    assert "scanned x" not in prog.explain(full=True)  # not a linear recurrence: no note
 
 
 def test_the_pass_can_be_turned_off(monkeypatch):
     ctx, bounds, outs, _ = _returns_program("gae")
     monkeypatch.setenv("TIMERL_NO_SCAN", "1")
     assert not _scans(ctx.compile(bounds=bounds, outputs=outs))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_terms_read_past_the_end_only_where_the_step_applies(backend):
+    """``c[t]`` reads ``u[t + 1]``: defined for ``t < T - 1`` only, where the step applies;
+    the scan reads the terms over those points alone (the loop's reads, exactly)."""
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    with ctx:
+        u = tl.from_numpy(RNG.standard_normal((6, 3)).astype(np.float32), domain=(t,))
+        a = tl.from_numpy(RNG.standard_normal((2, 6, 3)).astype(np.float32), domain=(i, t))
+        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
+        x[t.eq(T - 1)] = a
+        x[True] = a + (u[t + 1] * 0.5).tanh() * x[i, t + 1]
+        out = x[i, 0:T].sum(0)
+    bounds = {I: 2, T: 6}
+    ref = ctx.compile(bounds=bounds, outputs=[out], optimize=False)
+    prog = ctx.compile(bounds=bounds, outputs=[out], backend=backend)
+    (scan,) = _scans(prog)
+    assert not scan.attrs["full"]
+    np.testing.assert_allclose(_values(ref, [out])[0], _values(prog, [out])[0], rtol=1e-6)

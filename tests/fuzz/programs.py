@@ -61,6 +61,7 @@ FLAGS: tuple[str, ...] = (
     "carry",  # h[0, 0] = ..; h[i + 1, 0] = h[i, T - 1]; h[i, t + 1] = f(h[i, t])
     "outer_rec",  # a recurrence over i in an (i, t) context
     "cross_read",  # x[i, t + 1] = f(x[tl.min(i + 1, I - 1), t], x[0:I, t].sum(0), ..)
+    "linear",  # fwd_cond/bwd_cond with a linear step: r[True] = a + c * r[t + 1] (a scan)
 )
 
 DIM_BOUND = {"t": "T", "i": "I"}
@@ -675,6 +676,7 @@ class TensorDef:
     branches: list[tuple[Write | Cond, Expr]] = field(default_factory=list)
     construct: str = "input"
     group: str = ""  # placeholders defined together (coupled recurrences) share a group
+    linear: bool = False  # a fwd_cond/bwd_cond recurrence with a linear step (flag "linear")
 
     @property
     def kind(self) -> str:
@@ -770,6 +772,8 @@ class Program:
             out.add("two_dims")
         if any(t.shape for t in self.tensors):
             out.add("spatial")
+        if any(t.linear for t in self.tensors):
+            out.add("linear")
         for t in self.tensors:
             exprs = ([t.expr] if t.expr is not None else []) + [e for _, e in t.branches]
             for e in exprs:
@@ -1165,16 +1169,18 @@ class Generator:
                 (write(**{d: Spec("const", 0)}), base(scope(fixed=(d,)))),
                 (write(**{d: Spec("shift", 1)}), body(scope(hi=1), reads)),
             ]
-        elif kind == "fwd_cond":
-            x.branches = [
-                (Cond("eq0", d), base(scope())),
-                (Cond("true"), body(scope(lo=1), [selfread(x, **{d: Spec("shift", -1)})])),
-            ]
-        elif kind == "bwd_cond":
-            x.branches = [
-                (Cond("eqlast", d), base(scope())),
-                (Cond("true"), body(scope(hi=1), [selfread(x, **{d: Spec("shift", 1)})])),
-            ]
+        elif kind in ("fwd_cond", "bwd_cond"):
+            first, lag = ("eq0", -1) if kind == "fwd_cond" else ("eqlast", 1)
+            sc = scope(lo=1) if lag < 0 else scope(hi=1)
+            prev = selfread(x, **{d: Spec("shift", lag)})
+            if self.flag("linear") and ch.chance(50):
+                # a + c * x[t -+ 1] with |c| <= 0.5: a linear recurrence, which stays bounded
+                coef = Affine(Unary("tanh", base(sc)), 0.5, 0.0)
+                step = Binary("add", base(sc), Binary("mul", coef, prev))
+                x.linear = True
+            else:
+                step = body(sc, [prev])
+            x.branches = [(Cond(first, d), base(scope())), (Cond("true"), step)]
         elif kind == "overlap":
             x.branches = [
                 (write(**{d: Spec("last")}), base(scope(fixed=(d,)))),

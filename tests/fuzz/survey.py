@@ -41,6 +41,7 @@ BASIC = frozenset({"spatial", "spatial_reduce", "where", "maximum", "exp"})
 COMPANIONS = {
     "shift": {"piecewise"},
     "cross_read": {"fwd"},
+    "linear": {"fwd_cond", "bwd_cond"},
     "derived_slice": {"prefix", "suffix"},
     "reduce_max": {"prefix", "full"},
     "alias": {"clamp", "mod", "prefix", "derived_slice"},

@@ -10,11 +10,12 @@ loop over ``t`` (on PPO's numpy program about 10 us a step, a tenth of a small r
 iteration), although ``a``, ``c`` and ``b`` are known before the loop starts. This pass
 rewrites such an ``x`` into
 
-    s[..]     = linear_scan(a[.., 0:T], c[.., 0:T], b[.., T - 1])   (one op, no ``t``)
+    s[..]     = linear_scan(a[.., 0:T - 1], c[.., 0:T - 1], b[.., T - 1])  (one op, no ``t``)
     x[.., t]  = select_at(s[..], index=t)
 
-and vectorisation, which runs next, reads ``s`` whole where ``x`` was read whole and a row of
-it where ``x`` was read at a point. The scan computes each row as the program did (the product,
+(``x`` keeps its id: its readers, and a user reading it as an output, read the rows) and
+vectorisation, which runs next, reads ``s`` whole where ``x`` was read whole and a row of it
+where ``x`` was read at a point. The scan computes each row as the program did (the product,
 then the sum, in the op's dtype), so the values are the same to the bit. The forward form
 (``x[.., 0] = b``, ``x[.., t] = a + c * x[.., t - 1]``) is the same scan in the other direction.
 
@@ -32,7 +33,6 @@ An ``x`` is rewritten only when all of this holds (else it is left as written):
 - none of ``a``, ``c``, ``b`` depends on ``x`` at the same outer point (they must be complete
   before the scan runs); reads of an earlier or later outer point (the parameters' ``i - 1``)
   do not count;
-- ``x`` is not an output (its op is kept as written for the user to read).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ import numpy as np
 from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers, copy_graph, walk
-from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
+from timerl.ir.reads import computable_points
+from timerl.symbolic import TRUE, Condition, Const, Dim, Expr, Slice
 from timerl.symbolic.bounds import always_lt0
 
 DISABLE_ENV = "TIMERL_NO_SCAN"  # set to 1 to compare against the loop as written
@@ -57,7 +58,11 @@ def enabled() -> bool:
 
 
 class _Decline(Exception):
-    pass
+    """A linear recurrence the pass cannot rewrite (``explain()`` says why)."""
+
+
+class _NotLinear(Exception):
+    """Not a linear recurrence over an inner dim: nothing to say about it."""
 
 
 def _at_point(e: Edge, dims: Sequence[Dim]) -> bool:
@@ -96,7 +101,7 @@ def _reads(op: Op, x: Op) -> bool:
 def _split(op: Op, kind: str, x: Op | None = None) -> tuple[Edge, Edge]:
     """The two operands of a ``kind`` op, the one reading ``x`` (if given) second."""
     if op.prim != kind or len(op.inputs) != 2:
-        raise _Decline(f"its step is not a {kind}")
+        raise _NotLinear
     first, second = op.inputs
     if x is not None and first.src.id == x.id:
         first, second = second, first
@@ -106,23 +111,19 @@ def _split(op: Op, kind: str, x: Op | None = None) -> tuple[Edge, Edge]:
 def _match(x: Op, spec: ProgramSpec, readers: dict) -> tuple[Op, Op, Edge, Edge, Edge, bool]:
     """``(sum, product, a, c, b, reverse)`` of a recurrence ``x`` the pass can rewrite."""
     if not prims.get(x.prim).traits.piecewise or not x.domain or len(x.inputs) != 2:
-        raise _Decline("not a two-branch piecewise definition")
+        raise _NotLinear
     t = x.domain[-1]
     if spec.dims and t is spec.dims[0]:
-        raise _Decline(f"{t.name} is the program's outermost dim")
-    if t.bound not in spec.static:
-        raise _Decline(f"the extent of {t.name} is not static")
-    if not np.issubdtype(x.dtype, np.floating) or not all(isinstance(s, Const) for s in x.shape):
-        raise _Decline("not a float tensor of static shape")
+        raise _NotLinear  # the training iteration's parameters and moments: left as written
     base, step = x.inputs
     if step.cond != TRUE or not _at_point(step, x.domain) or not _at_point(base, x.domain):
-        raise _Decline("its branches are not read at its own point")
+        raise _NotLinear
     if base.cond == t.eq(t.bound - 1):
         reverse, lag = True, 1
     elif base.cond == t.eq(Const(0)):
         reverse, lag = False, -1
     else:
-        raise _Decline(f"its first branch is not the first or last point of {t.name}")
+        raise _NotLinear
     total = step.src
     a, prod_edge = _split(total, "add")
     if not _reads(prod_edge.src, x):
@@ -130,11 +131,15 @@ def _match(x: Op, spec: ProgramSpec, readers: dict) -> tuple[Op, Op, Edge, Edge,
     product = prod_edge.src
     c, xe = _split(product, "mul", x)
     if xe.src.id != x.id or xe.cond != TRUE or not _at_point(prod_edge, x.domain):
-        raise _Decline("its step does not read it")
+        raise _NotLinear
     for d, idx in zip(x.domain, xe.index, strict=True):
         want = d + lag if d is t else d
         if not (idx is d if d is not t else isinstance(idx, Expr) and idx == want):
-            raise _Decline(f"its step reads it elsewhere than {t.name} {'+-'[lag < 0]} 1")
+            raise _NotLinear
+    if spec.static.get(t.bound, 0) < 1:
+        raise _Decline(f"the extent of {t.name} is not static")
+    if not np.issubdtype(x.dtype, np.floating) or not all(isinstance(s, Const) for s in x.shape):
+        raise _Decline("not a float tensor of static shape")
     if any(len(readers[o.id]) != 1 for o in (total, product)):
         raise _Decline("its step's product or sum is read elsewhere too")
     for e, name in ((a, "a"), (c, "c")):
@@ -151,10 +156,16 @@ def _match(x: Op, spec: ProgramSpec, readers: dict) -> tuple[Op, Op, Edge, Edge,
     return total, product, a, c, base, reverse
 
 
-def _rewrite(x: Op, a: Edge, c: Edge, b: Edge, reverse: bool) -> tuple[Op, Op]:
-    """The scan over ``x``'s outer point and ``x`` as a row of it."""
+def _rewrite(x: Op, a: Edge, c: Edge, b: Edge, reverse: bool, full: bool) -> tuple[Op, Op]:
+    """The scan over ``x``'s outer point and ``x`` as a row of it. ``full``: its terms are
+    read over the whole range (vectorisation then computes them as one batch each), else over
+    the steps' points only (the terms may read outside their inputs at the base's point,
+    ``u[t + 1]`` at ``T - 1``, where the step branch is not needed)."""
     t = x.domain[-1]
-    whole = Slice(Const(0), t.bound)
+    if full:
+        steps = Slice(Const(0), t.bound)
+    else:
+        steps = Slice(Const(0), t.bound - 1) if reverse else Slice(Const(1), t.bound)
     end = t.bound - 1 if reverse else Const(0)
 
     def sliced(e: Edge, at: Expr | Slice) -> Edge:
@@ -166,8 +177,8 @@ def _rewrite(x: Op, a: Edge, c: Edge, b: Edge, reverse: bool) -> tuple[Op, Op]:
         domain=x.domain[:-1],
         shape=extent,
         dtype=x.dtype,
-        inputs=[sliced(a, whole), sliced(c, whole), sliced(b, end)],
-        attrs={"reverse": reverse},
+        inputs=[sliced(a, steps), sliced(c, steps), sliced(b, end)],
+        attrs={"reverse": reverse, "full": full},
         name=f"scan({x.label})",
         site=x.site,
     )
@@ -180,31 +191,37 @@ def _rewrite(x: Op, a: Edge, c: Edge, b: Edge, reverse: bool) -> tuple[Op, Op]:
         attrs={"index": t},
         name=x.name,
         site=x.site,
+        id=x.id,  # the same tensor: its readers, and a user reading it as an output, find it
     )
     return scan, row
 
 
 def scan_recurrences(spec: ProgramSpec, notes: list[str] | None = None) -> ProgramSpec:
     """The program with every linear recurrence the pass can show equal rewritten as a scan."""
-    keep = {op.id for op in spec.roots} | set(spec.keep)
     readers = consumers(spec.ops)
-    redirect: dict[int, Op] = {}
+    computable: dict[int, Condition] | None = None  # where each op can be computed (lazily)
+    replaced: set[int] = set()
     created: list[Op] = []
     for x in spec.ops:
-        if x.id in keep or not prims.get(x.prim).traits.piecewise:
+        if not prims.get(x.prim).traits.piecewise:
             continue
         try:
             _, _, a, c, b, reverse = _match(x, spec, readers)
+        except _NotLinear:
+            continue
         except _Decline as why:
-            if notes is not None and len(x.inputs) == 2:
+            if notes is not None:
                 notes.append(f"not scanned {x.label}: {why}")
             continue
-        scan, row = _rewrite(x, a, c, b, reverse)
-        redirect[x.id] = row
+        if computable is None:
+            computable = computable_points(list(spec.ops))
+        full = computable[a.src.id] == TRUE and computable[c.src.id] == TRUE
+        scan, row = _rewrite(x, a, c, b, reverse, full)
+        replaced.add(x.id)
         created += [scan, row]
         if notes is not None:
             notes.append(f"scanned {x.label} over {x.domain[-1].name} as one linear recurrence")
-    if not redirect:
+    if not replaced:
         return spec
-    copied = copy_graph(list(spec.ops) + created, redirect=redirect)
+    copied = copy_graph([op for op in spec.ops if op.id not in replaced] + created)
     return spec.with_ops(walk(spec.with_ops(copied).roots))

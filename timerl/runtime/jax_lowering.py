@@ -195,18 +195,17 @@ register_lowering("take_matmul", _take_matmul)
 register_lowering("index_add", _index_add)
 
 
-def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False) -> Any:
+def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False, full: bool = False) -> Any:
+    if full:
+        a, c = (a[:-1], c[:-1]) if reverse else (a[1:], c[1:])
+
     def step(x: Any, ac: tuple[Any, Any]) -> tuple[Any, Any]:
         y = ac[0] + ac[1] * x
         return y, y
 
-    if a.shape[0] == 0:
-        return a
-    if reverse:
-        _, ys = jax.lax.scan(step, base, (a[:-1], c[:-1]), reverse=True)
-        return jnp.concatenate([ys, base[None]], axis=0)
-    _, ys = jax.lax.scan(step, base, (a[1:], c[1:]))
-    return jnp.concatenate([base[None], ys], axis=0)
+    _, ys = jax.lax.scan(step, base, (a, c), reverse=reverse)
+    parts = [ys, base[None]] if reverse else [base[None], ys]
+    return jnp.concatenate(parts, axis=0)
 
 
 register_lowering("cumsum", _cumsum)
