@@ -6,6 +6,8 @@ value with the unoptimised reference (``optimize=False``: the loop as written).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -42,21 +44,30 @@ def _returns_program(kind: str, n_i: int = 3, n_t: int = 11, width: int = 4):
     return ctx, {I: n_i, T: n_t}, [whole, first], out
 
 
-def _forward_program(n_i: int = 2, n_t: int = 9):
+def _forward_program(n_t: int = 9):
     """A forward recurrence ``x[t] = a[t] + c[t] * x[t - 1]`` from ``x[0] = b``."""
-    a_np = RNG.standard_normal((n_i, n_t, 3)).astype(np.float32)
-    c_np = RNG.random((n_i, n_t, 3)).astype(np.float32)
-    ctx = tl.Context(dims=("i", "t"))
-    i, t = ctx.dims
-    I, T = ctx.bounds
-    with ctx:
-        a = tl.from_numpy(a_np, domain=(i, t))
+    c_np = RNG.random((2, n_t, 3)).astype(np.float32)
+    with _recurrence(n_t) as (ctx, (i, t, I, T), a, x):
         c = tl.from_numpy(c_np, domain=(i, t))
-        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
         x[t.eq(0)] = a * 2.0
         x[True] = a + c * x[i, t - 1]
         out = x[i, 0:T].sum(0) + x[i, T - 1]
-    return ctx, {I: n_i, T: n_t}, [out], x
+    return ctx, {I: 2, T: n_t}, [out], x
+
+
+@contextlib.contextmanager
+def _recurrence(n_t: int = 8, u_dims: str = "it"):
+    """An (i, t) context, active, with an input ``u`` (over both dims, or ``t`` alone) and a
+    placeholder ``x`` of shape (3,) to define: ``(ctx, (i, t, I, T), u, x)``."""
+    ctx = tl.Context(dims=("i", "t"))
+    i, t = ctx.dims
+    I, T = ctx.bounds
+    domain = (i, t) if u_dims == "it" else (t,)
+    shape = (2, n_t, 3) if u_dims == "it" else (n_t, 3)
+    with ctx:
+        u = tl.from_numpy(RNG.standard_normal(shape).astype(np.float32), domain=domain)
+        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
+        yield ctx, (i, t, I, T), u, x
 
 
 def _values(prog, outs, compiled=None):
@@ -93,12 +104,7 @@ def test_a_linear_recurrence_is_one_scan_with_the_loops_values(kind, compiled, b
 
 def test_terms_that_depend_on_the_recurrence_keep_the_loop():
     """``a[t]`` reads ``x[t + 2]``: the scan could not start before the loop ends."""
-    ctx = tl.Context(dims=("i", "t"))
-    i, t = ctx.dims
-    I, T = ctx.bounds
-    with ctx:
-        u = tl.from_numpy(RNG.standard_normal((2, 8, 3)).astype(np.float32), domain=(i, t))
-        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
+    with _recurrence() as (ctx, (i, t, I, T), u, x):
         ahead = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="ahead")
         ahead[t >= T - 2] = u
         ahead[True] = u + x[i, t + 2] * 0.5
@@ -123,12 +129,7 @@ def test_a_recurrence_asked_for_as_an_output_reads_back_its_rows(backend):
 
 
 def test_a_base_over_two_points_keeps_the_loop():
-    ctx = tl.Context(dims=("i", "t"))
-    i, t = ctx.dims
-    I, T = ctx.bounds
-    with ctx:
-        u = tl.from_numpy(RNG.standard_normal((2, 8, 3)).astype(np.float32), domain=(i, t))
-        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
+    with _recurrence() as (ctx, (i, t, I, T), u, x):
         x[t >= T - 2] = u  # two points of base: not a first-order recurrence from one end
         x[True] = u + u * x[i, t + 1]
         out = x[i, 0:T].sum(0)
@@ -147,13 +148,8 @@ def test_the_pass_can_be_turned_off(monkeypatch):
 def test_terms_read_past_the_end_only_where_the_step_applies(backend):
     """``c[t]`` reads ``u[t + 1]``: defined for ``t < T - 1`` only, where the step applies;
     the scan reads the terms over those points alone (the loop's reads, exactly)."""
-    ctx = tl.Context(dims=("i", "t"))
-    i, t = ctx.dims
-    I, T = ctx.bounds
-    with ctx:
-        u = tl.from_numpy(RNG.standard_normal((6, 3)).astype(np.float32), domain=(t,))
+    with _recurrence(6, u_dims="t") as (ctx, (i, t, I, T), u, x):
         a = tl.from_numpy(RNG.standard_normal((2, 6, 3)).astype(np.float32), domain=(i, t))
-        x = tl.RecurrentTensor.placeholder((3,), domain=(i, t), name="x")
         x[t.eq(T - 1)] = a
         x[True] = a + (u[t + 1] * 0.5).tanh() * x[i, t + 1]
         out = x[i, 0:T].sum(0)

@@ -44,10 +44,9 @@ import numpy as np
 
 from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
-from timerl.ir.graph import Edge, Op, consumers, copy_graph, walk
+from timerl.ir.graph import Edge, Op, carried, consumers, copy_graph, walk
 from timerl.ir.reads import computable_points
 from timerl.symbolic import TRUE, Condition, Const, Dim, Expr, Slice
-from timerl.symbolic.bounds import always_lt0
 
 DISABLE_ENV = "TIMERL_NO_SCAN"  # set to 1 to compare against the loop as written
 
@@ -70,16 +69,6 @@ def _at_point(e: Edge, dims: Sequence[Dim]) -> bool:
     return all(i is d and d in dims for i, d in zip(e.index, e.src.domain, strict=True))
 
 
-def _carried(e: Edge, dim: Dim) -> bool:
-    """``e`` reads an earlier or later point of a dim other than ``dim``."""
-    for d, idx in zip(e.src.domain, e.index, strict=True):
-        if d is dim or idx is d or isinstance(idx, Slice) or d not in idx.symbols():
-            continue
-        if always_lt0(idx - d) or always_lt0(d - idx):
-            return True
-    return False
-
-
 def _depends_on(starts: Iterable[Op], x: Op, dim: Dim) -> bool:
     """Whether a value read from ``starts`` needs ``x`` at the same point of its outer dims."""
     stack, seen = list(starts), set()
@@ -90,7 +79,7 @@ def _depends_on(starts: Iterable[Op], x: Op, dim: Dim) -> bool:
         if op.id in seen:
             continue
         seen.add(op.id)
-        stack.extend(e.src for e in op.inputs if not _carried(e, dim))
+        stack.extend(e.src for e in op.inputs if not carried(e, dim))
     return False
 
 

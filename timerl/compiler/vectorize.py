@@ -51,10 +51,9 @@ import numpy as np
 from timerl.compiler.spec import ProgramSpec
 from timerl.errors import TimerlError
 from timerl.ir import prims
-from timerl.ir.graph import Edge, Op, View, consumers
+from timerl.ir.graph import Edge, Op, View, carried, consumers
 from timerl.ir.validate import _grid, exclusive_conditions, validate
 from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, vevaluate
-from timerl.symbolic.bounds import always_lt0
 
 MAX_BATCH_BYTES = 64 << 20  # T x bytes of one point of an op: larger batches stay in the loop
 DISABLE_ENV = "TIMERL_NO_VECTORIZE"  # set to 1 to compare against the point-by-point schedule
@@ -305,17 +304,6 @@ def _is_full(index: Any, dim: Dim) -> bool:
     return isinstance(index, Slice) and index.start == Const(0) and index.stop is dim.bound
 
 
-def _carried(edge: Edge, dim: Dim) -> bool:
-    """The edge reads an earlier/later point of an outer dim (``i - 1``): it is no part of a
-    cycle through ``dim`` within one point of the outer dims."""
-    for d, idx in zip(edge.src.domain, edge.index, strict=True):
-        if d is dim or idx is d or isinstance(idx, Slice) or d not in idx.symbols():
-            continue
-        if always_lt0(idx - d) or always_lt0(d - idx):
-            return True
-    return False
-
-
 def _cyclic(ops: Sequence[Op], dim: Dim) -> set[int]:
     """Ops on a dependence cycle through ``dim`` (ops over ``dim``, edges not carried)."""
     inside = {op.id for op in ops if dim in op.domain}
@@ -325,7 +313,7 @@ def _cyclic(ops: Sequence[Op], dim: Dim) -> set[int]:
         if op.id not in inside:
             continue
         for e in op.inputs:
-            if e.src.id in inside and not _carried(e, dim):
+            if e.src.id in inside and not carried(e, dim):
                 graph.add_edge(e.src.id, op.id)
     out: set[int] = set()
     for comp in nx.strongly_connected_components(graph):

@@ -16,6 +16,7 @@ import numpy as np
 
 from timerl.errors import ProgramError
 from timerl.symbolic import TRUE, Condition, Dim, Expr, Index, Slice, as_expr
+from timerl.symbolic.bounds import always_lt0
 
 _op_ids = itertools.count()
 
@@ -160,6 +161,17 @@ def consumers(ops: Iterable[Op]) -> dict[int, list[tuple[Op, Edge]]]:
         for e in op.inputs:
             out.setdefault(e.src.id, []).append((op, e))
     return out
+
+
+def carried(edge: Edge, dim: Dim) -> bool:
+    """The edge reads an earlier or later point of a dim other than ``dim`` (``i - 1``): it
+    is no part of a dependence through ``dim`` within one point of the other dims."""
+    for d, idx in zip(edge.src.domain, edge.index, strict=True):
+        if d is dim or idx is d or isinstance(idx, Slice) or d not in idx.symbols():
+            continue
+        if always_lt0(idx - d) or always_lt0(d - idx):
+            return True
+    return False
 
 
 def iter_edges(ops: Iterable[Op]) -> Iterator[tuple[Op, Edge]]:
