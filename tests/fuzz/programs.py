@@ -1174,9 +1174,11 @@ class Generator:
             sc = scope(lo=1) if lag < 0 else scope(hi=1)
             prev = selfread(x, **{d: Spec("shift", lag)})
             if self.flag("linear") and ch.chance(50):
-                # a + c * x[t -+ 1] with |c| <= 0.5: a linear recurrence, which stays bounded
-                coef = Affine(Unary("tanh", base(sc)), 0.5, 0.0)
-                step = Binary("add", base(sc), Binary("mul", coef, prev))
+                # a + c * x[t -+ 1] with |c| <= 0.5: a linear recurrence, which stays bounded;
+                # its terms read within the range (scanned) or one step beyond it (kept)
+                wide = ch.chance(30)
+                coef = Affine(Unary("tanh", base(sc if wide else scope())), 0.5, 0.0)
+                step = Binary("add", base(sc if wide else scope()), Binary("mul", coef, prev))
                 x.linear = True
             else:
                 step = body(sc, [prev])

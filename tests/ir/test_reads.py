@@ -63,18 +63,3 @@ def test_a_read_outside_a_guard_is_found():
     narrowed[a.op.id] = t >= 1  # a guard that misses the point b reads
     wrong = copy_graph(ops, guards=narrowed)
     assert not reads_within_guards(wrong, spec.check_bounds, {a.op.id})
-
-
-def test_a_fixed_range_needs_its_points_only():
-    """``y[0:T - 1]`` read after the loop needs y where ``t < T - 1``, where ``u[t + 1]`` is
-    in range; a slice that moves with the point still needs every point."""
-    ctx, t, T = ctx_t()
-    with ctx:
-        u = tl.from_numpy(np.arange(5.0), domain=(t,))
-        y = u[t + 1] * 2.0
-        head = y[0 : T - 1].sum(0)
-        z = u * 3.0
-        window = z[tl.max(t - 1, 0) : t + 1].sum(0)
-    needed = needed_points(list(walk([head.op, window.op])), [head.op, window.op])
-    assert _holds(needed[y.op.id], t, T, 5) == [True, True, True, True, False]
-    assert needed[z.op.id] == TRUE

@@ -411,3 +411,26 @@ def test_a_kernel_region_converts_a_jax_array_it_reads_once():
     assert read(plain) is plain and read(w) is first
     big = jax.numpy.zeros(REMEMBER_ELEMENTS + 1)
     assert isinstance(read(big), np.ndarray) and read(w) is first  # a large one is not kept
+
+
+def test_a_region_reads_a_value_whose_guard_did_not_hold_as_absent():
+    """A loop's fused region reads a local that is set only where its guard held (the last
+    step here): at the first iteration it was never assigned. Both kinds of region read
+    such a value as absent, through one ``OPTIONAL`` (the loop's own version let the unbound
+    name escape)."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        u = tl.from_numpy(np.array([[0.28, -0.94], [0.18, 0.91]]), domain=(t,), requires_grad=True)
+        x1 = tl.RecurrentTensor.placeholder((2,), dtype="float64", domain=(t,))
+        x1[T - 1] = u[0:T].max(0)
+        x1[t] = (x1[t + 1] * 0.5 + u[0:1].max(0)).tanh()
+        x2 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x2[t.eq(T - 1)] = x1[0 : t + 1].max(0).sigmoid().sum(-1)
+        x2[True] = (x2[t + 1] * 0.5 + (x2[t + 1] * 2.0 - 0.5) * x2[t + 1].sin()).tanh()
+        (x2 * x2).sum().backward()
+    outs = [x1, x2, u.grad]
+    ref = tl.evaluate(outs, bounds={T: 2}, optimize=False)
+    got = tl.evaluate(outs, bounds={T: 2}, backend="jax")
+    for a, b in zip(ref, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)

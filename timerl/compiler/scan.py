@@ -145,16 +145,10 @@ def _match(x: Op, spec: ProgramSpec, readers: dict) -> tuple[Op, Op, Edge, Edge,
     return total, product, a, c, base, reverse
 
 
-def _rewrite(x: Op, a: Edge, c: Edge, b: Edge, reverse: bool, full: bool) -> tuple[Op, Op]:
-    """The scan over ``x``'s outer point and ``x`` as a row of it. ``full``: its terms are
-    read over the whole range (vectorisation then computes them as one batch each), else over
-    the steps' points only (the terms may read outside their inputs at the base's point,
-    ``u[t + 1]`` at ``T - 1``, where the step branch is not needed)."""
+def _rewrite(x: Op, a: Edge, c: Edge, b: Edge, reverse: bool) -> tuple[Op, Op]:
+    """The scan over ``x``'s outer point and ``x`` as a row of it."""
     t = x.domain[-1]
-    if full:
-        steps = Slice(Const(0), t.bound)
-    else:
-        steps = Slice(Const(0), t.bound - 1) if reverse else Slice(Const(1), t.bound)
+    whole = Slice(Const(0), t.bound)
     end = t.bound - 1 if reverse else Const(0)
 
     def sliced(e: Edge, at: Expr | Slice) -> Edge:
@@ -166,8 +160,8 @@ def _rewrite(x: Op, a: Edge, c: Edge, b: Edge, reverse: bool, full: bool) -> tup
         domain=x.domain[:-1],
         shape=extent,
         dtype=x.dtype,
-        inputs=[sliced(a, steps), sliced(c, steps), sliced(b, end)],
-        attrs={"reverse": reverse, "full": full},
+        inputs=[sliced(a, whole), sliced(c, whole), sliced(b, end)],
+        attrs={"reverse": reverse},
         name=f"scan({x.label})",
         site=x.site,
     )
@@ -204,8 +198,13 @@ def scan_recurrences(spec: ProgramSpec, notes: list[str] | None = None) -> Progr
             continue
         if computable is None:
             computable = computable_points(list(spec.ops))
-        full = computable[a.src.id] == TRUE and computable[c.src.id] == TRUE
-        scan, row = _rewrite(x, a, c, b, reverse, full)
+        if computable[a.src.id] != TRUE or computable[c.src.id] != TRUE:
+            # the scan reads them over the whole range, the base's point too, where the loop
+            # never needed them (``u[t + 1]`` at ``T - 1``)
+            if notes is not None:
+                notes.append(f"not scanned {x.label}: its terms are not defined at every point")
+            continue
+        scan, row = _rewrite(x, a, c, b, reverse)
         replaced.add(x.id)
         created += [scan, row]
         if notes is not None:

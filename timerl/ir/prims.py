@@ -1010,30 +1010,29 @@ register(
 )
 
 
-def _np_linear_scan(a, c, base, reverse=False, full=False):
+def _np_linear_scan(a, c, base, reverse=False):
     """``x[t] = a[t] + c[t] * x[t + 1]`` for ``t < T - 1`` and ``x[T - 1] = base``
     (``reverse``), or ``x[t] = a[t] + c[t] * x[t - 1]`` for ``t >= 1`` and ``x[0] = base``: a
-    first-order linear recurrence over the leading axis (GAE, discounted returns). ``a`` and
-    ``c`` hold the ``T - 1`` steps' rows, or with ``full`` all ``T`` points' (the base's
-    row unused). Each row is computed as the point-by-point program computes it (a product,
-    then a sum), into one array."""
-    if full:
-        a, c = (a[:-1], c[:-1]) if reverse else (a[1:], c[1:])
+    first-order linear recurrence over the leading axis of ``a`` and ``c`` (GAE, discounted
+    returns; their row at the base's point is not used). Each row is computed as the
+    point-by-point program computes it (a product, then a sum), into one array."""
     steps = len(a)
-    out = np.empty((steps + 1, *np.shape(base)), dtype=np.result_type(a, c, base))
-    out[steps if reverse else 0] = base
-    for k in range(steps - 1, -1, -1) if reverse else range(steps):
-        t, prev = (k, k + 1) if reverse else (k + 1, k)
+    out = np.empty((steps, *np.shape(base)), dtype=np.result_type(a, c, base))
+    if steps == 0:
+        return out
+    out[steps - 1 if reverse else 0] = base
+    for t in range(steps - 2, -1, -1) if reverse else range(1, steps):
+        prev = t + 1 if reverse else t - 1
         row = out[t, ...]  # a view also of a 0-d row
-        np.multiply(c[k], out[prev, ...], out=row)
-        np.add(a[k], row, out=row)
+        np.multiply(c[t], out[prev, ...], out=row)
+        np.add(a[t], row, out=row)
     return out
 
 
 register(
     Prim(
         "linear_scan",
-        lambda s, d, a: ((s[0][0] + (0 if a.get("full") else 1), *s[2]), d[0]),
+        lambda s, d, a: ((s[0][0], *s[2]), d[0]),
         _np_linear_scan,
         differentiable=False,  # made by the compiler (compiler/scan.py), after autodiff
     )

@@ -165,18 +165,12 @@ def _conjuncts(cond: Condition) -> list[Condition]:
 def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Condition:
     """The points of ``src`` that ``reader`` reads where ``cond`` holds at its own point.
 
-    Exact for shifts (``t``, ``t - 1``: move the condition by the shift), fixed points
-    (``x[0]``, ``x[T - 1]``) and fixed ranges (``x[0:T - 1]``, bounds only); anything else
-    (a slice that moves with the point, reads that mix dims) reads every point.
+    Exact for shifts (``t``, ``t - 1``: move the condition by the shift) and fixed points
+    (``x[0]``, ``x[T - 1]``); anything else (slices, reads that mix dims) reads every point.
     """
     moved: dict[Dim, Expr] = {}
     pins: list[Condition] = []
     for d, idx in zip(src.domain, edge_index, strict=True):
-        if isinstance(idx, Slice):
-            if any(isinstance(s, Dim) for s in idx.start.symbols() | idx.stop.symbols()):
-                return TRUE
-            pins.append((d >= idx.start) & (d < idx.stop))
-            continue
         if not isinstance(idx, Expr):
             return TRUE
         dims = {s for s in idx.symbols() if isinstance(s, Dim)}

@@ -195,15 +195,15 @@ register_lowering("take_matmul", _take_matmul)
 register_lowering("index_add", _index_add)
 
 
-def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False, full: bool = False) -> Any:
-    if full:
-        a, c = (a[:-1], c[:-1]) if reverse else (a[1:], c[1:])
-
+def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False) -> Any:
     def step(x: Any, ac: tuple[Any, Any]) -> tuple[Any, Any]:
         y = ac[0] + ac[1] * x
         return y, y
 
-    _, ys = jax.lax.scan(step, base, (a, c), reverse=reverse)
+    if a.shape[0] == 0:
+        return jnp.zeros((0, *base.shape), dtype=a.dtype)
+    steps = (a[:-1], c[:-1]) if reverse else (a[1:], c[1:])
+    _, ys = jax.lax.scan(step, base, steps, reverse=reverse)
     parts = [ys, base[None]] if reverse else [base[None], ys]
     return jnp.concatenate(parts, axis=0)
 

@@ -51,10 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from timerl.errors import UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import prepare_call
+from timerl.runtime.regions import optional
 from timerl.schedule.program import Compute, Free, Loop
 from timerl.symbolic import TRUE, Bound, Condition, Const, Dim, Expr, Slice, Symbol
 
@@ -219,14 +219,6 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
 
 def _rows_or(rows: Any, gather: Callable[[], Any]) -> Any:
     return rows if rows is not None else gather()
-
-
-def _optional(thunk: Callable[[], Any]) -> Any:
-    """A value read for a branch or guard that may not hold: None where it does not exist."""
-    try:
-        return thunk()
-    except (KeyError, UndefinedPointError):
-        return None
 
 
 class LoopFusion:
@@ -483,7 +475,7 @@ class LoopFusion:
         gen = self.gen
         d = gen.names.of(loop.dim)
         b = gen.names.of(loop.dim.bound)
-        gen.ns.setdefault("OPTIONAL", _optional)
+        gen.ns.setdefault("OPTIONAL", optional)
         gen.ns.setdefault("ROWS_OR", _rows_or)
         stack = gen.const("STACK", gen.backend.stack)
         fill = gen.const("FILL", self.filler([(self._read_shape(edge), edge.src.dtype)] * extent))
@@ -494,7 +486,7 @@ class LoopFusion:
     def emit(self, region: LoopRegion, depth: int) -> None:
         gen = self.gen
         loop, plan = region.loop, region.plan
-        gen.ns.setdefault("OPTIONAL", _optional)
+        gen.ns.setdefault("OPTIONAL", optional)
         backend = gen.backend
         closed_fill = gen.const(
             "FILL", self.filler([(self._read_shape(e), e.src.dtype) for e in region.closed])

@@ -172,9 +172,11 @@ def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
     return True, value
 
 
-def _optional(thunk: Any) -> Any:
+def optional(thunk: Any) -> Any:
     """A branch's value, or None where its point does not exist (or was freed; a local
-    computed only under a guard that did not hold is unbound)."""
+    computed only under a guard that did not hold is unbound: a ``NameError`` in the
+    closure that reads it). One function for every region kind: they share the name
+    ``OPTIONAL`` in the generated code's namespace."""
     try:
         return thunk()
     except (KeyError, UndefinedPointError, NameError):
@@ -582,7 +584,7 @@ class Fusion:
         gen.emit(depth, f"_sel = ({''.join(f'{s}, ' for s in selectors)})")
         picks_src = "None"
         if picks:
-            gen.ns.setdefault("OPTIONAL", _optional)
+            gen.ns.setdefault("OPTIONAL", optional)
             gen.ns.setdefault("PICKS", _picks)
             gen.emit(depth, f"_pk = ({''.join(f'{p}, ' for p in picks)})")
             merges = gen.const("MERGES", [op.where() for op in region.ops if op.id in merge_ids])

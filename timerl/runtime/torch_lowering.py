@@ -275,21 +275,20 @@ register_lowering("take_matmul", _take_matmul)
 register_lowering("index_add", _index_add)
 
 
-def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False, full: bool = False) -> Any:
+def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False) -> Any:
     # one step a row: on the cpu numpy's ufuncs on the same memory cost a third of torch's
     # per-call dispatch (250 steps of two small ops per PPO iteration)
     if a.device.type == "cpu":
         impl = REGISTRY["linear_scan"].impl
-        return torch.from_numpy(impl(a.numpy(), c.numpy(), base.numpy(), reverse, full))
-    if full:
-        a, c = (a[:-1], c[:-1]) if reverse else (a[1:], c[1:])
+        return torch.from_numpy(impl(a.numpy(), c.numpy(), base.numpy(), reverse))
     steps = a.shape[0]
-    out = torch.empty((steps + 1, *base.shape), dtype=a.dtype, device=a.device)
-    out[steps if reverse else 0] = base
-    for k in range(steps - 1, -1, -1) if reverse else range(steps):
-        t, prev = (k, k + 1) if reverse else (k + 1, k)
-        torch.mul(c[k], out[prev], out=out[t])
-        out[t].add_(a[k])
+    out = torch.empty((steps, *base.shape), dtype=a.dtype, device=a.device)
+    if steps == 0:
+        return out
+    out[steps - 1 if reverse else 0] = base
+    for t in range(steps - 2, -1, -1) if reverse else range(1, steps):
+        torch.mul(c[t], out[t + 1 if reverse else t - 1], out=out[t])
+        out[t].add_(a[t])
     return out
 
 
