@@ -5,12 +5,12 @@ GAE and discounted returns are first-order linear recurrences backward in time:
     adv[.., T - 1] = b[.., T - 1]
     adv[.., t]     = a[.., t] + c[.., t] * adv[.., t + 1]        (t < T - 1)
 
-Point by point, each step is a piecewise choice, a product, a sum and their bookkeeping in the
-loop over ``t`` (on PPO's numpy program about 10 us a step, a tenth of a small rollout's
-iteration), although ``a``, ``c`` and ``b`` are known before the loop starts. This pass
-rewrites such an ``x`` into
+Point by point, each step is a piecewise choice, a product, a sum and their bookkeeping in a
+loop over ``t`` of its own, although ``a``, ``c`` and ``b`` are known before that loop starts
+(on PPO's numpy program the loop took about 4% of a 16-env iteration). This pass rewrites such
+an ``x`` into
 
-    s[..]     = linear_scan(a[.., 0:T - 1], c[.., 0:T - 1], b[.., T - 1])  (one op, no ``t``)
+    s[..]     = linear_scan(a[.., 0:T], c[.., 0:T], b[.., T - 1])   (one op, no ``t``)
     x[.., t]  = select_at(s[..], index=t)
 
 (``x`` keeps its id: its readers, and a user reading it as an output, read the rows) and
@@ -33,6 +33,9 @@ An ``x`` is rewritten only when all of this holds (else it is left as written):
 - none of ``a``, ``c``, ``b`` depends on ``x`` at the same outer point (they must be complete
   before the scan runs); reads of an earlier or later outer point (the parameters' ``i - 1``)
   do not count;
+- ``a`` and ``c`` can be computed at every point of ``t`` (``ir/reads.computable_points``):
+  the scan reads them whole, also at the base's point, where the loop never needed them (a
+  term reading ``u[t + 1]`` is out of range at ``T - 1``).
 """
 
 from __future__ import annotations
