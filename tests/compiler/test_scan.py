@@ -101,6 +101,15 @@ def test_a_linear_recurrence_is_one_scan_with_the_loops_values(kind, compiled, b
             np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+def _assert_loop_kept(ctx, bounds, out, why: str) -> None:
+    """No scan, ``explain()`` says ``why``, and the values are the reference's."""
+    ref = ctx.compile(bounds=bounds, outputs=[out], optimize=False)
+    prog = ctx.compile(bounds=bounds, outputs=[out])
+    assert not _scans(prog)
+    assert f"not scanned x: {why}" in prog.explain(full=True)
+    np.testing.assert_array_equal(_values(ref, [out])[0], _values(prog, [out])[0])
+
+
 def test_terms_that_depend_on_the_recurrence_keep_the_loop():
     """``a[t]`` reads ``x[t + 2]``: the scan could not start before the loop ends."""
     with _recurrence() as (ctx, (i, t, I, T), u, x):
@@ -110,12 +119,7 @@ def test_terms_that_depend_on_the_recurrence_keep_the_loop():
         x[t.eq(T - 1)] = u
         x[True] = ahead + u * x[i, t + 1]
         out = x[i, 0:T].sum(0)
-    bounds = {I: 2, T: 8}
-    ref = ctx.compile(bounds=bounds, outputs=[out], optimize=False)
-    prog = ctx.compile(bounds=bounds, outputs=[out])
-    assert not _scans(prog)
-    assert "not scanned x: its terms depend on it" in prog.explain(full=True)
-    np.testing.assert_array_equal(_values(ref, [out])[0], _values(prog, [out])[0])
+    _assert_loop_kept(ctx, {I: 2, T: 8}, out, "its terms depend on it")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -151,9 +155,4 @@ def test_terms_defined_only_where_the_step_applies_keep_the_loop():
         x[t.eq(T - 1)] = a
         x[True] = a + (u[t + 1] * 0.5).tanh() * x[i, t + 1]
         out = x[i, 0:T].sum(0)
-    bounds = {I: 2, T: 6}
-    ref = ctx.compile(bounds=bounds, outputs=[out], optimize=False)
-    prog = ctx.compile(bounds=bounds, outputs=[out])
-    assert not _scans(prog)
-    assert "not scanned x: its terms are not defined at every point" in prog.explain(full=True)
-    np.testing.assert_array_equal(_values(ref, [out])[0], _values(prog, [out])[0])
+    _assert_loop_kept(ctx, {I: 2, T: 6}, out, "its terms are not defined at every point")
