@@ -16,7 +16,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python examples/recurrences.py
-	$(BIN)/timerl train ppo --env CartPole-v1 --steps 150000 --log-dir runs/demo-ppo-cartpole
+	$(BIN)/timerl train ppo --env CartPole-v1 --steps 150000 --log-dir runs/demo-ppo-cartpole --overwrite
 
 test: $(STAMP)
 	$(BIN)/ruff check timerl tests bench examples
