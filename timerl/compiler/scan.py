@@ -141,8 +141,6 @@ def _match(x: Op, spec: ProgramSpec, readers: dict) -> tuple[Op, Op, Edge, Edge,
         raise _Decline("its terms' shapes differ from its own")
     if any(o.dtype != x.dtype for o in (a.src, c.src, base.src, total, product)):
         raise _Decline("its terms have another dtype")
-    if total.guard != TRUE or product.guard != TRUE:
-        raise _Decline("its step is guarded")
     if _depends_on((a.src, c.src, base.src), x, t):
         raise _Decline("its terms depend on it")
     return total, product, a, c, base, reverse

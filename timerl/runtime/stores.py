@@ -216,22 +216,22 @@ class BlockStore:
             raise KeyError(point)
         return rows[last]
 
-    def __setitem__(self, point: tuple, value: Any) -> None:
-        outer, last = point[:-1], point[-1]
+    def _block(self, outer: tuple) -> tuple[Any, np.ndarray]:
+        """The block of ``outer`` (rows, record of points), allocated on its first write."""
         if outer not in self.blocks:
             self.allocate(outer)
-        rows, written = self.blocks[outer]
-        rows[last] = value
-        written[last] = True
+        return self.blocks[outer]
+
+    def __setitem__(self, point: tuple, value: Any) -> None:
+        rows, written = self._block(point[:-1])
+        rows[point[-1]] = value
+        written[point[-1]] = True
 
     def row_to_write(self, point: tuple) -> Any:
         """The row of ``point``, marked written: a kernel writes the value into it."""
-        outer, last = point[:-1], point[-1]
-        if outer not in self.blocks:
-            self.allocate(outer)
-        rows, written = self.blocks[outer]
-        written[last] = True
-        return rows[last]
+        rows, written = self._block(point[:-1])
+        written[point[-1]] = True
+        return rows[point[-1]]
 
     def get(self, point: tuple, default: Any = None) -> Any:
         try:
@@ -323,20 +323,14 @@ class RingStore(BlockStore):
         return rows[last % self.extent]
 
     def __setitem__(self, point: tuple, value: Any) -> None:
-        outer, last = point[:-1], point[-1]
-        if outer not in self.blocks:
-            self.allocate(outer)
-        rows, held = self.blocks[outer]
-        rows[last % self.extent] = value
-        held[last % self.extent] = last
+        rows, held = self._block(point[:-1])
+        rows[point[-1] % self.extent] = value
+        held[point[-1] % self.extent] = point[-1]
 
     def row_to_write(self, point: tuple) -> Any:
-        outer, last = point[:-1], point[-1]
-        if outer not in self.blocks:
-            self.allocate(outer)
-        rows, held = self.blocks[outer]
-        held[last % self.extent] = last
-        return rows[last % self.extent]
+        rows, held = self._block(point[:-1])
+        held[point[-1] % self.extent] = point[-1]
+        return rows[point[-1] % self.extent]
 
     def pop(self, point: tuple, default: Any = None) -> Any:
         """Forget one point (its row stays allocated until the buffer is freed)."""
