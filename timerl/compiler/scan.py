@@ -7,7 +7,7 @@ GAE and discounted returns are first-order linear recurrences backward in time:
 
 Point by point, each step is a piecewise choice, a product, a sum and their bookkeeping in a
 loop over ``t`` of its own, although ``a``, ``c`` and ``b`` are known before that loop starts
-(on PPO's numpy program the loop took about 4% of a 16-env iteration). This pass rewrites such
+(on PPO's numpy program the loop took about 3% of a 16-env iteration). This pass rewrites such
 an ``x`` into
 
     s[..]     = linear_scan(a[.., 0:T], c[.., 0:T], b[.., T - 1])   (one op, no ``t``)
