@@ -8,7 +8,10 @@ side by side and alternated, the chains PPO runs most, at the sizes PPO runs the
 - ``adam``: an Adam step on a 64x64 weight (m, v, bias corrections, update: 11 ops);
 - ``gae``: the elementwise terms of GAE over a 16-env x 128-step batch (6 ops);
 - ``clip``: PPO's clipped objective over 2,048 points (ratio, clip, min, mean: 7 ops);
-- ``wide``: tanh(x * a + b) * c over a 4,000 x 64 batch (the vectorised critic's size).
+- ``wide``: tanh(x * a + b) * c over a 4,000 x 64 batch (the vectorised critic's size);
+- ``tanh_bw``: the tanh backward ``g * (1 - y * y)`` over 64,000 x 64 (the update at 256 envs),
+  also over blocks of rows that stay in cache (``numpy blocked``: each op with ``out=`` into a
+  block-sized buffer, the last into the result's rows).
 
 Run: ``python -m bench.fusion [--repeats 5] [--torch-compile]`` (``torch.compile`` needs a
 C++ compiler and takes seconds per chain to compile; its compile time is reported apart).
@@ -76,7 +79,36 @@ def _adam_out(p, g, m, v, buf, buf2):
     return np.subtract(p, buf, out=buf)
 
 
-CHAINS = {"adam": _adam, "gae": _gae, "clip": _clip, "wide": _wide}
+def _tanh_bw(xp_ops: dict) -> Callable:
+    def chain(y, g):
+        return g * (1.0 - y * y)
+
+    return chain
+
+
+def _tanh_bw_out(y, g, out, buf):
+    """Per op into preallocated buffers: what the generated code runs with donation."""
+    np.multiply(y, y, out=buf)
+    np.subtract(1.0, buf, out=buf)
+    return np.multiply(g, buf, out=out)
+
+
+BLOCK_ELEMENTS = 1 << 15  # 128 KiB of float32 a block: each op's block stays in the core's L2
+
+
+def _tanh_bw_blocked(y, g, out, buf):
+    """The chain over blocks of rows, each op's block written into a buffer in cache."""
+    rows = max(1, BLOCK_ELEMENTS // y.shape[1])
+    for start in range(0, y.shape[0], rows):
+        stop = min(start + rows, y.shape[0])
+        b = buf[: stop - start]
+        np.multiply(y[start:stop], y[start:stop], out=b)
+        np.subtract(1.0, b, out=b)
+        np.multiply(g[start:stop], b, out=out[start:stop])
+    return out
+
+
+CHAINS = {"adam": _adam, "gae": _gae, "clip": _clip, "wide": _wide, "tanh_bw": _tanh_bw}
 
 
 def _inputs(name: str, rng: np.random.Generator) -> list[np.ndarray]:
@@ -89,6 +121,8 @@ def _inputs(name: str, rng: np.random.Generator) -> list[np.ndarray]:
         return [f(128, 16), f(128, 16), f(128, 16), (f(128, 16) > 1).astype(np.float32)]
     if name == "clip":
         return [f(2048), f(2048), f(2048)]
+    if name == "tanh_bw":
+        return [np.tanh(f(64000, 64)), f(64000, 64)]
     return [f(4000, 64), f(64), f(64), f(64)]
 
 
@@ -108,12 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     np_ops = {"sqrt": np.sqrt, "exp": np.exp, "minimum": np.minimum, "clip": np.clip}
     np_ops["tanh"] = np.tanh
     rng = np.random.default_rng(0)
-    systems: dict[str, dict[str, Callable]] = {"numpy per op": {}, "numpy out=": {}}
+    systems: dict[str, dict[str, Callable]] = {
+        "numpy per op": {},
+        "numpy out=": {},
+        "numpy blocked": {},
+    }
     inputs = {name: _inputs(name, rng) for name in CHAINS}
     for name, make in CHAINS.items():
         systems["numpy per op"][name] = make(np_ops)
     bufs = (np.empty((64, 64), np.float32), np.empty((64, 64), np.float32))
     systems["numpy out="]["adam"] = lambda p, g, m, v: _adam_out(p, g, m, v.copy(), *bufs)
+    wide_out = np.empty((64000, 64), np.float32)
+    wide_buf = np.empty((64000, 64), np.float32)
+    systems["numpy out="]["tanh_bw"] = lambda y, g: _tanh_bw_out(y, g, wide_out, wide_buf)
+    systems["numpy blocked"]["tanh_bw"] = lambda y, g: _tanh_bw_blocked(y, g, wide_out, wide_buf)
     compile_s: dict[str, float] = {}
     torch_inputs: dict[str, list] = {}
     try:
@@ -144,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         for sys_name, chains in systems.items():
             for name, fn in chains.items():
                 xs = torch_inputs[name] if sys_name.startswith("torch") else inputs[name]
-                times.setdefault((sys_name, name), []).append(_time(fn, xs, 300))
+                times.setdefault((sys_name, name), []).append(
+                    _time(fn, xs, 30 if name == "tanh_bw" else 300)
+                )
     print(
         f"config: python {platform.python_version()}, numpy {np.__version__}, "
         f"{os.cpu_count()} CPUs, 1 thread, median of {args.repeats} alternated repetitions"
