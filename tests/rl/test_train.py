@@ -320,12 +320,54 @@ def test_nan_raises_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_infinite_lr_raises_at_the_first_iteration(tmp_path):
-    cfg = dict(CFG, lr=float("inf"), anneal_lr=False)
+def test_an_overflowing_lr_raises_at_the_first_iteration(tmp_path):
+    cfg = dict(CFG, lr=1e38, anneal_lr=False)  # finite, so the config takes it
     with pytest.raises(NumericalError, match="iteration 0:.*loss") as info:
         train("ppo", cfg, iterations=2, log_dir=tmp_path, checkpoint_every=1, progress=False)
     assert "was none" in str(info.value)
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("algo", "setting", "why"),
+    [
+        ("ppo", {"lr": float("inf")}, "lr must be a number >= 0, got inf (--lr)"),
+        ("ppo", {"gamma": 1.5}, "gamma must be a number in [0, 1]"),
+        ("ppo", {"num_steps": 0}, "num_steps must be an integer >= 1, got 0 (--num-steps)"),
+        ("ppo", {"num_envs": 2.5}, "num_envs must be an integer >= 1"),
+        ("ppo", {"epochs": True}, "epochs must be an integer >= 1"),
+        ("ppo", {"hidden": (64, 0)}, "hidden must be one or more positive integers"),
+        ("ppo", {"ent_coef": -0.1}, "ent_coef must be a number >= 0 or None"),
+        ("reinforce", {"seed": -1}, "seed must be an integer >= 0"),
+        ("a2c", {"gae_lambda": 2.0}, "gae_lambda must be a number in [0, 1]"),
+        ("dqn", {"tau": 0.0}, "tau must be a number in (0, 1]"),
+        ("sac", {"init_alpha": -1.0}, "init_alpha must be a positive number"),
+    ],
+)
+def test_a_bad_hyper_parameter_is_refused_by_name_before_anything_runs(algo, setting, why):
+    from timerl.errors import ProgramError
+    from timerl.rl.train import make_config
+
+    with pytest.raises(ProgramError) as info:
+        make_config(algo, setting)
+    assert why in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ({"total_steps": -5}, "--steps must be at least 1, got -5"),
+        ({"iterations": 0}, "iterations must be at least 1"),
+        ({"keep_checkpoints": 0}, "--keep-checkpoints must be at least 1"),
+        ({"log_every": -1}, "--log-every and --workers must not be negative"),
+    ],
+)
+def test_a_bad_run_length_or_log_setting_is_refused(kwargs, why):
+    from timerl.errors import TimerlError
+
+    with pytest.raises(TimerlError) as info:
+        train("ppo", CFG, progress=False, **kwargs)
+    assert why in str(info.value)
 
 
 def test_unknown_hyper_parameter():

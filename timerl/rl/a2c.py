@@ -9,18 +9,35 @@ terms over the whole rollout.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from timerl.api.context import Context
 from timerl.api.optim import Adam
 from timerl.api.tensor import RecurrentTensor
-from timerl.rl.algos import AlgoConfig, AlgoProgram, Policy, _batch, _lr_schedule, _rollout
+from timerl.rl.algos import (
+    FRACTION,
+    NON_NEGATIVE,
+    AlgoConfig,
+    AlgoProgram,
+    Policy,
+    Rule,
+    _batch,
+    _lr_schedule,
+    _rollout,
+)
 from timerl.rl.environment import make_env
 from timerl.rl.returns import gae
 
 
 @dataclass
 class A2CConfig(AlgoConfig):
+    RULES: ClassVar[dict[str, Rule]] = {
+        **AlgoConfig.RULES,
+        "gae_lambda": FRACTION,
+        "vf_coef": NON_NEGATIVE,
+        "ent_coef": NON_NEGATIVE.optional(),
+    }
+
     num_envs: int = 8
     num_steps: int = 32
     lr: float = 1e-3

@@ -7,8 +7,11 @@ metric tensors over ``i`` and the bounds to compile with. Dims: ``i`` training i
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -25,8 +28,54 @@ from timerl.rl.returns import discounted_returns, gae
 from timerl.symbolic import Dim
 
 
+@dataclass(frozen=True)
+class Rule:
+    """What a hyper-parameter must be (``what`` says it in the error)."""
+
+    test: Callable[[Any], bool]
+    what: str
+
+    def optional(self) -> Rule:
+        return Rule(lambda v: v is None or self.test(v), f"{self.what} or None")
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def at_least(low: int) -> Rule:
+    """An integer of at least ``low`` (a count: envs, steps, epochs, a buffer's size)."""
+    return Rule(
+        lambda v: isinstance(v, Integral) and not isinstance(v, bool) and v >= low,
+        f"an integer >= {low}",
+    )
+
+
+POSITIVE = Rule(lambda v: _real(v) and v > 0, "a positive number")
+NON_NEGATIVE = Rule(lambda v: _real(v) and v >= 0, "a number >= 0")
+FINITE = Rule(_real, "a finite number")
+FRACTION = Rule(lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]")
+STEP_FRACTION = Rule(lambda v: _real(v) and 0 < v <= 1, "a number in (0, 1]")
+WIDTHS = Rule(
+    lambda v: len(v) > 0 and all(at_least(1).test(n) for n in v),
+    "one or more positive integers (layer widths)",
+)
+
+
 @dataclass
 class AlgoConfig:
+    # each setting's rule, checked when a config is made (a subclass adds its own), so a bad
+    # value is refused by name before an env is made or a program compiled
+    RULES: ClassVar[dict[str, Rule]] = {
+        "num_envs": at_least(1),
+        "num_steps": at_least(1),
+        "lr": NON_NEGATIVE,
+        "gamma": FRACTION,
+        "hidden": WIDTHS,
+        "max_grad_norm": POSITIVE.optional(),
+        "seed": at_least(0),
+    }
+
     env_id: str = "CartPole-v1"
     num_envs: int = 8
     num_steps: int = 128
@@ -39,6 +88,14 @@ class AlgoConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     env_backend: str = "gymnasium"  # or "envpool", or "jax" (rl/pure_env.py: ppo, reinforce)
 
+    def __post_init__(self) -> None:
+        for name, rule in self.RULES.items():
+            value = getattr(self, name)
+            if not rule.test(value):
+                algo = type(self).__name__.removesuffix("Config").lower()
+                flag = "--" + name.replace("_", "-")
+                raise ProgramError(f"{algo}: {name} must be {rule.what}, got {value!r} ({flag})")
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["hidden"] = list(self.hidden)
@@ -47,6 +104,17 @@ class AlgoConfig:
 
 @dataclass
 class PPOConfig(AlgoConfig):
+    RULES: ClassVar[dict[str, Rule]] = {
+        **AlgoConfig.RULES,
+        "gae_lambda": FRACTION,
+        "epochs": at_least(1),
+        "minibatches": at_least(1),
+        "clip": POSITIVE,
+        "vf_coef": NON_NEGATIVE,
+        "ent_coef": NON_NEGATIVE.optional(),
+        "log_std_init": FINITE,
+    }
+
     gae_lambda: float = 0.95
     epochs: int = 4
     minibatches: int = 4
@@ -64,6 +132,12 @@ class PPOConfig(AlgoConfig):
 
 @dataclass
 class ReinforceConfig(AlgoConfig):
+    RULES: ClassVar[dict[str, Rule]] = {
+        **AlgoConfig.RULES,
+        "vf_coef": NON_NEGATIVE,
+        "ent_coef": NON_NEGATIVE.optional(),
+    }
+
     baseline: bool = True
     vf_coef: float = 0.5
     ent_coef: float | None = None

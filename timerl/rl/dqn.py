@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -22,7 +22,15 @@ from timerl.api.nn import MLP, Module
 from timerl.api.optim import Adam, Polyak
 from timerl.api.tensor import RecurrentTensor, full, maximum, where
 from timerl.errors import EnvError, ProgramError
-from timerl.rl.algos import AlgoConfig, AlgoProgram, _lr_schedule
+from timerl.rl.algos import (
+    FRACTION,
+    STEP_FRACTION,
+    AlgoConfig,
+    AlgoProgram,
+    Rule,
+    _lr_schedule,
+    at_least,
+)
 from timerl.rl.environment import Env, make_env
 from timerl.rl.replay import Replay
 from timerl.symbolic import Dim
@@ -30,6 +38,19 @@ from timerl.symbolic import Dim
 
 @dataclass
 class DQNConfig(AlgoConfig):
+    RULES: ClassVar[dict[str, Rule]] = {
+        **AlgoConfig.RULES,
+        "buffer_size": at_least(1),
+        "batch_size": at_least(1),
+        "updates_per_iteration": at_least(1),
+        "target_update_every": at_least(1),
+        "tau": STEP_FRACTION,
+        "start_epsilon": FRACTION,
+        "end_epsilon": FRACTION,
+        "exploration_fraction": STEP_FRACTION,
+        "learning_starts": at_least(0),
+    }
+
     num_envs: int = 8
     num_steps: int = 16
     lr: float = 1e-3

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from timerl.graphopt.train import (
     search_value,
 )
 from timerl.ir.build import apply
-from timerl.rl.algos import AlgoConfig
+from timerl.rl.algos import FRACTION, NON_NEGATIVE, POSITIVE, AlgoConfig, Rule, at_least
 
 PHASES = ("search", "imitate")
 
@@ -42,6 +42,20 @@ PHASES = ("search", "imitate")
 class GraphPolicyConfig(AlgoConfig):
     """``num_envs`` problems per iteration, one step each; ``hidden``: one width per round of
     message passing (all equal)."""
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        **AlgoConfig.RULES,
+        "max_nodes": at_least(1),
+        "runtime_share": FRACTION,
+        "budget": at_least(1),
+        "entropy": NON_NEGATIVE,
+        "uniform_seeds": at_least(1),
+        "imitate_budget": at_least(1),
+        "imitate_concentration": POSITIVE,
+        "replay": at_least(0),
+        "clip": POSITIVE,
+        "search_workers": at_least(1),
+    }
 
     env_id: str = "graphopt-corpus"
     num_envs: int = 4

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -25,7 +25,16 @@ from timerl.api.nn import MLP, Module, _param
 from timerl.api.optim import Adam, Polyak
 from timerl.api.tensor import RecurrentTensor, cat, full, lift, minimum, where
 from timerl.errors import EnvError, ProgramError
-from timerl.rl.algos import AlgoConfig, AlgoProgram
+from timerl.rl.algos import (
+    FINITE,
+    NON_NEGATIVE,
+    POSITIVE,
+    STEP_FRACTION,
+    AlgoConfig,
+    AlgoProgram,
+    Rule,
+    at_least,
+)
 from timerl.rl.environment import Env, make_env
 from timerl.rl.replay import Replay
 from timerl.symbolic import Dim
@@ -35,6 +44,18 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 @dataclass
 class SACConfig(AlgoConfig):
+    RULES: ClassVar[dict[str, Rule]] = {
+        **AlgoConfig.RULES,
+        "policy_lr": NON_NEGATIVE,
+        "buffer_size": at_least(1),
+        "batch_size": at_least(1),
+        "updates_per_iteration": at_least(1),
+        "tau": STEP_FRACTION,
+        "init_alpha": POSITIVE,
+        "target_entropy": FINITE.optional(),
+        "learning_starts": at_least(0),
+    }
+
     env_id: str = "Pendulum-v1"
     num_envs: int = 4
     num_steps: int = 8

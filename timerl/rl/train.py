@@ -256,6 +256,15 @@ def train(
         raise CheckpointError(f"--minutes must be positive, got {minutes}")
     if checkpoint_every < 1:
         raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
+    if keep_checkpoints < 1:
+        raise CheckpointError(f"--keep-checkpoints must be at least 1, got {keep_checkpoints}")
+    for flag, value in (("--steps", total_steps), ("iterations", iterations)):
+        if value is not None and value < 1:
+            raise ProgramError(f"{flag} must be at least 1, got {value}")
+    if log_every < 0 or workers < 0:
+        raise ProgramError(
+            f"--log-every and --workers must not be negative, got {log_every} and {workers}"
+        )
     log_path = Path(log_dir) if log_dir is not None else None
     ckpt: Checkpoint | None = None
     if resume:
