@@ -342,6 +342,7 @@ def test_an_overflowing_lr_raises_at_the_first_iteration(tmp_path):
         ("a2c", {"gae_lambda": 2.0}, "gae_lambda must be a number in [0, 1]"),
         ("dqn", {"tau": 0.0}, "tau must be a number in (0, 1]"),
         ("sac", {"init_alpha": -1.0}, "init_alpha must be a positive number"),
+        ("ppo", {"env_kwargs": [1, 2]}, "env_kwargs must be a mapping of keyword arguments"),
     ],
 )
 def test_a_bad_hyper_parameter_is_refused_by_name_before_anything_runs(algo, setting, why):
@@ -405,3 +406,7 @@ def test_cli_reports_errors(capsys):
     argv = ["train", "reinforce", "--clip", "0.1", "--steps", "64", "--no-progress"]
     assert main(argv) == 2
     assert "--clip" in capsys.readouterr().err
+    for kwargs, why in (("[1, 2]", "expected a JSON object"), ("{bad", "not valid JSON")):
+        with pytest.raises(SystemExit):
+            main(["train", "ppo", "--env-kwargs", kwargs, "--no-progress"])
+        assert why in capsys.readouterr().err

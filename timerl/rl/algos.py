@@ -8,7 +8,7 @@ metric tensors over ``i`` and the bounds to compile with. Dims: ``i`` training i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -74,6 +74,8 @@ class AlgoConfig:
         "hidden": WIDTHS,
         "max_grad_norm": POSITIVE.optional(),
         "seed": at_least(0),
+        "env_id": Rule(lambda v: isinstance(v, str) and bool(v), "an environment id"),
+        "env_kwargs": Rule(lambda v: isinstance(v, Mapping), "a mapping of keyword arguments"),
     }
 
     env_id: str = "CartPole-v1"

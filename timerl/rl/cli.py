@@ -57,6 +57,19 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
         return super()._get_help_string(action)
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """``--env-kwargs``: a JSON object (the keyword arguments), nothing else."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{{\"obs_shape\": [3, 64, 64]}}', got {text!r}"
+        )
+    return value
+
+
 def _bool(text: str) -> bool:
     low = text.lower()
     if low in ("1", "true", "yes", "on"):
@@ -134,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--env-kwargs",
-        type=json.loads,
+        type=_json_object,
         default=None,
         help="JSON keyword arguments for the environment, e.g. '{\"obs_shape\": [3, 64, 64]}' "
         "(default: none)",
