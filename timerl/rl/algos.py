@@ -57,8 +57,8 @@ FINITE = Rule(_real, "a finite number")
 FRACTION = Rule(lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]")
 STEP_FRACTION = Rule(lambda v: _real(v) and 0 < v <= 1, "a number in (0, 1]")
 WIDTHS = Rule(
-    lambda v: len(v) > 0 and all(at_least(1).test(n) for n in v),
-    "one or more positive integers (layer widths)",
+    lambda v: isinstance(v, (tuple, list)) and all(at_least(1).test(n) for n in v),
+    "a sequence of positive integers (hidden layer widths; empty for a linear policy)",
 )
 
 

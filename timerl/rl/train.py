@@ -140,7 +140,9 @@ def make_config(algo: str, config: dict[str, Any]) -> AlgoConfig:
     unknown = set(config) - names
     if unknown:
         raise ProgramError(f"{algo}: unknown hyper-parameters {sorted(unknown)}")
-    return cls(**{k: (tuple(v) if k == "hidden" else v) for k, v in config.items()})
+    return cls(
+        **{k: (tuple(v) if k == "hidden" and isinstance(v, list) else v) for k, v in config.items()}
+    )
 
 
 def build(algo: str, config: dict[str, Any]) -> AlgoProgram:
