@@ -235,3 +235,25 @@ def test_torch_takes_host_arrays_as_they_are_and_gives_them_back_the_same():
     reversed_ = np.arange(4, dtype=np.int64)[::-1]
     for odd in (frozen, reversed_, np.array([1, 2], dtype=np.uint16)):
         np.testing.assert_array_equal(be.to_numpy(be.asarray(odd)), odd)
+
+
+def test_thread_caps_find_the_libraries_once_until_a_module_is_imported(monkeypatch):
+    """A run caps BLAS to the backend's threads without walking every loaded library again
+    (``threadpool_limits`` does, 0.1-0.8 ms a run); an import may load a library, so then
+    they are found afresh."""
+    from threadpoolctl import threadpool_info
+
+    import timerl.runtime.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "_CONTROLLER", [])
+    with backend_module.math_threads(1):
+        blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+        assert blas and all(i["num_threads"] == 1 for i in blas)
+    first = backend_module._CONTROLLER[0][0]
+    with NumpyBackend().active():
+        pass
+    assert backend_module._CONTROLLER[0][0] is first
+    monkeypatch.setitem(sys.modules, "_timerl_new_module", type(sys)("_timerl_new_module"))
+    with NumpyBackend().active():
+        pass
+    assert backend_module._CONTROLLER[0][0] is not first

@@ -441,7 +441,7 @@ class Executor:
         """Generate the code a run will execute now, so that the first iteration does not pay
         for it (``hooked``: the run will start mid-way or call iteration hooks)."""
         with self.backend.active():
-            pass  # the first thread limits scan the loaded libraries (threadpoolctl): 3 ms
+            pass  # finds the math libraries to cap (backend.math_threads): the run reuses them
         if self.compiled and hooked not in self._generated:
             outer = self.outer_loop() if hooked else None
             gen = CodeGen(

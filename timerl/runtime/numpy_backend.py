@@ -14,7 +14,7 @@ import numpy as np
 
 from timerl.errors import BackendError
 from timerl.ir import prims
-from timerl.runtime.backend import Backend
+from timerl.runtime.backend import Backend, math_threads
 
 # ufuncs that write into ``out=``: the reference semantics of these primitives, computed in
 # the buffer of an input that dies at the op (same shape and dtype, see compiler/donation.py)
@@ -51,9 +51,7 @@ class NumpyBackend(Backend):
         if self.threads is None:
             yield
             return
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=self.threads):
+        with math_threads(self.threads):
             yield
 
     def has_lowering(self, prim: str) -> bool:

@@ -21,7 +21,7 @@ import torch  # noqa: E402 - after the allocator's setting above
 
 from timerl.errors import BackendError
 from timerl.runtime import torch_lowering
-from timerl.runtime.backend import Backend
+from timerl.runtime.backend import Backend, math_threads
 from timerl.runtime.torch_lowering import DONATING, LOWERINGS, torch_dtype
 
 
@@ -101,9 +101,7 @@ class TorchBackend(Backend):
         # large CPU products may run on numpy's BLAS (``torch_lowering``): the same thread cap
         blas: Any = contextlib.nullcontext()
         if torch_lowering.NUMPY_PRODUCTS and self._dev.type == "cpu" and self.threads is not None:
-            from threadpoolctl import threadpool_limits
-
-            blas = threadpool_limits(limits=self.threads, user_api="blas")
+            blas = math_threads(self.threads, user_api="blas")
         # inference mode, not only no_grad: timerl differentiates its own graph, never through
         # torch's autograd, and without version counters and view tracking each small op is
         # about 10% cheaper
