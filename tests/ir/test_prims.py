@@ -35,8 +35,9 @@ def bools(*shape: int) -> np.ndarray:
 
 
 # name -> list of (inputs, attrs): small inputs covering each primitive's attribute forms
-POS = {"log", "sqrt"}  # defined on positive inputs only
+POS = {"log", "sqrt", "lgamma", "digamma", "trigamma"}  # on positive inputs here
 UNARY = ["neg", "exp", "log", "tanh", "sigmoid", "sqrt", "abs", "sign", "sin", "cos", "floor"]
+UNARY += ["lgamma", "digamma", "trigamma"]
 BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne"]
 
 

@@ -104,6 +104,75 @@ class TanhNormal:
         return self._squash(self.base.mean)
 
 
+class Beta:
+    """Independent Beta(a, b) on (0, 1), elementwise: a policy over bounded actions (scale a
+    sample to the box), and the proposals graphopt's policy gives BRKGA.
+
+    ``sample`` draws each Gamma variate by Marsaglia and Tsang's method with a fixed number of
+    tries (``TRIES``, taking the first accepted; the chance that all are rejected is below
+    1e-11 a variate, and then the last try is kept), boosted by ``U^(1/a)`` so shapes below 1
+    work too; ``Beta = X / (X + Y)``. A pure function of the program's seed and the point, as
+    every random op."""
+
+    TRIES = 8
+
+    def __init__(self, a: RecurrentTensor, b: RecurrentTensor) -> None:
+        self.a = a
+        self.b = b
+
+    def _log_norm(self) -> RecurrentTensor:
+        """``log B(a, b)``."""
+        return self.a.lgamma() + self.b.lgamma() - (self.a + self.b).lgamma()
+
+    def log_prob(self, value: RecurrentTensor) -> RecurrentTensor:
+        return (
+            (self.a - 1.0) * value.log() + (self.b - 1.0) * (1.0 - value).log() - self._log_norm()
+        )
+
+    def entropy(self) -> RecurrentTensor:
+        total = self.a + self.b
+        return (
+            self._log_norm()
+            - (self.a - 1.0) * self.a.digamma()
+            - (self.b - 1.0) * self.b.digamma()
+            + (total - 2.0) * total.digamma()
+        )
+
+    @property
+    def mean(self) -> RecurrentTensor:
+        return self.a / (self.a + self.b)
+
+    def sample(self) -> RecurrentTensor:
+        x = _gamma_sample(self.a.detach(), self.TRIES)
+        y = _gamma_sample(self.b.detach(), self.TRIES)
+        return x / (x + y)
+
+
+def _gamma_sample(shape: RecurrentTensor, tries: int) -> RecurrentTensor:
+    """Gamma(shape, 1) variates of ``shape``'s shape (Marsaglia-Tsang at ``shape + 1``, then
+    times ``U^(1 / shape)``)."""
+    from timerl.api.tensor import where
+
+    dims = tuple(shape.view.shape)
+    d = shape + (1.0 - 1.0 / 3.0)
+    c = 1.0 / (d * 9.0).sqrt()
+    out = accepted = None
+    for _ in range(tries):  # the first accepted try; the last one if none is
+        x = randn(dims, like=shape)
+        u = rand(dims, like=shape)
+        v = (x * c + 1.0) ** 3.0
+        positive = v.clamp(min=1e-30)
+        ok = (v > 0.0) & (u.log() < x * x * 0.5 + d - d * positive + d * positive.log())
+        value = d * positive
+        if out is None:
+            out, accepted = value, ok
+        else:
+            out = where(accepted, out, value)
+            accepted = accepted | ok
+    boost = rand(dims, like=shape).clamp(min=1e-30) ** (1.0 / shape)
+    return out * boost
+
+
 def _const(value: np.ndarray, like: RecurrentTensor) -> RecurrentTensor | float:
     if value.ndim == 0:
         return float(value)

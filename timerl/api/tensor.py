@@ -328,6 +328,18 @@ class RecurrentTensor:
     def floor(self):
         return self._unary("floor")
 
+    def lgamma(self):
+        """``log |Gamma(x)|`` (its gradient is ``digamma``)."""
+        return self._unary("lgamma")
+
+    def digamma(self):
+        """The derivative of ``lgamma`` (its gradient is ``trigamma``)."""
+        return self._unary("digamma")
+
+    def trigamma(self):
+        """The derivative of ``digamma``; it has no gradient of its own."""
+        return self._unary("trigamma")
+
     def square(self):
         return self * self
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from timerl.errors import ShapeError
-from timerl.ir import counter_rng, rowwise
+from timerl.errors import ProgramError, ShapeError
+from timerl.ir import counter_rng, rowwise, special
 from timerl.ir.rowwise import RowSource
 from timerl.ir.shapes import ONE, broadcast, norm_axis, promote
 from timerl.symbolic import Const, Expr, as_expr
@@ -194,6 +194,18 @@ _unary(
     np.cos,
     lambda ap, op, i, o, g: [ap("neg", ap("mul", g, ap("sin", i[0])))],
 )
+_unary("lgamma", special.lgamma, lambda ap, op, i, o, g: [ap("mul", g, ap("digamma", i[0]))])
+_unary("digamma", special.digamma, lambda ap, op, i, o, g: [ap("mul", g, ap("trigamma", i[0]))])
+
+
+def _no_tetragamma(ap, op, i, o, g):
+    raise ProgramError(
+        f"{op.where()}: trigamma has no gradient here (its derivative, the tetragamma "
+        "function, is not implemented)"
+    )
+
+
+_unary("trigamma", special.trigamma, _no_tetragamma)
 _unary("logical_not", np.logical_not, None, _bool_same)
 _unary("floor", np.floor, lambda ap, op, i, o, g: [None], _same)
 

@@ -25,7 +25,8 @@ Each update also scores the batches of the last ``replay`` iterations again, rea
 ``max(i - k, 0)``, weighted by their clipped importance ratios.
 
 The imitation warm start is the same network under ``graphopt.imitate``'s loss (``phase``
-"imitate"). Not carried over from ``graphopt.train``: the decode reward. The parameters have
+"imitate"). Not carried over from ``graphopt.train``: the decode reward (the Beta density it
+needs is ``api.distributions.Beta``; the phase itself is not written yet). The parameters have
 the weights file's names, so ``export_weights`` writes what ``timerl graphopt optimize
 --weights`` reads.
 """

@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special
 import numpy as np
 
 from timerl.ir import counter_rng
@@ -64,6 +65,9 @@ for _name, _fn in [
     ("cos", jnp.cos),
     ("logical_not", jnp.logical_not),
     ("floor", jnp.floor),
+    ("lgamma", jax.scipy.special.gammaln),
+    ("digamma", jax.scipy.special.digamma),
+    ("trigamma", lambda x: jax.scipy.special.polygamma(1, x)),
     ("add", jnp.add),
     ("sub", jnp.subtract),
     ("mul", jnp.multiply),
