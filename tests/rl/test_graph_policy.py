@@ -12,11 +12,11 @@ import pytest
 import timerl as tl
 from timerl.cli import main
 from timerl.errors import GraphError
-from timerl.graphopt.policy import PolicyWeights, used_columns
+from timerl.graphopt.policy import PolicyWeights, key_columns, used_columns
 from timerl.graphopt.random_graph import random_graph
 from timerl.rl.checkpoint import resume_margin
 from timerl.rl.graph_env import GraphPolicyConfig, GraphProblems
-from timerl.rl.graph_policy import GraphNet, policy_loss
+from timerl.rl.graph_policy import GraphNet, beta_params, decode_loss, policy_loss
 
 
 def test_padded_network_equals_graphopts_on_every_real_node(tiny_corpus):
@@ -131,8 +131,10 @@ def test_a_time_limit_writes_the_weights_reached(tiny_corpus, tmp_path):
 def test_settings_the_program_lacks_are_refused_by_name(tiny_corpus, tmp_path, capsys):
     argv = ["graphopt", "train", "--engine", "program", "--corpus", str(tiny_corpus)]
     argv += ["--out", str(tmp_path / "w.npz"), "--iterations", "1"]
-    assert main([*argv, "--reward", "decode"]) != 0
-    assert "--reward decode: not implemented by --engine program" in capsys.readouterr().err
+    assert main([*argv, "--ray-address", "auto"]) != 0
+    assert "--ray-address auto: not implemented by --engine program" in capsys.readouterr().err
+    assert main([*argv, "--reward", "decode", "--samples", "1"]) != 0
+    assert "samples must be an integer >= 2" in capsys.readouterr().err
     assert main([*argv, "--batch", "1"]) != 0
     assert "at least 2" in capsys.readouterr().err
     with pytest.raises(GraphError, match="all equal"):
@@ -242,3 +244,77 @@ def test_running_baseline_is_graphopt_trainers_running_mean():
         np.testing.assert_allclose(got[it], want, rtol=1e-6, atol=1e-7)
         for k, r in zip(picks[it], rewards[it], strict=True):
             base[k] = r if np.isnan(base[k]) else 0.9 * base[k] + 0.1 * r
+
+
+def test_decode_loss_and_its_gradient_equal_the_torch_trainers(tiny_corpus):
+    """The decode reward's loss on the same keys and rewards: per problem, the keys' Beta
+    log-density over its own genes (its nodes, its key groups) weighted by the reward
+    against its other samples, plus the entropy; ``graphopt.train.decode_loss``'s terms."""
+    torch = pytest.importorskip("torch")
+    from timerl.graphopt.train import TorchPolicy
+    from timerl.graphopt.train import beta_params as torch_beta_params
+
+    problems = GraphProblems(GraphPolicyConfig(corpus=str(tiny_corpus), num_envs=3))
+    weights = PolicyWeights.random(8, 2, seed=4)
+    ks = [0, 3, 4]  # peak memory (one key group) and running time (three): different genes
+    x, *edges, mask, cols = problems.batch_arrays(ks)
+    samples, n = 5, problems.nodes
+    rng = np.random.default_rng(2)
+    keys = rng.uniform(0.01, 0.99, (3, samples, n, 3)).astype(np.float32)
+    reward = rng.standard_normal((3, samples)).astype(np.float32)
+    entropy = 0.01
+    with tl.Context(dims=("i",)) as ctx:
+        (i,) = ctx.dims
+        net = GraphNet(weights, (i,))
+        pi = net.at(i)
+        edge_list = tuple(tl.from_numpy(a) for a in edges)
+        mean = pi.mean_action(tl.from_numpy(x), edge_list, tl.from_numpy(mask))
+        a, b = beta_params(mean)
+        loss = decode_loss(
+            a,
+            b,
+            tl.from_numpy(mask),
+            tl.from_numpy(cols),
+            tl.from_numpy(keys),
+            tl.from_numpy(reward),
+            entropy,
+        )
+        params = net.parameters()
+        loss.backward(inputs=params)
+        got = tl.evaluate([loss, *(p.grad for p in params)], bounds={"I": 1})
+
+    ref = TorchPolicy(weights)
+    want = 0.0
+    for row, k in enumerate(ks):
+        task = problems.tasks[k]
+        ta, tb = torch_beta_params(torch, ref.forward(k, task.feats), task.groups)
+        groups = [c // 2 for c in key_columns(task.groups)]
+        rows = np.concatenate([keys[row, :, : task.problem.n, g] for g in groups], axis=1)
+        r = reward[row].astype(np.float64)
+        adv = (r - r.mean()) / (r.std() + 1e-4)
+        dist = torch.distributions.Beta(ta, tb)
+        logp = dist.log_prob(torch.tensor(rows)).mean(dim=1)
+        term = (torch.tensor(adv, dtype=torch.float32) * logp).mean()
+        want = want - (term + entropy * dist.entropy().mean()) / len(ks)
+    want.backward()
+    assert math.isclose(float(got[0][0]), want.item(), rel_tol=1e-4, abs_tol=1e-6)
+    for p, g in zip(params, got[1:], strict=True):
+        grad = ref.params[p.name].grad  # None: the loss does not read it (the Gaussian's std)
+        expected = np.zeros_like(g[0]) if grad is None else grad.numpy()
+        np.testing.assert_allclose(g[0], expected, rtol=2e-3, atol=1e-6, err_msg=p.name)
+
+
+def test_the_decode_reward_trains_resumes_exactly_and_exports_weights(tiny_corpus, tmp_path):
+    decode = ("--reward", "decode", "--samples", "4")
+    _train(tiny_corpus, tmp_path / "whole.npz", 3, *decode)
+    _train(tiny_corpus, tmp_path / "cut.npz", 1, *decode)
+    _train(tiny_corpus, tmp_path / "cut.npz", 3, *decode, "--resume")
+    whole = PolicyWeights.load(tmp_path / "whole.npz")
+    cut = PolicyWeights.load(tmp_path / "cut.npz")
+    init = PolicyWeights.random(8, 2, seed=0)
+    assert any(not np.array_equal(whole.params[k], init.params[k]) for k in init.params)
+    for k in whole.params:
+        assert np.array_equal(whole.params[k], cut.params[k]), k
+    assert set(whole.meta["objectives"]) == {"peak-memory", "runtime"}
+    header, *rows = (tmp_path / "whole.run" / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 3 and "reward" in header

@@ -132,7 +132,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         choices=("torch", "program"),
         default="torch",
         help="torch: the training loop in Python and torch; program: a timerl program "
-        "(search reward; checkpoints and metrics in OUT.run/)",
+        "(checkpoints and metrics in OUT.run/)",
     )
     _workers_flags(t, "searches of an update run at a time")
     t.set_defaults(func=cmd_train, train_program=train_program)
@@ -388,10 +388,9 @@ def _train_by_program(args: argparse.Namespace) -> int:
     if args.warm_start == "imitate":
         settings["imitate_budget"] = args.imitate_budget
         settings["imitate_concentration"] = args.imitate_concentration
-    given = {
-        "reward": args.reward,
-        "ray_address": args.ray_address,
-    }
+    if args.reward == "decode":
+        settings["samples"] = args.samples
+    given = {"ray_address": args.ray_address}
     out = args.train_program(
         settings,
         iterations=args.iterations,
@@ -406,6 +405,7 @@ def _train_by_program(args: argparse.Namespace) -> int:
         targets=args.targets,
         minutes=args.minutes,
         given=given,
+        reward=args.reward,
     )
     print(f"wrote {out}")
     return 0

@@ -234,7 +234,7 @@ def proposal(action: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, n
     the decoder's layout: all priorities, then all device keys, then all swap keys). When a
     problem has swap keys but no device keys the swap group still comes from columns 4-5.
     """
-    cols = [0] if groups == 1 else ([0, 4] if groups == -2 else [0, 2, 4][:groups])
+    cols = key_columns(groups)
     a_parts, b_parts, r_parts = [], [], []
     lo, hi = BIAS_RANGE
     bias = lo + (hi - lo) * _sigmoid(action[:, 6].astype(np.float64))
@@ -252,6 +252,12 @@ def key_groups(place: bool, swaps: bool) -> int:
     if place:
         return 3 if swaps else 2
     return -2 if swaps else 1
+
+
+def key_columns(groups: int) -> list[int]:
+    """The output column of each key group's mean logit, in the decoder's order (0: the
+    priorities, 2: the device keys, 4: the swap keys); its log concentration is the next."""
+    return [0] if groups == 1 else ([0, 4] if groups == -2 else [0, 2, 4][:groups])
 
 
 def used_columns(groups: int) -> list[int]:

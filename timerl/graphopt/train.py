@@ -57,6 +57,7 @@ from timerl.graphopt.policy import (
     LOG_KAPPA_RANGE,
     OUTPUTS,
     PolicyWeights,
+    key_columns,
     key_groups,
     trained_objectives,
     used_columns,
@@ -445,7 +446,7 @@ def imitation_batch(tasks: list[Task], batch: int, rng: np.random.Generator) -> 
 
 def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
     """``proposal``'s per-gene Beta(a, b) in torch, so the keys' log-density has a gradient."""
-    cols = [0] if groups == 1 else ([0, 4] if groups == -2 else [0, 2, 4][:groups])
+    cols = key_columns(groups)
     a_parts, b_parts = [], []
     for c in cols:
         m = torch.sigmoid(action[:, c])

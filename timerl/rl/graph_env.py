@@ -6,7 +6,9 @@ features, a node mask, and the edge list with the weights that turn a sum over a
 incoming (outgoing) edges into the mean over its predecessors (successors). The search phase's step runs BRKGA steered by the sampled
 action against uniform BRKGA at the same budget and seed (in ``search_workers`` processes);
 the imitation phase's batches carry each graph's target order as padded pair indices and rank
-keys, and its score says how far above the target the mean priorities decode.
+keys, and its score says how far above the target the mean priorities decode. The decode
+phase's step decodes each sampled key vector straight into a schedule and scores it against
+the best portfolio schedule.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from timerl.errors import GraphError
 from timerl.graphopt.features import NUM_FEATURES
 from timerl.graphopt.imitate import mean_decode_gap, pair_index, rank_keys
 from timerl.graphopt.parallel import TaskPool
-from timerl.graphopt.policy import OUTPUTS, used_columns
+from timerl.graphopt.policy import OUTPUTS, key_columns, used_columns
 from timerl.graphopt.train import (
     TrainConfig,
     attach_targets,
@@ -35,7 +37,8 @@ from timerl.graphopt.train import (
 from timerl.ir.build import apply
 from timerl.rl.algos import FRACTION, NON_NEGATIVE, POSITIVE, AlgoConfig, Rule, at_least
 
-PHASES = ("search", "imitate")
+PHASES = ("search", "imitate", "decode")
+KEY_GROUPS = 3  # priority, device and swap keys: columns 0, 2 and 4 of the outputs
 
 
 @dataclass
@@ -55,6 +58,7 @@ class GraphPolicyConfig(AlgoConfig):
         "replay": at_least(0),
         "clip": POSITIVE,
         "search_workers": at_least(1),
+        "samples": at_least(2),
     }
 
     env_id: str = "graphopt-corpus"
@@ -79,6 +83,7 @@ class GraphPolicyConfig(AlgoConfig):
     replay: int = 2  # search: past iterations whose batches each update scores again
     clip: float = 0.2  # search: the importance ratio's clip (as in PPO) for replayed samples
     search_workers: int = 1  # local processes running an update's searches (same results)
+    samples: int = 16  # decode: key vectors drawn per problem and update
 
 
 def _quiet(line: str) -> None:
@@ -259,6 +264,24 @@ class GraphProblems:
         self._done.extend((100.0 * out).tolist())
         return out
 
+    def _decode(self, keys: np.ndarray, iteration: Any) -> np.ndarray:
+        """Per problem and sample, the relative improvement of the schedule the keys decode to
+        over the best portfolio schedule (``graphopt.train.decode_loss``'s reward). ``keys``
+        is (batch, samples, nodes, key group); a problem reads its own nodes and groups, laid
+        out as its decoder expects (all priorities, then the device keys, then the swaps)."""
+        ks, _ = self.picks(int(iteration))
+        out = np.zeros(keys.shape[:2], dtype=np.float32)
+        for b, k in enumerate(ks):
+            task = self.tasks[k]
+            n = task.problem.n
+            groups = [c // 2 for c in key_columns(task.groups)]
+            ref = task.reference if task.reference > 0 else 1.0
+            for s in range(keys.shape[1]):
+                row = np.concatenate([keys[b, s, :n, g] for g in groups]).astype(np.float64)
+                out[b, s] = (ref - task.problem.fitness(row)[0]) / ref
+        self._done.extend((100.0 * out.mean(1)).tolist())
+        return out
+
     # --- as program ops --------------------------------------------------------------------
     def observe(self, iteration: RecurrentTensor) -> tuple[RecurrentTensor, ...]:
         """``(x, src, dst, w_pred, w_succ, mask, cols, pick)`` of the batch at ``iteration``
@@ -302,16 +325,22 @@ class GraphProblems:
         return self._host_rows(self._score, logits, iteration, "graphs.score")
 
     def _host_rows(
-        self, fn: Any, value: RecurrentTensor, iteration: RecurrentTensor, name: str
+        self,
+        fn: Any,
+        value: RecurrentTensor,
+        iteration: RecurrentTensor,
+        name: str,
+        shape: tuple[int, ...] | None = None,
     ) -> RecurrentTensor:
-        """A host call of ``(value, iteration)`` giving one float per problem of the batch."""
+        """A host call of ``(value, iteration)`` giving floats of ``shape`` (default: one per
+        problem of the batch)."""
         ctx = current()
         view = apply(
             "udf",
             value.view,
             iteration.view,
             fn=fn,
-            shape=(self.num_envs,),
+            shape=shape or (self.num_envs,),
             dtype=np.dtype("float32"),
             effect=True,
             name=name,
@@ -333,6 +362,13 @@ class GraphProblems:
             v.op.name = f"graphs.{what}"
             outs.append(RecurrentTensor(v, ctx))
         return tuple(outs)
+
+    def decode(self, keys: RecurrentTensor, iteration: RecurrentTensor) -> RecurrentTensor:
+        """Per problem and sample (batch, samples), how much better than the best portfolio
+        schedule the sampled keys decode."""
+        return self._host_rows(
+            self._decode, keys, iteration, "graphs.decode", (self.num_envs, self.cfg.samples)
+        )
 
     def step(self, action: RecurrentTensor, iteration: RecurrentTensor) -> RecurrentTensor:
         """Per problem of the batch, the relative improvement of BRKGA steered by ``action``

@@ -25,8 +25,10 @@ Each update also scores the batches of the last ``replay`` iterations again, rea
 ``max(i - k, 0)``, weighted by their clipped importance ratios.
 
 The imitation warm start is the same network under ``graphopt.imitate``'s loss (``phase``
-"imitate"). Not carried over from ``graphopt.train``: the decode reward (the Beta density it
-needs is ``api.distributions.Beta``; the phase itself is not written yet). The parameters have
+"imitate"). The decode reward (``phase`` "decode") draws ``samples`` key vectors per problem
+from the network's own Beta proposals, has the environment decode each into a schedule and
+score it, and follows the gradient of the keys' Beta log-density weighted by each sample's
+reward against its problem's other samples, plus the Beta's entropy. The parameters have
 the weights file's names, so ``export_weights`` writes what ``timerl graphopt optimize
 --weights`` reads.
 """
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from timerl.api.context import Context, from_numpy
+from timerl.api.distributions import Beta
 from timerl.api.functional import max as max_
 from timerl.api.functional import randn
 from timerl.api.nn import Module, _param
@@ -47,7 +50,7 @@ from timerl.api.optim import Adam
 from timerl.api.tensor import RecurrentTensor, cat, full, minimum, where
 from timerl.errors import GraphError
 from timerl.graphopt.imitate import log_concentration
-from timerl.graphopt.policy import BASE_KAPPA, PolicyWeights, trained_objectives
+from timerl.graphopt.policy import BASE_KAPPA, LOG_KAPPA_RANGE, PolicyWeights, trained_objectives
 from timerl.graphopt.train import LOG_STD_RANGE
 from timerl.rl.algos import AlgoProgram
 from timerl.rl.graph_env import GraphPolicyConfig, GraphProblems
@@ -121,6 +124,8 @@ def graph_policy(config: GraphPolicyConfig | None = None, **overrides: Any) -> A
         pi = net.at(i)
         if cfg.phase == "imitate":
             loss, metrics = _imitation(problems, pi, iteration, cfg)
+        elif cfg.phase == "decode":
+            loss, metrics = _decode(problems, pi, iteration, cfg)
         else:
             loss, metrics = _search(problems, pi, iteration, cfg, i)
         params = net.parameters()
@@ -180,6 +185,56 @@ def _search(
         "advantage": adv.mean(),
     }
     return loss, metrics
+
+
+def _decode(
+    problems: GraphProblems, pi: GraphNet, iteration: RecurrentTensor, cfg: GraphPolicyConfig
+) -> tuple[RecurrentTensor, dict[str, RecurrentTensor]]:
+    x, src, dst, w_pred, w_succ, mask, cols, _ = problems.observe(iteration)
+    mean = pi.mean_action(x, (src, dst, w_pred, w_succ), mask)
+    a, b = beta_params(mean)
+    batch, nodes, groups = a.shape
+    drawn = (batch, cfg.samples, nodes, groups)
+    keys = Beta(a.detach().unsqueeze(1).expand(drawn), b.detach().unsqueeze(1).expand(drawn))
+    keys = keys.sample().clamp(1e-6, 1.0 - 1e-6).named("keys")
+    reward = problems.decode(keys, iteration).named("reward")
+    loss = decode_loss(a, b, mask, cols, keys, reward, cfg.entropy)
+    return loss, {"loss": loss, "reward": reward.mean()}
+
+
+def beta_params(mean: RecurrentTensor) -> tuple[RecurrentTensor, RecurrentTensor]:
+    """Each key group's Beta(a, b) per node, (batch, nodes, 3): ``graphopt.policy.proposal``
+    on the padded batch (a group a problem does not use is masked out by the losses)."""
+    logits = cat([mean.narrow(-1, c, 1) for c in (0, 2, 4)], dim=-1)
+    log_kappa = cat([mean.narrow(-1, c + 1, 1) for c in (0, 2, 4)], dim=-1)
+    m = logits.sigmoid()
+    kappa = log_kappa.clamp(*LOG_KAPPA_RANGE).exp() * BASE_KAPPA
+    return (m * kappa).clamp(min=1e-3), ((1.0 - m) * kappa).clamp(min=1e-3)
+
+
+def decode_loss(
+    a: RecurrentTensor,
+    b: RecurrentTensor,
+    mask: RecurrentTensor,
+    cols: RecurrentTensor,
+    keys: RecurrentTensor,
+    reward: RecurrentTensor,
+    entropy: float,
+) -> RecurrentTensor:
+    """``graphopt.train.decode_loss`` over a padded batch: per problem, the mean over its
+    samples of the keys' log-density (a mean over the problem's genes) times the sample's
+    reward less its problem's mean, over their spread; plus ``entropy`` times the Beta's mean
+    entropy over the genes."""
+    r = reward.detach()
+    centred = r - r.mean(1, keepdim=True)
+    adv = centred / (r.std(1, keepdim=True, unbiased=False) + 1e-4)
+    used = cat([cols.narrow(-1, c, 1) for c in (0, 2, 4)], dim=-1)  # (batch, 3)
+    genes = mask.unsqueeze(-1) * used.unsqueeze(1)  # (batch, nodes, 3)
+    per_gene = Beta(a.unsqueeze(1), b.unsqueeze(1)).log_prob(keys)
+    count = genes.sum((1, 2))
+    logp = (per_gene * genes.unsqueeze(1)).sum((2, 3)) / count.unsqueeze(-1)
+    spread = (Beta(a, b).entropy() * genes).sum((1, 2)) / count
+    return -((adv * logp).mean(1) + spread * entropy).mean()
 
 
 def running_baseline(reward: RecurrentTensor, pick: RecurrentTensor, i: Dim) -> RecurrentTensor:
@@ -288,7 +343,7 @@ def export_weights(params: dict[str, np.ndarray], cfg: GraphPolicyConfig, out: P
         {
             "trained": True,
             "trainer": "timerl program",
-            "objectives": list(trained_objectives(cfg.phase == "search", cfg.runtime_share)),
+            "objectives": list(trained_objectives(cfg.phase != "imitate", cfg.runtime_share)),
         },
     )
     expected = PolicyWeights.random(cfg.hidden[0], len(cfg.hidden)).params

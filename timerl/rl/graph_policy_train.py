@@ -4,8 +4,9 @@ progress, metrics log, checkpoints, resume, Ctrl-C), then written as a weights f
 
 With ``--warm-start imitate`` two programs run one after the other, each in a folder of its
 own under the run folder: the imitation program (``imitate/``), whose weights, their priority
-logits scaled by ``--imitate-scale``, start the search program (``search/``). A resumed run
-continues the phase it stopped in and skips a phase already done."""
+logits scaled by ``--imitate-scale``, start the reward program (``search/``, or ``decode/``
+with ``--reward decode``). A resumed run continues the phase it stopped in and skips a phase
+already done."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from timerl.rl.train import make_config, train
 
 #: ``graphopt train`` settings the program does not implement, with the value it needs
 UNSUPPORTED = {
-    "reward": "search",
     "ray_address": None,
 }
+REWARDS = ("search", "decode")  # graphopt.train's rewards, each the program phase of its name
 
 
 def train_program(
@@ -42,6 +43,7 @@ def train_program(
     targets: Path | None = None,
     minutes: float | None = None,
     given: dict[str, Any] | None = None,
+    reward: str = "search",
 ) -> Path:
     """Train (``run_dir``, default ``OUT.run``, holds checkpoints and metrics logs) and write
     the final weights to ``out``. ``given`` are the other ``graphopt train`` settings; one the
@@ -54,6 +56,8 @@ def train_program(
             raise GraphError(
                 f"{flag} {value}: not implemented by --engine program (the torch engine has it)"
             )
+    if reward not in REWARDS:
+        raise GraphError(f"--reward {reward!r}: choose from {', '.join(REWARDS)}")
     if warm_start not in ("none", "imitate"):
         raise GraphError(f"--warm-start {warm_start!r}: choose none or imitate")
     if warm_start == "imitate" and not 0 < imitate_scale <= 1:
@@ -80,9 +84,9 @@ def train_program(
         if iterations == 0:
             return export_weights(params, cfg, out)
         start = export_weights(params, cfg, run_dir / "imitated.npz")
-    search = {**settings, "phase": "search", "init": str(start) if start else ""}
-    folder = run_dir / "search" if warm_start == "imitate" else run_dir
-    params, cfg, _ = _phase(search, iterations, folder, **options)
+    rewarded = {**settings, "phase": reward, "init": str(start) if start else ""}
+    folder = run_dir / reward if warm_start == "imitate" else run_dir
+    params, cfg, _ = _phase(rewarded, iterations, folder, **options)
     return export_weights(params, cfg, out)
 
 
