@@ -4,6 +4,7 @@ resumes exactly and exports weights that ``graphopt optimize`` reads."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -36,6 +37,18 @@ def test_padded_network_equals_graphopts_on_every_real_node(tiny_corpus):
         np.testing.assert_allclose(got[b, : task.problem.n], want, rtol=1e-4, atol=1e-5)
 
 
+@contextlib.contextmanager
+def _network_on(weights, x, edges, mask):
+    """An active context over ``i`` with ``weights``' network, the network at ``i`` and its
+    mean action on a padded batch: ``(net, pi, mean)``."""
+    with tl.Context(dims=("i",)) as ctx:
+        (i,) = ctx.dims
+        net = GraphNet(weights, (i,))
+        pi = net.at(i)
+        edge_list = tuple(tl.from_numpy(a) for a in edges)
+        yield net, pi, pi.mean_action(tl.from_numpy(x), edge_list, tl.from_numpy(mask))
+
+
 def test_loss_gradient_equals_the_torch_trainers(tiny_corpus):
     torch = pytest.importorskip("torch")
     from timerl.graphopt.train import TorchPolicy
@@ -48,12 +61,7 @@ def test_loss_gradient_equals_the_torch_trainers(tiny_corpus):
     z = rng.standard_normal((3, problems.nodes, 7)).astype(np.float32)
     adv = np.array([0.3, -0.1, 0.05], dtype=np.float32)
     entropy = 0.01
-    with tl.Context(dims=("i",)) as ctx:
-        (i,) = ctx.dims
-        net = GraphNet(weights, (i,))
-        pi = net.at(i)
-        edge_list = tuple(tl.from_numpy(a) for a in edges)
-        mean = pi.mean_action(tl.from_numpy(x), edge_list, tl.from_numpy(mask))
+    with _network_on(weights, x, edges, mask) as (net, pi, mean):
         loss = policy_loss(
             mean,
             pi.log_std(),
@@ -263,12 +271,7 @@ def test_decode_loss_and_its_gradient_equal_the_torch_trainers(tiny_corpus):
     keys = rng.uniform(0.01, 0.99, (3, samples, n, 3)).astype(np.float32)
     reward = rng.standard_normal((3, samples)).astype(np.float32)
     entropy = 0.01
-    with tl.Context(dims=("i",)) as ctx:
-        (i,) = ctx.dims
-        net = GraphNet(weights, (i,))
-        pi = net.at(i)
-        edge_list = tuple(tl.from_numpy(a) for a in edges)
-        mean = pi.mean_action(tl.from_numpy(x), edge_list, tl.from_numpy(mask))
+    with _network_on(weights, x, edges, mask) as (net, _, mean):
         a, b = beta_params(mean)
         loss = decode_loss(
             a,

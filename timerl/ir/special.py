@@ -11,6 +11,7 @@ the functions are infinite and the results are ``inf`` or ``nan`` as in torch).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,52 +46,71 @@ def _pole(x: np.ndarray) -> np.ndarray:
     return (x <= 0) & (x == np.floor(x))
 
 
-def _shifted(x: np.ndarray) -> np.ndarray:
-    """The arguments reflected below 0.5 (``1 - x``), then moved up by ``SHIFT``."""
-    return np.where(x < 0.5, 1.0 - x, x)
+def _evaluate(
+    x: Any,
+    asymptotic: Callable[[np.ndarray], np.ndarray],
+    recurrence: Callable[[np.ndarray], np.ndarray],
+    reflect: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    at_poles: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """What the three share: ``y`` is the argument, or ``1 - x`` below 0.5; the value at ``y``
+    is ``asymptotic(y + SHIFT) + recurrence(y)`` (the series, brought back ``SHIFT`` steps);
+    below 0.5 it becomes ``reflect(x, value at 1 - x)``; the poles get ``at_poles(x)``."""
+    x, dtype = _as_float(x)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        y = np.where(x < 0.5, 1.0 - x, x)
+        out = asymptotic(y + SHIFT) + recurrence(y)
+        out = np.where(x < 0.5, reflect(x, out), out)
+        out = np.where(_pole(x), at_poles(x), out)
+    return out.astype(dtype)
+
+
+def _steps(y: np.ndarray, term: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``sum_{k < SHIFT} term(y + k)``."""
+    return sum((term(y + k) for k in range(1, SHIFT)), term(y))
+
+
+def _lgamma_series(z: np.ndarray) -> np.ndarray:
+    return (z - 0.5) * np.log(z) - z + _HALF_LOG_2PI + _series(z, _LGAMMA, 1)
+
+
+def _log_rising(y: np.ndarray) -> np.ndarray:
+    """``-log(y (y + 1) ... (y + SHIFT - 1))``: one log of the product, not ``SHIFT``."""
+    prod = np.ones_like(y)
+    for k in range(SHIFT):
+        prod = prod * (y + k)
+    return -np.log(prod)
 
 
 def lgamma(x: Any) -> np.ndarray:
     """``log |Gamma(x)|``."""
-    x, dtype = _as_float(x)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        y = _shifted(x)
-        z = y + SHIFT
-        prod = np.ones_like(y)
-        for k in range(SHIFT):
-            prod = prod * (y + k)
-        out = (z - 0.5) * np.log(z) - z + _HALF_LOG_2PI + _series(z, _LGAMMA, 1) - np.log(prod)
-        reflected = np.log(np.pi / np.abs(np.sin(np.pi * x))) - out
-        out = np.where(x < 0.5, reflected, out)
-        out = np.where(_pole(x) | np.isposinf(x), np.inf, out)
-    return out.astype(dtype)
+    out = _evaluate(
+        x,
+        _lgamma_series,
+        _log_rising,
+        lambda x, v: np.log(np.pi / np.abs(np.sin(np.pi * x))) - v,
+        lambda x: np.full_like(x, np.inf),
+    )
+    return np.where(np.isposinf(x), np.inf, out).astype(out.dtype)  # the series gives inf - inf
 
 
 def digamma(x: Any) -> np.ndarray:
-    """``d/dx log Gamma(x)``."""
-    x, dtype = _as_float(x)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        y = _shifted(x)
-        z = y + SHIFT
-        out = np.log(z) - 0.5 / z - _series(z, _DIGAMMA, 2)
-        for k in range(SHIFT):
-            out = out - 1.0 / (y + k)
-        reflected = out - np.pi / np.tan(np.pi * x)
-        out = np.where(x < 0.5, reflected, out)
-        out = np.where(_pole(x), np.where(x == 0, -np.inf, np.nan), out)  # as torch
-    return out.astype(dtype)
+    """``d/dx log Gamma(x)``; at the poles ``-inf`` (0) or ``nan`` (below), as torch."""
+    return _evaluate(
+        x,
+        lambda z: np.log(z) - 0.5 / z - _series(z, _DIGAMMA, 2),
+        lambda y: -_steps(y, lambda t: 1.0 / t),
+        lambda x, v: v - np.pi / np.tan(np.pi * x),
+        lambda x: np.where(x == 0, -np.inf, np.nan),
+    )
 
 
 def trigamma(x: Any) -> np.ndarray:
     """``d^2/dx^2 log Gamma(x)``."""
-    x, dtype = _as_float(x)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        y = _shifted(x)
-        z = y + SHIFT
-        out = 1.0 / z + 0.5 / (z * z) + _series(z, _TRIGAMMA, 3)
-        for k in range(SHIFT):
-            out = out + 1.0 / ((y + k) * (y + k))
-        reflected = (np.pi / np.sin(np.pi * x)) ** 2 - out
-        out = np.where(x < 0.5, reflected, out)
-        out = np.where(_pole(x), np.inf, out)
-    return out.astype(dtype)
+    return _evaluate(
+        x,
+        lambda z: 1.0 / z + 0.5 / (z * z) + _series(z, _TRIGAMMA, 3),
+        lambda y: _steps(y, lambda t: 1.0 / (t * t)),
+        lambda x, v: (np.pi / np.sin(np.pi * x)) ** 2 - v,
+        lambda x: np.full_like(x, np.inf),
+    )
