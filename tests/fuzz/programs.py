@@ -20,6 +20,7 @@ switched off while looking for others; the test suite enables all of them.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ FLAGS: tuple[str, ...] = (
     "where",  # tl.where(c > 0, a, b)
     "maximum",  # tl.maximum(a, b)
     "exp",  # exp of a tanh-bounded value
+    "lgamma",  # lgamma of a sigmoid-bounded value in (0.5, 1.5) (digamma in its gradient)
     "alias",  # a derived tensor that is only a read: lag = u[tl.max(t - 1, 0)]
     "derived_slice",  # slices of non-input tensors
     "piecewise",  # x[t.eq(T - 1)] = ..; x[t < 2] = ..; x[True] = ..
@@ -225,6 +227,12 @@ class NumpyOps:
 
     tanh = staticmethod(np.tanh)
     exp = staticmethod(np.exp)
+
+    @staticmethod
+    def lgamma(x: Any) -> Any:
+        """The C library's, elementwise (numpy has none)."""
+        return np.asarray(np.frompyfunc(math.lgamma, 1, 1)(x), dtype=np.float64)
+
     sin = staticmethod(np.sin)
     maximum = staticmethod(np.maximum)
     where = staticmethod(np.where)
@@ -258,6 +266,9 @@ class TorchOps:
 
     def exp(self, x: Any) -> Any:
         return self.torch.exp(x)
+
+    def lgamma(self, x: Any) -> Any:
+        return self.torch.lgamma(x)
 
     def sin(self, x: Any) -> Any:
         return self.torch.sin(x)
@@ -416,6 +427,7 @@ class Unary(Expr):
             "tanh": lambda: xp.tanh(v),
             "sigmoid": lambda: xp.sigmoid(v),
             "exp": lambda: xp.exp(xp.tanh(v)),
+            "lgamma": lambda: xp.lgamma(xp.sigmoid(v) + 0.5),
             "neg": lambda: -v,
             "square": lambda: v * v,
             "sin": lambda: xp.sin(v),
@@ -427,6 +439,7 @@ class Unary(Expr):
             "tanh": lambda: v.tanh(),
             "sigmoid": lambda: v.sigmoid(),
             "exp": lambda: v.tanh().exp(),
+            "lgamma": lambda: (v.sigmoid() + 0.5).lgamma(),
             "neg": lambda: -v,
             "square": lambda: v * v,
             "sin": lambda: v.sin(),
@@ -438,6 +451,7 @@ class Unary(Expr):
             "tanh": f"({s}).tanh()",
             "sigmoid": f"({s}).sigmoid()",
             "exp": f"({s}).tanh().exp()",
+            "lgamma": f"(({s}).sigmoid() + 0.5).lgamma()",
             "neg": f"-({s})",
             "square": f"({s}) * ({s})",
             "sin": f"({s}).sin()",
@@ -447,7 +461,7 @@ class Unary(Expr):
         return self.x.leaves()
 
     def own_flags(self) -> set[str]:
-        return {"exp"} if self.op == "exp" else set()
+        return {self.op} if self.op in ("exp", "lgamma") else set()
 
 
 def _bshape(a: tuple, b: tuple) -> tuple:
@@ -1008,9 +1022,8 @@ class Generator:
         kind = ch.pick(kinds)
         sub = lambda: self.expr(scope, pool, depth - 1, selfreads)  # noqa: E731
         if kind == "unary":
-            ops = ["tanh", "neg", "square", "sigmoid", "sin"] + (
-                ["exp"] if self.flag("exp") else []
-            )
+            ops = ["tanh", "neg", "square", "sigmoid", "sin"]
+            ops += [op for op in ("exp", "lgamma") if self.flag(op)]
             return Unary(ch.pick(ops), sub())
         if kind == "binary":
             ops = ["add", "mul", "sub"] + (["maximum"] if self.flag("maximum") else [])

@@ -36,7 +36,7 @@ def failure(program: Program, torch_too: bool) -> Finding | None:
 
 
 # elementwise constructs every program of the per-construct table may use besides its own
-BASIC = frozenset({"spatial", "spatial_reduce", "where", "maximum", "exp"})
+BASIC = frozenset({"spatial", "spatial_reduce", "where", "maximum", "exp", "lgamma"})
 # constructs that only show up together with another one
 COMPANIONS = {
     "shift": {"piecewise"},
