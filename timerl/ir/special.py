@@ -82,8 +82,40 @@ def _log_rising(y: np.ndarray) -> np.ndarray:
     return -np.log(prod)
 
 
+def _zeta_minus_one(k_max: int, n: int = 1000) -> np.ndarray:
+    """``zeta(k) - 1`` for ``k = 2 .. k_max``: the sum over ``2 .. n``, smallest terms first,
+    plus the Euler-Maclaurin tail (its next term is below 1e-19)."""
+    k = np.arange(2, k_max + 1, dtype=np.float64)
+    head = (np.arange(n, 1, -1, dtype=np.float64)[None, :] ** -k[:, None]).sum(axis=1)
+    m = float(n)
+    tail = (
+        m ** (1 - k) / (k - 1)
+        - m**-k / 2
+        + k * m ** (-k - 1) / 12
+        - k * (k + 1) * (k + 2) * m ** (-k - 3) / 720
+    )
+    return head + tail
+
+
+_EULER_GAMMA = 0.5772156649015329
+_NEAR = 0.25  # Taylor series around 1 and 2 within this distance
+_ZM1 = _zeta_minus_one(40)  # zeta(k) - 1, k = 2 .. 40
+
+
+def _near_one_or_two(t: np.ndarray, at_two: bool) -> np.ndarray:
+    """``lgamma(1 + t)`` (or ``lgamma(2 + t)``) by its Taylor series, exact in sign and to the
+    last bits near its zeros, where the shifted series loses them to cancellation:
+    ``-gamma t + sum_k (-1)^k zeta(k) t^k / k`` (``zeta(k) - 1`` around 2)."""
+    acc = np.zeros_like(t)
+    for j in range(len(_ZM1) - 1, -1, -1):  # Horner in t, from t^40 down to t^2
+        k = j + 2
+        coef = (-1) ** k * (_ZM1[j] + (0.0 if at_two else 1.0)) / k
+        acc = (acc + coef) * t
+    return (acc + (1.0 - _EULER_GAMMA if at_two else -_EULER_GAMMA)) * t + 0.0  # no -0.0
+
+
 def lgamma(x: Any) -> np.ndarray:
-    """``log |Gamma(x)|``."""
+    """``log |Gamma(x)|``; by a Taylor series within 0.25 of its zeros at 1 and 2."""
     out = _evaluate(
         x,
         _lgamma_series,
@@ -91,7 +123,13 @@ def lgamma(x: Any) -> np.ndarray:
         lambda x, v: np.log(np.pi / np.abs(np.sin(np.pi * x))) - v,
         lambda x: np.full_like(x, np.inf),
     )
-    return np.where(np.isposinf(x), np.inf, out).astype(out.dtype)  # the series gives inf - inf
+    xs = np.asarray(x, dtype=np.float64)
+    for centre in (1.0, 2.0):
+        near = np.abs(xs - centre) < _NEAR
+        if near.any():
+            taylor = _near_one_or_two(np.where(near, xs - centre, 0.0), centre == 2.0)
+            out = np.where(near, taylor.astype(out.dtype), out)
+    return np.where(np.isposinf(xs), np.inf, out).astype(out.dtype)  # the series: inf - inf
 
 
 def digamma(x: Any) -> np.ndarray:
