@@ -4,8 +4,10 @@ the ``lgamma``, ``digamma`` and ``trigamma`` primitives).
 numpy has none of them and scipy is not a dependency. Each is computed in float64: the
 argument is moved up by ``SHIFT`` with the recurrence ``f(x) = f(x + 1) - (term at x)``, then
 the asymptotic (Stirling) series is summed at ``z >= SHIFT + 0.5``, where its next term is below
-1e-16 relative; arguments below 0.5 go through the reflection formula first. Agrees with
-scipy.special to about 1e-14 relative away from the poles (the non-positive integers, where
+1e-16 relative; arguments below 0.5 go through the reflection formula first. Near lgamma's
+zeros at 1 and 2 that difference of two numbers near 13 loses the last digits, so there
+lgamma is its Taylor series. Agrees with scipy.special to about 1e-14 relative away from the
+poles (the non-positive integers, where
 the functions are infinite and the results are ``inf`` or ``nan`` as in torch).
 """
 
