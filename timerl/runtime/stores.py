@@ -734,19 +734,21 @@ class StorePlan:
             lines.append("if M[0] > M[1]: M[1] = M[0]")
         return lines
 
-    def block_write_src(self, op: Op, var: str, name_of: Callable) -> list[str]:
-        outer = _key([name_of(d) for d in op.domain[:-1]])
+    def _row_of(self, op: Op, name_of: Callable) -> tuple[str, str, str]:
+        """Sources of ``op``'s block at its point, the row its point goes in and what marks
+        the point written there: row ``last`` and ``True`` in a block; in a ring row ``last mod
+        rows``, which records the point it holds."""
+        block = f"BL{op.id}[{_key([name_of(d) for d in op.domain[:-1]])}]"
         last = name_of(op.domain[-1])
+        if op.id in self.rings:
+            return block, f"{last} % {self.storage[op.id].extent}", last
+        return block, last, "True"
+
+    def block_write_src(self, op: Op, var: str, name_of: Callable) -> list[str]:
+        block, row, mark = self._row_of(op, name_of)
         if op.id in self.aliases:  # the row is already there: its base's row, reshaped
-            return [f"BL{op.id}[{outer}][1][{last}] = True"]
-        if op.id in self.rings:  # row ``last mod rows``, which records the point it holds
-            n = self.storage[op.id].extent
-            return [
-                f"_b = BL{op.id}[{outer}]",
-                f"_b[0][{last} % {n}] = {var}",
-                f"_b[1][{last} % {n}] = {last}",
-            ]
-        return [f"_b = BL{op.id}[{outer}]", f"_b[0][{last}] = {var}", f"_b[1][{last}] = True"]
+            return [f"{block}[1][{row}] = {mark}"]
+        return [f"_b = {block}", f"_b[0][{row}] = {var}", f"_b[1][{row}] = {mark}"]
 
     def writes_row(self, op: Op, backend: Any) -> bool:
         """Whether ``op``'s kernel writes each point into its row, on ``backend``."""
@@ -755,15 +757,8 @@ class StorePlan:
     def row_src(self, op: Op, name_of: Callable) -> tuple[str, str]:
         """The row a kernel writes ``op``'s point into (``writes_row``), and the line that
         then marks the point written."""
-        outer = _key([name_of(d) for d in op.domain[:-1]])
-        last = name_of(op.domain[-1])
-        if op.id in self.rings:
-            n = self.storage[op.id].extent
-            return (
-                f"BL{op.id}[{outer}][0][{last} % {n}]",
-                f"BL{op.id}[{outer}][1][{last} % {n}] = {last}",
-            )
-        return f"BL{op.id}[{outer}][0][{last}]", f"BL{op.id}[{outer}][1][{last}] = True"
+        block, row, mark = self._row_of(op, name_of)
+        return f"{block}[0][{row}]", f"{block}[1][{row}] = {mark}"
 
     def block_read_src(self, edge: Edge, src_of: Callable) -> str | None:
         """A row or a view of rows of one block; None for reads that span blocks."""
