@@ -302,6 +302,86 @@ def test_inputs_defined_only_where_needed_are_not_gathered(backend):
     assert "not defined at every point" in _reason(prog, "branch")
 
 
+# --- piecewise definitions ----------------------------------------------------------------------
+
+
+def _batched_op(prog, name):
+    return next(op for op in prog.compiled.spec.ops if op.name == name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_piecewise_definition_batches_as_runs_of_its_branches(backend):
+    # GAE's next value: the critic one step ahead, the bootstrap value at the last step
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        obs = tl.from_numpy(_rand(2, 7, 4, seed=30), domain=(i, t))
+        w = tl.from_numpy(_rand(4, 1, seed=31))
+        value = (obs.reshape(1, 4) @ w).reshape(()).named("value")
+        last = (obs[i, big_t - 1].sum() * 0.5).named("last")
+        nxt = RecurrentTensor.placeholder((), domain=(i, t), name="next_value")
+        nxt[t.eq(big_t - 1)] = last
+        nxt[True] = value[i, t + 1]
+        total = (nxt * 2.0 - value)[i, 0:big_t].sum()
+    prog = _both([total], {}, backend)
+    assert _vectorised(prog, "next_value")
+    op = _batched_op(prog, "next_value")
+    assert op.prim == "cat" and op.domain == (i,)
+    # one run reads the batched critic from its second point on, the other broadcasts
+    assert sorted(e.src.prim for e in op.inputs) == ["expand", "narrow"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_three_runs_read_slices_of_a_recurrence(backend):
+    # the middle run reads a recurrence (not batched) one step back: a slice of its points
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 6, 3, seed=32), domain=(i, t))
+        h = RecurrentTensor.placeholder((3,), domain=(i, t), name="h")
+        h[t.eq(0)] = x
+        h[True] = h[i, t - 1] * 0.5 + x
+        p = RecurrentTensor.placeholder((3,), domain=(i, t), name="p")
+        p[t.eq(0)] = tl.ones((3,))
+        p[t.eq(big_t - 1)] = x[i, 0] * 3.0
+        p[True] = h[i, t - 1]
+        total = (p * x)[i, 0:big_t].sum()
+    prog = _both([total], {}, backend)
+    assert _vectorised(prog, "p")
+    assert "recurrence" in _reason(prog, "h")
+    assert len(_batched_op(prog, "p").inputs) == 3
+
+
+def test_piecewise_definitions_that_cannot_batch_say_why():
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        x = tl.from_numpy(_rand(2, 10, 3, seed=33), domain=(i, t))
+        first = RecurrentTensor.placeholder((3,), domain=(i, t), name="first")
+        first[i.eq(0) & t.eq(0)] = tl.zeros((3,))  # which branch depends on i
+        first[True] = x
+        even = RecurrentTensor.placeholder((3,), domain=(i, t), name="even")
+        even[(t % 2).eq(0)] = x  # ten runs
+        even[True] = x * 2.0
+        wide = RecurrentTensor.placeholder((3,), domain=(i, t), name="wide")
+        wide[t.eq(0)] = tl.zeros(())  # a branch of another shape
+        wide[True] = x
+        total = (first + even + wide)[i, 0:big_t].sum()
+    prog = _both([total], {}, "numpy")
+    assert "conditions depend on i" in _reason(prog, "first")
+    assert "alternate in 10 runs" in _reason(prog, "even")
+    assert "vectorised wide over" in " ".join(prog.report.notes)  # broadcast: an expand
+
+
+def test_a_gradient_branch_defined_at_one_point_is_not_gathered():
+    # autodiff of ``u[i, 0:1]`` places the gradient where t < 1 and zeros elsewhere: its
+    # select_at exists only at t = 0, so the merge stays in its loop (found by the fuzzer)
+    ctx, i, t, big_i, big_t = ctx_it()
+    with ctx:
+        u = tl.from_numpy(_rand(2, 2, seed=34).astype(np.float64), domain=(i, t))
+        u.requires_grad = True
+        y = u[i, 0:1].max(0)
+        (y * y).sum().backward()
+    _both([y, u.grad], {big_i: 2, big_t: 2}, "numpy")
+
+
 def test_partial_range_reader_is_declined():
     ctx, t, big_t = ctx_t()
     with ctx:

@@ -6,10 +6,16 @@ leading axis of size ``T``. It runs once, after ``a`` is complete, instead of ``
 
 An op X over ``t`` (``t`` the innermost dim of its domain) is vectorised when:
 
-- it is pure (no effect or host call; a piecewise definition only with one unconditional
-  branch; a random op draws from a key that is a pure function of its point, so it batches
-  too, except along the outermost dim) and its primitive has a batching rule below that
-  accepts its operands (a user function never has one);
+- it is pure (no effect or host call; a random op draws from a key that is a pure function
+  of its point, so it batches too, except along the outermost dim) and its primitive has a
+  batching rule below that accepts its operands (a user function never has one);
+- a piecewise definition batches when its branches' conditions mention only ``t`` and
+  static bounds, so that the branch taken at each point is known when compiling, and each
+  branch reads its source at ``t + c`` (``c`` a constant) or not along ``t`` at all: the
+  range splits into runs of points that take one branch, and the batched value is the
+  runs' slices and broadcasts laid end to end (``next_value[t] = v[t + 1]`` for ``t < T -
+  1``, ``last`` at ``T - 1`` is ``cat(v[1:T], last)``). More than ``MAX_RUNS`` runs stay in
+  the loop: a cat of many small pieces costs more than the loop saves;
 - every input is read at ``t`` itself or at an index that does not mention ``t`` (a read at
   ``t - 1`` is a recurrence), with no condition, and no temporal slice before ``t``'s axis;
 - its attributes and shape do not change with ``t``, and ``T`` is a static bound (a dim
@@ -53,9 +59,10 @@ from timerl.errors import TimerlError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, carried, consumers
 from timerl.ir.validate import _grid, exclusive_conditions, validate
-from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, vevaluate
+from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, as_expr, vevaluate
 
 MAX_BATCH_BYTES = 64 << 20  # T x bytes of one point of an op: larger batches stay in the loop
+MAX_RUNS = 8  # runs of one branch a batched piecewise definition may have
 DISABLE_ENV = "TIMERL_NO_VECTORIZE"  # set to 1 to compare against the point-by-point schedule
 
 
@@ -80,6 +87,18 @@ class Batched:
     prim: str
     attrs: dict[str, Any]
     operand_rank: int | None = None
+    runs: tuple[Run, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """Points ``lo .. hi - 1`` of the dim where a piecewise definition takes branch
+    ``branch``, which reads its source at ``dim + offset`` (None: not along the dim)."""
+
+    branch: int
+    lo: int
+    hi: int
+    offset: int | None
 
 
 @dataclass(frozen=True)
@@ -242,6 +261,63 @@ def _random(b: Batch) -> Batched:
     return Batched(b.op.prim, attrs)
 
 
+def _offset(op: Op, e: Edge, dim: Dim) -> int | None:
+    """How far along ``dim`` a branch reads its source (None: the read does not move)."""
+    k = _pos(e.src, dim)
+    for j, idx in enumerate(e.index):
+        if isinstance(idx, Slice):
+            raise Decline(f"it reads {e!r}, a temporal slice")
+        if j != k and _mentions(idx, dim):
+            raise Decline(f"it reads {e!r}: another dim's index mentions {dim.name}")
+    if k is None or not _mentions(e.index[k], dim):
+        return None
+    terms, const = e.index[k].linear()
+    if terms != {dim: 1}:
+        raise Decline(f"it reads {e!r}, not at {dim.name} plus a constant")
+    if any(_mentions(s, dim) for s in e.src.shape):
+        raise Decline(f"the shape of {e.src.label} changes along {dim.name}")
+    if View(e.src, e.index).shape != op.shape:
+        raise Decline(f"its branch {e.src.label} has another shape (it would need a broadcast)")
+    return const
+
+
+def _runs(op: Op, dim: Dim, size: int, static: dict) -> tuple[Run, ...]:
+    """The runs of points along ``dim`` that take one branch each, first to last."""
+    conds = exclusive_conditions(op)
+    allowed = {dim, *static}
+    for cond in conds:
+        if not cond.symbols() <= allowed:
+            other = sorted(s.name for s in cond.symbols() - allowed)
+            raise Decline(f"its branches' conditions depend on {', '.join(other)}")
+    env: dict = {**static, dim: np.arange(size)}
+    taken = np.full(size, -1)
+    for k, cond in reversed(list(enumerate(conds))):
+        taken[np.broadcast_to(np.asarray(vevaluate(cond, env), dtype=bool), (size,))] = k
+    if (taken < 0).any():
+        raise Decline(f"it is undefined at {dim.name} = {int(np.argmax(taken < 0))}")
+    starts = [0, *(np.flatnonzero(np.diff(taken)) + 1).tolist()]
+    if len(starts) > MAX_RUNS:
+        raise Decline(f"its branches alternate in {len(starts)} runs along {dim.name}")
+    offsets = {k: _offset(op, op.inputs[k], dim) for k in set(taken.tolist())}
+    runs = []
+    for lo, hi in zip(starts, [*starts[1:], size], strict=True):
+        k = int(taken[lo])
+        if offsets[k] is not None and not 0 <= lo + offsets[k] <= hi + offsets[k] <= size:
+            raise Decline(f"it reads {op.inputs[k]!r} outside 0..{dim.bound.name}-1")
+        runs.append(Run(k, lo, hi, offsets[k]))
+    return tuple(runs)
+
+
+def _merge_runs(op: Op, dim: Dim, size: int, static: dict) -> tuple[Batched, tuple[bool, ...]]:
+    """A piecewise definition as its runs laid end to end along a new leading axis."""
+    if any(e.src.dtype != op.dtype for e in op.inputs):
+        raise Decline("a branch has another dtype")
+    runs = _runs(op, dim, size, static)
+    offsets = {r.branch: r.offset for r in runs}
+    moving = tuple(offsets.get(k) is not None for k in range(len(op.inputs)))
+    return Batched("cat", {"axis": 0}, runs=runs), moving
+
+
 RULES: dict[str, BatchRule] = {
     "uniform": _random,
     "normal": _random,
@@ -347,6 +423,19 @@ def _in_range(op: Op, e: Edge, bounds: dict) -> bool:
     return True
 
 
+def _selects_in_range(op: Op, bounds: dict) -> bool:
+    """A select_at's point is an attribute, which validation does not see (autodiff's
+    ``g[t]`` of a gradient over ``0:1`` exists only at ``t = 0``)."""
+    index = op.attrs["index"]
+    size = View(op.inputs[0].src, op.inputs[0].index).shape[0]
+    try:
+        at = np.asarray(vevaluate(as_expr(index), _grid(op.domain, bounds)))
+        n = int(size.evaluate(bounds))
+    except (KeyError, TimerlError):
+        return False
+    return bool(np.all((at >= 0) & (at < n)))
+
+
 def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
     """Ops that can be computed at every point of their domain (every read in range, every
     piecewise op defined), their inputs included. A batched op reads its inputs over the
@@ -354,6 +443,9 @@ def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
     that reads ``u[t + 1]`` exists only for ``t < T - 1``): only total inputs are gathered."""
     bad: list[Op] = []
     for op in ops:
+        if op.prim == "select_at" and not _selects_in_range(op, bounds):
+            bad.append(op)
+            continue
         if op.prim != "merge" and all(_in_range(op, e, bounds) for e in op.inputs):
             continue
         try:  # guards are not set yet: this checks every point of the domain
@@ -370,12 +462,17 @@ def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
             # (``h[t + 1] = f(u[t + 1])`` reads f's op at t - 1 for t >= 1, never at T - 1
             # where f reads past the end), so such a read is taken as defined: the branch's
             # condition is what the program wrote to keep the read in range
-            bad.extend(
-                r
-                for r, e in readers[op.id]
-                if not (prims.get(r.prim).traits.piecewise and e.cond != TRUE)
-            )
+            bad.extend(r for r, e in readers[op.id] if not _guarded_branch(r, e))
     return out
+
+
+def _guarded_branch(reader: Op, edge: Edge) -> bool:
+    """The edge is a branch of a piecewise op that applies at some points only (the last,
+    unconditional branch of ``h[t == 0] = x; h[True] = f(h[t - 1])`` applies at t >= 1)."""
+    if not prims.get(reader.prim).traits.piecewise:
+        return False
+    k = next(j for j, e in enumerate(reader.inputs) if e is edge)
+    return exclusive_conditions(reader)[k] != TRUE
 
 
 def _operands(op: Op, dim: Dim) -> tuple[bool, ...]:
@@ -408,10 +505,11 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
     if op.id in roots:
         raise Decline("it is an output, effect or stop condition of the program")
     one_branch = traits.piecewise and len(op.inputs) == 1 and op.inputs[0].cond == TRUE
-    if op.effect or traits.host or traits.constant or (traits.piecewise and not one_branch):
+    if op.effect or traits.host or traits.constant:
         kind = "a side effect" if op.effect else ("a user function" if traits.host else None)
-        kind = kind or ("a piecewise definition" if traits.piecewise else "a constant")
-        raise Decline(f"it is {kind}")
+        raise Decline(f"it is {kind or 'a constant'}")
+    if traits.piecewise and not one_branch and spec.dims and dim is spec.dims[0]:
+        raise Decline("it is a piecewise definition along the outermost dim")
     if traits.random and spec.dims and dim is spec.dims[0]:
         raise Decline(
             "it is random along the outermost dim: batched, every iteration's numbers would be "
@@ -434,6 +532,8 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
         raise Decline("its shape is not static")
     if nbytes * size > MAX_BATCH_BYTES:
         raise Decline(f"the batch ({nbytes * size} bytes) exceeds {MAX_BATCH_BYTES} bytes")
+    if traits.piecewise and not one_branch:
+        return _merge_runs(op, dim, size, {b: v for b, v in spec.static.items()})
     batched = _operands(op, dim)
     shapes = tuple(View(e.src, e.index).shape for e in op.inputs)
     answer = rule(Batch(op, batched, shapes, dim, size))
@@ -488,6 +588,16 @@ def _gathered_total(x: Op, chosen: dict[int, Any], total: set[int]) -> list[str]
     return []
 
 
+def _run_sources(x: Op, chosen: dict[int, Any]) -> list[str]:
+    """A run of a batched piecewise definition reads its source along the dim: as a slice of
+    the source's points, or of its batched value when that is batched along the same dim."""
+    dim = x.domain[-1]
+    for e, moving in zip(x.inputs, chosen[x.id][1], strict=True):
+        if moving and e.src.id in chosen and e.src.domain[-1] is not dim:
+            return [f"it reads {e!r}, batched along {e.src.domain[-1].name}"]
+    return []
+
+
 def _whole_chain(x: Op, chosen: dict[int, Any]) -> list[str]:
     """Along the outermost dim only chains that start from values fixed before the loop are
     batched: gathering a value its loop computes would split that loop in two, and iteration
@@ -528,6 +638,7 @@ def plan(spec: ProgramSpec) -> tuple[dict[int, tuple[Batched, tuple[bool, ...]]]
                 continue
             reasons = itertools.chain(
                 _gathered_total(op, chosen, total),
+                _run_sources(op, chosen) if chosen[op.id][0].runs else (),
                 (_reader_ok(op, r, e, chosen, bounds) for r, e in readers[op.id]),
             )
             if op.domain[-1] is outer:
@@ -646,6 +757,9 @@ class _Rewriter:
                 new.inputs = [self.edge(op, e)[0] for e in op.inputs]
                 continue
             batched = self.chosen[op.id][0]
+            if batched.runs:
+                new.inputs = [self._run(new, op, run) for run in batched.runs]
+                continue
             rank = batched.operand_rank
             inputs = []
             for e in op.inputs:
@@ -656,6 +770,45 @@ class _Rewriter:
                 inputs.append(edge)
             new.inputs = inputs
         return [self.new[op.id] for op in self.spec.ops] + self.extra
+
+    def _run(self, reader: Op, op: Op, run: Run) -> Edge:
+        """One run of a batched piecewise definition: its branch's points ``lo + offset ..
+        hi + offset`` (a view of a batched source, or a slice of the source's points), or
+        the branch's one value broadcast over the run."""
+        e = op.inputs[run.branch]
+        length = run.hi - run.lo
+        shape = (Const(length), *op.shape)
+        if run.offset is None:
+            edge = self.edge(op, e)[0]
+            src: Op = Op(
+                prim="expand",
+                domain=reader.domain,
+                shape=shape,
+                dtype=op.dtype,
+                inputs=[Edge(edge.src, edge.index)],
+                attrs={"shape": shape},
+                name=f"{e.src.label}+{length}",
+            )
+        elif e.src.id in self.chosen:
+            rest = tuple(e.index[:-1])
+            target = self.new[e.src.id]
+            if length == self.spec.static[op.domain[-1].bound]:
+                return Edge(target, rest)
+            src = Op(
+                prim="narrow",
+                domain=self._dims(rest),
+                shape=shape,
+                dtype=op.dtype,
+                inputs=[Edge(target, rest)],
+                attrs={"axis": 0, "start": run.lo + run.offset, "length": length},
+                name=f"{e.src.label}[{run.lo + run.offset}:{run.hi + run.offset}]",
+            )
+        else:
+            k = _pos(e.src, op.domain[-1])
+            part = Slice(Const(run.lo + run.offset), Const(run.hi + run.offset))
+            return Edge(self.new[e.src.id], (*e.index[:k], part, *e.index[k + 1 :]))
+        self.extra.append(src)
+        return Edge(src, src.domain)
 
     def _pad(self, reader: Op, edge: Edge, point: Shape, rank: int) -> Edge:
         """A batched operand with singleton axes after the batch axis, up to ``rank``."""
