@@ -18,7 +18,7 @@ import itertools
 import linecache
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
 from timerl.runtime.stores import RowStore, StorePlan
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
-from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol
+from timerl.symbolic import TRUE, Bound, Condition, Const, Dim, Expr, Slice, Symbol
 
 UNBOUNDED = 2**62
 _SOURCES = itertools.count()  # numbers the generated sources registered in linecache
@@ -73,6 +73,18 @@ class _Names:
         return item.source(self.sym)
 
 
+@dataclass(eq=False)
+class _Hoist:
+    """A loop being emitted: what its body changes, and the reads it makes once before it."""
+
+    loop: Loop
+    at: int  # where in the generated lines the loop starts
+    points: set[int] = field(default_factory=set)  # point stores written, freed or swapped
+    blocks: set[int] = field(default_factory=set)  # blocks allocated, freed or swapped
+    reads: dict[tuple[str, str], str] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+
 class CodeGen:
     """Generates ``run(stores, meter, ctl)`` for one schedule on one backend."""
 
@@ -111,6 +123,10 @@ class CodeGen:
         self.read_through: Callable[[Edge, str], str] | None = None
         self._reads: dict[tuple, str] = {}  # (op id, index) -> the source that reads it
         self.locals = self._local_ops()
+        # loops (innermost last) whose invariant reads are being read once, before the loop
+        self._hoists: list[_Hoist] = []
+        self._hoist_names = itertools.count()
+        self.plan.entry_src = self._block_entry
         # runs of pure statements compiled as one function, on backends that can (jax)
         self.fusion = Fusion(self) if backend.fuses else None
         # whole loops as one compiled call, on backends that can trace a loop (jax)
@@ -191,11 +207,16 @@ class CodeGen:
         """The source of the value ``edge`` reads, through ``read_through`` when set (a
         region run as numpy kernels converts what it reads from outside)."""
         src = self._read_src(edge)
-        return src if self.read_through is None else self.read_through(edge, src)
+        if self.read_through is not None:
+            return self.read_through(edge, src)
+        return self._point_read(edge, src)
 
     def _read_src(self, edge: Edge) -> str:
         """One source per distinct read: a slice read twice (a rollout's rows read by two
-        ops of one region) is one gather, which a region passes once."""
+        ops of one region) is one gather, which a region passes once. Without regions a
+        source may be a local read before the loop being emitted, valid in that loop only."""
+        if self.fusion is None:
+            return self._new_read_src(edge)
         key = (
             edge.src.id,
             tuple(
@@ -250,6 +271,84 @@ class CodeGen:
             "EMPTYAT", lambda shape: lambda after: backend.zeros(after + shape, dtype)
         )
         return f"{gather}(S{src.id}, ({', '.join(axes)},), {kinds}, empty={make}(({shape},)))"
+
+    # --- reads a loop does not change, read once before it ---------------------------------------
+    def _invariant(self, op_id: int, dims: frozenset, block: bool) -> _Hoist | None:
+        """The innermost loop being emitted, if a read of ``op_id`` at a key over ``dims``
+        gives the same value at each of its iterations: the key does not move with the loop,
+        and nothing in the loop writes, frees or swaps that store's entries (a block's entry
+        is only replaced by an allocation, a free or a swap: writing its rows keeps it)."""
+        if not self._hoists:
+            return None
+        frame = self._hoists[-1]
+        if frame.loop.dim in dims or op_id in (frame.blocks if block else frame.points):
+            return None
+        return frame
+
+    def _hoisted(self, frame: _Hoist, store: str, key: str) -> str:
+        found = frame.reads.get((store, key))
+        if found is None:
+            # ``get``: the loop may not run, or read it only under a guard that never holds
+            found = frame.reads[(store, key)] = f"_h{next(self._hoist_names)}"
+            frame.lines.append(f"{found} = {store}.get({key})")
+        return found
+
+    def _point_read(self, edge: Edge, src: str) -> str:
+        """``S{id}[key]``, or the local it was read into before the loop."""
+        op = edge.src
+        if (
+            op.id in self.locals
+            or op.id in self.plan.blocks
+            or any(isinstance(i, Slice) for i in edge.index)
+        ):
+            return src
+        dims = frozenset(x for i in edge.index for x in i.symbols() if isinstance(x, Dim))
+        frame = self._invariant(op.id, dims, block=False)
+        if frame is None:
+            return src
+        key = self.key_src([self.names.src(i) for i in edge.index])
+        assert src == f"S{op.id}[{key}]", src
+        return self._hoisted(frame, f"S{op.id}", key)
+
+    def _block_entry(self, op_id: int, key: str, dims: frozenset) -> str:
+        """``BL{id}[key]`` (a block's rows and marks at an outer point), or its local."""
+        frame = self._invariant(op_id, dims, block=True)
+        if frame is None or op_id in self.plan.rings or self.plan.storage[op_id].streamed:
+            return f"BL{op_id}[{key}]"
+        return self._hoisted(frame, f"BL{op_id}", key)
+
+    def _enter(self, loop: Loop) -> _Hoist:
+        """What ``loop``'s body changes: the stores it writes, frees or swaps, and the blocks
+        its inner loops allocate (a block's own loop allocates it before it starts)."""
+        frame = _Hoist(loop, at=len(self.lines))
+        nested = False
+
+        def visit(body: list[Stmt]) -> None:
+            nonlocal nested
+            for st in body:
+                if isinstance(st, Loop):
+                    frame.blocks.update(op.id for op in self.plan.allocated_by(st))
+                    visit(st.body)
+                elif isinstance(st, (Free, SwapOut, SwapIn)):
+                    frame.points.add(st.op.id)
+                    frame.blocks.add(st.op.id)
+                elif isinstance(st, Compute):
+                    frame.points.add(st.op.id)
+                    k = self.donations.get(st.op.id)
+                    if k is not None:  # the donor's point is taken out of its store
+                        frame.points.add(st.op.inputs[k].src.id)
+
+        visit(loop.body)
+        self._hoists.append(frame)
+        return frame
+
+    def _leave(self, frame: _Hoist, depth: int) -> None:
+        self._hoists.pop()
+        if not frame.reads:
+            return
+        self.lines[frame.at : frame.at] = ["    " * depth + line for line in frame.lines]
+        # a local left set would keep a freed block alive, unseen by the meter
+        self.emit(depth, " = ".join([*frame.reads.values(), "None"]))
 
     def alloc(self, op: Op, depth: int, var: str) -> None:
         if op.id in self.plan.blocks or op.id in self.plan.views:
@@ -470,8 +569,11 @@ class CodeGen:
             return
         if loop.until is None:
             rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
+            frame = self._enter(loop) if self.fusion is None else None
             self.emit(depth, f"for {d} in {rng}:")
             self.body(loop.body, depth + 1, outer, loop)
+            if frame is not None:
+                self._leave(frame, depth)
             return
         done = loop.until
         self.emit(depth, f"_cap = CTL.caps.get({self.const('BOUND', loop.dim.bound)})")

@@ -29,7 +29,7 @@ from timerl.compiler.storage import Storage
 from timerl.ir.graph import Edge, Op
 from timerl.ir.rowwise import RowSource
 from timerl.schedule.program import Compute, Free, Loop, Schedule, SwapIn, SwapOut
-from timerl.symbolic import Slice
+from timerl.symbolic import Dim, Slice
 
 _SWAP_DIR: list[str] = []
 SWAP_DIR_ENV = "TIMERL_SWAP_DIR"  # where swapped and streamed blocks go (else the temp dir)
@@ -671,6 +671,9 @@ class StorePlan:
             if s.in_place and s.kind in ("block", "ring") and not s.streamed
         }
         self.allocations: dict[int, list[Op]] = {}  # id(loop) -> blocks it allocates
+        # the source of a block's entry at an outer point (op id, key source, the dims the key
+        # mentions): the code generator reads an entry a loop does not change once before it
+        self.entry_src: Callable[[int, str, frozenset], str] = lambda i, key, _dims: f"BL{i}[{key}]"
         # op id -> bytes of streamed rows its kernel holds while it runs (compiler/budget.py)
         self.read_bytes = {i: s.read_bytes for i, s in storage.items() if s.read_bytes}
 
@@ -738,7 +741,8 @@ class StorePlan:
         """Sources of ``op``'s block at its point, the row its point goes in and what marks
         the point written there: row ``last`` and ``True`` in a block; in a ring row ``last mod
         rows``, which records the point it holds."""
-        block = f"BL{op.id}[{_key([name_of(d) for d in op.domain[:-1]])}]"
+        outer = op.domain[:-1]
+        block = self.entry_src(op.id, _key([name_of(d) for d in outer]), frozenset(outer))
         last = name_of(op.domain[-1])
         if op.id in self.rings:
             return block, f"{last} % {self.storage[op.id].extent}", last
@@ -770,7 +774,8 @@ class StorePlan:
             if isinstance(last, Slice):
                 return f"S{edge.src.id}.window({key}, {src_of(last.start)}, {src_of(last.stop)})"
             return f"S{edge.src.id}[{key[:-1]} {src_of(last)},)]"
-        rows = f"BL{edge.src.id}[{key}][0]"
+        dims = frozenset(x for i in outer for x in i.symbols() if isinstance(x, Dim))
+        rows = f"{self.entry_src(edge.src.id, key, dims)}[0]"
         if isinstance(last, Slice):
             return f"{rows}[{src_of(last.start)}:{src_of(last.stop)}]"
         # ``[k, ...]`` keeps a 0-d row an array (``[k]`` would give a numpy scalar)
