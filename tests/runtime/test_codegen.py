@@ -163,3 +163,21 @@ def test_a_traceback_through_generated_code_shows_the_line_and_its_tensor():
     del prog, err
     gc.collect()
     assert name not in linecache.cache
+
+
+def test_constant_meter_changes_are_emitted_as_one_with_the_same_peak():
+    # the acting loop's kernels allocate and free temporaries of known size: each one's
+    # count and peak test become one change by their sum, tested at their largest running
+    # sum, with the interpreter's peak (checked on these programs above)
+    prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8)
+    c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=list(prog.metrics.values()))
+    ex = c.executor(compiled=True)
+    ex.prepare(hooked=False)
+    source = ex.source
+    rollout = next(
+        block for block in source.split("for ")[1:] if ".step (defined" in block.split("\n\n")[0]
+    )
+    body = rollout[: rollout.index(".step (defined")].splitlines()[1:]
+    kernels = [line for line in body if "  # " in line]
+    meter = [line for line in body if "M[0]" in line]
+    assert len(kernels) >= 5 and len(meter) <= 3, "\n".join(body)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import linecache
+import re
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -73,6 +74,9 @@ class _Names:
         return item.source(self.sym)
 
 
+_READS_METER = re.compile(r"\bM\b")  # a line that reads or changes the live-bytes meter
+
+
 @dataclass(eq=False)
 class _Hoist:
     """A loop being emitted: what its body changes, and the reads it makes once before it."""
@@ -127,6 +131,10 @@ class CodeGen:
         self._hoists: list[_Hoist] = []
         self._hoist_names = itertools.count()
         self.plan.entry_src = self._block_entry
+        # constant meter changes and statement counts not yet emitted (see ``_tally``)
+        self._deltas: list[int] = []
+        self._deltas_depth = 0
+        self._counts: list[int] = []  # per loop body being emitted: its statements so far
         # runs of pure statements compiled as one function, on backends that can (jax)
         self.fusion = Fusion(self) if backend.fuses else None
         # whole loops as one compiled call, on backends that can trace a loop (jax)
@@ -198,7 +206,44 @@ class CodeGen:
         return name
 
     def emit(self, depth: int, line: str) -> None:
+        if self._deltas and (
+            depth != self._deltas_depth or line.endswith(":") or _READS_METER.search(line)
+        ):
+            self._flush_deltas()
         self.lines.append("    " * depth + line)
+
+    def _tally(self, depth: int, nbytes: int) -> None:
+        """A constant change of the live-bytes meter, emitted with its neighbours as one.
+
+        Each kernel's ``M[0] += n`` and peak test, and its inputs' ``M[0] -= n``, were a
+        third of the rollout loop's own lines. A run of constant changes at one depth, with
+        only kernels between them (which do not read the meter), is one change by their sum
+        and one peak test at their largest running sum: the same count and peak.
+        """
+        if self._deltas and depth != self._deltas_depth:
+            self._flush_deltas()
+        self._deltas_depth = depth
+        if nbytes:
+            self._deltas.append(nbytes)
+
+    def _flush_deltas(self) -> None:
+        deltas, self._deltas = self._deltas, []
+        running = top = 0
+        for n in deltas:
+            running += n
+            top = max(top, running)
+        pad = "    " * self._deltas_depth
+        if top > 0:
+            self.lines.append(f"{pad}if M[0] + {top} > M[1]: M[1] = M[0] + {top}")
+        if running:
+            self.lines.append(f"{pad}M[0] {'+' if running > 0 else '-'}= {abs(running)}")
+
+    def _count(self, depth: int) -> None:
+        """One statement run: counted once per loop body (the counter is a statistic)."""
+        if self._counts and depth == self._conds[-1][0]:
+            self._counts[-1] += 1
+        else:
+            self.emit(depth, "C[0] += 1")
 
     def key_src(self, items: list[str]) -> str:
         return "(" + "".join(f"{x}, " for x in items) + ")"
@@ -356,8 +401,10 @@ class CodeGen:
         if op.id in self.donations:
             return  # written into a dead input's buffer: those bytes were counted
         n = _static_nbytes(op)
-        size = str(n) if n is not None else f"NB({var})"
-        self.emit(depth, f"M[0] += {size}")
+        if n is not None:
+            self._tally(depth, n)
+            return
+        self.emit(depth, f"M[0] += NB({var})")
         self.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
 
     def cond(self, c: Condition, depth: int) -> str:
@@ -420,7 +467,7 @@ class CodeGen:
         for line in self.plan.read_src(op):
             self.emit(body_depth, line)
         self.drop_stored(op, body_depth, var)
-        self.emit(body_depth, "C[0] += 1")
+        self._count(body_depth)
 
     def drop_stored(self, op: Op, depth: int, var: str) -> None:
         """Drop the local of a value just put in its store: readers read the store, and a
@@ -521,6 +568,8 @@ class CodeGen:
             size = n if n is not None else f"NB(v{op.id})"
             if op.guard != TRUE:  # a local is freed at its own point, so where it was computed
                 self.emit(depth, f"if {self.cond(op.guard, depth)}: M[0] -= {size}")
+            elif n is not None:
+                self._tally(depth, -n)
             else:
                 self.emit(depth, f"M[0] -= {size}")
             return
@@ -614,6 +663,7 @@ class CodeGen:
         if not stmts:
             self.emit(depth, "pass")
         self._conds.append((depth, {}))
+        self._counts.append(0)
         for s in self.fusion.group(stmts, loop) if self.fusion is not None else stmts:
             if isinstance(s, Compute):
                 self.compute(s.op, depth)
@@ -629,6 +679,11 @@ class CodeGen:
                 self.loop(s, depth, outer)
             else:
                 self.fusion.emit(s, depth)
+        if self._counts[-1]:
+            self.emit(depth, f"C[0] += {self._counts[-1]}")
+        if self._deltas:
+            self._flush_deltas()
+        self._counts.pop()
         self._conds.pop()
 
     def generate(self, static_bounds: dict[Bound, int], outer: Loop | None) -> Callable:
