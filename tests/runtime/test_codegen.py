@@ -181,3 +181,25 @@ def test_constant_meter_changes_are_emitted_as_one_with_the_same_peak():
     kernels = [line for line in body if "  # " in line]
     meter = [line for line in body if "M[0]" in line]
     assert len(kernels) >= 5 and len(meter) <= 3, "\n".join(body)
+
+
+def test_meter_changes_under_a_guard_stay_there_when_a_loop_after_reads_before_it():
+    # a guarded op of known size just before a loop that reads a store entry once before it
+    # starts (found by the fuzzer: the guard's meter change was emitted after that read)
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        u0 = tl.from_numpy(np.array([[0.1, 0.4], [0.2, 0.09]]), domain=(i, t), dtype="float64")
+        u1 = tl.from_numpy(np.array([-0.15, 0.29]), domain=(i,), dtype="float64")
+        y1 = u1[tl.min(i + 1, I - 1)]
+        p2 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t))
+        p2[t.eq(T - 1)] = (tl.where(u0[tl.max(i - 1, 0), t] > 0, u1[i], u1[i]) + u1[i]).tanh()
+        p2[t.eq(T - 1)] = y1[i]
+        p2[True] = u0[i, t]
+        p3 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t))
+        p3[i.eq(I - 1)] = u1[tl.max(i - 1, 0)]
+        p3[True] = u1[i]
+    want = tl.evaluate([y1, p2, p3], bounds={I: 2, T: 2}, optimize=False)
+    got = tl.evaluate([y1, p2, p3], bounds={I: 2, T: 2})
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -365,6 +365,8 @@ class CodeGen:
     def _enter(self, loop: Loop) -> _Hoist:
         """What ``loop``'s body changes: the stores it writes, frees or swaps, and the blocks
         its inner loops allocate (a block's own loop allocates it before it starts)."""
+        if self._deltas:  # they belong before the reads made before the loop
+            self._flush_deltas()
         frame = _Hoist(loop, at=len(self.lines))
         nested = False
 
@@ -453,7 +455,7 @@ class CodeGen:
             self.call(op, body_depth, var, point, row=row)
             self.emit(body_depth, mark)
         elif prims.get(op.prim).traits.piecewise:
-            self.merge(op, body_depth, var)
+            self.merge(op, body_depth, var, broadcast=not self._row_broadcasts(op))
         else:
             self.call(op, body_depth, var, point)
         if in_place:
@@ -484,7 +486,19 @@ class CodeGen:
         begin = self.const("K", host_call(op, self.backend, "begin"))
         self.emit(depth, f"{begin}({', '.join(self.read_src(e) for e in op.inputs)})")
 
-    def merge(self, op: Op, depth: int, var: str) -> None:
+    def _row_broadcasts(self, op: Op) -> bool:
+        """Whether ``op``'s value goes straight into its row of a block in memory, whose
+        assignment broadcasts and casts it as the merge would (a streamed block's rows, a
+        ring's and an alias's are written otherwise)."""
+        plan = self.plan
+        return (
+            op.id in plan.blocks
+            and op.id not in plan.rings
+            and op.id not in plan.aliases
+            and not plan.storage[op.id].streamed
+        )
+
+    def merge(self, op: Op, depth: int, var: str, broadcast: bool = True) -> None:
         shape_src = self.key_src([self.names.src(s) for s in op.shape])
         # the first branch's test may become a local; the later ones stay inline (evaluated
         # only when reached, as the chain would)
@@ -496,6 +510,8 @@ class CodeGen:
         self.emit(depth, "else:")
         err = self.const("UNDEF", f"{op.where()} has no definition at this point")
         self.emit(depth + 1, f"raise MISSING({err})")
+        if not broadcast:
+            return
         bc = self.const("BCAST", self.backend.broadcast)
         dt = self.const("DT", op.dtype)
         self.emit(depth, f"{var} = {bc}({var}, {shape_src}, {dt})")
