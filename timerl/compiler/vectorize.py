@@ -588,13 +588,20 @@ def _gathered_total(x: Op, chosen: dict[int, Any], total: set[int]) -> list[str]
     return []
 
 
-def _run_sources(x: Op, chosen: dict[int, Any]) -> list[str]:
+def _run_sources(x: Op, chosen: dict[int, Any], total: set[int]) -> list[str]:
     """A run of a batched piecewise definition reads its source along the dim: as a slice of
-    the source's points, or of its batched value when that is batched along the same dim."""
+    the source's points, or of its batched value when that is batched along the same dim.
+    Its branches are read wherever the batch is needed, not only where they win, so a
+    source must be defined at every point (``p[t == T - 1] = u[i + 1]`` may be read at
+    ``i = I - 1`` where the program never took that branch)."""
     dim = x.domain[-1]
-    for e, moving in zip(x.inputs, chosen[x.id][1], strict=True):
-        if moving and e.src.id in chosen and e.src.domain[-1] is not dim:
-            return [f"it reads {e!r}, batched along {e.src.domain[-1].name}"]
+    for r in chosen[x.id][0].runs:
+        e = x.inputs[r.branch]
+        if e.src.id in chosen:
+            if r.offset is not None and e.src.domain[-1] is not dim:
+                return [f"it reads {e!r}, batched along {e.src.domain[-1].name}"]
+        elif e.src.id not in total:
+            return [f"{e.src.label} is not defined at every point it would be read"]
     return []
 
 
@@ -638,7 +645,7 @@ def plan(spec: ProgramSpec) -> tuple[dict[int, tuple[Batched, tuple[bool, ...]]]
                 continue
             reasons = itertools.chain(
                 _gathered_total(op, chosen, total),
-                _run_sources(op, chosen) if chosen[op.id][0].runs else (),
+                _run_sources(op, chosen, total) if chosen[op.id][0].runs else (),
                 (_reader_ok(op, r, e, chosen, bounds) for r, e in readers[op.id]),
             )
             if op.domain[-1] is outer:
