@@ -778,6 +778,8 @@ class StorePlan:
         rows = f"{self.entry_src(edge.src.id, key, dims)}[0]"
         if isinstance(last, Slice):
             return f"{rows}[{src_of(last.start)}:{src_of(last.stop)}]"
+        if edge.src.shape:  # ``[k]`` (torch takes a third less time than ``[k, ...]``)
+            return f"{rows}[{src_of(last)}]"
         # ``[k, ...]`` keeps a 0-d row an array (``[k]`` would give a numpy scalar)
         return f"{rows}[{src_of(last)}, ...]"
 
