@@ -348,6 +348,7 @@ def test_three_runs_read_slices_of_a_recurrence(backend):
     assert _vectorised(prog, "p")
     assert "recurrence" in _reason(prog, "h")
     assert len(_batched_op(prog, "p").inputs) == 3
+    assert "vectorised p over t (merge: 3 runs, one branch each)" in prog.explain()
 
 
 def test_piecewise_definitions_that_cannot_batch_say_why():

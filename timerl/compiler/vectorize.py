@@ -660,7 +660,9 @@ def plan(spec: ProgramSpec) -> tuple[dict[int, tuple[Batched, tuple[bool, ...]]]
     for op in ops:
         dim = op.domain[-1]
         if op.id in chosen:
-            notes.append(f"vectorised {op.label} over {dim.name} ({op.prim})")
+            runs = chosen[op.id][0].runs
+            how = f"{op.prim}: {len(runs)} runs, one branch each" if runs else op.prim
+            notes.append(f"vectorised {op.label} over {dim.name} ({how})")
         else:
             notes.append(f"not vectorised {op.label} over {dim.name}: {why[op.id]}")
     return chosen, notes
