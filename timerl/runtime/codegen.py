@@ -252,9 +252,7 @@ class CodeGen:
         """The source of the value ``edge`` reads, through ``read_through`` when set (a
         region run as numpy kernels converts what it reads from outside)."""
         src = self._read_src(edge)
-        if self.read_through is not None:
-            return self.read_through(edge, src)
-        return self._point_read(edge, src)
+        return src if self.read_through is None else self.read_through(edge, src)
 
     def _read_src(self, edge: Edge) -> str:
         """One source per distinct read: a slice read twice (a rollout's rows read by two
@@ -285,8 +283,7 @@ class CodeGen:
             if direct is not None:
                 return direct
         if not any(isinstance(i, Slice) for i in edge.index):
-            key = self.key_src([self.names.src(i) for i in edge.index])
-            return f"S{src.id}[{key}]"
+            return self._point_read(edge)
         axes = []
         for idx in edge.index:
             if isinstance(idx, Slice):
@@ -338,22 +335,15 @@ class CodeGen:
             frame.lines.append(f"{found} = {store}.get({key})")
         return found
 
-    def _point_read(self, edge: Edge, src: str) -> str:
-        """``S{id}[key]``, or the local it was read into before the loop."""
-        op = edge.src
-        if (
-            op.id in self.locals
-            or op.id in self.plan.blocks
-            or any(isinstance(i, Slice) for i in edge.index)
-        ):
-            return src
-        dims = frozenset(x for i in edge.index for x in i.symbols() if isinstance(x, Dim))
-        frame = self._invariant(op.id, dims, block=False)
-        if frame is None:
-            return src
+    def _point_read(self, edge: Edge) -> str:
+        """``S{id}[key]`` (one point of a point store), or the local it was read into before
+        the loop."""
         key = self.key_src([self.names.src(i) for i in edge.index])
-        assert src == f"S{op.id}[{key}]", src
-        return self._hoisted(frame, f"S{op.id}", key)
+        dims = frozenset(x for i in edge.index for x in i.symbols() if isinstance(x, Dim))
+        frame = self._invariant(edge.src.id, dims, block=False)
+        if frame is None:
+            return f"S{edge.src.id}[{key}]"
+        return self._hoisted(frame, f"S{edge.src.id}", key)
 
     def _block_entry(self, op_id: int, key: str, dims: frozenset) -> str:
         """``BL{id}[key]`` (a block's rows and marks at an outer point), or its local."""
