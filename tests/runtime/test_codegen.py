@@ -3,6 +3,8 @@ for byte of accounted memory."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from core_helpers import counting, until_program
@@ -203,3 +205,29 @@ def test_meter_changes_under_a_guard_stay_there_when_a_loop_after_reads_before_i
     got = tl.evaluate([y1, p2, p3], bounds={I: 2, T: 2})
     for a, b in zip(want, got, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_acting_loop_reads_its_parameters_and_blocks_once_before_it():
+    # parameters and the rollout's blocks do not change inside the loop over steps: each is
+    # read into a local before it, and the locals are cleared after it (a local left set
+    # would keep a freed block alive)
+    prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8)
+    c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=list(prog.metrics.values()))
+    ex = c.executor(compiled=True)
+    ex.prepare(hooked=False)
+    lines = ex.source.splitlines()
+    step = next(k for k, line in enumerate(lines) if ".step (defined" in line)
+    start = max(k for k in range(step) if lines[k].lstrip().startswith("for "))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next(
+        k for k in range(start + 1, len(lines)) if len(lines[k]) - len(lines[k].lstrip()) <= indent
+    )
+    before = [line.strip() for line in lines[start - 20 : start]]
+    hoisted = [
+        line.split(" = ")[0] for line in before if re.match(r"_h\d+ = (S|BL)\d+\.get\(", line)
+    ]
+    body = lines[start + 1 : end]
+    assert len(hoisted) >= 4
+    assert not any(re.search(r"\bBL\d+\[", line) for line in body), "\n".join(body)
+    assert all(any(name in line for line in body) for name in hoisted)
+    assert all(name in lines[end] for name in hoisted) and lines[end].strip().endswith("None")
