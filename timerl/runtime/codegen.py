@@ -179,7 +179,7 @@ class CodeGen:
         }
         out = set()
         for op in self.ops.values():
-            if op.id in self.keep or prims.get(op.prim).traits.host or not readers[op.id]:
+            if op.id in self.keep or not readers[op.id]:
                 continue
             if op.id in self.plan.blocks:
                 continue
