@@ -586,7 +586,10 @@ class CodeGen:
         else:
             tail = ""
         if not stmt.prefix:
-            self.emit(depth, f"FREE_ALL{view}(S{op.id}, M{tail})")
+            # inside a loop it runs at every iteration, most often with nothing left to free
+            # (a plain dict then; a fused loop's row store holds rows its length omits)
+            test = f"if S{op.id}: " if self.fusion is None else ""
+            self.emit(depth, f"{test}FREE_ALL{view}(S{op.id}, M{tail})")
             return
         key = self.key_src([self.names.src(p) for p in stmt.prefix])
         if stmt.pinned:
