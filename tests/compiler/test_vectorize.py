@@ -97,14 +97,19 @@ def test_outermost_dim_batches_only_whole_chains():
     assert prog.executor().outer_loop().dim is t  # still one loop over t
 
 
+def _critic(i, t, seed):
+    """Observations over (i, t) and a linear critic's value of each (in the current context)."""
+    obs = tl.from_numpy(_rand(2, 7, 4, seed=seed), domain=(i, t))
+    w = tl.from_numpy(_rand(4, 1, seed=seed + 1))
+    return obs, (obs.reshape(1, 4) @ w).reshape(()).named("value")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_point_reader_inside_a_later_loop_reads_a_view(backend):
     # the critic-in-GAE pattern: value is read at t + 1 by a backward recurrence's input
     ctx, i, t, big_i, big_t = ctx_it()
     with ctx:
-        obs = tl.from_numpy(_rand(2, 7, 4, seed=5), domain=(i, t))
-        w = tl.from_numpy(_rand(4, 1, seed=6))
-        value = (obs.reshape(1, 4) @ w).reshape(()).named("value")
+        _obs, value = _critic(i, t, seed=5)
         nxt = RecurrentTensor.placeholder((), domain=(i, t), name="next_value")
         nxt[t.eq(big_t - 1)] = value * 0.0
         nxt[True] = value[i, t + 1]
@@ -314,9 +319,7 @@ def test_piecewise_definition_batches_as_runs_of_its_branches(backend):
     # GAE's next value: the critic one step ahead, the bootstrap value at the last step
     ctx, i, t, big_i, big_t = ctx_it()
     with ctx:
-        obs = tl.from_numpy(_rand(2, 7, 4, seed=30), domain=(i, t))
-        w = tl.from_numpy(_rand(4, 1, seed=31))
-        value = (obs.reshape(1, 4) @ w).reshape(()).named("value")
+        obs, value = _critic(i, t, seed=30)
         last = (obs[i, big_t - 1].sum() * 0.5).named("last")
         nxt = RecurrentTensor.placeholder((), domain=(i, t), name="next_value")
         nxt[t.eq(big_t - 1)] = last
