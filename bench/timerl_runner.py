@@ -8,7 +8,8 @@ minibatches, constant learning rate (no annealing, as in every baseline), coeffi
 Timings come from the training driver's per-iteration records (wall time since the run began),
 so they cover exactly what the baselines' loops cover: the rollout, returns, the update and the
 metrics of one iteration. ``setup_s`` is everything before the first iteration starts: building
-the program (env creation included) and compiling it.
+the program (env creation included), compiling it, and the program's prologue before its loop
+(the initial parameters, the env's reset), which the eager baselines also run before theirs.
 
 :func:`profiled` runs the same program with timers around the environment's ``step``/``reset``
 and around every primitive kernel the backend hands to the executor, and splits the run time
@@ -163,9 +164,11 @@ def _result(cfg: Config, out: Any, records: list, start: float, algo: str, backe
     if not records:
         raise RuntimeError("timerl ran no iteration")
     cumulative = [rec["seconds"] for _, rec in records]
-    iter_seconds = [b - a for a, b in zip([0.0, *cumulative[:-1]], cumulative, strict=True)]
+    prologue = float(getattr(out, "prologue_seconds", 0.0))
+    iter_seconds = [b - a for a, b in zip([prologue, *cumulative[:-1]], cumulative, strict=True)]
     wall0, rec0 = records[0]
-    setup_s = (wall0 - rec0["seconds"]) - start  # build + compile + executor creation
+    # build + compile + executor creation + the prologue
+    setup_s = (wall0 - rec0["seconds"]) - start + prologue
     steps_per_s, per_iter, first = timing_summary(iter_seconds, cfg.batch_size)
     returns = [
         float(rec["episodic_return"]) if rec.get("episodes", 1) else math.nan for _, rec in records

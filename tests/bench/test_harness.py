@@ -165,6 +165,21 @@ def test_timerl_runner_returns_and_profile():
     assert NumpyBackend.lowering.__qualname__ == "NumpyBackend.lowering"
 
 
+def test_the_prologue_before_the_first_iteration_counts_as_setup():
+    # the initial parameters and the env's reset run before the loop, as an eager loop's
+    # model and reset do before it: setup, not the first iteration
+    small = Config("CartPole-v1", num_envs=4, num_steps=32, iterations=3, hidden_size=16)
+    cfg, out, records, start = timerl_runner._train(small, "ppo", "numpy")
+    assert 0 < out.prologue_seconds < records[0][1]["seconds"]
+    result = timerl_runner._result(cfg, out, records, start, "ppo", "numpy")
+    first = records[0][1]["seconds"] - out.prologue_seconds
+    assert result.first_iteration_s == pytest.approx(first)
+    out.prologue_seconds = 0.0  # counted as the first iteration's, setup is shorter by it
+    plain = timerl_runner._result(cfg, out, records, start, "ppo", "numpy")
+    assert plain.first_iteration_s == pytest.approx(records[0][1]["seconds"])
+    assert plain.setup_s < result.setup_s
+
+
 def test_profile_times_the_kernels_of_a_backend_using_the_base_lookup():
     """The torch backend takes its kernels through ``Backend.lowering`` (it does not
     override it): its matmuls count as kernels, not as executor time."""

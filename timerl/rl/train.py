@@ -88,6 +88,9 @@ class TrainResult:
     steps_per_second: float = 0.0
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
+    # of ``run_seconds``, before the first iteration began: the initial parameters, the env's
+    # reset and the constants the loop reads (what an eager loop does before it starts)
+    prologue_seconds: float = 0.0
     peak_bytes: int = 0
     planned_peak_bytes: int | None = None  # under a memory budget: the compiler's plan
     swapped_bytes: int = 0  # bytes moved to the next tier (disk, or host memory) and back
@@ -456,7 +459,10 @@ def train(
         if last:
             raise _Done
 
+    loop_began: list[float] = []
+
     def restore_env() -> None:
+        loop_began.append(time.perf_counter())
         if ckpt is not None:
             env.load_state_dict(ckpt.env_state())
 
@@ -500,6 +506,7 @@ def train(
         steps_per_second=done_steps / max(run_seconds, 1e-9),
         compile_seconds=prog.compile_seconds,
         run_seconds=run_seconds,
+        prologue_seconds=loop_began[0] - begin if loop_began else 0.0,
         peak_bytes=stats["peak_bytes"],
         planned_peak_bytes=stats.get("planned_peak_bytes"),
         swapped_bytes=int(stats.get("swapped_bytes", 0)),
