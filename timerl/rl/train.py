@@ -461,7 +461,8 @@ def train(
 
     loop_began: list[float] = []
 
-    def restore_env() -> None:
+    def before_loop() -> None:
+        """The prologue has run (``prologue_seconds``); a resumed run's env gets its state."""
         loop_began.append(time.perf_counter())
         if ckpt is not None:
             env.load_state_dict(ckpt.env_state())
@@ -481,7 +482,7 @@ def train(
         on_start()
     try:
         with bar:
-            ex.run(start=start, on_iteration=after, before_outer=restore_env)
+            ex.run(start=start, on_iteration=after, before_outer=before_loop)
     except _Done:
         pass
     finally:

@@ -358,10 +358,8 @@ class CodeGen:
         if self._deltas:  # they belong before the reads made before the loop
             self._flush_deltas()
         frame = _Hoist(loop, at=len(self.lines))
-        nested = False
 
         def visit(body: list[Stmt]) -> None:
-            nonlocal nested
             for st in body:
                 if isinstance(st, Loop):
                     frame.blocks.update(op.id for op in self.plan.allocated_by(st))
@@ -587,7 +585,7 @@ class CodeGen:
             tail = ""
         if not stmt.prefix:
             # inside a loop it runs at every iteration, most often with nothing left to free
-            # (a plain dict then; a fused loop's row store holds rows its length omits)
+            # (tested on the plain dicts of numpy and torch; fused loops' stores are left be)
             test = f"if S{op.id}: " if self.fusion is None else ""
             self.emit(depth, f"{test}FREE_ALL{view}(S{op.id}, M{tail})")
             return
