@@ -38,7 +38,6 @@ from timerl.ir.build import apply
 from timerl.rl.algos import FRACTION, NON_NEGATIVE, POSITIVE, AlgoConfig, Rule, at_least
 
 PHASES = ("search", "imitate", "decode")
-KEY_GROUPS = 3  # priority, device and swap keys: columns 0, 2 and 4 of the outputs
 
 
 @dataclass

@@ -50,13 +50,22 @@ from timerl.api.optim import Adam
 from timerl.api.tensor import RecurrentTensor, cat, full, minimum, where
 from timerl.errors import GraphError
 from timerl.graphopt.imitate import log_concentration
-from timerl.graphopt.policy import BASE_KAPPA, LOG_KAPPA_RANGE, PolicyWeights, trained_objectives
+from timerl.graphopt.policy import (
+    BASE_KAPPA,
+    LOG_KAPPA_RANGE,
+    PolicyWeights,
+    key_columns,
+    trained_objectives,
+)
 from timerl.graphopt.train import LOG_STD_RANGE
 from timerl.rl.algos import AlgoProgram
 from timerl.rl.graph_env import GraphPolicyConfig, GraphProblems
 from timerl.symbolic import Dim
 
 BASELINE_RATE = 0.1  # the per-problem baseline's step (graphopt.train's running mean)
+# every key group's mean logit column (priorities, device keys, swap keys): a padded batch
+# carries all three, and the losses mask out the groups a problem does not use
+_KEY_COLUMNS = key_columns(3)
 
 
 class GraphNet(Module):
@@ -205,8 +214,8 @@ def _decode(
 def beta_params(mean: RecurrentTensor) -> tuple[RecurrentTensor, RecurrentTensor]:
     """Each key group's Beta(a, b) per node, (batch, nodes, 3): ``graphopt.policy.proposal``
     on the padded batch (a group a problem does not use is masked out by the losses)."""
-    logits = cat([mean.narrow(-1, c, 1) for c in (0, 2, 4)], dim=-1)
-    log_kappa = cat([mean.narrow(-1, c + 1, 1) for c in (0, 2, 4)], dim=-1)
+    logits = cat([mean.narrow(-1, c, 1) for c in _KEY_COLUMNS], dim=-1)
+    log_kappa = cat([mean.narrow(-1, c + 1, 1) for c in _KEY_COLUMNS], dim=-1)
     m = logits.sigmoid()
     kappa = log_kappa.clamp(*LOG_KAPPA_RANGE).exp() * BASE_KAPPA
     return (m * kappa).clamp(min=1e-3), ((1.0 - m) * kappa).clamp(min=1e-3)
@@ -228,7 +237,7 @@ def decode_loss(
     r = reward.detach()
     centred = r - r.mean(1, keepdim=True)
     adv = centred / (r.std(1, keepdim=True, unbiased=False) + 1e-4)
-    used = cat([cols.narrow(-1, c, 1) for c in (0, 2, 4)], dim=-1)  # (batch, 3)
+    used = cat([cols.narrow(-1, c, 1) for c in _KEY_COLUMNS], dim=-1)  # (batch, 3)
     genes = mask.unsqueeze(-1) * used.unsqueeze(1)  # (batch, nodes, 3)
     per_gene = Beta(a.unsqueeze(1), b.unsqueeze(1)).log_prob(keys)
     count = genes.sum((1, 2))
