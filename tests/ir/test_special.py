@@ -38,6 +38,15 @@ def test_each_function_agrees_with_scipy(name, ref):
     assert getattr(special, name)(POINTS.astype(np.float32)).dtype == np.float32
 
 
+def test_huge_arguments_stay_finite_where_the_function_is():
+    # the shift's product of x (x + 1) ... overflowed float64 from x near 1e31: lgamma was -inf
+    x = np.geomspace(1e8, 1e300, 60)
+    np.testing.assert_allclose(special.lgamma(x), sp.gammaln(x), rtol=1e-13)
+    np.testing.assert_allclose(special.digamma(x), sp.digamma(x), rtol=1e-13)
+    big = np.float32(1e35)  # lgamma(1e35) = 8e36 is a float32
+    assert np.isclose(special.lgamma(big), sp.gammaln(1e35), rtol=1e-6)
+
+
 def test_lgamma_keeps_its_digits_and_sign_next_to_its_zeros_at_one_and_two():
     """Shifted and brought back, lgamma near 1 and 2 is a difference of numbers near 13 and
     loses its last digits (1.8e-15 instead of 0 at 1, a sign test could flip); a Taylor

@@ -7,8 +7,8 @@ the asymptotic (Stirling) series is summed at ``z >= SHIFT + 0.5``, where its ne
 1e-16 relative; arguments below 0.5 go through the reflection formula first. Near lgamma's
 zeros at 1 and 2 that difference of two numbers near 13 loses the last digits, so there
 lgamma is its Taylor series. Agrees with scipy.special to about 1e-14 relative away from the
-poles (the non-positive integers, where
-the functions are infinite and the results are ``inf`` or ``nan`` as in torch).
+poles (the non-positive integers, where the functions are infinite and the results are
+``inf`` or ``nan`` as in torch).
 """
 
 from __future__ import annotations
@@ -77,11 +77,13 @@ def _lgamma_series(z: np.ndarray) -> np.ndarray:
 
 
 def _log_rising(y: np.ndarray) -> np.ndarray:
-    """``-log(y (y + 1) ... (y + SHIFT - 1))``: one log of the product, not ``SHIFT``."""
+    """``-log(y (y + 1) ... (y + SHIFT - 1))`` as ``SHIFT log y`` plus one log of the product
+    of the ``1 + k / y``: two logs, not ``SHIFT``, and no overflow (the product of the
+    ``y + k`` themselves passes float64's range from ``y`` near 1e31)."""
     prod = np.ones_like(y)
-    for k in range(SHIFT):
-        prod = prod * (y + k)
-    return -np.log(prod)
+    for k in range(1, SHIFT):
+        prod = prod * (1.0 + k / y)
+    return -(SHIFT * np.log(y) + np.log(prod))
 
 
 def _zeta_minus_one(k_max: int, n: int = 1000) -> np.ndarray:
