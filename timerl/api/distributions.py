@@ -111,8 +111,9 @@ class Beta:
     ``sample`` draws each Gamma variate by Marsaglia and Tsang's method with a fixed number of
     tries (``TRIES``, taking the first accepted; each try is accepted with probability above
     0.95 at the boosted shape ``a + 1 >= 1``, so all are rejected less than once in 2e10
-    variates, and then the last try is kept), boosted by ``U^(1/a)`` so shapes below 1 work; ``Beta = X / (X + Y)``. A pure function of the program's seed and the point, as
-    every random op."""
+    variates, and then the last try is kept), boosted by ``U^(1/a)`` so shapes below 1 work;
+    ``Beta = X / (X + Y)``. A pure function of the program's seed and the point, as every
+    random op."""
 
     TRIES = 8
 
