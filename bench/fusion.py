@@ -101,10 +101,7 @@ def _tanh_bw_blocked(y, g, out, buf):
     rows = max(1, BLOCK_ELEMENTS // y.shape[1])
     for start in range(0, y.shape[0], rows):
         stop = min(start + rows, y.shape[0])
-        b = buf[: stop - start]
-        np.multiply(y[start:stop], y[start:stop], out=b)
-        np.subtract(1.0, b, out=b)
-        np.multiply(g[start:stop], b, out=out[start:stop])
+        _tanh_bw_out(y[start:stop], g[start:stop], out[start:stop], buf[: stop - start])
     return out
 
 

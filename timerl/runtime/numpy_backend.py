@@ -79,13 +79,11 @@ class NumpyBackend(Backend):
     def nbytes(self, value: Any) -> int:
         if type(value) is np.ndarray:  # nearly every call: before the checks below
             return value.nbytes
-        if type(value) is tuple:  # an env step's outputs: once as it is stored, once freed
+        if isinstance(value, (tuple, list)):  # an env step's outputs: a loop, not a generator
             total = 0
             for v in value:
                 total += v.nbytes if type(v) is np.ndarray else self.nbytes(v)
             return total
-        if isinstance(value, (tuple, list)):
-            return sum(self.nbytes(v) for v in value)
         return int(getattr(value, "nbytes", 0))
 
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
