@@ -49,6 +49,14 @@ def _network_on(weights, x, edges, mask):
         yield net, pi, pi.mean_action(tl.from_numpy(x), edge_list, tl.from_numpy(mask))
 
 
+def _loss_and_grads(net, loss):
+    """The network's parameters, the loss's value and its gradient for each of them."""
+    params = net.parameters()
+    loss.backward(inputs=params)
+    got = tl.evaluate([loss, *(p.grad for p in params)], bounds={"I": 1})
+    return params, got[0], got[1:]
+
+
 def test_loss_gradient_equals_the_torch_trainers(tiny_corpus):
     torch = pytest.importorskip("torch")
     from timerl.graphopt.train import TorchPolicy
@@ -71,10 +79,7 @@ def test_loss_gradient_equals_the_torch_trainers(tiny_corpus):
             tl.from_numpy(adv),
             entropy,
         )
-        params = net.parameters()
-        loss.backward(inputs=params)
-        grads = tl.evaluate([p.grad for p in params], bounds={"I": 1})
-        got_loss = tl.evaluate(loss, bounds={"I": 1})
+        params, got_loss, grads = _loss_and_grads(net, loss)
 
     ref = TorchPolicy(weights)
     norm = adv / (adv.std() + 1e-4)
@@ -282,9 +287,7 @@ def test_decode_loss_and_its_gradient_equal_the_torch_trainers(tiny_corpus):
             tl.from_numpy(reward),
             entropy,
         )
-        params = net.parameters()
-        loss.backward(inputs=params)
-        got = tl.evaluate([loss, *(p.grad for p in params)], bounds={"I": 1})
+        params, got_loss, grads = _loss_and_grads(net, loss)
 
     ref = TorchPolicy(weights)
     want = 0.0
@@ -300,8 +303,8 @@ def test_decode_loss_and_its_gradient_equal_the_torch_trainers(tiny_corpus):
         term = (torch.tensor(adv, dtype=torch.float32) * logp).mean()
         want = want - (term + entropy * dist.entropy().mean()) / len(ks)
     want.backward()
-    assert math.isclose(float(got[0][0]), want.item(), rel_tol=1e-4, abs_tol=1e-6)
-    for p, g in zip(params, got[1:], strict=True):
+    assert math.isclose(float(got_loss[0]), want.item(), rel_tol=1e-4, abs_tol=1e-6)
+    for p, g in zip(params, grads, strict=True):
         grad = ref.params[p.name].grad  # None: the loss does not read it (the Gaussian's std)
         expected = np.zeros_like(g[0]) if grad is None else grad.numpy()
         np.testing.assert_allclose(g[0], expected, rtol=2e-3, atol=1e-6, err_msg=p.name)

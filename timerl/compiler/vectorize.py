@@ -533,7 +533,7 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
     if nbytes * size > MAX_BATCH_BYTES:
         raise Decline(f"the batch ({nbytes * size} bytes) exceeds {MAX_BATCH_BYTES} bytes")
     if traits.piecewise and not one_branch:
-        return _merge_runs(op, dim, size, {b: v for b, v in spec.static.items()})
+        return _merge_runs(op, dim, size, dict(spec.static))
     batched = _operands(op, dim)
     shapes = tuple(View(e.src, e.index).shape for e in op.inputs)
     answer = rule(Batch(op, batched, shapes, dim, size))
