@@ -231,8 +231,10 @@ def _rows_in_place():
 
 def _writes_rows(source: str, op_id: int) -> bool:
     """A kernel in ``source`` writes its output into a row of block ``op_id`` (read at the
-    point, or through the local its entry was read into before the loop)."""
+    point, or through the local its entry was read into before the loop, or the views of
+    its rows made from that local)."""
     names = [f"BL{op_id}"] + re.findall(rf"(_h\d+) = BL{op_id}\.get\(", source)
+    names += [v for e in names[1:] for v in re.findall(rf"(_h\d+) = ROWVIEWS\({e}\)", source)]
     return any(f"out={name}[" in source for name in names)
 
 

@@ -131,6 +131,8 @@ class CodeGen:
         self._hoists: list[_Hoist] = []
         self._hoist_names = itertools.count()
         self.plan.entry_src = self._block_entry
+        self.plan.row_of_entry = self._row_of_entry
+        self._hoisted_in: dict[str, _Hoist] = {}  # a block entry's local -> its loop
         # constant meter changes and statement counts not yet emitted (see ``_tally``)
         self._deltas: list[int] = []
         self._deltas_depth = 0
@@ -333,7 +335,26 @@ class CodeGen:
             # ``get``: the loop may not run, or read it only under a guard that never holds
             found = frame.reads[(store, key)] = f"_h{next(self._hoist_names)}"
             frame.lines.append(f"{found} = {store}.get({key})")
+            self._hoisted_in[found] = frame
         return found
+
+    def _row_of_entry(self, entry: str, row: str) -> str:
+        """``entry[0][row]``: one row of a block's entry. On a backend with ``row_views``,
+        where the entry was read before a loop over its rows, the row's view, from views of
+        all rows made once before the loop with it."""
+        frame = self._hoisted_in.get(entry)
+        views = self.backend.row_views
+        if frame is None or views is None:
+            return f"{entry}[0][{row}]"
+        if not re.search(rf"\b{re.escape(self.names.of(frame.loop.dim))}\b", row):
+            return f"{entry}[0][{row}]"  # not a loop over these rows: one view is enough
+        local = frame.reads.get(("ROWS", entry))
+        if local is None:
+            local = frame.reads[("ROWS", entry)] = f"_h{next(self._hoist_names)}"
+            if "ROWVIEWS" not in self.ns:
+                self.ns["ROWVIEWS"] = lambda e: None if e is None else views(e[0])
+            frame.lines.append(f"{local} = ROWVIEWS({entry})")
+        return f"{local}[{row}]"
 
     def _point_read(self, edge: Edge) -> str:
         """``S{id}[key]`` (one point of a point store), or the local it was read into before

@@ -674,6 +674,8 @@ class StorePlan:
         # the source of a block's entry at an outer point (op id, key source, the dims the key
         # mentions): the code generator reads an entry a loop does not change once before it
         self.entry_src: Callable[[int, str, frozenset], str] = lambda i, key, _dims: f"BL{i}[{key}]"
+        # the source of one row of a block's entry (entry source, row source)
+        self.row_of_entry: Callable[[str, str], str] = lambda entry, row: f"{entry}[0][{row}]"
         # op id -> bytes of streamed rows its kernel holds while it runs (compiler/budget.py)
         self.read_bytes = {i: s.read_bytes for i, s in storage.items() if s.read_bytes}
 
@@ -762,7 +764,7 @@ class StorePlan:
         """The row a kernel writes ``op``'s point into (``writes_row``), and the line that
         then marks the point written."""
         block, row, mark = self._row_of(op, name_of)
-        return f"{block}[0][{row}]", f"{block}[1][{row}] = {mark}"
+        return self.row_of_entry(block, row), f"{block}[1][{row}] = {mark}"
 
     def block_read_src(self, edge: Edge, src_of: Callable) -> str | None:
         """A row or a view of rows of one block; None for reads that span blocks."""
@@ -775,11 +777,12 @@ class StorePlan:
                 return f"S{edge.src.id}.window({key}, {src_of(last.start)}, {src_of(last.stop)})"
             return f"S{edge.src.id}[{key[:-1]} {src_of(last)},)]"
         dims = frozenset(x for i in outer for x in i.symbols() if isinstance(x, Dim))
-        rows = f"{self.entry_src(edge.src.id, key, dims)}[0]"
+        entry = self.entry_src(edge.src.id, key, dims)
+        rows = f"{entry}[0]"
         if isinstance(last, Slice):
             return f"{rows}[{src_of(last.start)}:{src_of(last.stop)}]"
         if edge.src.shape:  # ``[k]`` (torch takes a third less time than ``[k, ...]``)
-            return f"{rows}[{src_of(last)}]"
+            return self.row_of_entry(entry, src_of(last))
         # ``[k, ...]`` keeps a 0-d row an array (``[k]`` would give a numpy scalar)
         return f"{rows}[{src_of(last)}, ...]"
 

@@ -30,6 +30,10 @@ class TorchBackend(Backend):
     lowerings = LOWERINGS
     donating_lowerings = DONATING
     promotes_like_numpy = False  # int64 + float32 -> float32, int64 / 2 -> float32
+    # ``block[t]`` builds a view per call (0.6 us, and as a kernel's ``out=`` 0.9 us more than
+    # a view at hand); ``unbind`` builds all of a block's at 0.45 us a row. A rollout step
+    # reads its blocks' rows about nine times.
+    row_views = staticmethod(lambda rows: rows.unbind(0))
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
