@@ -255,9 +255,7 @@ def test_on_torch_a_loop_over_a_blocks_rows_takes_them_from_views_made_before_it
     end = next(
         k for k in range(start + 1, len(lines)) if len(lines[k]) - len(lines[k].lstrip()) <= indent
     )
-    views = dict(
-        re.findall(r"(_h\d+) = ROWVIEWS\((_h\d+)\)", "\n".join(lines[start - 30 : start]))
-    )
+    views = dict(re.findall(r"(_h\d+) = ROWVIEWS\((_h\d+)\)", "\n".join(lines[start - 30 : start])))
     body = "\n".join(lines[start + 1 : end])
     assert len(views) >= 3
     assert all(re.search(rf"\b{v}\[d\d+_t\]", body) for v in views)
