@@ -9,6 +9,7 @@ backend never imports torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import sys
@@ -81,16 +82,20 @@ class Backend:
             or all(e.src.dtype == op.dtype for e in op.inputs)
         ):
             return fn
-        cast, dtype = self.cast, op.dtype
+        cast = self.caster(op.dtype)
 
         def cast_result(*args: Any, **kwargs: Any) -> Any:
-            return cast(fn(*args, **kwargs), dtype)
+            return cast(fn(*args, **kwargs))
 
         return cast_result
 
     def cast(self, value: Any, dtype: np.dtype) -> Any:
         """``value`` as ``dtype`` (itself when it has it already)."""
         raise NotImplementedError
+
+    def caster(self, dtype: np.dtype) -> Callable[[Any], Any]:
+        """``cast`` to one dtype, for a kernel that casts at every call."""
+        return functools.partial(self.cast, dtype=dtype)
 
     def check(self, ops: Iterable[Op]) -> None:
         """Fail before running when an op has no lowering here, naming the op and its line.

@@ -54,11 +54,14 @@ def host_call(
     as_native = backend.asarray if native else np.asarray
 
     def native(out: Any) -> Any:
+        # a list, not a generator: an env step returns three arrays at every step
         if isinstance(out, tuple):
-            return tuple(as_native(np.asarray(o)) for o in out)
+            return tuple([as_native(np.asarray(o)) for o in out])
         return None if out is None else as_native(np.asarray(out))
 
     def call(*xs: Any) -> Any:
+        if len(xs) == 1:  # an env step's action
+            return native(fn(to_np(xs[0])))
         return native(fn(*[to_np(x) for x in xs]))
 
     def call_at(*xs: Any) -> Any:
