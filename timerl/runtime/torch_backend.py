@@ -85,8 +85,13 @@ class TorchBackend(Backend):
         return torch.empty(shape, dtype=torch_dtype(dtype), device=self._dev)
 
     def nbytes(self, value: Any) -> int:
-        if isinstance(value, (tuple, list)):
-            return sum(self.nbytes(v) for v in value)
+        if type(value) is torch.Tensor:  # nearly every call: before the checks below
+            return value.nbytes
+        if isinstance(value, (tuple, list)):  # an env step's outputs: a loop, not a generator
+            total = 0
+            for v in value:
+                total += v.nbytes if type(v) is torch.Tensor else self.nbytes(v)
+            return total
         if isinstance(value, torch.Tensor):
             return value.nbytes
         return int(getattr(value, "nbytes", 0))
