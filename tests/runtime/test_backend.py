@@ -155,6 +155,29 @@ def test_torch_matmul_equals_numpy(
     np.testing.assert_allclose(got.numpy(), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize(
+    ("rows", "cols", "general"),
+    [(16, 64, False), (16, 2, False), (4096, 64, True), (8192, 2, True)],
+)
+def test_a_torch_product_of_static_shapes_too_small_for_numpys_blas_is_torchs_own(
+    rows, cols, general
+):
+    # the choice between the two BLAS is made once for the op, not tested at each call
+    torch = pytest.importorskip("torch")
+    from timerl.runtime.torch_backend import TorchBackend
+
+    ctx = tl.Context(dims=("t",))
+    (t,) = ctx.dims
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((rows, 8), domain=(t,))
+        x[0] = tl.ones((rows, 8))
+        x[t + 1] = x[t] * 0.5
+        y = x @ tl.ones((8, cols))
+    assert y.op.prim == "matmul"
+    kernel = TorchBackend().kernel(y.op)
+    assert (kernel is not torch.matmul) == general
+
+
 @pytest.mark.parametrize("numpy_products", [True, False])
 @pytest.mark.parametrize("trans", [False, True])
 def test_torch_take_matmul_equals_numpy(monkeypatch, numpy_products, trans):

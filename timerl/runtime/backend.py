@@ -36,6 +36,9 @@ class Backend:
     # Lowerings that write the result into a given array, ``fn(*inputs, out=array)``: what
     # lets an op reuse the buffer of an input that dies at it (``compiler/donation.py``).
     donating_lowerings: Mapping[str, Callable[..., Any]] = {}
+    # Lowerings chosen per op, primitive name -> ``f(op)``: a function for the op's static
+    # shapes and dtypes, or None for the general lowering (which tests them at each call).
+    specialisations: Mapping[str, Callable[[Op], Callable[..., Any] | None]] = {}
     # Whether the library promotes mixed dtypes by numpy's rules, which the IR declares; if
     # not (torch, jax: int64 + float32 -> float32), results are cast to the declared dtype.
     promotes_like_numpy = True
@@ -71,10 +74,12 @@ class Backend:
         }
 
     def kernel(self, op: Op) -> Callable[..., Any]:
-        """The function that computes ``op``'s value at one point. Only ops with an operand
+        """The function that computes ``op``'s value at one point: the backend's lowering,
+        or its form for ``op``'s static shapes where it has one. Only ops with an operand
         of another dtype than their own pay for the dtype check."""
         self.check([op])
-        fn = self.lowering(op.prim)
+        special = self.specialisations.get(op.prim)
+        fn = (special(op) if special is not None else None) or self.lowering(op.prim)
         if (
             self.promotes_like_numpy
             or prims.get(op.prim).traits.host

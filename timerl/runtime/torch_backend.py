@@ -22,13 +22,14 @@ import torch  # noqa: E402 - after the allocator's setting above
 from timerl.errors import BackendError
 from timerl.runtime import torch_lowering
 from timerl.runtime.backend import Backend, math_threads
-from timerl.runtime.torch_lowering import DONATING, LOWERINGS, torch_dtype
+from timerl.runtime.torch_lowering import DONATING, LOWERINGS, SPECIALISED, torch_dtype
 
 
 class TorchBackend(Backend):
     name = "torch"
     lowerings = LOWERINGS
     donating_lowerings = DONATING
+    specialisations = SPECIALISED
     promotes_like_numpy = False  # int64 + float32 -> float32, int64 / 2 -> float32
     # ``block[t]`` builds a view per call (0.6 us, and as a kernel's ``out=`` 0.9 us more than
     # a view at hand); ``unbind`` builds all of a block's at 0.45 us a row. A rollout step
