@@ -178,6 +178,34 @@ def test_a_torch_product_of_static_shapes_too_small_for_numpys_blas_is_torchs_ow
     assert (kernel is not torch.matmul) == general
 
 
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "plain"),
+    [
+        ((16, 48), (48, 64), True),  # a rollout step's product
+        ((16, 1), (1, 64), False),  # an inner size of 1: the reference multiplies
+        ((64, 4096), (4096, 64), False),  # a long inner size: the reference sums blocks
+        ((8, 16, 48), (48, 64), False),  # a batch of rows: the reference flattens it
+    ],
+)
+def test_a_numpy_product_of_static_shapes_skips_the_references_tests_where_it_can(
+    a_shape, b_shape, plain
+):
+    from timerl.runtime.numpy_backend import NumpyBackend
+
+    ctx = tl.Context(dims=("t",))
+    (t,) = ctx.dims
+    with ctx:
+        x = tl.RecurrentTensor.placeholder(a_shape, domain=(t,))
+        x[0] = tl.ones(a_shape)
+        x[t + 1] = x[t] * 0.5
+        y = x @ tl.ones(b_shape)
+        rows = x[0:2] @ tl.ones(b_shape)  # a slice read: an operand of another shape
+    backend = NumpyBackend()
+    reference = backend.lowering("matmul")
+    assert (backend.kernel(y.op) is not reference) == plain
+    assert backend.kernel(rows.op) is reference
+
+
 @pytest.mark.parametrize("numpy_products", [True, False])
 @pytest.mark.parametrize("trans", [False, True])
 def test_torch_take_matmul_equals_numpy(monkeypatch, numpy_products, trans):

@@ -95,13 +95,23 @@ def dense_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) ->
         flat = None if out is None else out.reshape(-1, b.shape[1])
         res = dense_matmul(a.reshape(-1, k), b, out=flat)
         return res.reshape(*a.shape[:-1], b.shape[1]) if out is None else out
-    if a.ndim != 2 or b.ndim != 2 or k < 2 * K_BLOCK or a.shape[0] < 16 or b.shape[1] < 32:
+    if a.ndim != 2 or b.ndim != 2 or _whole(a.shape, b.shape):
         return np.matmul(a, b, out=out)
     out = np.matmul(a[:, :K_BLOCK], b[:K_BLOCK], out=out)
     part = np.empty_like(out)
     for s in range(K_BLOCK, k, K_BLOCK):
         out += np.matmul(a[:, s : s + K_BLOCK], b[s : s + K_BLOCK], out=part)
     return out
+
+
+def _whole(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
+    """Whether a 2-D product of these shapes runs as one ``np.matmul``, not by blocks."""
+    return a_shape[-1] < 2 * K_BLOCK or a_shape[0] < 16 or b_shape[1] < 32
+
+
+def is_plain_product(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
+    """Whether ``dense_matmul`` of operands of these shapes is ``np.matmul`` as it is."""
+    return len(a_shape) == len(b_shape) == 2 and a_shape[-1] != 1 and _whole(a_shape, b_shape)
 
 
 def leading_sum(x: np.ndarray, axes: int | tuple[int, ...] | None, keepdims: bool = False):

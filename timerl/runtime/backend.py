@@ -21,6 +21,20 @@ import numpy as np
 from timerl.errors import BackendError
 from timerl.ir import prims
 from timerl.ir.graph import Op
+from timerl.symbolic import Const, Slice
+
+
+def static_shape(shape: Iterable[Any]) -> tuple[int, ...] | None:
+    """An op's shape as ints, or None where it depends on a point or a bound."""
+    if not all(isinstance(s, Const) for s in shape):
+        return None
+    return tuple(int(s.value) for s in shape)
+
+
+def plain_reads(op: Op) -> bool:
+    """Whether each input of ``op`` is one point of its source (no slice adds axes): the
+    kernel's operands then have their sources' shapes."""
+    return not any(isinstance(i, Slice) for e in op.inputs for i in e.index)
 
 
 class Backend:

@@ -19,7 +19,7 @@ import torch
 from timerl.ir import rowwise
 from timerl.ir.graph import Op
 from timerl.ir.prims import REGISTRY
-from timerl.symbolic import Const, Slice
+from timerl.runtime.backend import plain_reads, static_shape
 
 LOWERINGS: dict[str, Callable[..., Any]] = {}
 # primitive -> f(op): a lowering for the op's static shapes, or None (``Backend.kernel``)
@@ -207,22 +207,14 @@ def _matmul(a: Any, b: Any) -> Any:
 register_lowering("matmul", _matmul)
 
 
-def _static_size(shape: tuple) -> int | None:
-    if not all(isinstance(s, Const) for s in shape):
-        return None
-    return int(np.prod([int(s.value) for s in shape], dtype=np.int64))
-
-
 def _matmul_for(op: Op) -> Callable[..., Any] | None:
     """``torch.matmul`` itself for a product whose static shapes rule numpy's BLAS out
     (``_matmul``'s tests cost 0.8 us of a rollout step's 3 us product of 16 rows)."""
-    if len(op.shape) < 2 or any(isinstance(i, Slice) for e in op.inputs for i in e.index):
+    out, a = static_shape(op.shape), static_shape(op.inputs[0].src.shape[-1:])
+    if out is None or a is None or len(out) < 2 or not plain_reads(op):
         return None
-    rows, inner = _static_size(op.shape[:-1]), _static_size(op.inputs[0].src.shape[-1:])
-    cols = _static_size(op.shape[-1:])
-    if rows is None or inner is None or cols is None:
-        return None
-    if rows >= NUMPY_MIN_ROWS or (cols <= 8 and rows * inner >= 16384):
+    rows, cols = int(np.prod(out[:-1], dtype=np.int64)), out[-1]
+    if rows >= NUMPY_MIN_ROWS or (cols <= 8 and rows * a[0] >= 16384):
         return None
     return torch.matmul
 
