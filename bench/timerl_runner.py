@@ -247,8 +247,8 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
     """Time the vector envs' ``step``/``reset`` and (optionally) every backend kernel.
 
     Patches classes for the duration only: the envs' base class (every env's udf calls
-    ``vec.step``/``vec.reset``) and the backends' ``lowering``, whose returned kernels are
-    wrapped.
+    ``vec.step``/``vec.reset``) and the backends' ``lowering`` and ``specialisations``, whose
+    returned kernels are wrapped.
     """
     from timerl.errors import BackendError
     from timerl.rl.envs import VectorEnv
@@ -297,6 +297,17 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
 
         return lowering
 
+    def timed_specialisations(original: Any) -> Any:
+        # kernels chosen per op (``Backend.specialisations``) bypass ``lowering``
+        def timed(prim: str, choose: Any) -> Any:
+            def special(op: Any) -> Any:
+                kernel = choose(op)
+                return None if kernel is None else timed_lowering(lambda _s, _p: kernel)(op, prim)
+
+            return special
+
+        return {prim: timed(prim, choose) for prim, choose in original.items()}
+
     patch(VectorEnv, "step", timed_env)
     patch(VectorEnv, "reset", timed_env)
     if kernels:
@@ -311,6 +322,8 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
                 continue
             if "lowering" in cls.__dict__:
                 patch(cls, "lowering", timed_lowering)
+            if "specialisations" in cls.__dict__:
+                patch(cls, "specialisations", timed_specialisations)
         patch(Backend, "donating_lowering", timed_donating)
     try:
         yield timers

@@ -193,6 +193,24 @@ def test_profile_times_the_kernels_of_a_backend_using_the_base_lookup():
     assert Backend.lowering.__qualname__ == "Backend.lowering"
 
 
+def test_profile_times_the_kernels_a_backend_chooses_per_op():
+    # a product whose static shapes decide its kernel (``Backend.specialisations``) skips
+    # ``lowering``; its time is the kernels', not the executor's
+    import numpy as np
+
+    import timerl as tl
+    from timerl.runtime.numpy_backend import NumpyBackend
+
+    ctx = tl.Context(dims=("t",))
+    with ctx:
+        y = tl.ones((4, 8)) @ tl.ones((8, 3))
+    with timerl_runner.instrumented() as timers:
+        kernel = NumpyBackend().kernel(y.op)
+        out = kernel(np.ones((4, 8), np.float32), np.ones((8, 3), np.float32))
+    assert out.shape == (4, 3) and timers.kernel_calls["matmul"] == 1
+    assert NumpyBackend.specialisations["matmul"].__qualname__ == "_matmul_for"
+
+
 def test_cli_forwards_to_bench(capsys):
     from timerl import bench_cli
 
