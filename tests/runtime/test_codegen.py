@@ -207,6 +207,19 @@ def test_meter_changes_under_a_guard_stay_there_when_a_loop_after_reads_before_i
         np.testing.assert_array_equal(a, b)
 
 
+def _acting_loop(source: str) -> tuple[list[str], int, int]:
+    """The generated lines, and where the loop over steps that calls the env starts and
+    where the first line after it is."""
+    lines = source.splitlines()
+    step = next(k for k, line in enumerate(lines) if ".step (defined" in line)
+    start = max(k for k in range(step) if lines[k].lstrip().startswith("for "))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next(
+        k for k in range(start + 1, len(lines)) if len(lines[k]) - len(lines[k].lstrip()) <= indent
+    )
+    return lines, start, end
+
+
 def test_the_acting_loop_reads_its_parameters_and_blocks_once_before_it():
     # parameters and the rollout's blocks do not change inside the loop over steps: each is
     # read into a local before it, and the locals are cleared after it (a local left set
@@ -215,13 +228,7 @@ def test_the_acting_loop_reads_its_parameters_and_blocks_once_before_it():
     c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=list(prog.metrics.values()))
     ex = c.executor(compiled=True)
     ex.prepare(hooked=False)
-    lines = ex.source.splitlines()
-    step = next(k for k, line in enumerate(lines) if ".step (defined" in line)
-    start = max(k for k in range(step) if lines[k].lstrip().startswith("for "))
-    indent = len(lines[start]) - len(lines[start].lstrip())
-    end = next(
-        k for k in range(start + 1, len(lines)) if len(lines[k]) - len(lines[k].lstrip()) <= indent
-    )
+    lines, start, end = _acting_loop(ex.source)
     before = [line.strip() for line in lines[start - 20 : start]]
     hoisted = [
         line.split(" = ")[0] for line in before if re.match(r"_h\d+ = (S|BL)\d+\.get\(", line)
@@ -248,13 +255,7 @@ def test_on_torch_a_loop_over_a_blocks_rows_takes_them_from_views_made_before_it
         np.testing.assert_array_equal(a, b)
     ex = c.executor(compiled=True)
     ex.prepare(hooked=False)
-    lines = ex.source.splitlines()
-    step = next(k for k, line in enumerate(lines) if ".step (defined" in line)
-    start = max(k for k in range(step) if lines[k].lstrip().startswith("for "))
-    indent = len(lines[start]) - len(lines[start].lstrip())
-    end = next(
-        k for k in range(start + 1, len(lines)) if len(lines[k]) - len(lines[k].lstrip()) <= indent
-    )
+    lines, start, end = _acting_loop(ex.source)
     views = dict(re.findall(r"(_h\d+) = ROWVIEWS\((_h\d+)\)", "\n".join(lines[start - 30 : start])))
     body = "\n".join(lines[start + 1 : end])
     assert len(views) >= 3

@@ -56,6 +56,8 @@ class Backend:
     # Whether the library promotes mixed dtypes by numpy's rules, which the IR declares; if
     # not (torch, jax: int64 + float32 -> float32), results are cast to the declared dtype.
     promotes_like_numpy = True
+    # The backend's array class: ``nbytes`` reads its own attribute first.
+    array_type: type = np.ndarray
     # A block's rows as separate views, made once before a loop over them, or None where
     # indexing the block at each step costs no more (numpy: 60 ns a row either way).
     row_views: Callable[[Any], Sequence[Any]] | None = None
@@ -139,7 +141,17 @@ class Backend:
         raise NotImplementedError
 
     def nbytes(self, value: Any) -> int:
-        raise NotImplementedError
+        """Bytes of a value: an array, or a tuple or list of them (an env step's outputs,
+        summed in a loop, not a generator: the meter counts them at every step)."""
+        leaf = self.array_type
+        if type(value) is leaf:  # nearly every call: before the checks below
+            return value.nbytes
+        if isinstance(value, (tuple, list)):
+            total = 0
+            for v in value:
+                total += v.nbytes if type(v) is leaf else self.nbytes(v)
+            return total
+        return int(getattr(value, "nbytes", 0))
 
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         raise NotImplementedError

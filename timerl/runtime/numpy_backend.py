@@ -95,16 +95,6 @@ class NumpyBackend(Backend):
         # np.zeros of memory the heap reuses is a memset (0.6 ms for a 16 MiB block)
         return np.empty(shape, dtype=dtype)
 
-    def nbytes(self, value: Any) -> int:
-        if type(value) is np.ndarray:  # nearly every call: before the checks below
-            return value.nbytes
-        if isinstance(value, (tuple, list)):  # an env step's outputs: a loop, not a generator
-            total = 0
-            for v in value:
-                total += v.nbytes if type(v) is np.ndarray else self.nbytes(v)
-            return total
-        return int(getattr(value, "nbytes", 0))
-
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         value = np.asarray(value)
         if value.shape != shape:

@@ -30,6 +30,7 @@ class TorchBackend(Backend):
     lowerings = LOWERINGS
     donating_lowerings = DONATING
     specialisations = SPECIALISED
+    array_type = torch.Tensor
     promotes_like_numpy = False  # int64 + float32 -> float32, int64 / 2 -> float32
     # ``block[t]`` builds a view per call (0.6 us, and as a kernel's ``out=`` 0.9 us more than
     # a view at hand); ``unbind`` builds all of a block's at 0.45 us a row. A rollout step
@@ -84,18 +85,6 @@ class TorchBackend(Backend):
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         return torch.empty(shape, dtype=torch_dtype(dtype), device=self._dev)
-
-    def nbytes(self, value: Any) -> int:
-        if type(value) is torch.Tensor:  # nearly every call: before the checks below
-            return value.nbytes
-        if isinstance(value, (tuple, list)):  # an env step's outputs: a loop, not a generator
-            total = 0
-            for v in value:
-                total += v.nbytes if type(v) is torch.Tensor else self.nbytes(v)
-            return total
-        if isinstance(value, torch.Tensor):
-            return value.nbytes
-        return int(getattr(value, "nbytes", 0))
 
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         value = self.asarray(value)
