@@ -191,3 +191,24 @@ def test_the_plan_counts_two_chunks_and_reads_one_at_a_time_when_two_do_not_fit(
     # below that: refused at compile time, naming the smallest budget
     with pytest.raises(tl.MemoryBudgetError, match=f"memory_budget={smallest}"):
         compile_(smallest - 1)
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_chunks_a_kernel_let_go_of_are_read_into_again(monkeypatch, ahead):
+    # a new array per chunk is mapped and faulted in under a budget: the generator reads into
+    # the chunks its caller dropped, and never into one the caller still holds
+    rows, data = _rows(ahead=ahead)
+    made = []
+    empty = stores.RowFile._empty
+    monkeypatch.setattr(
+        stores.RowFile, "_empty", lambda self, request: made.append(1) or empty(self, request)
+    )
+    for a, b, chunk in rows.chunks(2):
+        np.testing.assert_array_equal(chunk, data[a:b])
+        del chunk
+    assert len(made) == (2 if ahead else 1)  # of 6 chunks
+    made.clear()
+    kept = [(a, b, chunk) for a, b, chunk in rows.chunks(2)]  # the caller keeps every chunk
+    assert len(made) == len(kept) == 6
+    for a, b, chunk in kept:
+        np.testing.assert_array_equal(chunk, data[a:b])

@@ -52,11 +52,12 @@ _USER_SETTINGS = (
     "MALLOC_MMAP_MAX_",
 )
 
-# glibc's initial thresholds, which a run under a memory budget sets back (see keep_freed_pages)
+# glibc's initial thresholds, which a run under a memory budget fixes (see keep_freed_pages)
 _GLIBC_DEFAULT = 128 << 10
 
 _LIBC: list[Any] = []  # the C library, looked up once ([None] where it is not glibc)
-_KEEPING: list[bool] = [False]  # whether the heap is set to keep freed pages now
+# whether the heap is set to keep freed pages now (None: as glibc set it, never changed)
+_KEEPING: list[bool | None] = [None]
 
 
 def _glibc() -> Any:
@@ -81,19 +82,25 @@ def keep_freed_pages(keep: bool = True) -> bool:
 
     A run under a memory budget does not keep them: its resident memory counts more than the
     faults, and pages kept in a fragmented heap cost it about 6 MiB on memory-e8 (a budget of
-    33 MiB). Process-wide, as every malloc setting is; the heap is left alone where the user
-    set glibc's ``MALLOC_*_`` variables or a ``glibc.malloc`` tunable. True when it keeps them.
+    33 MiB). It fixes glibc's initial thresholds, which glibc itself would raise: the first
+    freed mapping of a few MiB (memory-e8 draws its initial weights through 6 MiB
+    temporaries) moves every later array up to that size onto the heap, where freed pages
+    stay resident. Fixed, each array above 128 KiB is mapped and unmapped, and the run's
+    resident memory follows the meter (memory-e32 under its budget: 3-4% over it, not 13-14%;
+    its streamed chunks are read into the same buffers again, see ``RowFile._read_all``).
+    Process-wide, as every malloc setting is; the heap is left alone where the user set
+    glibc's ``MALLOC_*_`` variables or a ``glibc.malloc`` tunable. True when it keeps them.
     """
     lib = _glibc()
     user = any(os.environ.get(v) for v in _USER_SETTINGS) or "glibc.malloc." in os.environ.get(
         "GLIBC_TUNABLES", ""
     )
-    if lib is None or user or keep == _KEEPING[0]:
-        return _KEEPING[0]
+    if lib is None or user or keep is _KEEPING[0]:
+        return bool(_KEEPING[0])
     mmap, trim = (MMAP_THRESHOLD, TRIM_THRESHOLD) if keep else (_GLIBC_DEFAULT, _GLIBC_DEFAULT)
     if lib.mallopt(_M_MMAP_THRESHOLD, mmap) and lib.mallopt(_M_TRIM_THRESHOLD, trim):
         _KEEPING[0] = keep
-    return _KEEPING[0]
+    return bool(_KEEPING[0])
 
 
 def release_free_heap() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -465,9 +466,11 @@ class RowFile(RowSource):
             what = f"{len(request)} rows from row {int(request[0]) if len(request) else 0}"
         return OSError(f"reading {what} of the streamed block {self.name} from disk failed: {err}")
 
-    def _read_now(self, request: tuple[int, int] | np.ndarray) -> np.ndarray:
+    def _read_now(
+        self, request: tuple[int, int] | np.ndarray, out: np.ndarray | None = None
+    ) -> np.ndarray:
         try:
-            rows = self._load(request, self._empty(request))
+            rows = self._load(request, self._empty(request) if out is None else out)
         except OSError as err:
             raise self._failed(request, err) from err
         self.counter[0] += rows.nbytes
@@ -504,19 +507,33 @@ class RowFile(RowSource):
         have, and no thread outlives the kernel, even one interrupted mid-way. A failed read
         is raised here, on the caller's thread, naming the block."""
         counter = self.counter
+        # chunks the caller let go of, read into again: a new array per chunk would be mapped
+        # and its pages faulted in under a memory budget, where the heap keeps no freed pages
+        # (memory-e32 reads its 1.5 GiB of observations four times an iteration)
+        spare: list[np.ndarray] = []
+
+        def buffer(request: tuple[int, int] | np.ndarray) -> np.ndarray:
+            n = request[1] - request[0] if isinstance(request, tuple) else len(request)
+            for k, rows in enumerate(spare):
+                if len(rows) == n:
+                    return spare.pop(k)
+            return self._empty(request)
+
         if not self.ahead or len(requests) < 2:
             for request in requests:
                 began = time.perf_counter()
-                rows = self._read_now(request)
+                rows = self._read_now(request, buffer(request))
                 counter[1] += time.perf_counter() - began
                 counter[3] += 1
                 yield rows
+                if sys.getrefcount(rows) == 2:  # this name and the call's: nobody else holds it
+                    spare.append(rows)
                 del rows
             return
         pool = ThreadPoolExecutor(1, thread_name_prefix="timerl-read-ahead")
         pending: Future | None = None
         try:
-            pending = pool.submit(self._load, requests[0], self._empty(requests[0]))
+            pending = pool.submit(self._load, requests[0], buffer(requests[0]))
             for k, request in enumerate(requests):
                 if pending.done():
                     counter[2] += 1
@@ -533,8 +550,10 @@ class RowFile(RowSource):
                 pending = None
                 if k + 1 < len(requests):
                     after = requests[k + 1]
-                    pending = pool.submit(self._load, after, self._empty(after))
+                    pending = pool.submit(self._load, after, buffer(after))
                 yield rows
+                if sys.getrefcount(rows) == 2:  # the caller dropped it: the read after next's
+                    spare.append(rows)
                 del rows  # the caller dropped its reference too: two chunks at most
         finally:
             if pending is not None:
