@@ -132,7 +132,6 @@ class CodeGen:
         self._hoist_names = itertools.count()
         self.plan.entry_src = self._block_entry
         self.plan.row_of_entry = self._row_of_entry
-        self._hoisted_in: dict[str, _Hoist] = {}  # a block entry's local -> its loop
         # constant meter changes and statement counts not yet emitted (see ``_tally``)
         self._deltas: list[int] = []
         self._deltas_depth = 0
@@ -335,14 +334,13 @@ class CodeGen:
             # ``get``: the loop may not run, or read it only under a guard that never holds
             found = frame.reads[(store, key)] = f"_h{next(self._hoist_names)}"
             frame.lines.append(f"{found} = {store}.get({key})")
-            self._hoisted_in[found] = frame
         return found
 
     def _row_of_entry(self, entry: str, row: str) -> str:
         """``entry[0][row]``: one row of a block's entry. On a backend with ``row_views``,
         where the entry was read before a loop over its rows, the row's view, from views of
         all rows made once before the loop with it."""
-        frame = self._hoisted_in.get(entry)
+        frame = next((f for f in self._hoists if entry in f.reads.values()), None)
         views = self.backend.row_views
         if frame is None or views is None:
             return f"{entry}[0][{row}]"
