@@ -86,7 +86,7 @@ def keep_freed_pages(keep: bool = True) -> bool:
     freed mapping of a few MiB (memory-e8 draws its initial weights through 6 MiB
     temporaries) moves every later array up to that size onto the heap, where freed pages
     stay resident. Fixed, each array above 128 KiB is mapped and unmapped, and the run's
-    resident memory follows the meter (memory-e32 under its budget: 3-4% over it, not 13-14%;
+    resident memory follows the meter (memory-e32 under its budget: 3% over it, not 13%;
     its streamed chunks are read into the same buffers again, see ``RowFile._read_all``).
     Process-wide, as every malloc setting is; the heap is left alone where the user set
     glibc's ``MALLOC_*_`` variables or a ``glibc.malloc`` tunable. True when it keeps them.
