@@ -305,3 +305,20 @@ def test_strict_form_holds_values_freed_in_the_block_from_its_start(ppo):
                 assert held <= set(g.preds[v]), g.nodes[v].id
         held_seen += len(held)
     assert held_seen > 0
+
+
+def test_prim_categories_follow_the_registry_traits():
+    # a prim declared a view or a reduction in the registry is one to the block model too,
+    # with no list of names to keep in step (sumsq is a reduction no name list had)
+    from timerl.ir import prims
+    from timerl.schedule.to_graph import op_traits
+
+    for name, entry in prims.REGISTRY.items():
+        cats = op_traits(name)
+        assert ("view" in cats) == entry.traits.view, name
+        assert ("reduction" in cats) == entry.traits.reduction, name
+        assert ("picks" in cats) == entry.traits.piecewise, name
+    assert "reduction" in op_traits("sumsq")
+    assert {"tuple_source", "ordered"} <= op_traits("udf")
+    assert "matmul" in op_traits("matmul") and "tuple_part" in op_traits("tuple_get")
+    assert op_traits("not_a_registered_prim") == frozenset()

@@ -436,6 +436,11 @@ def _selects_in_range(op: Op, bounds: dict) -> bool:
     return bool(np.all((at >= 0) & (at < n)))
 
 
+# ops whose attributes, not only their reads, decide where they are defined (validation checks
+# reads): whether such an op is defined at every point of its domain
+DEFINED_EVERYWHERE: dict[str, Callable[[Op, dict], bool]] = {"select_at": _selects_in_range}
+
+
 def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
     """Ops that can be computed at every point of their domain (every read in range, every
     piecewise op defined), their inputs included. A batched op reads its inputs over the
@@ -443,10 +448,12 @@ def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
     that reads ``u[t + 1]`` exists only for ``t < T - 1``): only total inputs are gathered."""
     bad: list[Op] = []
     for op in ops:
-        if op.prim == "select_at" and not _selects_in_range(op, bounds):
+        defined = DEFINED_EVERYWHERE.get(op.prim)
+        if defined is not None and not defined(op, bounds):
             bad.append(op)
             continue
-        if op.prim != "merge" and all(_in_range(op, e, bounds) for e in op.inputs):
+        piecewise = prims.get(op.prim).traits.piecewise  # its branches' guards decide
+        if not piecewise and all(_in_range(op, e, bounds) for e in op.inputs):
             continue
         try:  # guards are not set yet: this checks every point of the domain
             validate([op], bounds)

@@ -47,8 +47,8 @@ Modelling choices, all at the bounds the program was compiled with:
   the program's kept outputs and stop conditions, side effects, and ops nobody reads.
 
 Which prims are views, reductions, tuple sources or ordered effects is decided in one place,
-``op_traits``: it reads a prim's registered traits where the registry has them and falls back
-to the names listed here.
+``op_traits``: it reads the registry's traits, and names only the categories the registry has
+no trait for (products, sorts, a tuple's parts).
 
 ``strict_reads`` (the compiler's setting) also adds an edge for every read of an earlier op of
 the block at another point (``x[t - 1]`` read after ``x[t]`` is computed would need both points
@@ -87,36 +87,39 @@ _ID_NUMBER = re.compile(r"#\d+")
 
 
 # ---------------------------------------------------------------------- what a prim is
-# The only place that looks at prim names. A prim registered with a trait of the same name in
-# its ``extra`` dict (``view``, ``reduction``, ``matmul``, ``sort``, ``tuple_source``,
-# ``picks``, ``ordered``) is read from the registry; the name lists below are the fallback.
-#: Prims whose numpy lowering hands back a view of (or the very buffer of) their one input.
-VIEW_PRIMS = frozenset(
-    {"reshape", "permute", "expand", "identity", "detach", "select_at", "narrow", "tuple_get"}
-)
+# The block model's categories of prims. Those the registry's ``Traits`` already state are read
+# from them (``_FROM_TRAITS``); the rest, which only the graph model distinguishes (how a
+# product, a sort or a tuple's part is costed and sized), are named here. A prim registered with
+# a category in its ``extra`` dict (``{"matmul": True}``) overrides both.
+_FROM_TRAITS: dict[str, Callable[[prims.Traits], bool]] = {
+    "view": lambda t: t.view,  # hands back (a view of) its one input's buffer
+    "reduction": lambda t: t.reduction,
+    "tuple_source": lambda t: t.host or t.multi_output,  # its tuple_get readers take it apart
+    "picks": lambda t: t.piecewise,  # hands back one of its inputs, chosen per point
+    "ordered": lambda t: t.host,  # keeps its place among the effects even if not marked one
+}
 _NAMED: dict[str, frozenset[str]] = {
-    "view": VIEW_PRIMS,
-    "reduction": frozenset({"sum", "max", "argmax"}),
     "matmul": frozenset({"matmul"}),
     "sort": frozenset({"argsort"}),
-    "tuple_source": frozenset(
-        {"udf", "pure_call"}
-    ),  # returns a tuple its tuple_get readers take apart
     "tuple_part": frozenset({"tuple_get"}),
-    "picks": frozenset({"merge"}),  # hands back one of its inputs, chosen per point
-    "ordered": frozenset({"udf"}),  # keeps its place among the effects even if not marked one
     "view_if_basic_key": frozenset({"getitem"}),
 }
 
 
 @functools.cache
 def op_traits(prim_name: str) -> frozenset[str]:
-    """The traits of a prim that the block model needs (see the comment above)."""
+    """The categories of a prim that the block model needs (see the comment above); an op
+    built outside the registry (a test's, a udf's) has none but its named ones."""
     try:
-        extra: Mapping[str, Any] = prims.get(prim_name).extra
-    except KeyError:  # an op built outside the registry (tests, udfs): names only
-        extra = {}
-    return frozenset(t for t, names in _NAMED.items() if extra.get(t, prim_name in names) is True)
+        entry = prims.get(prim_name)
+    except KeyError:
+        extra: Mapping[str, Any] = {}
+        derived: dict[str, bool] = {}
+    else:
+        extra = entry.extra
+        derived = {name: rule(entry.traits) for name, rule in _FROM_TRAITS.items()}
+    derived |= {name: prim_name in names for name, names in _NAMED.items()}
+    return frozenset(t for t, value in derived.items() if extra.get(t, value) is True)
 
 
 @dataclass
