@@ -11,7 +11,8 @@ below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_JAX_EXAMPLES`` (de
 how many further programs ``test_jax_backend`` checks on the jax backend (each compiles jitted
 regions, so they cost more). ``TIMERL_FUZZ_DEVICE`` (default cpu) is the device of the torch
 and jax runs; on another (``cuda``) every program runs on torch there too, not a fifth.
-``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
+``TIMERL_FUZZ_SEED`` (any string) draws another set of programs than the fixed one the suite
+checks (``make fuzz SEED=7``). ``TIMERL_FUZZ_KEEP_GOING=1`` runs every program
 and fails at the end with each distinct failure (unshrunk) instead of stopping at the first.
 """
 
@@ -33,6 +34,8 @@ from programs import FLAGS, DrawChooser, Program, generate  # noqa: E402
 TOTAL = int(os.environ.get("TIMERL_FUZZ_EXAMPLES", "2000"))
 # run every program and fail once at the end, listing each distinct failure (no shrinking)
 KEEP_GOING = os.environ.get("TIMERL_FUZZ_KEEP_GOING", "") == "1"
+# another set of programs than the suite's fixed one (each value its own, reproducibly)
+SEED = os.environ.get("TIMERL_FUZZ_SEED", "")
 
 # share of the programs each test runs, and what they are: (share, gradients, (i, t) dims,
 # most stages per program); values are cheaper than gradients
@@ -80,7 +83,7 @@ def fuzz(name: str, jax: bool = False) -> None:
     findings: list[Finding] = []
     count = max(1, JAX_EXAMPLES // 2) if jax else examples(name)
 
-    @seed(zlib.crc32((name + ("/jax" if jax else "")).encode()))
+    @seed(zlib.crc32((name + ("/jax" if jax else "") + SEED).encode()))
     @settings(
         max_examples=count,
         derandomize=True,
