@@ -21,6 +21,7 @@ import math
 import os
 import resource
 import sys
+import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -127,6 +128,37 @@ class Result:
     # ``planned_peak`` count should agree with (0: not measured)
     run_base_rss_bytes: int = 0
     run_peak_rss_bytes: int = 0
+
+    @classmethod
+    def measured(
+        cls,
+        baseline: str,
+        cfg: Config,
+        iteration_seconds: list[float],
+        returns: list[float],
+        *,
+        start: float,
+        setup_s: float,
+        framework_peak_bytes: int | None = None,
+        base_rss_bytes: int = 0,
+    ) -> Result:
+        """A baseline's run, timed per iteration from ``start`` (its ``perf_counter``), its
+        peak RSS read now: every baseline derives the same figures the same way."""
+        steps_per_s, per_iter, first = timing_summary(iteration_seconds, cfg.batch_size)
+        return cls(
+            baseline=baseline,
+            config=vars(cfg).copy(),
+            env_steps_per_s=steps_per_s,
+            seconds_per_iteration=per_iter,
+            first_iteration_s=first,
+            setup_s=setup_s,
+            total_s=time.perf_counter() - start,
+            total_env_steps=cfg.batch_size * cfg.iterations,
+            peak_rss_bytes=peak_rss_bytes(),
+            framework_peak_bytes=framework_peak_bytes,
+            returns=returns,
+            base_rss_bytes=base_rss_bytes,
+        )
 
     def iterations_to(self, target: float) -> int | None:
         """First iteration (1-based) whose mean completed return reached ``target``."""

@@ -23,9 +23,8 @@ from bench.common import (
     BaselineUnavailable,
     Config,
     Result,
+    current_rss_bytes,
     main_for,
-    peak_rss_bytes,
-    timing_summary,
 )
 
 
@@ -191,6 +190,7 @@ def run(config: Config, scan_iterations: bool = False) -> Result:
     from timerl.rl.jax_envs import make_jax_env
 
     cfg = config.resolved()
+    base_rss = current_rss_bytes()
     start = time.perf_counter()
     platform = {"cuda": "gpu"}.get(cfg.device.split(":")[0], cfg.device.split(":")[0])
     try:
@@ -246,23 +246,19 @@ def run(config: Config, scan_iterations: bool = False) -> Result:
                 iter_seconds.append(time.perf_counter() - t0)
                 metrics.append((float(ret_sum), float(count)))
     returns = [s / c if c > 0 else float("nan") for s, c in metrics]
-    steps_per_s, per_iter, first = timing_summary(iter_seconds, cfg.batch_size)
     fw_peak = None
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "peak_bytes_in_use" in stats:
         fw_peak = int(stats["peak_bytes_in_use"])
-    return Result(
-        baseline="jax_ppo" + ("_scan" if scan_iterations else ""),
-        config=vars(cfg).copy(),
-        env_steps_per_s=steps_per_s,
-        seconds_per_iteration=per_iter,
-        first_iteration_s=first,
+    return Result.measured(
+        "jax_ppo" + ("_scan" if scan_iterations else ""),
+        cfg,
+        iter_seconds,
+        returns,
+        start=start,
         setup_s=setup_s,
-        total_s=time.perf_counter() - start,
-        total_env_steps=cfg.batch_size * cfg.iterations,
-        peak_rss_bytes=peak_rss_bytes(),
         framework_peak_bytes=fw_peak,
-        returns=returns,
+        base_rss_bytes=base_rss,
     )
 
 

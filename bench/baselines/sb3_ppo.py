@@ -20,10 +20,9 @@ from bench.common import (
     BaselineUnavailable,
     Config,
     Result,
+    current_rss_bytes,
     main_for,
     mean_or_nan,
-    peak_rss_bytes,
-    timing_summary,
 )
 
 
@@ -78,6 +77,7 @@ def run(config: Config) -> Result:
 
     cfg = config.resolved()
     torch.set_num_threads(cfg.threads)
+    base_rss = current_rss_bytes()
     start = time.perf_counter()
     if cfg.env_id == "Synthetic-v0":
         factory = lambda: _synthetic_gym_env(cfg.seed, cfg.env_kwargs)  # noqa: E731
@@ -137,21 +137,17 @@ def run(config: Config) -> Result:
     setup_s = time.perf_counter() - start
     model.learn(total_timesteps=cfg.batch_size * cfg.iterations, callback=Timer())
     venv.close()
-    steps_per_s, per_iter, first = timing_summary(iter_seconds, cfg.batch_size)
     device = torch.device(cfg.device)
     fw_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return Result(
-        baseline="sb3_ppo",
-        config=vars(cfg).copy(),
-        env_steps_per_s=steps_per_s,
-        seconds_per_iteration=per_iter,
-        first_iteration_s=first,
+    return Result.measured(
+        "sb3_ppo",
+        cfg,
+        iter_seconds,
+        returns,
+        start=start,
         setup_s=setup_s,
-        total_s=time.perf_counter() - start,
-        total_env_steps=cfg.batch_size * cfg.iterations,
-        peak_rss_bytes=peak_rss_bytes(),
         framework_peak_bytes=fw_peak,
-        returns=returns,
+        base_rss_bytes=base_rss,
     )
 
 

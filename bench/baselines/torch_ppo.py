@@ -21,8 +21,6 @@ from bench.common import (
     current_rss_bytes,
     main_for,
     mean_or_nan,
-    peak_rss_bytes,
-    timing_summary,
 )
 
 
@@ -189,20 +187,15 @@ def run(config: Config) -> Result:
         returns.append(mean_or_nan(env.completed_returns()))
     env.close()
 
-    steps_per_s, per_iter, first = timing_summary(iter_seconds, cfg.batch_size)
     fw_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return Result(
-        baseline="torch_ppo",
-        config=vars(cfg).copy(),
-        env_steps_per_s=steps_per_s,
-        seconds_per_iteration=per_iter,
-        first_iteration_s=first,
+    return Result.measured(
+        "torch_ppo",
+        cfg,
+        iter_seconds,
+        returns,
+        start=start,
         setup_s=setup_s,
-        total_s=time.perf_counter() - start,
-        total_env_steps=cfg.batch_size * cfg.iterations,
-        peak_rss_bytes=peak_rss_bytes(),
         framework_peak_bytes=fw_peak,
-        returns=returns,
         base_rss_bytes=base_rss,
     )
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bench.baselines.torch_ppo import ActorCritic, _torch
-from bench.common import Config, Result, main_for, mean_or_nan, peak_rss_bytes, timing_summary
+from bench.common import Config, Result, current_rss_bytes, main_for, mean_or_nan
 
 
 def discounted_returns(rewards: Any, dones: Any, last_value: Any, gamma: float) -> Any:
@@ -39,6 +39,7 @@ def run(config: Config) -> Result:
     cfg = config.resolved()
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    base_rss = current_rss_bytes()
     start = time.perf_counter()
     device = torch.device(cfg.device)
     env = make_env(cfg.env_id, num_envs=cfg.num_envs, seed=cfg.seed, **cfg.env_kwargs)
@@ -93,20 +94,16 @@ def run(config: Config) -> Result:
         returns.append(mean_or_nan(env.completed_returns()))
     env.close()
 
-    steps_per_s, per_iter, first = timing_summary(iter_seconds, cfg.batch_size)
     fw_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return Result(
-        baseline="torch_reinforce" + ("" if cfg.value_baseline else "_nobaseline"),
-        config=vars(cfg).copy(),
-        env_steps_per_s=steps_per_s,
-        seconds_per_iteration=per_iter,
-        first_iteration_s=first,
+    return Result.measured(
+        "torch_reinforce" + ("" if cfg.value_baseline else "_nobaseline"),
+        cfg,
+        iter_seconds,
+        returns,
+        start=start,
         setup_s=setup_s,
-        total_s=time.perf_counter() - start,
-        total_env_steps=cfg.batch_size * cfg.iterations,
-        peak_rss_bytes=peak_rss_bytes(),
         framework_peak_bytes=fw_peak,
-        returns=returns,
+        base_rss_bytes=base_rss,
     )
 
 
