@@ -168,3 +168,30 @@ def test_a_block_sliced_into_a_matmul_streams_and_keeps_its_values(
     prog.run(compiled=compiled)
     np.testing.assert_allclose(prog.value(out2), ref.value(out), rtol=1e-5, atol=1e-6)
     assert prog.stats()["peak_bytes"] == prog.stats()["planned_peak_bytes"]
+
+
+def _block_read_by(read) -> str | None:
+    """Why the block of ``x`` (rows of (4, 8)) read as ``read(x[0:T])`` cannot stream."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((4, 8), domain=(t,))
+        x[0] = tl.full((4, 8), 1.0)
+        x[t + 1] = x[t] * 0.5 + 1.0
+        out = read(x[0:T], T).sum()
+    prog = ctx.compile(bounds={T: 16}, outputs=[out])
+    block = next(i for i, s in prog.compiled.storage.items() if s.kind == "block")
+    return streamable(block, prog.ops, prog.compiled.storage, prog.static)
+
+
+def test_which_views_and_products_read_a_block_by_rows():
+    w = np.ones((8, 2), dtype=np.float32)
+    batch = np.ones((1, 8, 2), dtype=np.float32)
+    # rows kept whole by a reshape, then multiplied by one matrix: streamable
+    assert _block_read_by(lambda xs, T: xs.reshape(T * 4, 8) @ tl.from_numpy(w)) is None
+    # the same rows multiplied by a matrix per row: a batched product reads them whole
+    why = _block_read_by(lambda xs, T: xs @ tl.from_numpy(batch))
+    assert why is not None and "batch of matrices" in why
+    # a permute other than the 2-D transpose does not keep the rows
+    why = _block_read_by(lambda xs, T: xs.permute(0, 2, 1).reshape(T * 8, 4) @ tl.from_numpy(w[:4]))
+    assert why is not None and "permutes its axes" in why

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -334,8 +334,72 @@ def plan_swaps(
     return sched, plan, notes
 
 
-# whole views a streamed block's rows may be read through (each a row source, ir/rowwise.py)
-_ROW_VIEWS = {"identity", "detach", "reshape", "permute"}
+# How the ops that may read a streamed block's rows do so: the pass's own rule tables, one entry
+# per primitive (a primitive missing from both reads the block whole, which streaming forbids).
+#
+# Views that keep a row source (ir/rowwise.py) a row source, given the view, whether the block
+# reaches it transposed, and the static bounds: why not, or None.
+_ViewRule = Callable[[Op, bool, Mapping[Bound, int]], str | None]
+
+
+def _keeps_rows(view: Op, transposed: bool, static: Mapping[Bound, int]) -> str | None:
+    if transposed or not view.shape or not _splits_rows(view, static):
+        return f"{view.label} reshapes its rows"
+    return None
+
+
+def _transposes_rows(view: Op, transposed: bool, static: Mapping[Bound, int]) -> str | None:
+    if tuple(view.attrs.get("perm", ())) != (1, 0) or transposed:
+        return f"{view.label} permutes its axes"
+    return None
+
+
+_ROW_VIEWS: dict[str, _ViewRule] = {
+    "identity": _keeps_rows,
+    "detach": _keeps_rows,
+    "reshape": _keeps_rows,
+    "permute": _transposes_rows,
+}
+
+
+@dataclass(frozen=True)
+class _RowReader:
+    """A kernel that reads its first operand, a row source, a chunk at a time."""
+
+    # why it cannot read this source (given the reader, whether the source is the block's
+    # transpose, and the source), or None
+    declines: Callable[[Op, bool, Op], str | None]
+    # whether it reads the rows as a transpose, holding a slab of its result (given the
+    # reader and whether the source is transposed)
+    flips: Callable[[Op, bool], bool]
+    # rows it reads in all, of a source of ``nrows`` rows (a gather may read some twice)
+    rows_read: Callable[[Op, Mapping[Bound, int], int], int]
+
+
+def _matmul_declines(reader: Op, transposed: bool, source: Op) -> str | None:
+    if len(reader.inputs[1].src.shape) != 2:
+        return f"{reader.label} multiplies it by a batch of matrices"
+    if transposed and len(source.shape) != 2:
+        return f"{reader.label} multiplies its transpose as a batch"
+    return None
+
+
+def _take_matmul_declines(reader: Op, transposed: bool, source: Op) -> str | None:
+    return f"{reader.label} gathers from its transpose" if transposed else None
+
+
+def _gathered_rows(reader: Op, env: Mapping[Bound, int], nrows: int) -> int:
+    return int(np.prod([int(x.evaluate(env)) for x in reader.inputs[1].src.shape]))
+
+
+_ROW_READERS: dict[str, _RowReader] = {
+    "matmul": _RowReader(_matmul_declines, lambda _r, transposed: transposed, lambda *a: a[2]),
+    "take_matmul": _RowReader(
+        _take_matmul_declines,
+        lambda reader, _t: bool(reader.attrs.get("trans", False)),
+        _gathered_rows,
+    ),
+}
 
 
 def streamable(
@@ -349,8 +413,8 @@ def streamable(
 
     The block, and each alias of it, is read at single points (one row, read back from the
     file) or as a whole slice by a view; a view (a row source) is read by views that keep
-    its rows (identity, detach, a reshape of the rows, the 2-D transpose), as the first
-    operand of a matmul (chunked) or the matrix of a ``take_matmul``."""
+    its rows (``_ROW_VIEWS``) and as the first operand of a kernel that reads it by chunks
+    (``_ROW_READERS``)."""
     by_id = {op.id: op for op in ops}
     family, transposed = _family(op_id, by_id, storage)
     kept = sorted(family & set(keep))
@@ -370,27 +434,24 @@ def streamable(
             if reader.id in family:
                 if storage[reader.id].kind == "alias":
                     continue
-                if reader.prim not in _ROW_VIEWS:
+                view_rule = _ROW_VIEWS.get(reader.prim)
+                if view_rule is None:
                     return f"{reader.label} views it as {reader.prim}"
-                if reader.prim == "permute":
-                    if tuple(reader.attrs.get("perm", ())) != (1, 0) or transposed[fid]:
-                        return f"{reader.label} permutes its axes"
-                elif transposed[fid] or not reader.shape or not _splits_rows(reader, static):
-                    return f"{reader.label} reshapes its rows"
+                why = view_rule(reader, transposed[fid], static)
+                if why is not None:
+                    return why
                 continue
             if not whole and not sliced:
                 continue  # one row, read back from the file
             if not whole and any(isinstance(i, Slice) for i in edge.index[:-1]):
                 return f"{reader.label} ({reader.prim}) reads a slice across its blocks"
-            if (sliced and whole) or k != 0 or reader.prim not in ("matmul", "take_matmul"):
+            rule = _ROW_READERS.get(reader.prim)
+            if (sliced and whole) or k != 0 or rule is None:
                 what = "a slice of it" if sliced else "it whole"
                 return f"{reader.label} ({reader.prim}) reads {what}"
-            if reader.prim == "take_matmul" and transposed[fid]:
-                return f"{reader.label} gathers from its transpose"
-            if reader.prim == "matmul" and len(reader.inputs[1].src.shape) != 2:
-                return f"{reader.label} multiplies it by a batch of matrices"
-            if reader.prim == "matmul" and transposed[fid] and len(by_id[fid].shape) != 2:
-                return f"{reader.label} multiplies its transpose as a batch"
+            why = rule.declines(reader, transposed[fid], by_id[fid])
+            if why is not None:
+                return why
     return None
 
 
@@ -414,8 +475,8 @@ def read_buffers(
 ) -> dict[int, int]:
     """Op id -> the bytes its kernel holds reading a streamed block by chunks.
 
-    A matmul or ``take_matmul`` whose rows are a streamed block (a view of it, or a slice of
-    its rows) reads them a chunk at a time (``ir/rowwise.py``): it holds one chunk, two where
+    A kernel of ``_ROW_READERS`` (a matmul, a ``take_matmul``) whose rows are a streamed block
+    (a view of it, or a slice of its rows) reads them a chunk at a time (``ir/rowwise.py``): it holds one chunk, two where
     the block is read ahead, and the slab of a transposed product. ``planned_peak`` and the
     run's meter count these bytes while the op runs, on top of what is live then. A read of
     one row holds one row and is not counted."""
@@ -427,7 +488,8 @@ def read_buffers(
         st = storage[block]
         family, transposed = _family(block, by_id, storage)
         for op in ops:
-            if op.prim not in ("matmul", "take_matmul") or not op.inputs:
+            rule = _ROW_READERS.get(op.prim)
+            if rule is None or not op.inputs:
                 continue
             edge = op.inputs[0]
             src = edge.src
@@ -437,22 +499,19 @@ def read_buffers(
                 shape = [int(x.evaluate(env)) for x in src.shape]
                 itemsize = np.dtype(src.dtype).itemsize
                 if storage[src.id].kind == "view":
-                    flip = transposed[src.id]
-                    if flip:
+                    flipped = transposed[src.id]
+                    if flipped:
                         nrows, row_bytes = shape[-1], shape[0] * itemsize
                     else:
                         nrows, row_bytes = shape[0], int(np.prod(shape[1:])) * itemsize
                 elif isinstance(edge.index[-1], Slice):
-                    flip = False
+                    flipped = False
                     nrows, row_bytes = int(st.extent or 0), int(np.prod(shape)) * itemsize
                 else:
                     continue  # one row
-                total = nrows
-                if op.prim == "take_matmul":
-                    total = int(np.prod([int(x.evaluate(env)) for x in op.inputs[1].src.shape]))
-                    flip = bool(op.attrs.get("trans", False))
+                flip = rule.flips(op, flipped)
                 n = rowwise.read_buffer_bytes(
-                    total, row_bytes, st.chunk_bytes or None, st.read_ahead
+                    rule.rows_read(op, env, nrows), row_bytes, st.chunk_bytes or None, st.read_ahead
                 )
                 if flip and len(op.shape) == 2:
                     rows_out, cols = (int(x.evaluate(env)) for x in op.shape)
