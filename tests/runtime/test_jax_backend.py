@@ -434,3 +434,37 @@ def test_a_region_reads_a_value_whose_guard_did_not_hold_as_absent():
     got = tl.evaluate(outs, bounds={T: 2}, backend="jax")
     for a, b in zip(ref, got, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)
+
+
+def test_a_fused_loop_reads_a_value_computed_before_it_under_a_guard_that_failed():
+    """A value computed before a fused loop, only where its guard holds (here at no point of
+    the run), is passed to the loop as absent, not as a name never assigned (a program the
+    fuzzer drew with ``TIMERL_FUZZ_SEED=1``, as it printed it)."""
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        u0 = tl.from_numpy(np.array([-0.676, -0.244, 0.024, 0.238]), domain=(t,), dtype="float64")
+        p1 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        p1[t < 2] = (
+            (tl.where((u0[T - 1]) > 0, u0[t : tl.min(t + 2, T)].mean(0), u0[t // 3]))
+            + ((u0[t + 1 : T].sum(0)).sin())
+        ) * 0.25 + 1.0
+        p1[t.eq(0)] = (
+            (tl.where((u0[t : tl.min(t + 2, T)].sum(0)) > 0, u0[t // 2], u0[tl.min(t + 3, T - 1)]))
+            * 0.25
+            + 0.0
+        ) * (tl.maximum((u0[t // 2]) * 0.25 + -0.5, -(u0[t : tl.min(t + 3, T)].max(0))))
+        p1[True] = (u0[t % 2]) * (
+            tl.where(
+                ((u0[0:T].max(0)) * 0.5 + 0.0) > 0,
+                tl.where((u0[t]) > 0, u0[t], u0[0:3].mean(0)),
+                u0[tl.min(t + 2, T - 1)],
+            )
+        )
+        x2 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x2[T - 1] = p1[0:4].min(0)
+        x2[t] = (((x2[t + 1]) * 0.5 + 0.0) + (x2[t + 1])).tanh()
+    ref = tl.evaluate([p1, x2], bounds={T: 4}, optimize=False)
+    got = tl.evaluate([p1, x2], bounds={T: 4}, backend="jax")
+    for a, b in zip(ref, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)

@@ -446,7 +446,11 @@ class LoopFusion:
     def _optional_src(self, edge: Edge) -> str:
         gen = self.gen
         if edge.src.id in gen.locals:
-            return f"v{edge.src.id}"
+            if edge.src.guard == TRUE:
+                return f"v{edge.src.id}"
+            # computed only where its guard holds: unbound (a NameError in the closure) where
+            # it did not, which the loop reads as a point that does not exist
+            return f"OPTIONAL(lambda: v{edge.src.id})"
         if not any(isinstance(i, Slice) for i in edge.index):
             key = gen.key_src([gen.names.src(i) for i in edge.index])
             return f"S{edge.src.id}.get({key})"
