@@ -1,0 +1,84 @@
+"""The loop-distribution scheduler on its own: how a read relates to its reader's point, and
+the loops, directions and order it gives small programs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from timerl.errors import CycleError
+from timerl.schedule.program import Compute, Loop
+from timerl.schedule.scheduler import (
+    FUTURE,
+    NONE,
+    PAST,
+    SAME,
+    STRICT_FUTURE,
+    STRICT_PAST,
+    relation,
+)
+from timerl.symbolic import Slice
+
+
+def _dim():
+    ctx = tl.Context(dims=("t",))
+    return ctx.dims[0], ctx.bounds[0]
+
+
+def test_relation_of_points_and_slices_to_the_readers_point():
+    t, T = _dim()
+    assert relation(t, t) == SAME
+    assert relation(t - 1, t) == STRICT_PAST
+    assert relation(t + 2, t) == STRICT_FUTURE
+    assert relation(Slice(t * 0, t + 1), t) == PAST  # 0:t+1 ends at t
+    assert relation(Slice(t, T), t) == FUTURE  # t:T starts at t
+    assert relation(Slice(t * 0, T), t) == NONE  # the whole range
+    assert relation(T - 1 - t, t) == NONE  # a mirror: before at some points, after at others
+
+
+def test_relation_narrowed_by_the_readers_guard():
+    # x[t // 2] is the same point at t = 0, strictly earlier wherever t >= 1
+    t, _ = _dim()
+    assert relation(t // 2, t) != STRICT_PAST
+    assert relation(t // 2, t, t >= 1) == STRICT_PAST
+
+
+def _loops(body):
+    return [s for s in body if isinstance(s, Loop)]
+
+
+def _computed(loop: Loop) -> set[str]:
+    return {s.op.label for s in loop.body if isinstance(s, Compute)}
+
+
+def test_a_forward_and_a_backward_recurrence_get_loops_of_their_direction_in_order():
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        r = tl.from_numpy(np.arange(6.0), domain=(t,))
+        x = tl.RecurrentTensor.placeholder((), domain=(t,), name="x")
+        x[0] = tl.zeros(())
+        x[t + 1] = x[t] * 0.5 + r[t]
+        ret = tl.RecurrentTensor.placeholder((), domain=(t,), name="ret")
+        ret[t.eq(T - 1)] = x[T - 1]
+        ret[True] = x[t] + 0.9 * ret[t + 1]
+    prog = ctx.compile(bounds={T: 6}, outputs=[ret])
+    loops = _loops(prog.schedule.body)
+    forward = next(k for k, lp in enumerate(loops) if "x" in _computed(lp))
+    backward = next(k for k, lp in enumerate(loops) if "ret" in _computed(lp))
+    assert loops[forward].forward and not loops[backward].forward
+    # ret reads x[T - 1], the last point of x's loop: x's loop runs first, to completion
+    assert forward < backward
+
+
+def test_a_cycle_at_the_same_point_is_refused_naming_its_tensors():
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        a = tl.RecurrentTensor.placeholder((), domain=(t,), name="a")
+        b = tl.RecurrentTensor.placeholder((), domain=(t,), name="b")
+        a[True] = b[t] + 1.0
+        b[True] = a[t] * 2.0
+    with pytest.raises(CycleError, match=r"\ba\b.*\bb\b|\bb\b.*\ba\b"):
+        ctx.compile(bounds={T: 4}, outputs=[b])
