@@ -21,6 +21,7 @@ into environment, kernels and executor overhead (the rest).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -159,8 +160,6 @@ def run(config: Config, algo: str = "ppo", backend: str = "numpy") -> Result:
 
 
 def _result(cfg: Config, out: Any, records: list, start: float, algo: str, backend: str) -> Result:
-    from bench.common import timing_summary
-
     if not records:
         raise RuntimeError("timerl ran no iteration")
     cumulative = [rec["seconds"] for _, rec in records]
@@ -169,24 +168,24 @@ def _result(cfg: Config, out: Any, records: list, start: float, algo: str, backe
     wall0, rec0 = records[0]
     # build + compile + executor creation + the prologue
     setup_s = (wall0 - rec0["seconds"]) - start + prologue
-    steps_per_s, per_iter, first = timing_summary(iter_seconds, cfg.batch_size)
     returns = [
         float(rec["episodic_return"]) if rec.get("episodes", 1) else math.nan for _, rec in records
     ]
-    return Result(
-        baseline=system_name(algo, backend),
-        config=vars(cfg).copy(),
-        env_steps_per_s=steps_per_s,
-        seconds_per_iteration=per_iter,
-        first_iteration_s=first,
+    measured = Result.measured(
+        system_name(algo, backend),
+        cfg,
+        iter_seconds,
+        returns,
+        start=start,
         setup_s=setup_s,
-        total_s=time.perf_counter() - start,
-        total_env_steps=cfg.batch_size * len(records),
-        peak_rss_bytes=int(getattr(out, "peak_rss_bytes", 0) or peak_rss_bytes()),
         # on an accelerator its allocator's peak, as the baselines report; else timerl's meter
         framework_peak_bytes=int(out.device_peak_bytes or out.peak_bytes),
-        returns=returns,
         base_rss_bytes=int(getattr(out, "base_rss_bytes", 0)),
+    )
+    return dataclasses.replace(
+        measured,
+        total_env_steps=cfg.batch_size * len(records),  # the iterations it ran
+        peak_rss_bytes=int(getattr(out, "peak_rss_bytes", 0) or measured.peak_rss_bytes),
         memory_budget_bytes=int(getattr(out, "memory_budget_bytes", 0)),
         planned_peak_bytes=int(getattr(out, "planned_peak_bytes", 0) or 0),
         within_budget=getattr(out, "within_budget", None),
