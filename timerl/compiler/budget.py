@@ -425,7 +425,7 @@ def streamable(
         for k, e in enumerate(op.inputs):
             if e.src.id in family:
                 readers.setdefault(e.src.id, []).append((op, k))
-    for fid in family:
+    for fid in sorted(family):  # the same reason named, whatever the ids hash to
         kind = storage[fid].kind
         whole = kind == "view"
         for reader, k in readers.get(fid, []):
