@@ -7,7 +7,7 @@ point; gradient examples also compare every input's ``.grad`` with torch autogra
 same reference. A failure prints the shrunk program as runnable timerl source.
 
 ``TIMERL_FUZZ_EXAMPLES`` sets the total number of programs (default 2,000, split over the tests
-below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_JAX_EXAMPLES`` (default 20) sets
+below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_JAX_EXAMPLES`` (default 60) sets
 how many further programs ``test_jax_backend`` checks on the jax backend (each compiles jitted
 regions, so they cost more). ``TIMERL_FUZZ_DEVICE`` (default cpu) is the device of the torch
 and jax runs; on another (``cuda``) every program runs on torch there too, not a fifth.
@@ -70,7 +70,7 @@ def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Progr
 
 # the jax backend's own run: programs drawn apart from the others, each checked on numpy and
 # on jax (jitted regions); ``TIMERL_FUZZ_JAX_EXAMPLES`` programs in all (values, gradients)
-JAX_EXAMPLES = int(os.environ.get("TIMERL_FUZZ_JAX_EXAMPLES", "20"))
+JAX_EXAMPLES = int(os.environ.get("TIMERL_FUZZ_JAX_EXAMPLES", "60"))
 
 
 def fuzz(name: str, jax: bool = False) -> None:
