@@ -388,12 +388,16 @@ def _take_matmul_declines(reader: Op, transposed: bool, source: Op) -> str | Non
     return f"{reader.label} gathers from its transpose" if transposed else None
 
 
+def _every_row(reader: Op, env: Mapping[Bound, int], nrows: int) -> int:
+    return nrows
+
+
 def _gathered_rows(reader: Op, env: Mapping[Bound, int], nrows: int) -> int:
     return int(np.prod([int(x.evaluate(env)) for x in reader.inputs[1].src.shape]))
 
 
 _ROW_READERS: dict[str, _RowReader] = {
-    "matmul": _RowReader(_matmul_declines, lambda _r, transposed: transposed, lambda *a: a[2]),
+    "matmul": _RowReader(_matmul_declines, lambda _r, transposed: transposed, _every_row),
     "take_matmul": _RowReader(
         _take_matmul_declines,
         lambda reader, _t: bool(reader.attrs.get("trans", False)),
