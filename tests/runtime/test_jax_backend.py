@@ -468,3 +468,46 @@ def test_a_fused_loop_reads_a_value_computed_before_it_under_a_guard_that_failed
     got = tl.evaluate([p1, x2], bounds={T: 4}, backend="jax")
     for a, b in zip(ref, got, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)
+
+
+def _u(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, shape)
+
+
+def test_a_fused_loop_returns_the_last_value_of_one_it_keeps_whole():
+    """``x1[i, t]`` is read by the next outer iteration at every ``t`` (``x1[0:i + 1, t]``)
+    and its last point after the loop: the loop keeps its rows and returns the last of them
+    (it was looked up among the values carried from iteration to iteration, which it is not).
+    Found by the fuzzer's two-dim programs on jax."""
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        u0 = tl.from_numpy(_u((4, 6), 40), domain=(i, t), dtype="float64")
+        x1 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t))
+        x1[i, 0] = u0[tl.min(i + 1, I - 1), 0:T].max(0)
+        x1[i, t + 1] = (((x1[0 : i + 1, t].sum(0)) * 0.5 + 0.0) + (x1[i, t])).tanh()
+    ref = tl.evaluate([x1], bounds={I: 4, T: 6}, optimize=False)
+    got = tl.evaluate([x1], bounds={I: 4, T: 6}, backend="jax")
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6, atol=1e-12)
+
+
+def test_a_fused_loop_gathers_rows_read_over_a_slice_of_the_outer_dim():
+    """A loop over ``t`` reading ``x[0:I, t]``-like rows of an earlier fused loop's store:
+    rows of several outer points are gathered, not handed over as one stacked array (the
+    stacked read has no key for a slice). Found by the fuzzer's two-dim gradient programs."""
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        u0 = tl.from_numpy(_u((4, 3, 2), 41), domain=(i, t), dtype="float64", requires_grad=True)
+        x1 = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t))
+        head = u0[3, t : tl.min(t + 2, T)].max(0).max(-1)
+        x1[t.eq(0)] = head * head
+        window = u0[tl.min(i + 2, I - 1), tl.max(t - 3, 0) : t + 1].max(0)
+        x1[True] = (
+            (x1[i, t - 1] * 0.5 + 0.0) + tl.maximum(x1[i, t - 1], window).mean(-1) * -1.5 + 1.0
+        ).tanh()
+        (x1 * x1).sum().backward()
+    ref = tl.evaluate([x1, u0.grad], bounds={I: 4, T: 3}, optimize=False)
+    got = tl.evaluate([x1, u0.grad], bounds={I: 4, T: 3}, backend="jax")
+    for a, b in zip(ref, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-12)

@@ -99,7 +99,9 @@ def loop_function(plan: LoopPlan) -> Callable[..., tuple[dict, dict]]:
             last, hist = body(0, (init_last, init_hist))
         else:
             last, hist = lax.fori_loop(0, n, body, (init_last, init_hist))
-        finals = {m: last[m] for m in plan.finals}
+        # a final value read at other points too is kept whole, not carried: its last row
+        final = n - 1 if plan.forward else 0
+        finals = {m: last[m] if m in last else hist[m][final] for m in plan.finals}
         return finals, _rows_out(hist)
 
     def _rows_out(every: dict) -> dict:

@@ -440,6 +440,8 @@ class LoopFusion:
             return None
         if any(loop.dim in _symbols(i) for i in edge.index[:-1]):
             return None
+        if any(isinstance(i, Slice) for i in edge.index[:-1]):
+            return None  # rows of several outer points (``x[0:I, t]``): gathered, not stacked
         outer = self.gen.key_src([self.gen.names.src(i) for i in edge.index[:-1]])
         return f"S{src.id}.stacked({outer}, {n})"
 
