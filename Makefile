@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 tests
 
 # the differential fuzzer at 20,000 programs and 600 on jax (the default suite runs 2,000 and
-# 60); SEED=n draws another set of programs than the suite's
+# 80); SEED=n draws another set of programs than the suite's
 fuzz: $(STAMP)
 	TIMERL_FUZZ_EXAMPLES=20000 TIMERL_FUZZ_JAX_EXAMPLES=600 TIMERL_FUZZ_SEED=$(SEED) $(BIN)/python -m pytest -n 2 tests/fuzz
 

@@ -7,7 +7,7 @@ point; gradient examples also compare every input's ``.grad`` with torch autogra
 same reference. A failure prints the shrunk program as runnable timerl source.
 
 ``TIMERL_FUZZ_EXAMPLES`` sets the total number of programs (default 2,000, split over the tests
-below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_JAX_EXAMPLES`` (default 60) sets
+below by ``TESTS``); ``make fuzz`` runs 20,000. ``TIMERL_FUZZ_JAX_EXAMPLES`` (default 80) sets
 how many further programs ``test_jax_backend`` checks on the jax backend (each compiles jitted
 regions, so they cost more). ``TIMERL_FUZZ_DEVICE`` (default cpu) is the device of the torch
 and jax runs; on another (``cuda``) every program runs on torch there too, not a fifth.
@@ -69,19 +69,21 @@ def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Progr
 
 
 # the jax backend's own run: programs drawn apart from the others, each checked on numpy and
-# on jax (jitted regions); ``TIMERL_FUZZ_JAX_EXAMPLES`` programs in all (values, gradients)
-JAX_EXAMPLES = int(os.environ.get("TIMERL_FUZZ_JAX_EXAMPLES", "60"))
+# on jax (jitted regions); ``TIMERL_FUZZ_JAX_EXAMPLES`` programs in all, shared by values and
+# gradients over one dim and over two (fused loops nested in a fused outer iteration)
+JAX_EXAMPLES = int(os.environ.get("TIMERL_FUZZ_JAX_EXAMPLES", "80"))
+JAX_TESTS = ("values_t", "grads_t", "values_it", "grads_it")
 
 
 def fuzz(name: str, jax: bool = False) -> None:
     """Check ``examples(name)`` programs; the first failure is shrunk and printed.
 
-    ``jax``: instead, ``JAX_EXAMPLES`` programs (shared by the values and gradients tests),
+    ``jax``: instead, ``JAX_EXAMPLES`` programs (shared by the ``JAX_TESTS``),
     each on numpy and on the jax backend only.
     """
     _, grad, two, max_stages = TESTS[name]
     findings: list[Finding] = []
-    count = max(1, JAX_EXAMPLES // 2) if jax else examples(name)
+    count = max(1, JAX_EXAMPLES // len(JAX_TESTS)) if jax else examples(name)
 
     @seed(zlib.crc32((name + ("/jax" if jax else "") + SEED).encode()))
     @settings(
@@ -138,7 +140,7 @@ def test_gradients_it():
     fuzz("grads_it")
 
 
-@pytest.mark.parametrize("name", ["values_t", "grads_t"])
+@pytest.mark.parametrize("name", JAX_TESTS)
 def test_jax_backend(name):
     pytest.importorskip("jax")
     fuzz(name, jax=True)
