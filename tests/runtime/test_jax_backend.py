@@ -511,3 +511,21 @@ def test_a_fused_loop_gathers_rows_read_over_a_slice_of_the_outer_dim():
     got = tl.evaluate([x1, u0.grad], bounds={I: 4, T: 3}, backend="jax")
     for a, b in zip(ref, got, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-12)
+
+
+def test_an_outer_iteration_fused_whole_reads_a_guarded_value_through_optional():
+    """A fused outer iteration (a body region) reading a value computed under a guard goes
+    through ``OPTIONAL``, which must be in the generated code's namespace although no loop
+    region of the program put it there. Found by the fuzzer's two-dim gradient programs."""
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        u0 = tl.from_numpy(_u((3, 2, 3), 42), domain=(i, t), dtype="float64", requires_grad=True)
+        u1 = tl.from_numpy(_u((3, 2), 43), domain=(i, t), dtype="float64", requires_grad=True)
+        lag1 = u0[i % 3, t // 2]
+        (lag1 * lag1).sum().backward()
+    outs = [lag1, u0.grad, u1.grad]  # u1 takes no part: its gradient is zeros
+    ref = tl.evaluate(outs, bounds={I: 3, T: 2}, optimize=False)
+    got = tl.evaluate(outs, bounds={I: 3, T: 2}, backend="jax")
+    for a, b in zip(ref, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-12)

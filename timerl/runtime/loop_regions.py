@@ -447,6 +447,7 @@ class LoopFusion:
 
     def _optional_src(self, edge: Edge) -> str:
         gen = self.gen
+        gen.ns.setdefault("OPTIONAL", optional)  # a nested loop's region reads through it too
         if edge.src.id in gen.locals:
             if edge.src.guard == TRUE:
                 return f"v{edge.src.id}"
