@@ -54,7 +54,6 @@ import numpy as np
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.calls import prepare_call
-from timerl.runtime.regions import optional
 from timerl.schedule.program import Compute, Free, Loop
 from timerl.symbolic import TRUE, Bound, Condition, Const, Dim, Expr, Slice, Symbol
 
@@ -447,7 +446,6 @@ class LoopFusion:
 
     def _optional_src(self, edge: Edge) -> str:
         gen = self.gen
-        gen.ns.setdefault("OPTIONAL", optional)  # a nested loop's region reads through it too
         if edge.src.id in gen.locals:
             if edge.src.guard == TRUE:
                 return f"v{edge.src.id}"
@@ -482,7 +480,6 @@ class LoopFusion:
         gen = self.gen
         d = gen.names.of(loop.dim)
         b = gen.names.of(loop.dim.bound)
-        gen.ns.setdefault("OPTIONAL", optional)
         gen.ns.setdefault("ROWS_OR", _rows_or)
         stack = gen.const("STACK", gen.backend.stack)
         fill = gen.const("FILL", self.filler([(self._read_shape(edge), edge.src.dtype)] * extent))
@@ -493,7 +490,6 @@ class LoopFusion:
     def emit(self, region: LoopRegion, depth: int) -> None:
         gen = self.gen
         loop, plan = region.loop, region.plan
-        gen.ns.setdefault("OPTIONAL", optional)
         backend = gen.backend
         closed_fill = gen.const(
             "FILL", self.filler([(self._read_shape(e), e.src.dtype) for e in region.closed])

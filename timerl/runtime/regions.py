@@ -175,8 +175,8 @@ def _static(value: Any, bounds: dict) -> tuple[bool, Any]:
 def optional(thunk: Any) -> Any:
     """A branch's value, or None where its point does not exist (or was freed; a local
     computed only under a guard that did not hold is unbound: a ``NameError`` in the
-    closure that reads it). One function for every region kind: they share the name
-    ``OPTIONAL`` in the generated code's namespace."""
+    closure that reads it). One function for every region kind: ``Fusion`` puts it in the
+    generated code's namespace as ``OPTIONAL`` once, for all of them."""
     try:
         return thunk()
     except (KeyError, UndefinedPointError, NameError):
@@ -233,6 +233,7 @@ class Fusion:
 
     def __init__(self, gen: Any) -> None:
         self.gen = gen
+        gen.ns["OPTIONAL"] = optional  # every region kind's reads of what may not exist
         self.readers: dict[int, set[int]] = {i: set() for i in gen.ops}
         for op in gen.ops.values():
             for e in op.inputs:
@@ -584,7 +585,6 @@ class Fusion:
         gen.emit(depth, f"_sel = ({''.join(f'{s}, ' for s in selectors)})")
         picks_src = "None"
         if picks:
-            gen.ns.setdefault("OPTIONAL", optional)
             gen.ns.setdefault("PICKS", _picks)
             gen.emit(depth, f"_pk = ({''.join(f'{p}, ' for p in picks)})")
             merges = gen.const("MERGES", [op.where() for op in region.ops if op.id in merge_ids])
