@@ -47,8 +47,7 @@ class TorchBackend(Backend):
             self.swap_tier = "host"
 
     def cast(self, value: Any, dtype: np.dtype) -> Any:
-        want = torch_dtype(dtype)
-        return value if value.dtype == want else value.to(want)
+        return self.caster(dtype)(value)
 
     def caster(self, dtype: np.dtype) -> Callable[[Any], Any]:
         want = torch_dtype(dtype)  # found once, not at each call (0.4 us)
