@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -18,6 +19,13 @@ HAS_OPTIMIZE_FLAG = "optimize" in inspect.signature(tl.evaluate).parameters
 
 RTOL = 1e-7
 ATOL = 1e-9
+
+# incrementalisation (every row region, however small, run by blocks) where timerl has it
+try:
+    from timerl.compiler import incrementalize
+except ImportError:
+    incrementalize = None
+HAS_BLOCKS = incrementalize is not None
 
 # the device of the torch and jax configurations ("cuda" on a machine with a GPU)
 DEVICE = os.environ.get("TIMERL_FUZZ_DEVICE", "cpu")
@@ -43,14 +51,20 @@ class Config:
     backend: str = "numpy"
     optimize: bool = True
     device: str = "cpu"
+    blocks: int | None = None  # computations over rows run in this many blocks
 
     def __str__(self) -> str:
         on = "" if self.device == "cpu" else f" on {self.device}"
-        return f"{self.backend}{on}{'' if self.optimize else ', optimize=False'}"
+        by = "" if self.blocks is None else f", in {self.blocks} blocks of rows"
+        return f"{self.backend}{on}{'' if self.optimize else ', optimize=False'}{by}"
 
 
-def configs(torch_too: bool, unoptimised: bool = True, jax_too: bool = False) -> list[Config]:
+def configs(
+    torch_too: bool, unoptimised: bool = True, jax_too: bool = False, blocked: bool = False
+) -> list[Config]:
     out = [Config("numpy")]
+    if blocked and HAS_BLOCKS:
+        out.append(Config("numpy", blocks=2))
     if HAS_OPTIMIZE_FLAG and unoptimised:
         out.append(Config("numpy", optimize=False))
     if torch_too:
@@ -104,27 +118,52 @@ def run_config(program: Program, cfg: Config) -> list:
         wanted += [b.tensors[t.name].grad for t in program.inputs]
     kwargs = {} if cfg.optimize else {"optimize": False}
     try:
-        return tl.evaluate(
-            wanted, bounds=program.bounds(b), backend=cfg.backend, device=cfg.device, **kwargs
-        )
+        with _blocks(cfg.blocks):
+            return tl.evaluate(
+                wanted, bounds=program.bounds(b), backend=cfg.backend, device=cfg.device, **kwargs
+            )
     except tl.TimerlError as exc:
         raise Finding(f"rejected by evaluate ({cfg})", _short(exc), program) from exc
     except Exception as exc:
         raise Finding(f"raw exception in evaluate ({cfg})", _short(exc), program) from exc
 
 
+@contextlib.contextmanager
+def _blocks(count: int | None):
+    """Run computations over rows in ``count`` blocks, even the smallest (None: as usual)."""
+    if count is None:
+        yield
+        return
+    old = os.environ.get(incrementalize.BLOCKS_ENV), incrementalize.MIN_HELD_BYTES
+    os.environ[incrementalize.BLOCKS_ENV] = str(count)
+    incrementalize.MIN_HELD_BYTES = 0
+    try:
+        yield
+    finally:
+        if old[0] is None:
+            os.environ.pop(incrementalize.BLOCKS_ENV, None)
+        else:
+            os.environ[incrementalize.BLOCKS_ENV] = old[0]
+        incrementalize.MIN_HELD_BYTES = old[1]
+
+
 def check(
-    program: Program, torch_too: bool = False, unoptimised: bool = True, jax_too: bool = False
+    program: Program,
+    torch_too: bool = False,
+    unoptimised: bool = True,
+    jax_too: bool = False,
+    blocked: bool = False,
 ) -> None:
     """Raise ``Finding`` unless every configuration matches the reference value for value.
 
     Always the numpy backend with every optimisation on; ``unoptimised`` adds the
-    ``optimize=False`` reference where timerl has it, ``torch_too`` the torch backend and
-    ``jax_too`` the jax backend (with its jitted regions).
+    ``optimize=False`` reference where timerl has it, ``torch_too`` the torch backend,
+    ``jax_too`` the jax backend (with its jitted regions) and ``blocked`` numpy with every
+    computation over rows run in two blocks (incrementalisation).
     """
     want = program.reference_values()
     grads = program.reference_grads() if program.grad else {}
-    for cfg in configs(torch_too, unoptimised, jax_too):
+    for cfg in configs(torch_too, unoptimised, jax_too, blocked):
         got = run_config(program, cfg)
         outs = program.outputs
         for t, g in zip(outs, got[: len(outs)], strict=True):

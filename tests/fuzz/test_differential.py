@@ -54,8 +54,11 @@ def examples(name: str) -> int:
 
 
 @st.composite
-def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Program, bool, bool]:
-    """A program with every construct enabled, and whether to run torch and optimize=False too.
+def programs(
+    draw, grad: bool, two: bool | None, max_stages: int
+) -> tuple[Program, bool, bool, bool]:
+    """A program with every construct enabled, and whether to run torch, optimize=False and
+    numpy by blocks of rows (incrementalisation, a quarter of the programs) too.
 
     Every program runs on numpy with every optimisation on. The torch backend (a fifth of the
     programs) and, for gradient programs, the ``optimize=False`` reference (a third; all value
@@ -65,7 +68,8 @@ def programs(draw, grad: bool, two: bool | None, max_stages: int) -> tuple[Progr
     program = generate(ch, frozenset(FLAGS), grad=grad, max_stages=max_stages, two=two)
     torch_too = ch.chance(20) or DEVICE != "cpu"
     unoptimised = not grad or ch.chance(34)
-    return program, torch_too, unoptimised
+    blocked = ch.chance(25)
+    return program, torch_too, unoptimised, blocked
 
 
 # the jax backend's own run: programs drawn apart from the others, each checked on numpy and
@@ -95,14 +99,14 @@ def fuzz(name: str, jax: bool = False) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(programs(grad, two, max_stages))
-    def each(case: tuple[Program, bool, bool]) -> None:
-        program, torch_too, unoptimised = case
+    def each(case: tuple[Program, bool, bool, bool]) -> None:
+        program, torch_too, unoptimised, blocked = case
         note(program.source())
         try:
             if jax:
                 check(program, unoptimised=False, jax_too=True)
             else:
-                check(program, torch_too=torch_too, unoptimised=unoptimised)
+                check(program, torch_too=torch_too, unoptimised=unoptimised, blocked=blocked)
         except Finding as f:
             if not KEEP_GOING:
                 raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -13,9 +14,17 @@ import numpy as np
 from timerl.api.program import Program
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
-from timerl.compiler.budget import check_budget, parse_bytes, plan_streams, plan_swaps
+from timerl.compiler.budget import (
+    PlannedPeak,
+    check_budget,
+    parse_bytes,
+    plan_streams,
+    plan_swaps,
+)
+from timerl.compiler.incrementalize import blocks_asked
+from timerl.compiler.pipeline import Compiled
 from timerl.compiler.pipeline import compile as compile_program
-from timerl.compiler.spec import freeze
+from timerl.compiler.spec import ProgramSpec, freeze
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
 from timerl.ir import prims
 from timerl.ir.autodiff import depends_differentiably
@@ -220,49 +229,16 @@ class Context(Scope):
         asked = [materialize(t) for t in outputs]
         roots = list(self._roots) if effects else list(self._until.values())
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
-        compiled = compile_program(spec, optimize=optimize)
+        blocks = blocks_asked() if optimize else None
+        compiled = compile_program(spec, optimize=optimize, blocks=blocks)
         planned = None
         be = make_backend(backend, device)
         if budget is not None:
-            spec_c = compiled.spec
-            # jax keeps point stores (its arrays are immutable): plan with those
-            storage = compiled.storage if backend != "jax" else {}
-            swapped, planned, notes = compiled.report.timed(
-                "memory budget",
-                lambda: plan_swaps(
-                    compiled.schedule,
-                    list(spec_c.ops),
-                    storage,
-                    spec_c.static,
-                    spec_c.dynamic,
-                    budget,
-                    be.donations(compiled.donations, spec_c.ops),
-                ),
-            )
-            compiled.report.notes.extend(notes)
-            storage = compiled.storage
-            if (
-                be.name == "numpy"
-                and planned.peak_bytes is not None
-                and planned.peak_bytes > budget
-            ):
-                # blocks read only by rows go to files (the numpy kernels read row sources)
-                storage, planned, notes = compiled.report.timed(
-                    "streaming to disk",
-                    lambda: plan_streams(
-                        swapped,
-                        list(spec_c.ops),
-                        compiled.storage,
-                        spec_c.static,
-                        spec_c.dynamic,
-                        budget,
-                        be.donations(compiled.donations, spec_c.ops),
-                        spec_c.keep,
-                    ),
-                )
-                compiled.report.notes.extend(notes)
+            compiled, planned = _fit(compiled, be, budget)
+            over = planned.peak_bytes is not None and planned.peak_bytes > budget
+            if optimize and blocks is None and over:
+                compiled, planned = _fit_by_blocks(spec, compiled, planned, be, budget)
             check_budget(planned, budget)
-            compiled = dataclasses.replace(compiled, schedule=swapped, storage=storage)
         return Program(
             compiled,
             be,
@@ -273,6 +249,84 @@ class Context(Scope):
             output_ids={id(t.view): op.id for t, op in zip(outputs, asked, strict=True)},
             started=start,
         )
+
+
+def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPeak]:
+    """``compiled`` with idle blocks swapped out and, on numpy, blocks read only by rows
+    streamed from files, where that brings its planned peak under ``budget``."""
+    spec_c = compiled.spec
+    # jax keeps point stores (its arrays are immutable): plan with those
+    storage = compiled.storage if be.name != "jax" else {}
+    donations = be.donations(compiled.donations, spec_c.ops)
+    swapped, planned, notes = compiled.report.timed(
+        "memory budget",
+        lambda: plan_swaps(
+            compiled.schedule,
+            list(spec_c.ops),
+            storage,
+            spec_c.static,
+            spec_c.dynamic,
+            budget,
+            donations,
+        ),
+    )
+    compiled.report.notes.extend(notes)
+    storage = compiled.storage
+    if be.name == "numpy" and planned.peak_bytes is not None and planned.peak_bytes > budget:
+        # blocks read only by rows go to files (the numpy kernels read row sources)
+        storage, planned, notes = compiled.report.timed(
+            "streaming to disk",
+            lambda: plan_streams(
+                swapped,
+                list(spec_c.ops),
+                compiled.storage,
+                spec_c.static,
+                spec_c.dynamic,
+                budget,
+                donations,
+                spec_c.keep,
+            ),
+        )
+        compiled.report.notes.extend(notes)
+    return dataclasses.replace(compiled, schedule=swapped, storage=storage), planned
+
+
+def _fit_by_blocks(
+    spec: ProgramSpec, compiled: Compiled, planned: PlannedPeak, be: Any, budget: int
+) -> tuple[Compiled, PlannedPeak]:
+    """Over the budget: computations over many rows run in blocks of rows
+    (``compiler/incrementalize.py``), as many blocks as the budget needs. The peak is
+    modelled as ``fixed + scaled / blocks`` from the whole program's and an 8-block plan's;
+    the fewest blocks the model says fit are compiled and kept if their plan fits (fewer
+    blocks run faster), else the lowest plan is kept and the budget check reports it."""
+    whole = planned.peak_bytes
+    if whole is None:
+        return compiled, planned
+
+    def attempt(blocks: int) -> tuple[Compiled, PlannedPeak, int]:
+        out, plan = _fit(compile_program(spec, optimize=True, blocks=blocks), be, budget)
+        return out, plan, plan.peak_bytes if plan.peak_bytes is not None else whole
+
+    first = FIRST_BLOCKS
+    c1, p1, peak1 = attempt(first)
+    if not any("incrementalised" in n for n in c1.report.notes):
+        return compiled, planned  # nothing runs by blocks
+    best = (c1, p1, peak1) if peak1 < whole else (compiled, planned, whole)
+    scaled = (whole - peak1) * first / (first - 1)
+    fixed = whole - scaled
+    if scaled > 0 and budget > fixed:
+        blocks = max(2, math.ceil(scaled / (budget - fixed)))
+        if blocks != first and (peak1 > budget or blocks < first):
+            c2, p2, peak2 = attempt(blocks)
+            if peak2 <= budget or peak2 < best[2] and best[2] > budget:
+                best = (c2, p2, peak2)
+    best[0].report.notes.append(
+        f"memory budget: computations over many rows run in blocks; planned peak {best[2]:,} bytes"
+    )
+    return best[0], best[1]
+
+
+FIRST_BLOCKS = 8  # blocks of the first plan the budget's block count is derived from
 
 
 def materialize(t: RecurrentTensor) -> Op:

@@ -18,6 +18,7 @@ from timerl.compiler.dce import eliminate_dead_code
 from timerl.compiler.donation import plan_donations
 from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
+from timerl.compiler.incrementalize import incrementalize
 from timerl.compiler.reuse import enabled as reuse_enabled
 from timerl.compiler.reuse import reuse_first_iteration
 from timerl.compiler.scan import enabled as scan_enabled
@@ -61,7 +62,10 @@ class Compiled:
     donations: Mapping[int, int] = field(default_factory=dict)
 
 
-def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
+def compile(spec: ProgramSpec, optimize: bool = True, blocks: int | None = None) -> Compiled:
+    """``blocks``: run computations over many rows in about that many blocks of rows
+    (``compiler/incrementalize.py``; a memory budget asks for it). First-iteration reuse,
+    which keeps the rollout's activations for the update, is then left out."""
     report = CompileReport()
     given = len(spec.ops)
 
@@ -83,12 +87,15 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
         # hoisting first: what it moves out of every loop is often constant, and then folds
         rewrite("loop-invariant hoisting", hoist_invariants, "hoisted")
         rewrite("simplification", simplify, "ops removed by folding and identities")
-        if reuse_enabled():
+        if reuse_enabled() and blocks is None:
             rewrite("first-iteration reuse", lambda s: reuse_first_iteration(s, report.notes))
         if scan_enabled():
             rewrite("linear recurrences", lambda s: scan_recurrences(s, report.notes))
         if vectorize_enabled():
             rewrite("vectorisation", lambda s: vectorize(s, report.notes))
+        if blocks is not None:
+            count = blocks
+            rewrite("incrementalisation", lambda s: incrementalize(s, count, report.notes))
     rewrite("domain conditions", add_guards)
     report.timed("validation", lambda: validate(list(spec.ops), spec.check_bounds))
     ops = list(spec.ops)
@@ -114,12 +121,12 @@ def compile(spec: ProgramSpec, optimize: bool = True) -> Compiled:
         planned, table = report.timed(
             "storage", lambda: plan_storage(sched, planned, ops, spec.static, spec.keep)
         )
-        blocks = sum(1 for s in table.values() if s.kind == "block")
+        stores = sum(1 for s in table.values() if s.kind == "block")
         rings = sum(1 for s in table.values() if s.kind == "ring")
-        if blocks or rings:
+        if stores or rings:
             views = sum(1 for s in table.values() if s.kind == "view")
             report.notes.append(
-                f"storage: {blocks} block stores, {views} views of blocks, {rings} circular buffers"
+                f"storage: {stores} block stores, {views} views of blocks, {rings} circular buffers"
             )
         donations = report.timed("donation", lambda: plan_donations(planned, ops, table, spec.keep))
         if donations:

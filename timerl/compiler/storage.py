@@ -238,6 +238,8 @@ def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[in
     if it only aliases one."""
     kind = _whole_view(op)
     strided = kind == "strided"
+    if kind is None and prims.get(op.prim).traits.view:
+        return _part_view_base(op, table, keep)
     if kind is None or op.id in keep or len(op.inputs) != 1:
         return None
     if op.guard != TRUE or op.id not in table:
@@ -273,6 +275,23 @@ def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[in
     base = src.base if src.kind == "alias" else e.src.id
     assert base is not None
     return base, not strided
+
+
+def _part_view_base(
+    op: Op, table: Mapping[int, Storage], keep: set[int]
+) -> tuple[int, bool] | None:
+    """A view of part of a whole-block view (``narrow``: a block of rows the update reads,
+    ``compiler/incrementalize.py``) read at the view's own point, at any point of the dims
+    the part view adds: the same block's memory. Not known to be contiguous."""
+    if op.id in keep or len(op.inputs) != 1 or op.id not in table:
+        return None
+    e = op.inputs[0]
+    src = table.get(e.src.id)
+    if src is None or src.kind != "view" or e.cond != TRUE or src.base is None:
+        return None
+    if not all(i is d for i, d in zip(e.index, e.src.domain, strict=True)):
+        return None
+    return src.base, False
 
 
 def alias_reads(

@@ -166,11 +166,16 @@ def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Cond
     """The points of ``src`` that ``reader`` reads where ``cond`` holds at its own point.
 
     Exact for shifts (``t``, ``t - 1``: move the condition by the shift) and fixed points
-    (``x[0]``, ``x[T - 1]``); anything else (slices, reads that mix dims) reads every point.
+    (``x[0]``, ``x[T - 1]``); a slice reads every point of its dim (the condition's parts
+    about that dim are dropped, those about the other dims kept: a block loop's values read
+    whole, ``x[t, 0:K]``, only where the reader runs); anything else (reads that mix dims)
+    reads every point.
     """
     moved: dict[Dim, Expr] = {}
     pins: list[Condition] = []
     for d, idx in zip(src.domain, edge_index, strict=True):
+        if isinstance(idx, Slice):
+            continue
         if not isinstance(idx, Expr):
             return TRUE
         dims = {s for s in idx.symbols() if isinstance(s, Dim)}

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from timerl.errors import BoundError, CycleError
+from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.schedule.pin import pin, pin_points
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
@@ -261,6 +262,7 @@ def _loops_over(
     graph.add_nodes_from(op.id for op in ops)
     graph.add_edges_from((e.src.id, r.id) for r, e in deps)
     by_id = {op.id: op for op in ops}
+    _join_views(graph, by_id, deps)
     sccs = [
         sorted((by_id[i] for i in comp), key=lambda o: o.id)
         for comp in nx.strongly_connected_components(graph)
@@ -341,6 +343,35 @@ def _loops_over(
     close_group()
     flush_a()
     return out
+
+
+def _join_views(graph: nx.DiGraph, by_id: dict[int, Op], deps: list[Dep]) -> None:
+    """A view on its own (incrementalisation's ``narrow`` of a block of rows) joins the one
+    component that reads it, where its readers share its domain and read it at their own
+    point: run in a loop of its own, each of its points would be held from that loop to
+    its readers' (for a block read, every block of every update step). The back edges
+    added make them one component; the dependences the loops are built from do not change."""
+    comp_of = {i: n for n, comp in enumerate(nx.strongly_connected_components(graph)) for i in comp}
+    sizes: dict[int, int] = {}
+    for n in comp_of.values():
+        sizes[n] = sizes.get(n, 0) + 1
+    reads: dict[int, list[Dep]] = {}
+    for reader, edge in deps:
+        reads.setdefault(edge.src.id, []).append((reader, edge))
+    for i, op in by_id.items():
+        if sizes[comp_of[i]] != 1 or not prims.get(op.prim).traits.view:
+            continue
+        rs = reads.get(i, [])
+        if (
+            rs
+            and len({comp_of[r.id] for r, _ in rs}) == 1
+            and all(r.domain == op.domain and _at_own_point(e, op.domain) for r, e in rs)
+        ):
+            graph.add_edge(rs[0][0].id, i)
+
+
+def _at_own_point(edge: Edge, domain: tuple[Dim, ...]) -> bool:
+    return all(i is d for i, d in zip(edge.index, domain, strict=True))
 
 
 def _carried_direction(comp: list[Op], deps: list[Dep], dim: Dim) -> bool | None:

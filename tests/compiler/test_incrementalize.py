@@ -1,0 +1,181 @@
+"""Incrementalisation (compiler/incrementalize.py): computations over many rows run by blocks.
+
+Every blocked program is compared value for value with the unoptimised reference
+(``optimize=False``), on numpy and torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import timerl as tl
+from timerl.compiler.incrementalize import (
+    BLOCKS_ENV,
+    Decline,
+    block_rows,
+    find_region,
+    row_rule,
+)
+from timerl.ir.graph import Op
+from timerl.schedule.program import Compute, Loop
+from timerl.symbolic import Const
+
+BACKENDS = ["numpy", "torch"]
+
+
+def _regression(rows: int = 512, width: int = 32, hidden: int = 64, extra=None):
+    """Three Adam steps of a tanh MLP fitted to ``rows`` rows: the loss and its gradient
+    are sums over the rows."""
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((rows, width)).astype(np.float32)
+    y_np = rng.standard_normal((rows, 1)).astype(np.float32)
+    ctx = tl.Context(dims=("i",))
+    (i,), (I,) = ctx.dims, ctx.bounds
+    with ctx:
+        x, y = tl.from_numpy(x_np), tl.from_numpy(y_np)
+        mlp = tl.nn.MLP([width, hidden, hidden, 1], activation="tanh", seed=1, domain=(i,))
+        pred = mlp(x)
+        loss = ((pred - y) ** 2).mean()
+        if extra is not None:
+            loss = loss + extra(pred)
+        loss.backward()
+        tl.optim.Adam(mlp.parameters(), lr=1e-2).step()
+    return ctx, {I: 3}, [loss, *mlp.parameters()]
+
+
+def _compare(ctx, bounds, outs, backend: str, **kw):
+    prog = ctx.compile(bounds=bounds, backend=backend, outputs=outs, **kw)
+    prog.run()
+    ref = ctx.compile(bounds=bounds, outputs=outs, optimize=False)
+    ref.run()
+    # the sums run in another order: float32 rounding, which Adam's first steps (a
+    # gradient over its own square root) carry into the weights at about 1e-6
+    for o in outs:
+        np.testing.assert_allclose(prog.value(o), ref.value(o), rtol=1e-4, atol=1e-5)
+    return prog
+
+
+def _loops_over_blocks(body, found=None) -> list[Loop]:
+    found = [] if found is None else found
+    for s in body:
+        if isinstance(s, Loop):
+            if s.dim.name.startswith("blocks"):
+                found.append(s)
+            _loops_over_blocks(s.body, found)
+    return found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_training_step_over_many_rows_runs_by_blocks_and_equals_the_reference(
+    backend, monkeypatch
+):
+    monkeypatch.setenv(BLOCKS_ENV, "4")
+    ctx, bounds, outs = _regression()
+    prog = _compare(ctx, bounds, outs, backend)
+    text = prog.explain()
+    assert "incrementalised" in text and "128 rows at a time" in text and "(4 blocks)" in text
+    loops = _loops_over_blocks(prog.schedule.body)
+    assert len(loops) == 1  # forward, backward and the sums in one pass over the blocks
+    # the block reads of outside values are computed inside that loop, not held before it
+    reads = [
+        s for s in prog.schedule.statements() if isinstance(s, Compute) and "[rows of" in s.op.label
+    ]
+    assert reads and all(any(s is b for b in loops[0].body) for s in reads)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_blocks_hold_less_than_the_whole_range(backend, monkeypatch):
+    ctx, bounds, outs = _regression(rows=2048, hidden=128)
+    whole = ctx.compile(bounds=bounds, backend=backend, outputs=outs).planned_peak()
+    monkeypatch.setenv(BLOCKS_ENV, "8")
+    blocked = ctx.compile(bounds=bounds, backend=backend, outputs=outs)
+    # the activations (2048 x 128 floats, 1 MiB each) are held 256 rows at a time
+    assert blocked.planned_peak().peak_bytes < whole.peak_bytes / 2
+    blocked.run()
+    assert blocked.stats()["peak_bytes"] <= blocked.planned_peak().peak_bytes
+
+
+def test_a_value_also_read_whole_keeps_its_blocks(monkeypatch):
+    """``pred`` is also read by a cumulative sum over the rows (which mixes them): its blocks
+    are kept and read as one array after the loop; the rest still runs by blocks."""
+    monkeypatch.setenv(BLOCKS_ENV, "4")
+    ctx, bounds, outs = _regression(extra=lambda p: p.cumsum(0).sum() * 1e-3)
+    prog = _compare(ctx, bounds, outs, "numpy")
+    assert any("[all blocks]" in op.label for op in prog.ops)
+
+
+def test_a_budget_the_whole_range_exceeds_is_met_by_blocks():
+    ctx, bounds, outs = _regression(rows=4096, hidden=128)
+    whole = ctx.compile(bounds=bounds, outputs=outs).planned_peak().peak_bytes
+    budget = whole // 3
+    prog = _compare(ctx, bounds, outs, "numpy", memory_budget=budget)
+    assert prog.planned_peak().peak_bytes <= budget
+    assert "run in blocks" in prog.explain()
+    with pytest.raises(tl.MemoryBudgetError):
+        ctx.compile(bounds=bounds, outputs=outs, memory_budget=whole // 100)
+
+
+def test_no_region_below_two_blocks_or_without_rows(monkeypatch):
+    monkeypatch.setenv(BLOCKS_ENV, "1")
+    ctx, bounds, outs = _regression()
+    prog = ctx.compile(bounds=bounds, outputs=outs)
+    assert "incrementalised" not in prog.explain()
+    ctx, bounds, outs = _regression(rows=16)  # a few KiB of activations: not worth a loop
+    monkeypatch.setenv(BLOCKS_ENV, "4")
+    assert "incrementalised" not in ctx.compile(bounds=bounds, outputs=outs).explain()
+
+
+def test_a_wide_outside_input_is_multiplied_whole():
+    """A first layer over rows 16x wider than its output reads them whole (by chunks when
+    streamed); the layers after it run by blocks."""
+    ctx, bounds, outs = _regression(width=512, hidden=32, rows=4096)
+    prog = ctx.compile(bounds=bounds, outputs=outs)
+    spec = prog.compiled.spec
+    domains = {op.domain for op in spec.ops}
+    regions = [r for r in (find_region(spec, d, 8) for d in domains) if r is not None]
+    assert regions
+    by_id = {op.id: op for op in spec.ops}
+    products = [by_id[i] for r in regions for i in r.axis if by_id[i].prim == "matmul"]
+    assert products
+    assert all(op.inputs[0].src.shape[-1] != Const(512) for op in products)
+
+
+# --- the rules, one by one --------------------------------------------------------------------
+
+
+def test_block_rows_divides_the_rows():
+    assert block_rows(8000, 8) == 1000
+    assert block_rows(12, 5) == 2
+    assert block_rows(7, 2) == 1  # a prime: no block but single rows
+    assert block_rows(250, 16) == 10
+
+
+def _op(prim: str, out, **attrs) -> Op:
+    return Op(prim, (), tuple(Const(s) for s in out), np.dtype("float32"), attrs=attrs)
+
+
+def _s(*shape):
+    return tuple(Const(s) for s in shape)
+
+
+def test_row_rules_follow_the_rows_through_each_primitive():
+    add = _op("add", (8, 4))
+    assert row_rule("add")(add, 0, _s(8, 4), [_s(8, 4), _s(4)]) == (0, None)
+    assert row_rule("add")(add, 0, _s(8, 4), [_s(8, 4), _s(1, 4)]) == (0, None)
+    mm = _op("matmul", (8, 3))
+    assert row_rule("matmul")(mm, 0, _s(8, 3), [_s(8, 4), _s(4, 3)]) == (0, None)
+    assert row_rule("matmul")(mm, 1, _s(3, 8), [_s(3, 4), _s(4, 8)]) == (None, 1)
+    rs = _op("reshape", (8, 1), shape=_s(8, 1))
+    assert row_rule("reshape")(rs, 0, _s(8, 1), [_s(8)]) == (0,)
+    flat = _op("reshape", (32,), shape=_s(32))
+    with pytest.raises(Decline):
+        row_rule("reshape")(flat, 0, _s(32), [_s(8, 4)])
+    perm = _op("permute", (4, 8), perm=(1, 0))
+    assert row_rule("permute")(perm, 1, _s(4, 8), [_s(8, 4)]) == (0,)
+    total = _op("sum", (8,), axes=(1,), keepdims=False)
+    assert row_rule("sum")(total, 0, _s(8), [_s(8, 4)]) == (0,)
+    across = _op("sum", (1, 8), axes=(0,), keepdims=True)
+    with pytest.raises(Decline):  # summing over the rows is an accumulation, not a row op
+        row_rule("sum")(across, 0, _s(1, 8), [_s(4, 8)])
+    assert row_rule("cumsum") is None and row_rule("normal") is None
