@@ -167,7 +167,11 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
     # name: (plot axis, what it measures)
     "synthetic": ("num_envs", "Synthetic-v0, 3x4x4 obs, 250-step episodes: scaling with envs"),
     "depth": ("hidden layers", "CartPole-v1, 16 envs: scaling with network depth"),
-    "memory": ("num_envs", "Synthetic-v0, 3x64x64 obs, 1000-step episodes: memory-heavy"),
+    "memory": (
+        "num_envs",
+        "memory-heavy: Synthetic-v0 3x64x64 obs, 1000-step episodes (memory-eN); or 3x4x4 obs "
+        "with 2x256 hidden, whose update holds activations over 64,000 rows (memory-rows-e256)",
+    ),
     "reinforce": ("num_envs", "CartPole-v1, REINFORCE with a value baseline"),
     "gym": ("hidden layers", "CartPole-v1 stepped by gymnasium (a host env) on every backend"),
 }
@@ -203,6 +207,17 @@ def all_cases(quick: bool = False, iterations: int | None = None, seed: int = 0)
             seed=seed,
         )
         cases.append(Case("memory", f"memory-e{envs}", cfg, x=envs))
+    # small observations, wide layers: the update's activations (64,000 x 256 floats, 62.5
+    # MiB each) dominate; under a budget they run in blocks of rows (incrementalisation)
+    cfg = Config(
+        "Synthetic-v0",
+        synth((3, 4, 4), 250),
+        num_envs=256,
+        hidden_size=256,
+        iterations=its(3, 3),
+        seed=seed,
+    )
+    cases.append(Case("memory", "memory-rows-e256", cfg, x=256))
     cfg = Config("CartPole-v1", num_envs=16, iterations=its(15, 5), seed=seed)
     cases.append(Case("reinforce", "reinforce-cartpole", cfg, algo="reinforce", x=16))
     # the env a host call between jitted regions on the jax backend (timerl systems only:

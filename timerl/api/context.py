@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -295,38 +294,29 @@ def _fit_by_blocks(
     spec: ProgramSpec, compiled: Compiled, planned: PlannedPeak, be: Any, budget: int
 ) -> tuple[Compiled, PlannedPeak]:
     """Over the budget: computations over many rows run in blocks of rows
-    (``compiler/incrementalize.py``), as many blocks as the budget needs. The peak is
-    modelled as ``fixed + scaled / blocks`` from the whole program's and an 8-block plan's;
-    the fewest blocks the model says fit are compiled and kept if their plan fits (fewer
-    blocks run faster), else the lowest plan is kept and the budget check reports it."""
-    whole = planned.peak_bytes
-    if whole is None:
+    (``compiler/incrementalize.py``). More blocks hold fewer rows at once but more parts of
+    each sum over them, so the peak is not monotone in their number: the counts of
+    ``BLOCK_COUNTS`` are tried in turn and the first (fewest blocks: the fastest) whose
+    plan fits is kept, else the lowest plan (which the budget check then reports)."""
+    best = (compiled, planned, planned.peak_bytes)
+    if best[2] is None:
         return compiled, planned
-
-    def attempt(blocks: int) -> tuple[Compiled, PlannedPeak, int]:
+    for blocks in BLOCK_COUNTS:
         out, plan = _fit(compile_program(spec, optimize=True, blocks=blocks), be, budget)
-        return out, plan, plan.peak_bytes if plan.peak_bytes is not None else whole
-
-    first = FIRST_BLOCKS
-    c1, p1, peak1 = attempt(first)
-    if not any("incrementalised" in n for n in c1.report.notes):
-        return compiled, planned  # nothing runs by blocks
-    best = (c1, p1, peak1) if peak1 < whole else (compiled, planned, whole)
-    scaled = (whole - peak1) * first / (first - 1)
-    fixed = whole - scaled
-    if scaled > 0 and budget > fixed:
-        blocks = max(2, math.ceil(scaled / (budget - fixed)))
-        if blocks != first and (peak1 > budget or blocks < first):
-            c2, p2, peak2 = attempt(blocks)
-            if peak2 <= budget or peak2 < best[2] and best[2] > budget:
-                best = (c2, p2, peak2)
+        if not any("incrementalised" in n for n in out.report.notes):
+            return compiled, planned  # nothing runs by blocks
+        peak = plan.peak_bytes
+        if peak is not None and peak < best[2]:
+            best = (out, plan, peak)
+        if peak is not None and peak <= budget:
+            break
     best[0].report.notes.append(
         f"memory budget: computations over many rows run in blocks; planned peak {best[2]:,} bytes"
     )
     return best[0], best[1]
 
 
-FIRST_BLOCKS = 8  # blocks of the first plan the budget's block count is derived from
+BLOCK_COUNTS = (4, 16, 64)  # block counts a budget tries, fewest first
 
 
 def materialize(t: RecurrentTensor) -> Op:

@@ -13,19 +13,23 @@ reductions over other axes: ``ROW_RULES``), and whose readers outside the region
 Such a region runs over a new dim ``k`` of ``K = N / B`` blocks. At ``k`` each region op
 holds rows ``k B .. (k + 1) B`` of its old value; an input from outside the region is read
 through a ``narrow`` view of those rows (no copy); each accumulation computes its block's
-part, and after the loop its value is the sum of the ``K`` parts::
+part and adds it to a running sum, a recurrence along ``k`` read after the last block::
 
-    part[k] = f(block k of the region)
-    total   = sum(part[0:K], axis 0)
+    part[k]  = f(block k of the region)
+    total[k] = part[0]                  if k == 0
+               total[k - 1] + part[k]   if k >= 1
 
-Only one block of each intermediate is alive at once; the parts are a block store of ``K``
-small values (an accumulation whose ``K`` parts would hold more than the rows it reads runs
-whole after the loop instead, on its region inputs kept whole: ``gathered``). A sum over
-the parts rather than a running sum (a recurrence along ``k``) keeps each op's guard exact:
-the domain conditions of a recurrence widen. The sums are the same sums in another order,
-so results equal the unblocked program's up to float rounding (the tests compare them value
-for value). The rest of the compiler schedules the new loop like any other: the rewrite
-only introduces a dim.
+Only one block of each intermediate is alive at once. A recurrence's domain conditions widen
+to every point (``ir/reads.py``), so a running sum is used only where every op of the region
+can be computed at every point of its domain (a training loop's update: it then also runs
+at the last iteration, whose result nothing reads); elsewhere the ``K`` parts are kept (a
+block store) and summed after the loop, ``total = sum(part[0:K])``, which keeps each op's
+conditions exact. An accumulation whose running sum (or parts) would hold more than the
+rows it reads runs whole after the loop instead, on its region inputs kept whole
+(``gathered``), as does any reader outside the region. The sums are the same sums in
+another order, so results equal the unblocked program's up to float rounding (the tests
+compare them value for value). The rest of the compiler schedules the new loop like any
+other: the rewrite only introduces a dim.
 
 It runs where a memory budget needs it (``api/context.py`` derives the number of blocks from
 the budget) or where ``TIMERL_BLOCKS`` asks for it (testing). ``B`` is the largest divisor of
@@ -43,7 +47,8 @@ from dataclasses import dataclass
 from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, consumers
-from timerl.symbolic import Const, Dim, Expr, Slice
+from timerl.ir.reads import computable_points
+from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
 
 BLOCKS_ENV = "TIMERL_BLOCKS"  # blocks to ask for without a budget (testing)
 MIN_BLOCKS = 2  # fewer blocks than this is no incrementalisation
@@ -198,6 +203,7 @@ class Region:
     sums: dict[int, tuple[int | None, ...]]
     held: dict[int, int]  # op id -> bytes of its value over all rows (not gathered or a view)
     gathered: set[int]  # read whole after the loop too: their blocks are kept
+    running: bool  # sums run along the blocks (else each block's part is kept)
 
 
 def _eligible(op: Op, keep: set[int]) -> bool:
@@ -218,8 +224,10 @@ def _internal(e: Edge, domain: tuple[Dim, ...]) -> bool:
 class _Analysis:
     """Finding the row region of one domain; shapes are read with the static bounds in."""
 
-    def __init__(self, spec: ProgramSpec, domain: tuple[Dim, ...], blocks: int) -> None:
-        self.spec, self.domain, self.blocks = spec, domain, blocks
+    def __init__(
+        self, spec: ProgramSpec, domain: tuple[Dim, ...], blocks: int, running: bool = False
+    ) -> None:
+        self.spec, self.domain, self.blocks, self.running = spec, domain, blocks, running
         self.static: dict = dict(spec.static)
         self.keep = set(spec.keep) | {op.id for op in spec.roots}
         self.by_id = {op.id: op for op in spec.ops}
@@ -318,15 +326,14 @@ class _Analysis:
                         break
                     if _reads_rows(c, e, i, axis[i], region, sums, in_axes):
                         continue
-                    # read whole after the loop, at its own point: its blocks are kept and
-                    # read as one array (a view stays whole: gathering would copy it); a
-                    # reader in the loop that needs it whole cannot have it
+                    # read whole after the loop (at any point: the gathered value has the
+                    # op's domain): its blocks are kept and read as one array (a view stays
+                    # whole: gathering would copy it); a reader in the loop that needs it
+                    # whole cannot have it
                     ok = (
                         c.id not in region
                         and c.id not in sums
                         and axis[i] == 0
-                        and c.domain == domain
-                        and _internal(e, domain)
                         and not prims.get(by_id[i].prim).traits.view
                     )
                     gathered.add(i)
@@ -347,7 +354,9 @@ class _Analysis:
             for i in region
             if i not in gathered and not prims.get(by_id[i].prim).traits.view
         }
-        return Region(domain, rows, {i: axis[i] for i in region}, sums, held, gathered)
+        return Region(
+            domain, rows, {i: axis[i] for i in region}, sums, held, gathered, self.running
+        )
 
     def not_wide(self, op: Op, axes: tuple[int | None, ...]) -> None:
         """A product whose rows come from an outside input much wider than its own rows
@@ -365,13 +374,14 @@ class _Analysis:
 
     def accumulates(self, op: Op) -> bool:
         """Whether summing ``op`` block by block holds less than gathering its row inputs:
-        its ``K`` parts against the region's rows it reads."""
+        a running sum and a part, or ``K`` parts, against the region's rows it reads."""
         rows_in = sum(
             self.nbytes(e.src)
             for e in op.inputs
             if _internal(e, self.domain) and _eligible(e.src, self.keep)
         )
-        return self.blocks * self.nbytes(op) < rows_in
+        held = 2 if self.running else self.blocks
+        return held * self.nbytes(op) < rows_in
 
     def inputs_ok(self, op: Op, axes: tuple[int | None, ...], region: set[int], rows: int) -> bool:
         """Each row input is a region op read at the same point, or has the rows to narrow."""
@@ -386,10 +396,12 @@ class _Analysis:
 WIDE = 4  # an outside input's rows this many times wider than an op's own are read whole
 
 
-def find_region(spec: ProgramSpec, domain: tuple[Dim, ...], blocks: int) -> Region | None:
+def find_region(
+    spec: ProgramSpec, domain: tuple[Dim, ...], blocks: int, running: bool = False
+) -> Region | None:
     """The row region over ``domain`` (module docstring) to run in about ``blocks`` blocks,
-    or None."""
-    return _Analysis(spec, domain, blocks).region()
+    with running sums or not, or None."""
+    return _Analysis(spec, domain, blocks, running).region()
 
 
 def _saved(region: Region) -> int:
@@ -529,8 +541,9 @@ class _Rewriter:
         return self.gathers[src.id]
 
     def _accumulate(self, op: Op, total: Op) -> None:
-        """``op`` becomes the sum of its parts over the blocks, computed in the loop and
-        kept (a block store of ``K`` parts) until that sum after it."""
+        """``op`` becomes the sum of its parts over the blocks: a running sum along ``k``
+        where the region is needed at every point, else the parts kept (a block store of
+        ``K``) and summed after the loop."""
         axes = self.region.sums[op.id]
         part = Op(
             prim=op.prim,
@@ -543,9 +556,33 @@ class _Rewriter:
             site=op.site,
         )
         self.extra.append(part)
-        parts = (*self.region.domain, Slice(Const(0), self.k.bound))
-        total.prim, total.attrs = "sum", {"axes": (0,), "keepdims": False}
-        total.inputs = [Edge(part, parts)]
+        outer, k = self.region.domain, self.k
+        if not self.region.running:
+            total.prim, total.attrs = "sum", {"axes": (0,), "keepdims": False}
+            total.inputs = [Edge(part, (*outer, Slice(Const(0), k.bound)))]
+            return
+        running = Op(
+            prim="merge",
+            domain=self.domain,
+            shape=op.shape,
+            dtype=op.dtype,
+            attrs={"shape": op.shape, "dtype": op.dtype},
+            name=f"{op.label}[sum over {k.name}]",
+            site=op.site,
+        )
+        step = Op(
+            prim="add",
+            domain=self.domain,
+            shape=op.shape,
+            dtype=op.dtype,
+            inputs=[Edge(running, (*outer, k - 1)), Edge(part, self.point)],
+            name=f"{op.label}[+block]",
+            site=op.site,
+        )
+        running.inputs = [Edge(part, self.point, k.eq(0)), Edge(step, self.point, k >= 1)]
+        self.extra += [step, running]
+        total.prim, total.attrs = "identity", {}
+        total.inputs = [Edge(running, (*outer, k.bound - 1))]
 
 
 def _region_axes(op: Op, region: Region, sizes: _Analysis) -> tuple[int | None, ...]:
@@ -559,9 +596,17 @@ def incrementalize(spec: ProgramSpec, blocks: int, notes: list[str] | None = Non
     of rows (``block_rows``)."""
     domains = sorted({op.domain for op in spec.ops}, key=lambda d: (len(d), [x.name for x in d]))
     for domain in domains:
-        region = find_region(spec, domain, blocks)
+        # a running sum is a recurrence along the blocks, whose domain conditions widen to
+        # every point: only where the region can be computed at every point (PPO's update
+        # then also runs at the last iteration, whose result nothing reads)
+        region = find_region(spec, domain, blocks, running=True)
         if region is None:
             continue
+        computable = computable_points(list(spec.ops))
+        if any(computable[i] != TRUE for i in (*region.axis, *region.sums)):
+            region = find_region(spec, domain, blocks, running=False)
+            if region is None:
+                continue
         size = block_rows(region.rows, blocks)
         count = region.rows // size
         if count < MIN_BLOCKS or count > 2 * blocks:
@@ -576,6 +621,7 @@ def incrementalize(spec: ProgramSpec, blocks: int, notes: list[str] | None = Non
                 f"incrementalised: {len(region.axis)} ops over {region.rows:,} rows ({where}) "
                 f"run {size:,} rows at a time in a loop over {dim.name} ({count} blocks); "
                 f"{len(region.sums)} sums accumulated"
+                + (" as they go" if region.running else " from parts kept per block")
             )
     return spec
 

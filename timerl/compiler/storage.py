@@ -113,17 +113,29 @@ def analyse(
                     base=root,
                 )
                 changed = True
-    # views of whole blocks (a view of a view has the same base block)
-    for op in ops:
-        found = _view_base(op, table, keep)
-        if found is not None:
-            base, contiguous = found
-            table[op.id] = Storage(
-                "view",
-                f"a view of block {by_id[base].label}: allocates nothing",
-                base=base,
-                contiguous=contiguous,
-            )
+    # views of whole blocks (a view of a view has the same base block), until none changes:
+    # a block that turns out to be a view itself (a gathered block of rows, read whole along
+    # an outer dim) no longer has views of its own
+    before = dict(table)
+    for _ in range(len(ops) + 1):
+        changed = False
+        for op in ops:
+            found = _view_base(op, table, keep)
+            if found is None:
+                now = before.get(op.id)
+            else:
+                base, contiguous = found
+                now = Storage(
+                    "view",
+                    f"a view of block {by_id[base].label}: allocates nothing",
+                    base=base,
+                    contiguous=contiguous,
+                )
+            if now is not None and table.get(op.id) != now:
+                table[op.id] = now
+                changed = True
+        if not changed:
+            break
     return table
 
 
