@@ -34,8 +34,9 @@ other: the rewrite only introduces a dim.
 It runs where a memory budget needs it (``api/context.py`` derives the number of blocks from
 the budget) or where ``TIMERL_BLOCKS`` asks for it (testing). ``B`` is the largest divisor of
 ``N`` at most ``N`` over the blocks asked for, so every block has one static shape. One region
-per domain: of the row counts its accumulations sum over, the one whose region holds the most
-bytes.
+per row count and domain, the domain's regions taken by the bytes they save, most first (PPO's
+update has two: the batch's 8,000 rows, and the 12,288 rows of the first layer's weights that
+Adam updates elementwise).
 """
 
 from __future__ import annotations
@@ -248,7 +249,8 @@ class _Analysis:
     def nbytes(self, op: Op) -> int:
         return _prod(self.out(op)) * op.dtype.itemsize
 
-    def region(self) -> Region | None:
+    def region(self, tried: set[int] = frozenset()) -> Region | None:
+        """The region (of a row count not in ``tried``) whose blocks save the most."""
         sums: dict[int, dict[int, tuple[int | None, ...]]] = {}
         leading: dict[int, list[Op]] = {}  # row count -> ops with that many rows in front
         for op in self.spec.ops:
@@ -264,6 +266,7 @@ class _Analysis:
             if rows and rows > 1 and row_rule(op.prim) is not None:
                 leading.setdefault(rows, []).append(op)
         candidates = set(sums) | {n for n, found in leading.items() if len(found) > 1}
+        candidates -= set(tried)
         grown = [self.grow(n, sums.get(n, {}), leading.get(n, [])) for n in sorted(candidates)]
         best = max((r for r in grown if r is not None), key=_saved, default=None)
         return best if best is not None and _saved(best) >= MIN_HELD_BYTES else None
@@ -294,6 +297,7 @@ class _Analysis:
                 if rule is None or _size(out[ax]) != rows:
                     raise Decline(src.prim)
                 in_axes[src.id] = rule(src, ax, out, self.ins(src))
+                self.not_a_view_of_outside(src)
                 self.not_wide(src, in_axes[src.id])
             except Decline:
                 bad.add(src.id)
@@ -358,6 +362,20 @@ class _Analysis:
             domain, rows, {i: axis[i] for i in region}, sums, held, gathered, self.running
         )
 
+    def outside(self, e: Edge) -> bool:
+        """The edge's source is computed outside any region of this domain: another domain
+        or point, an op that cannot run by blocks, or a view of such a value (it costs
+        nothing whole, and its readers in the region read its rows through a narrow)."""
+        if not (_internal(e, self.domain) and _eligible(e.src, self.keep)):
+            return True
+        return prims.get(e.src.prim).traits.view and any(
+            not (_internal(x, self.domain) and _eligible(x.src, self.keep)) for x in e.src.inputs
+        )
+
+    def not_a_view_of_outside(self, op: Op) -> None:
+        if prims.get(op.prim).traits.view and any(self.outside(e) for e in op.inputs):
+            raise Decline(f"a view of {op.inputs[0].src.label}, computed outside")
+
     def not_wide(self, op: Op, axes: tuple[int | None, ...]) -> None:
         """A product whose rows come from an outside input much wider than its own rows
         (the first layer over image observations) runs whole: by blocks it would hold a
@@ -366,7 +384,7 @@ class _Analysis:
         out = self.out(op)
         own = max(_prod(out) // max(_size(out[0]) or 1, 1), 1)
         for e, shape, ax in zip(op.inputs, self.ins(op), axes, strict=True):
-            if ax is None or (_internal(e, self.domain) and _eligible(e.src, self.keep)):
+            if ax is None or not self.outside(e):
                 continue
             width = _prod(shape) // max(_size(shape[ax]) or 1, 1)
             if width > WIDE * own:
@@ -596,34 +614,44 @@ def incrementalize(spec: ProgramSpec, blocks: int, notes: list[str] | None = Non
     of rows (``block_rows``)."""
     domains = sorted({op.domain for op in spec.ops}, key=lambda d: (len(d), [x.name for x in d]))
     for domain in domains:
-        # a running sum is a recurrence along the blocks, whose domain conditions widen to
-        # every point: only where the region can be computed at every point (PPO's update
-        # then also runs at the last iteration, whose result nothing reads)
-        region = find_region(spec, domain, blocks, running=True)
-        if region is None:
-            continue
-        computable = computable_points(list(spec.ops))
-        if any(computable[i] != TRUE for i in (*region.axis, *region.sums)):
-            region = find_region(spec, domain, blocks, running=False)
+        tried: set[int] = set()  # row counts of this domain's regions, run or declined
+        while True:
+            region = _region(spec, domain, blocks, tried)
             if region is None:
-                continue
-        size = block_rows(region.rows, blocks)
-        count = region.rows // size
-        if count < MIN_BLOCKS or count > 2 * blocks:
-            continue  # too few blocks, or rows that do not split into about as many
-        dim = Dim(f"blocks{len(spec.dims)}")
-        spec = _with_dim(spec, domain, dim, count)
-        ops = _Rewriter(spec, region, size, dim).wire()
-        spec = spec.with_ops(ops)
-        if notes is not None:
-            where = ", ".join(d.name for d in domain) or "top level"
-            notes.append(
-                f"incrementalised: {len(region.axis)} ops over {region.rows:,} rows ({where}) "
-                f"run {size:,} rows at a time in a loop over {dim.name} ({count} blocks); "
-                f"{len(region.sums)} sums accumulated"
-                + (" as they go" if region.running else " from parts kept per block")
-            )
+                break
+            tried.add(region.rows)
+            size = block_rows(region.rows, blocks)
+            count = region.rows // size
+            if count < MIN_BLOCKS or count > 2 * blocks:
+                continue  # too few blocks, or rows that do not split into about as many
+            dim = Dim(f"blocks{len(spec.dims)}")
+            spec = _with_dim(spec, domain, dim, count)
+            spec = spec.with_ops(_Rewriter(spec, region, size, dim).wire())
+            if notes is not None:
+                where = ", ".join(d.name for d in domain) or "top level"
+                notes.append(
+                    f"incrementalised: {len(region.axis)} ops over {region.rows:,} rows "
+                    f"({where}) run {size:,} rows at a time in a loop over {dim.name} "
+                    f"({count} blocks); {len(region.sums)} sums accumulated"
+                    + (" as they go" if region.running else " from parts kept per block")
+                )
     return spec
+
+
+def _region(
+    spec: ProgramSpec, domain: tuple[Dim, ...], blocks: int, tried: set[int]
+) -> Region | None:
+    """The domain's next region (of a row count not ``tried``), with running sums where
+    every op of it can be computed at every point: a running sum is a recurrence along the
+    blocks, whose domain conditions widen to every point (PPO's update then also runs at the
+    last iteration, whose result nothing reads)."""
+    region = _Analysis(spec, domain, blocks, True).region(tried)
+    if region is None:
+        return None
+    computable = computable_points(list(spec.ops))
+    if all(computable[i] == TRUE for i in (*region.axis, *region.sums)):
+        return region
+    return _Analysis(spec, domain, blocks, False).region(tried)
 
 
 def _with_dim(spec: ProgramSpec, domain: tuple[Dim, ...], dim: Dim, blocks: int) -> ProgramSpec:
