@@ -24,7 +24,7 @@ from timerl.symbolic import Const
 BACKENDS = ["numpy", "torch"]
 
 
-def _regression(rows: int = 512, width: int = 32, hidden: int = 64, extra=None):
+def _regression(rows: int = 4096, width: int = 32, hidden: int = 64, extra=None):
     """Three Adam steps of a tanh MLP fitted to ``rows`` rows: the loss and its gradient
     are sums over the rows."""
     rng = np.random.default_rng(0)
@@ -74,7 +74,7 @@ def test_a_training_step_over_many_rows_runs_by_blocks_and_equals_the_reference(
     ctx, bounds, outs = _regression()
     prog = _compare(ctx, bounds, outs, backend)
     text = prog.explain()
-    assert "incrementalised" in text and "128 rows at a time" in text and "(4 blocks)" in text
+    assert "incrementalised" in text and "1,024 rows at a time" in text and "(4 blocks)" in text
     loops = _loops_over_blocks(prog.schedule.body)
     assert len(loops) == 1  # forward, backward and the sums in one pass over the blocks
     # the block reads of outside values are computed inside that loop, not held before it
@@ -121,15 +121,15 @@ def test_no_region_below_two_blocks_or_without_rows(monkeypatch):
     ctx, bounds, outs = _regression()
     prog = ctx.compile(bounds=bounds, outputs=outs)
     assert "incrementalised" not in prog.explain()
-    ctx, bounds, outs = _regression(rows=16)  # a few KiB of activations: not worth a loop
+    ctx, bounds, outs = _regression(rows=512)  # 128 KiB activations: not worth a loop
     monkeypatch.setenv(BLOCKS_ENV, "4")
     assert "incrementalised" not in ctx.compile(bounds=bounds, outputs=outs).explain()
 
 
 def test_a_wide_outside_input_is_multiplied_whole():
-    """A first layer over rows 16x wider than its output reads them whole (by chunks when
+    """A first layer over rows 8x wider than its output reads them whole (by chunks when
     streamed); the layers after it run by blocks."""
-    ctx, bounds, outs = _regression(width=512, hidden=32, rows=4096)
+    ctx, bounds, outs = _regression(width=512, hidden=64)
     prog = ctx.compile(bounds=bounds, outputs=outs)
     spec = prog.compiled.spec
     domains = {op.domain for op in spec.ops}

@@ -134,9 +134,9 @@ def _blocks(count: int | None):
     if count is None:
         yield
         return
-    old = os.environ.get(incrementalize.BLOCKS_ENV), incrementalize.MIN_HELD_BYTES
+    old = os.environ.get(incrementalize.BLOCKS_ENV), incrementalize.MIN_OP_BYTES
     os.environ[incrementalize.BLOCKS_ENV] = str(count)
-    incrementalize.MIN_HELD_BYTES = 0
+    incrementalize.MIN_OP_BYTES = 0
     try:
         yield
     finally:
@@ -144,7 +144,7 @@ def _blocks(count: int | None):
             os.environ.pop(incrementalize.BLOCKS_ENV, None)
         else:
             os.environ[incrementalize.BLOCKS_ENV] = old[0]
-        incrementalize.MIN_HELD_BYTES = old[1]
+        incrementalize.MIN_OP_BYTES = old[1]
 
 
 def check(

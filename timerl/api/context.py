@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -294,22 +295,39 @@ def _fit_by_blocks(
     spec: ProgramSpec, compiled: Compiled, planned: PlannedPeak, be: Any, budget: int
 ) -> tuple[Compiled, PlannedPeak]:
     """Over the budget: computations over many rows run in blocks of rows
-    (``compiler/incrementalize.py``). More blocks hold fewer rows at once but more parts of
-    each sum over them, so the peak is not monotone in their number: the counts of
-    ``BLOCK_COUNTS`` are tried in turn and the first (fewest blocks: the fastest) whose
-    plan fits is kept, else the lowest plan (which the budget check then reports)."""
-    best = (compiled, planned, planned.peak_bytes)
-    if best[2] is None:
+    (``compiler/incrementalize.py``). More blocks hold fewer rows at once but cost more
+    calls (and keep more parts of a sum where it cannot run as it goes), so the counts of
+    ``BLOCK_COUNTS`` are tried in turn, fewest first; between the last that did not fit and
+    the first that does, their geometric mean is tried too. The fewest blocks that fit are
+    kept, else the lowest plan (which the budget check then reports)."""
+    if planned.peak_bytes is None:
         return compiled, planned
-    for blocks in BLOCK_COUNTS:
+    tried: dict[int, tuple[Compiled, PlannedPeak, int]] = {}
+
+    def attempt(blocks: int) -> tuple[Compiled, PlannedPeak, int] | None:
         out, plan = _fit(compile_program(spec, optimize=True, blocks=blocks), be, budget)
         if not any("incrementalised" in n for n in out.report.notes):
-            return compiled, planned  # nothing runs by blocks
-        peak = plan.peak_bytes
-        if peak is not None and peak < best[2]:
-            best = (out, plan, peak)
-        if peak is not None and peak <= budget:
+            return None  # nothing runs by blocks
+        tried[blocks] = (out, plan, plan.peak_bytes if plan.peak_bytes is not None else 2**63)
+        return tried[blocks]
+
+    previous = None
+    for blocks in BLOCK_COUNTS:
+        got = attempt(blocks)
+        if got is None:
+            return compiled, planned
+        if got[2] <= budget:
+            if previous is not None:
+                between = round(math.sqrt(previous * blocks))
+                if previous < between < blocks:
+                    attempt(between)
             break
+        previous = blocks
+    fits = [b for b, t in tried.items() if t[2] <= budget]
+    if fits:
+        best = tried[min(fits)]
+    else:
+        best = min((*tried.values(), (compiled, planned, planned.peak_bytes)), key=lambda t: t[2])
     best[0].report.notes.append(
         f"memory budget: computations over many rows run in blocks; planned peak {best[2]:,} bytes"
     )

@@ -53,8 +53,10 @@ from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
 
 BLOCKS_ENV = "TIMERL_BLOCKS"  # blocks to ask for without a budget (testing)
 MIN_BLOCKS = 2  # fewer blocks than this is no incrementalisation
-# a region whose ops hold less than this over all rows saves too little for its loop
-MIN_HELD_BYTES = 256 << 10
+# a region whose largest op holds less than this over all rows is not worth its loop: a
+# loop over the blocks of many small ops (Adam's update of a 256 x 256 weight) costs more
+# calls than its memory is worth
+MIN_OP_BYTES = 1 << 20
 
 
 def blocks_asked() -> int | None:
@@ -268,8 +270,10 @@ class _Analysis:
         candidates = set(sums) | {n for n, found in leading.items() if len(found) > 1}
         candidates -= set(tried)
         grown = [self.grow(n, sums.get(n, {}), leading.get(n, [])) for n in sorted(candidates)]
-        best = max((r for r in grown if r is not None), key=_saved, default=None)
-        return best if best is not None and _saved(best) >= MIN_HELD_BYTES else None
+        worth = [
+            r for r in grown if r is not None and max(r.held.values(), default=0) >= MIN_OP_BYTES
+        ]
+        return max(worth, key=_saved, default=None)
 
     def grow(
         self, rows: int, seeds: dict[int, tuple[int | None, ...]], leading: list[Op]
