@@ -154,12 +154,7 @@ ROW_RULES: dict[str, RowRule] = {
 
 def row_rule(prim: str) -> RowRule | None:
     """How a primitive's rows follow its inputs' rows (None: it mixes them)."""
-    if prim in ROW_RULES:
-        return ROW_RULES[prim]
-    p = prims.get(prim)
-    if p.traits.elementwise and not (p.traits.random or p.traits.host):
-        return _elementwise
-    return None
+    return prims.table_rule(ROW_RULES, prim, _elementwise, "random", "host")
 
 
 # (op, its inputs' shapes) -> for each row count the op can sum over, each input's row axis

@@ -353,12 +353,7 @@ _HIDDEN = {"stream", "adopt_domain", "pass_point"}
 
 def batch_rule(prim: str) -> BatchRule | None:
     """The primitive's batching rule: its own entry, or the elementwise one."""
-    if prim in RULES:
-        return RULES[prim]
-    entry = prims.get(prim)
-    if entry.traits.elementwise and not (entry.traits.random or entry.traits.constant):
-        return _elementwise
-    return None
+    return prims.table_rule(RULES, prim, _elementwise, "random", "constant")
 
 
 # --- analysis ----------------------------------------------------------------------------------

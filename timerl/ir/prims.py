@@ -96,6 +96,18 @@ def register(prim: Prim) -> Prim:
     return prim
 
 
+def table_rule(table: dict[str, Any], prim: str, elementwise: Any, *unless: str) -> Any:
+    """A transformation's rule for ``prim`` (JAX's model: each transformation keeps its own
+    table): the table's entry, else ``elementwise`` for an elementwise primitive that has
+    none of the ``unless`` traits, else None."""
+    if prim in table:
+        return table[prim]
+    traits = get(prim).traits
+    if traits.elementwise and not any(getattr(traits, t) for t in unless):
+        return elementwise
+    return None
+
+
 def get(name: str) -> Prim:
     try:
         return REGISTRY[name]
