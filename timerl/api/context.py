@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import math
 import time
@@ -299,35 +300,39 @@ def _fit_by_blocks(
     calls (and keep more parts of a sum where it cannot run as it goes), so the counts of
     ``BLOCK_COUNTS`` are tried in turn, fewest first; between the last that did not fit and
     the first that does, their geometric mean is tried too. The fewest blocks that fit are
-    kept, else the lowest plan (which the budget check then reports)."""
+    kept, else the lowest plan (which the budget check then reports). Only the plan kept so
+    far is held: each attempt is a whole compiled program, and the heap a run under a budget
+    starts from keeps what compiling's peak spread over it."""
     if planned.peak_bytes is None:
         return compiled, planned
-    tried: dict[int, tuple[Compiled, PlannedPeak, int]] = {}
+    best = (compiled, planned, planned.peak_bytes, 0)  # (program, plan, peak, blocks)
 
-    def attempt(blocks: int) -> tuple[Compiled, PlannedPeak, int] | None:
+    def attempt(blocks: int) -> int | None:
+        """The plan's peak with ``blocks`` blocks (None: nothing runs by blocks)."""
+        nonlocal best
         out, plan = _fit(compile_program(spec, optimize=True, blocks=blocks), be, budget)
         if not any("incrementalised" in n for n in out.report.notes):
-            return None  # nothing runs by blocks
-        tried[blocks] = (out, plan, plan.peak_bytes if plan.peak_bytes is not None else 2**63)
-        return tried[blocks]
+            return None
+        peak = plan.peak_bytes if plan.peak_bytes is not None else 2**63
+        fits, best_fits = peak <= budget, best[2] <= budget
+        if (fits and (not best_fits or blocks < best[3])) or (not best_fits and peak < best[2]):
+            best = (out, plan, peak, blocks)
+        del out, plan
+        gc.collect()
+        return peak
 
     previous = None
     for blocks in BLOCK_COUNTS:
-        got = attempt(blocks)
-        if got is None:
+        peak = attempt(blocks)
+        if peak is None:
             return compiled, planned
-        if got[2] <= budget:
+        if peak <= budget:
             if previous is not None:
                 between = round(math.sqrt(previous * blocks))
                 if previous < between < blocks:
                     attempt(between)
             break
         previous = blocks
-    fits = [b for b, t in tried.items() if t[2] <= budget]
-    if fits:
-        best = tried[min(fits)]
-    else:
-        best = min((*tried.values(), (compiled, planned, planned.peak_bytes)), key=lambda t: t[2])
     best[0].report.notes.append(
         f"memory budget: computations over many rows run in blocks; planned peak {best[2]:,} bytes"
     )
