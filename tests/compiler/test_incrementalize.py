@@ -66,10 +66,12 @@ def _loops_over_blocks(body, found=None) -> list[Loop]:
     return found
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "jax"])
 def test_a_training_step_over_many_rows_runs_by_blocks_and_equals_the_reference(
     backend, monkeypatch
 ):
+    if backend == "jax":
+        pytest.importorskip("jax")
     monkeypatch.setenv(BLOCKS_ENV, "4")
     ctx, bounds, outs = _regression()
     prog = _compare(ctx, bounds, outs, backend)
