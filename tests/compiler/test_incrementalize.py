@@ -181,3 +181,37 @@ def test_row_rules_follow_the_rows_through_each_primitive():
     with pytest.raises(Decline):  # summing over the rows is an accumulation, not a row op
         row_rule("sum")(across, 0, _s(1, 8), [_s(4, 8)])
     assert row_rule("cumsum") is None and row_rule("normal") is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_categorical_likelihood_runs_by_blocks(backend, monkeypatch):
+    """A classifier's log-likelihood picks each row's label (``gather``, along the other
+    axis): it runs by blocks, in one loop with the rest (its gradient's ``scatter_add`` is
+    a constant here, folded before the loop)."""
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 4, size=(4096, 1))
+    monkeypatch.setenv(BLOCKS_ENV, "4")
+
+    ctx = tl.Context(dims=("i",))
+    (i,), (I,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.from_numpy(rng.standard_normal((4096, 16)).astype(np.float32))
+        y = tl.from_numpy(labels)
+        mlp = tl.nn.MLP([16, 64, 4], activation="tanh", seed=2, domain=(i,))
+        logp = mlp(x).log_softmax(-1).gather(1, y)
+        loss = -logp.mean()
+        loss.backward()
+        tl.optim.Adam(mlp.parameters(), lr=1e-2).step()
+    outs = [loss, *mlp.parameters()]
+    prog = _compare(ctx, {I: 3}, outs, backend)
+    assert len(_loops_over_blocks(prog.schedule.body)) == 1
+    assert "gather" in {op.prim for op in prog.ops if len(op.domain) == 2}
+
+
+def test_gather_and_scatter_add_follow_the_rows_along_another_axis():
+    pick = _op("gather", (8, 1), axis=1)
+    assert row_rule("gather")(pick, 0, _s(8, 1), [_s(8, 4), _s(8, 1)]) == (0, 0)
+    put = _op("scatter_add", (8, 4), axis=1, shape=_s(8, 4))
+    assert row_rule("scatter_add")(put, 0, _s(8, 4), [_s(8, 1), _s(8, 1)]) == (0, 0)
+    with pytest.raises(Decline):
+        row_rule("gather")(_op("gather", (2, 4), axis=0), 0, _s(2, 4), [_s(8, 4), _s(2, 4)])

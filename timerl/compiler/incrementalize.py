@@ -134,6 +134,16 @@ def _reduce_other(op: Op, axis: int, out: Shape, shapes: Sequence[Shape]) -> tup
     return (at,)
 
 
+def _along_other_axis(
+    op: Op, axis: int, out: Shape, shapes: Sequence[Shape]
+) -> tuple[int | None, ...]:
+    """``gather`` (``take_along_axis``) and its transpose ``scatter_add``: each row picks
+    from (or adds into) its own row, along another axis."""
+    if axis == op.attrs["axis"] % len(out):
+        raise Decline("picks along the rows")
+    return tuple(_aligned(len(out), axis, s, _size(out[axis])) for s in shapes)
+
+
 def _reduced(op: Op, rank: int) -> set[int]:
     axes = op.attrs.get("axes")
     return set(range(rank)) if axes is None else {a % rank for a in axes}
@@ -149,6 +159,8 @@ ROW_RULES: dict[str, RowRule] = {
     "add_n": _elementwise,
     "sum": _reduce_other,
     "max": _reduce_other,
+    "gather": _along_other_axis,
+    "scatter_add": _along_other_axis,
 }
 
 
@@ -479,8 +491,10 @@ class _Rewriter:
         return (*shape[:ax], Const(self.size), *shape[ax + 1 :])
 
     def _attrs(self, op: Op, ax: int) -> dict:
+        """A primitive's ``shape`` attribute, where it has one, is its value's shape: the
+        block's, at ``k``."""
         attrs = dict(op.attrs)
-        if "shape" in attrs and op.prim in ("reshape", "expand", "merge", "add_n"):
+        if "shape" in attrs and len(tuple(attrs["shape"])) == len(op.shape):
             attrs["shape"] = self._block_shape(tuple(attrs["shape"]), ax)
         return attrs
 
