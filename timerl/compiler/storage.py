@@ -30,6 +30,7 @@ whole-block frees); ``alias_reads`` lets liveness run again so that a block outl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -136,7 +137,45 @@ def analyse(
                 changed = True
         if not changed:
             break
+    # views of a point at that same point (the transpose of an activation for its weight
+    # gradient): the point's memory, so they hold nothing of their own; liveness keeps the
+    # point alive until the view's last reader (``alias_reads``)
+    for op in ops:
+        if table.get(op.id, _POINT).kind == "point":
+            base = _point_view_base(op, table, keep)
+            if base is not None:
+                table[op.id] = Storage(
+                    "view",
+                    f"a view of {by_id[base].label} at each point: allocates nothing",
+                    base=base,
+                    contiguous=_whole_view(op) == "contiguous",
+                )
+    for i, st in table.items():  # a view of such a view is a view of the same point
+        root = st.base
+        while st.kind == "view" and root is not None and table[root].kind == "view":
+            root = table[root].base
+        if root != st.base:
+            table[i] = dataclasses.replace(st, base=root, contiguous=False)
     return table
+
+
+def _point_view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> int | None:
+    """The point-stored op whose value ``op`` is always a view of, read at its own point:
+    a permute or broadcast (always views), or an identity, detach or reshape of an op whose
+    kernel makes a fresh array (a reshape of a strided array would copy it)."""
+    kind = _whole_view(op)
+    if kind is None or op.id in keep or len(op.inputs) != 1:
+        return None
+    e = op.inputs[0]
+    src = table.get(e.src.id)
+    if src is None or src.kind != "point" or e.cond != TRUE or e.src.domain != op.domain:
+        return None
+    if not all(i is d for i, d in zip(e.index, op.domain, strict=True)):
+        return None
+    traits = prims.get(e.src.prim).traits
+    if traits.host or traits.multi_output or (kind == "contiguous" and not traits.fresh):
+        return None
+    return e.src.id
 
 
 def _block_or_point(op, loops, frees, readers, static, keep, around) -> Storage:
@@ -322,7 +361,7 @@ def alias_reads(
             st = table.get(e.src.id)
             if st is None or st.kind not in ("view", "alias") or st.base is None:
                 continue
-            if st.kind == "alias":  # the same point of the block
+            if st.kind == "alias" or table[st.base].kind == "point":  # the same point
                 out.setdefault(st.base, []).append((op, tuple(e.index), e.cond))
                 continue
             dim = table[st.base].dim
