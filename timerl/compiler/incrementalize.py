@@ -645,10 +645,16 @@ def incrementalize(spec: ProgramSpec, blocks: int, notes: list[str] | None = Non
                 notes.append(
                     f"incrementalised: {len(region.axis)} ops over {region.rows:,} rows "
                     f"({where}) run {size:,} rows at a time in a loop over {dim.name} "
-                    f"({count} blocks); {len(region.sums)} sums accumulated"
-                    + (" as they go" if region.running else " from parts kept per block")
+                    f"({count} blocks); " + _sums_note(region)
                 )
     return spec
+
+
+def _sums_note(region: Region) -> str:
+    if not region.sums:
+        return "no sum over its rows"
+    how = "as they go" if region.running else "from parts kept per block"
+    return f"{len(region.sums)} sums over its rows accumulated {how}"
 
 
 def _region(
