@@ -238,7 +238,12 @@ class Context(Scope):
             compiled, planned = _fit(compiled, be, budget)
             over = planned.peak_bytes is not None and planned.peak_bytes > budget
             if optimize and blocks is None and over:
-                compiled, planned = _fit_by_blocks(spec, compiled, planned, be, budget)
+                whole = planned.peak_bytes
+                del compiled, planned  # each attempt is a whole program: hold one at a time
+                found = _fit_by_blocks(spec, whole, be, budget)
+                if found is None:  # nothing runs by blocks, or no block count plans lower
+                    found = _fit(compile_program(spec, optimize=optimize, blocks=None), be, budget)
+                compiled, planned = found
             check_budget(planned, budget)
         return Program(
             compiled,
@@ -293,19 +298,20 @@ def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPea
 
 
 def _fit_by_blocks(
-    spec: ProgramSpec, compiled: Compiled, planned: PlannedPeak, be: Any, budget: int
-) -> tuple[Compiled, PlannedPeak]:
+    spec: ProgramSpec, whole: int | None, be: Any, budget: int
+) -> tuple[Compiled, PlannedPeak] | None:
     """Over the budget: computations over many rows run in blocks of rows
     (``compiler/incrementalize.py``). More blocks hold fewer rows at once but cost more
     calls (and keep more parts of a sum where it cannot run as it goes), so the counts of
     ``BLOCK_COUNTS`` are tried in turn, fewest first; between the last that did not fit and
     the first that does, their geometric mean is tried too. The fewest blocks that fit are
-    kept, else the lowest plan (which the budget check then reports). Only the plan kept so
-    far is held: each attempt is a whole compiled program, and the heap a run under a budget
-    starts from keeps what compiling's peak spread over it."""
-    if planned.peak_bytes is None:
-        return compiled, planned
-    best = (compiled, planned, planned.peak_bytes, 0)  # (program, plan, peak, blocks)
+    kept, else the lowest plan if it is lower than the whole program's ``whole`` (None:
+    the whole program is kept). Only the plan kept so far is held: each attempt is a whole
+    compiled program, and the heap a run under a budget starts from keeps what compiling's
+    peak spread over it."""
+    if whole is None:
+        return None
+    best: tuple[Compiled, PlannedPeak, int, int] | None = None  # program, plan, peak, blocks
 
     def attempt(blocks: int) -> int | None:
         """The plan's peak with ``blocks`` blocks (None: nothing runs by blocks)."""
@@ -314,8 +320,13 @@ def _fit_by_blocks(
         if not any("incrementalised" in n for n in out.report.notes):
             return None
         peak = plan.peak_bytes if plan.peak_bytes is not None else 2**63
-        fits, best_fits = peak <= budget, best[2] <= budget
-        if (fits and (not best_fits or blocks < best[3])) or (not best_fits and peak < best[2]):
+        if best is None:
+            better = peak <= budget or peak < whole
+        elif best[2] <= budget:
+            better = peak <= budget and blocks < best[3]
+        else:
+            better = peak <= budget or peak < best[2]
+        if better:
             best = (out, plan, peak, blocks)
         del out, plan
         gc.collect()
@@ -325,7 +336,7 @@ def _fit_by_blocks(
     for blocks in BLOCK_COUNTS:
         peak = attempt(blocks)
         if peak is None:
-            return compiled, planned
+            return None
         if peak <= budget:
             if previous is not None:
                 between = round(math.sqrt(previous * blocks))
@@ -333,6 +344,8 @@ def _fit_by_blocks(
                     attempt(between)
             break
         previous = blocks
+    if best is None:
+        return None
     best[0].report.notes.append(
         f"memory budget: computations over many rows run in blocks; planned peak {best[2]:,} bytes"
     )
