@@ -63,3 +63,24 @@ def test_a_read_outside_a_guard_is_found():
     narrowed[a.op.id] = t >= 1  # a guard that misses the point b reads
     wrong = copy_graph(ops, guards=narrowed)
     assert not reads_within_guards(wrong, spec.check_bounds, {a.op.id})
+
+
+def test_a_slice_read_needs_its_dim_whole_and_only_the_readers_other_points():
+    """``y[i] = x[i, 0:T].sum(0)`` needed only where ``i >= 1`` needs every ``t`` of ``x``,
+    but only at ``i >= 1`` (a gathered block loop's values, computed where their reader
+    runs)."""
+    from timerl.ir.reads import read_points
+    from timerl.symbolic import Const, Slice
+
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.from_numpy(np.ones((3, 4)), domain=(i, t)).tanh()
+    reader = x.op  # any op over (i, t) stands for the reader's dims here
+    got = read_points(reader, (i, Slice(Const(0), T)), x.op, i >= 1)
+    assert [bool(vevaluate(got, {i: k, t: 0, I: 3, T: 4})) for k in range(3)] == [
+        False,
+        True,
+        True,
+    ]
+    assert t not in got.symbols()

@@ -82,3 +82,32 @@ def test_a_cycle_at_the_same_point_is_refused_naming_its_tensors():
         b[True] = a[t] * 2.0
     with pytest.raises(CycleError, match=r"\ba\b.*\bb\b|\bb\b.*\ba\b"):
         ctx.compile(bounds={T: 4}, outputs=[b])
+
+
+def test_a_lone_view_joins_the_one_component_that_reads_it_at_its_own_point():
+    """Incrementalisation's block reads: a ``narrow`` of an outside value, computed in the
+    loop of its reader, not in a loop of its own whose every point would be held."""
+    import networkx as nx
+
+    from timerl.ir.graph import Edge, Op
+    from timerl.schedule.scheduler import _join_views
+
+    t, T = _dim()
+    f32 = np.dtype("float32")
+    whole = Op("const", (), (T * 2,), f32, attrs={"value": None})
+    view = Op("narrow", (t,), (2,), f32, [Edge(whole, ())], {"axis": 0, "start": t * 2})
+    here = Op("tanh", (t,), (2,), f32, [Edge(view, (t,))])
+    behind = Op("tanh", (t,), (2,), f32, [Edge(view, (t - 1,))])
+
+    def joined(readers: list[Op]) -> bool:
+        ops = [view, *readers]
+        deps = [(r, e) for r in readers for e in r.inputs]
+        graph = nx.DiGraph()
+        graph.add_nodes_from(op.id for op in ops)
+        graph.add_edges_from((e.src.id, r.id) for r, e in deps)
+        _join_views(graph, {op.id: op for op in ops}, deps)
+        return any(graph.has_edge(r.id, view.id) for r in readers)
+
+    assert joined([here])
+    assert not joined([behind])  # read at another point: it would make a carried cycle
+    assert not joined([here, Op("exp", (t,), (2,), f32, [Edge(view, (t,))])])  # two readers
