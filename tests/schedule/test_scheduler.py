@@ -105,8 +105,10 @@ def test_a_lone_view_joins_the_one_component_that_reads_it_at_its_own_point():
         graph = nx.DiGraph()
         graph.add_nodes_from(op.id for op in ops)
         graph.add_edges_from((e.src.id, r.id) for r, e in deps)
-        _join_views(graph, {op.id: op for op in ops}, deps)
-        return any(graph.has_edge(r.id, view.id) for r in readers)
+        comps = list(nx.strongly_connected_components(graph))
+        added = _join_views(graph, comps, {op.id: op for op in ops}, deps)
+        assert added == any(graph.has_edge(r.id, view.id) for r in readers)
+        return added
 
     assert joined([here])
     assert not joined([behind])  # read at another point: it would make a carried cycle

@@ -204,12 +204,13 @@ ACCUMULATIONS: dict[str, Accumulation] = {
 @dataclass
 class Region:
     """Ops over ``domain`` computed a block of their ``rows`` rows at a time: each op's row
-    axis, the accumulations with their inputs' row axes, and the region ops also read whole
-    after the loop."""
+    axis and its inputs' (None: read whole), the accumulations with their inputs' row axes,
+    and the region ops also read whole after the loop."""
 
     domain: tuple[Dim, ...]
     rows: int
     axis: dict[int, int]
+    inputs: dict[int, tuple[int | None, ...]]
     sums: dict[int, tuple[int | None, ...]]
     held: dict[int, int]  # op id -> bytes of its value over all rows (not gathered or a view)
     gathered: set[int]  # read whole after the loop too: their blocks are kept
@@ -223,10 +224,11 @@ def _eligible(op: Op, keep: set[int]) -> bool:
 
 
 def _internal(e: Edge, domain: tuple[Dim, ...]) -> bool:
-    """The edge reads its source at the reader's own point (a source in the region)."""
+    """The edge reads its source, an op over ``domain``, at the reader's own point (a
+    source in the region), under a condition on ``domain`` alone."""
     return (
         e.src.domain == domain
-        and all(i is d for i, d in zip(e.index, domain, strict=True))
+        and View(e.src, e.index).is_identity
         and e.cond.symbols() <= set(domain)
     )
 
@@ -370,7 +372,14 @@ class _Analysis:
             if i not in gathered and not prims.get(by_id[i].prim).traits.view
         }
         return Region(
-            domain, rows, {i: axis[i] for i in region}, sums, held, gathered, self.running
+            domain,
+            rows,
+            {i: axis[i] for i in region},
+            {i: in_axes[i] for i in region},
+            sums,
+            held,
+            gathered,
+            self.running,
         )
 
     def outside(self, e: Edge) -> bool:
@@ -485,7 +494,6 @@ class _Rewriter:
         self.extra: list[Op] = []
         self.narrows: dict[tuple, Op] = {}
         self.gathers: dict[int, Op] = {}
-        self.sizes = _Analysis(spec, region.domain, 1)
 
     def _block_shape(self, shape: Shape, ax: int) -> Shape:
         return (*shape[:ax], Const(self.size), *shape[ax + 1 :])
@@ -539,9 +547,9 @@ class _Rewriter:
                 self.new[op.id] = op.unwired()
         for op in spec.ops:
             if op.id in region.axis:
-                axes = _region_axes(op, region, self.sizes)
                 self.new[op.id].inputs = [
-                    self._input(e, ax) for e, ax in zip(op.inputs, axes, strict=True)
+                    self._input(e, ax)
+                    for e, ax in zip(op.inputs, region.inputs[op.id], strict=True)
                 ]
             elif op.id in region.sums:
                 self._accumulate(op, self.new[op.id])
@@ -614,12 +622,6 @@ class _Rewriter:
         self.extra += [step, running]
         total.prim, total.attrs = "identity", {}
         total.inputs = [Edge(running, (*outer, k.bound - 1))]
-
-
-def _region_axes(op: Op, region: Region, sizes: _Analysis) -> tuple[int | None, ...]:
-    rule = row_rule(op.prim)
-    assert rule is not None
-    return rule(op, region.axis[op.id], sizes.out(op), sizes.ins(op))
 
 
 def incrementalize(spec: ProgramSpec, blocks: int, notes: list[str] | None = None) -> ProgramSpec:

@@ -94,8 +94,7 @@ def compile(spec: ProgramSpec, optimize: bool = True, blocks: int | None = None)
         if vectorize_enabled():
             rewrite("vectorisation", lambda s: vectorize(s, report.notes))
         if blocks is not None:
-            count = blocks
-            rewrite("incrementalisation", lambda s: incrementalize(s, count, report.notes))
+            rewrite("incrementalisation", lambda s: incrementalize(s, blocks, report.notes))
     rewrite("domain conditions", add_guards)
     report.timed("validation", lambda: validate(list(spec.ops), spec.check_bounds))
     ops = list(spec.ops)

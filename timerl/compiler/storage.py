@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from timerl.compiler.donation import computes_into
 from timerl.ir import prims
-from timerl.ir.graph import Op
+from timerl.ir.graph import Op, View
 from timerl.schedule.liveness import add_frees, window_lag
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice, always_eq
@@ -170,7 +170,7 @@ def _point_view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> in
     src = table.get(e.src.id)
     if src is None or src.kind != "point" or e.cond != TRUE or e.src.domain != op.domain:
         return None
-    if not all(i is d for i, d in zip(e.index, op.domain, strict=True)):
+    if not View(e.src, e.index).is_identity:
         return None
     traits = prims.get(e.src.prim).traits
     if traits.host or traits.multi_output or (kind == "contiguous" and not traits.fresh):
@@ -340,7 +340,7 @@ def _part_view_base(
     src = table.get(e.src.id)
     if src is None or src.kind != "view" or e.cond != TRUE or src.base is None:
         return None
-    if not all(i is d for i, d in zip(e.index, e.src.domain, strict=True)):
+    if not View(e.src, e.index).is_identity:
         return None
     return src.base, False
 

@@ -22,7 +22,7 @@ import networkx as nx
 
 from timerl.errors import BoundError, CycleError
 from timerl.ir import prims
-from timerl.ir.graph import Edge, Op
+from timerl.ir.graph import Edge, Op, View
 from timerl.schedule.pin import pin, pin_points
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
 from timerl.symbolic import (
@@ -262,11 +262,10 @@ def _loops_over(
     graph.add_nodes_from(op.id for op in ops)
     graph.add_edges_from((e.src.id, r.id) for r, e in deps)
     by_id = {op.id: op for op in ops}
-    _join_views(graph, by_id, deps)
-    sccs = [
-        sorted((by_id[i] for i in comp), key=lambda o: o.id)
-        for comp in nx.strongly_connected_components(graph)
-    ]
+    comps = list(nx.strongly_connected_components(graph))
+    if _join_views(graph, comps, by_id, deps):
+        comps = list(nx.strongly_connected_components(graph))
+    sccs = [sorted((by_id[i] for i in comp), key=lambda o: o.id) for comp in comps]
     unit_of = {op.id: k for k, comp in enumerate(sccs) for op in comp}
     for comp in sccs:
         inside = [dim in op.domain for op in comp]
@@ -345,33 +344,32 @@ def _loops_over(
     return out
 
 
-def _join_views(graph: nx.DiGraph, by_id: dict[int, Op], deps: list[Dep]) -> None:
+def _join_views(
+    graph: nx.DiGraph, comps: list[set[int]], by_id: dict[int, Op], deps: list[Dep]
+) -> bool:
     """A view on its own (incrementalisation's ``narrow`` of a block of rows) joins the one
     component that reads it, where its readers share its domain and read it at their own
     point: run in a loop of its own, each of its points would be held from that loop to
     its readers' (for a block read, every block of every update step). The back edges
-    added make them one component; the dependences the loops are built from do not change."""
-    comp_of = {i: n for n, comp in enumerate(nx.strongly_connected_components(graph)) for i in comp}
-    sizes: dict[int, int] = {}
-    for n in comp_of.values():
-        sizes[n] = sizes.get(n, 0) + 1
+    added make them one component; the dependences the loops are built from do not change.
+    True when an edge was added (the components are then to be found again)."""
+    comp_of = {i: n for n, comp in enumerate(comps) for i in comp}
     reads: dict[int, list[Dep]] = {}
     for reader, edge in deps:
         reads.setdefault(edge.src.id, []).append((reader, edge))
+    joined = False
     for i, op in by_id.items():
-        if sizes[comp_of[i]] != 1 or not prims.get(op.prim).traits.view:
+        if len(comps[comp_of[i]]) != 1 or not prims.get(op.prim).traits.view:
             continue
         rs = reads.get(i, [])
         if (
             rs
             and len({comp_of[r.id] for r, _ in rs}) == 1
-            and all(r.domain == op.domain and _at_own_point(e, op.domain) for r, e in rs)
+            and all(r.domain == op.domain and View(op, e.index).is_identity for r, e in rs)
         ):
             graph.add_edge(rs[0][0].id, i)
-
-
-def _at_own_point(edge: Edge, domain: tuple[Dim, ...]) -> bool:
-    return all(i is d for i, d in zip(edge.index, domain, strict=True))
+            joined = True
+    return joined
 
 
 def _carried_direction(comp: list[Op], deps: list[Dep], dim: Dim) -> bool | None:
