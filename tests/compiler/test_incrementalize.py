@@ -215,3 +215,11 @@ def test_gather_and_scatter_add_follow_the_rows_along_another_axis():
     assert row_rule("scatter_add")(put, 0, _s(8, 4), [_s(8, 1), _s(8, 1)]) == (0, 0)
     with pytest.raises(Decline):
         row_rule("gather")(_op("gather", (2, 4), axis=0), 0, _s(2, 4), [_s(8, 4), _s(2, 4)])
+
+
+@pytest.mark.parametrize("value", ["four", "0", "-2", "1.5"])
+def test_a_block_count_that_is_not_a_positive_whole_number_is_refused_by_name(value, monkeypatch):
+    monkeypatch.setenv(BLOCKS_ENV, value)
+    ctx, bounds, outs = _regression(rows=512)
+    with pytest.raises(tl.ProgramError, match=f"TIMERL_BLOCKS='{value}'"):
+        ctx.compile(bounds=bounds, outputs=outs)

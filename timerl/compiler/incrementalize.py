@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from timerl.compiler.spec import ProgramSpec
+from timerl.errors import ProgramError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, consumers
 from timerl.ir.reads import computable_points
@@ -61,8 +62,12 @@ MIN_OP_BYTES = 1 << 20
 
 def blocks_asked() -> int | None:
     """Blocks asked for by ``TIMERL_BLOCKS`` (None: not asked)."""
-    value = os.environ.get(BLOCKS_ENV, "")
-    return int(value) if value.strip() else None
+    value = os.environ.get(BLOCKS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ProgramError(f"{BLOCKS_ENV}={value!r}: give a whole number of blocks, 1 or more")
+    return int(value)
 
 
 class Decline(Exception):
