@@ -15,6 +15,7 @@ from timerl.compiler import budget as budget_pass
 from timerl.compiler.budget import parse_bytes
 from timerl.ir import rowwise
 from timerl.rl.algos import ppo
+from timerl.runtime import heap
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `bench` is a top-level directory, not an installed package
@@ -114,6 +115,41 @@ def test_planned_peak_is_the_measured_peak(optimize):
     assert planned.peak_bytes == prog.stats()["peak_bytes"]
     if optimize:
         assert planned.holders[0][0] == "obs"
+
+
+def test_the_heaps_share_of_the_planned_peak_leaves_out_arrays_mapped_apart():
+    prog, _ = _ppo(True)
+    spec = prog.compiled.spec
+    donations = prog.backend.donations(prog.compiled.donations, prog.ops)
+
+    def plan(small: int) -> budget_pass.PlannedPeak:
+        return budget_pass.planned_peak(
+            prog.schedule,
+            prog.ops,
+            prog.compiled.storage,
+            spec.static,
+            spec.dynamic,
+            donations,
+            small=small,
+        )
+
+    whole = plan(1 << 40)
+    obs = dict(whole.holders)["obs"]  # the largest array, the rollout's block
+    apart = plan(obs - 1)
+    assert whole.peak_small_bytes == whole.peak_bytes
+    assert plan(0).peak_small_bytes == 0
+    assert whole.peak_bytes - obs <= apart.peak_small_bytes < whole.peak_bytes
+
+
+def test_a_run_faults_in_the_heaps_share_of_its_peak_at_setup():
+    prog, _ = _ppo(True)
+    ex = prog.executor()
+    assert ex.heap_reserve == prog.planned_peak().peak_small_bytes > 0
+    ex.prepare()
+    assert ex._reserved == ex.heap_reserve or heap._glibc() is None
+    # under a budget freed pages go back at once: nothing is reserved
+    prog.memory_budget = prog.planned_peak().peak_bytes
+    assert prog.executor().heap_reserve == 0
 
 
 def test_a_budget_below_the_peak_is_refused_at_compile_time():

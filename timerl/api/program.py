@@ -18,6 +18,7 @@ from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
 from timerl.runtime.backend import Backend
 from timerl.runtime.executor import Executor, RunStats
+from timerl.runtime.heap import MMAP_THRESHOLD
 from timerl.schedule.program import Schedule
 
 
@@ -100,7 +101,14 @@ class Program:
             storage=self.compiled.storage,
             donations=self.compiled.donations,
             keep_freed_pages=self.memory_budget is None,
+            heap_reserve=self._heap_reserve() if compiled else 0,
         )
+
+    def _heap_reserve(self) -> int:
+        # the heap's pages the run's arrays need, faulted in at setup (runtime/heap.reserve)
+        if self.memory_budget is not None or not self.backend.heap_arrays:
+            return 0
+        return self.planned_peak().peak_small_bytes
 
     def planned_peak(self) -> PlannedPeak:
         """The peak of live bytes the schedule reaches, known before running (see
@@ -110,7 +118,13 @@ class Program:
             storage = self.compiled.storage if self.backend.name != "jax" else {}
             donations = self.backend.donations(self.compiled.donations, self.ops)
             self._planned = planned_peak(
-                self.schedule, self.ops, storage, spec.static, spec.dynamic, donations
+                self.schedule,
+                self.ops,
+                storage,
+                spec.static,
+                spec.dynamic,
+                donations,
+                small=MMAP_THRESHOLD,
             )
         return self._planned
 

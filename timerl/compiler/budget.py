@@ -97,6 +97,10 @@ class PlannedPeak:
     peak_apart_reads: int = 0
     live_at_reads: dict[int, int] = field(default_factory=dict)
     peak_at: str = ""  # the op whose statement reaches the peak: where to look to lower it
+    # the peak counting only arrays of at most ``planned_peak``'s ``small`` bytes: the ones a
+    # C heap serves from pages it keeps (larger ones are mapped apart), which a run can fault
+    # in before its first iteration (``runtime/heap.reserve``)
+    peak_small_bytes: int = 0
 
 
 def planned_peak(
@@ -106,6 +110,7 @@ def planned_peak(
     static: Mapping[Bound, int],
     dynamic: Mapping[Bound, int | None],
     donations: Mapping[int, int] | None = None,
+    small: int = 0,
 ) -> PlannedPeak:
     ops = list(ops)
     donations = donations or {}
@@ -119,6 +124,7 @@ def planned_peak(
     per_op: dict[int, int] = {}
     state: dict = {"total": 0, "peak": 0, "at_peak": {}, "at": "", "stmt": ""}
     notes: list[str] = []
+    heap = [0, 0]  # live bytes in arrays of at most ``small`` bytes, and their peak
 
     def add(op_id: int, key: tuple, n: int) -> None:
         points = live.setdefault(op_id, {})
@@ -126,6 +132,8 @@ def planned_peak(
         points[key] = n
         per_op[op_id] = per_op.get(op_id, 0) + n - old
         state["total"] += n - old
+        heap[0] += (n if n <= small else 0) - (old if old <= small else 0)
+        heap[1] = max(heap[1], heap[0])
         state["apart"] = max(state.get("apart", 0), state["total"])
         if state["total"] > state["peak"]:
             state["peak"] = state["total"]
@@ -148,6 +156,7 @@ def planned_peak(
             n = points.pop(key, 0)
             per_op[op_id] = per_op.get(op_id, 0) - n
             state["total"] -= n
+            heap[0] -= n if n <= small else 0
 
     def nbytes(op: Op) -> int:
         size = 1
@@ -241,7 +250,13 @@ def planned_peak(
     holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
     note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
     return PlannedPeak(
-        int(state["peak"]), holders, note, int(state.get("apart", 0)), at_reads, state["at"]
+        int(state["peak"]),
+        holders,
+        note,
+        int(state.get("apart", 0)),
+        at_reads,
+        state["at"],
+        heap[1],
     )
 
 

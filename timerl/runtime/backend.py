@@ -66,6 +66,13 @@ class Backend:
         self.device = device
         self.threads = threads
 
+    @property
+    def heap_arrays(self) -> bool:
+        """Whether the arrays a run allocates come from the process's C heap (``malloc``),
+        whose pages ``runtime/heap.py`` can reserve and keep: numpy's, torch's on the CPU.
+        Not jax's (XLA allocates for itself) or a GPU's."""
+        return False
+
     def has_lowering(self, prim: str) -> bool:
         return prim in self.lowerings
 

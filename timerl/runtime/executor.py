@@ -117,9 +117,14 @@ class Executor:
         storage: Mapping[int, Any] | None = None,
         donations: Mapping[int, int] | None = None,
         keep_freed_pages: bool = True,
+        heap_reserve: int = 0,
     ) -> None:
         self.schedule = schedule
         self.keep_freed_pages = keep_freed_pages  # runtime/heap.py; not under a memory budget
+        # bytes of heap pages to fault in at setup (``heap.reserve``): the planned peak of the
+        # arrays the heap serves, where pages are kept; the bytes reserved once done
+        self.heap_reserve = heap_reserve if keep_freed_pages and backend.heap_arrays else 0
+        self._reserved = 0
         # op id -> the input whose buffer it writes into, where this backend can
         self.donations = backend.donations(donations or {}, ops)
         # block stores write points in place: a backend of immutable arrays (jax) keeps a
@@ -425,6 +430,8 @@ class Executor:
         try:
             with self.backend.active():
                 if self.compiled:
+                    self.prepare(hooked)
+                    self._trim.start(reserved=self._reserved > 0)
                     self._run_compiled(hooked)
                 else:
                     env = _Env(self.bounds)
@@ -457,6 +464,8 @@ class Executor:
             self.source = gen.source
             del gen
             release_free_heap()
+        if self.heap_reserve and not self._reserved and heap.keep_freed_pages(True):
+            self._reserved = heap.reserve(self.heap_reserve)
 
     def swapped_bytes(self) -> int:
         """Bytes moved to the next tier and back so far: swapped blocks and streamed ones."""

@@ -59,6 +59,7 @@ class NumpyBackend(Backend):
     name = "numpy"
     donating_lowerings = DONATING
     specialisations = {"matmul": _matmul_for}
+    heap_arrays = True  # numpy allocates with malloc
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         if device != "cpu":

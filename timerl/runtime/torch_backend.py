@@ -46,6 +46,10 @@ class TorchBackend(Backend):
         if self._dev.type == "cuda":
             self.swap_tier = "host"
 
+    @property
+    def heap_arrays(self) -> bool:
+        return self._cpu
+
     def cast(self, value: Any, dtype: np.dtype) -> Any:
         return self.caster(dtype)(value)
 
