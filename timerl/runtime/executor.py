@@ -463,7 +463,11 @@ class Executor:
             self._generated[hooked] = gen.generate(self.bounds, outer)
             self.source = gen.source
             del gen
-            release_free_heap()
+            # What compiling freed goes back to the system, unless the run's pages are
+            # reserved: its first iteration fills those holes in the heap too (torch's
+            # arrays, about 9 MiB on synthetic-e16), and would fault each page in again.
+            if not self.heap_reserve:
+                release_free_heap()
         if self.heap_reserve and not self._reserved and heap.keep_freed_pages(True):
             self._reserved = heap.reserve(self.heap_reserve)
 

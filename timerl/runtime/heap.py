@@ -113,7 +113,8 @@ def release_free_heap() -> None:
     Compiling and Python's compile of the generated run function (3,500 lines for PPO) peak
     at about 20 MiB of small objects that are freed before the run; glibc keeps those pages,
     so they would sit in the process's resident memory beside the program's data, which the
-    meter and ``planned_peak`` cannot see. After a run, the pages its arrays were kept in.
+    meter and ``planned_peak`` cannot see; given back after compiling where the run's pages
+    are not reserved (under a memory budget). After a run, the pages its arrays were kept in.
     """
     lib = _glibc()
     if lib is not None:
