@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import resource
 
 import numpy as np
@@ -87,17 +88,25 @@ def test_a_freed_array_is_reused_without_faulting_its_pages_again():
 
 
 def test_pages_reserved_at_setup_are_not_faulted_again():
-    if heap._glibc() is None:
+    lib = heap._glibc()
+    if lib is None:
         pytest.skip("glibc's heap only")
     heap.keep_freed_pages()
-    n = 24 << 20
-    assert heap.reserve(n) == n
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    # 1 MiB arrays: numpy asks for huge pages from 4 MiB on, which would fault in fewer
-    arrays = [np.ones((1 << 20) // 4, dtype=np.float32) for _ in range(16)]
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    del arrays
-    assert faults < 256  # 4,096 pages where the run is the first to touch them
+    n = 12 << 20
+
+    def faults_of_one_allocation() -> int:
+        # malloc and memset, not numpy: numpy would ask for huge pages and fault fewer
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        ptr = lib.malloc(n)
+        ctypes.memset(ptr, 1, n)
+        lib.free(ptr)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    heap.release_free_heap()
+    fresh = faults_of_one_allocation()  # about 3,000 faults: one a page
+    heap.release_free_heap()
+    assert heap.reserve(2 * n) == 2 * n
+    assert faults_of_one_allocation() * 4 < fresh
 
 
 def test_nothing_is_reserved_where_the_heap_does_not_keep_freed_pages(fake_libc):
