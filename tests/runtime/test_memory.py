@@ -153,6 +153,21 @@ def test_a_run_faults_in_the_heaps_share_of_its_peak_at_setup():
     assert prog.executor().heap_reserve == 0
 
 
+def test_nothing_is_reserved_where_arrays_mapped_apart_hold_most_of_the_peak():
+    # a rollout of images above the mmap threshold: its faults are not the heap's
+    prog = ppo(
+        env_id="Synthetic-v0",
+        num_envs=4,
+        num_steps=1000,
+        hidden=(8,),
+        env_kwargs={"obs_shape": (3, 64, 64), "episode_length": 1000, "action_dim": 2},
+    )
+    compiled = prog.ctx.compile(bounds={"I": 2, **prog.bounds})
+    plan = compiled.planned_peak()
+    assert 0 < 2 * plan.peak_small_bytes < plan.peak_bytes
+    assert compiled.executor().heap_reserve == 0
+
+
 def test_a_run_whose_pages_were_reserved_at_setup_hardly_faults():
     if heap._glibc() is None:
         pytest.skip("glibc's heap only")
