@@ -27,16 +27,20 @@ from bench.swap import idle_block  # noqa: E402  (the swap benchmark's program)
 STEPS = 512
 
 
-def _ppo(optimize: bool, backend: str = "numpy"):
-    prog = ppo(
+def _synthetic_ppo(num_envs: int, num_steps: int, obs_shape: tuple[int, ...], **kwargs):
+    """PPO over Synthetic-v0's episodes of 1,000 steps, with one hidden layer of 8."""
+    return ppo(
         env_id="Synthetic-v0",
-        num_envs=4,
-        num_steps=STEPS,
-        epochs=1,
-        minibatches=1,
+        num_envs=num_envs,
+        num_steps=num_steps,
         hidden=(8,),
-        env_kwargs={"obs_shape": (3, 32, 32), "episode_length": 1000, "action_dim": 2},
+        env_kwargs={"obs_shape": obs_shape, "episode_length": 1000, "action_dim": 2},
+        **kwargs,
     )
+
+
+def _ppo(optimize: bool, backend: str = "numpy"):
+    prog = _synthetic_ppo(4, STEPS, (3, 32, 32), epochs=1, minibatches=1)
     metrics = list(prog.metrics.values())
     c = prog.ctx.compile(
         bounds={"I": 2, **prog.bounds}, outputs=metrics, optimize=optimize, backend=backend
@@ -53,13 +57,7 @@ def _held(store) -> int:
 def test_no_store_of_ppo_grows_with_the_iterations(compiled):
     """A training run does not leak: after 4 iterations every store that is not an output
     holds what it holds after 2 (the same program, compiled from one context)."""
-    prog = ppo(
-        env_id="Synthetic-v0",
-        num_envs=2,
-        num_steps=16,
-        hidden=(8,),
-        env_kwargs={"obs_shape": (3, 4, 4), "episode_length": 1000, "action_dim": 2},
-    )
+    prog = _synthetic_ppo(2, 16, (3, 4, 4))
     metrics = list(prog.metrics.values())
     held = []
     for iterations in (2, 4):
@@ -155,13 +153,7 @@ def test_a_run_faults_in_the_heaps_share_of_its_peak_at_setup():
 
 def test_nothing_is_reserved_where_arrays_mapped_apart_hold_most_of_the_peak():
     # a rollout of images above the mmap threshold: its faults are not the heap's
-    prog = ppo(
-        env_id="Synthetic-v0",
-        num_envs=4,
-        num_steps=1000,
-        hidden=(8,),
-        env_kwargs={"obs_shape": (3, 64, 64), "episode_length": 1000, "action_dim": 2},
-    )
+    prog = _synthetic_ppo(4, 1000, (3, 64, 64))
     compiled = prog.ctx.compile(bounds={"I": 2, **prog.bounds})
     plan = compiled.planned_peak()
     assert 0 < 2 * plan.peak_small_bytes < plan.peak_bytes
@@ -189,13 +181,7 @@ def test_a_run_whose_pages_were_reserved_at_setup_hardly_faults():
 
 
 def test_a_budget_below_the_peak_is_refused_at_compile_time():
-    prog = ppo(
-        env_id="Synthetic-v0",
-        num_envs=4,
-        num_steps=STEPS,
-        hidden=(8,),
-        env_kwargs={"obs_shape": (3, 32, 32), "episode_length": 1000, "action_dim": 2},
-    )
+    prog = _synthetic_ppo(4, STEPS, (3, 32, 32))
     bounds = {"I": 2, **prog.bounds}
     need = prog.ctx.compile(bounds=bounds).planned_peak().peak_bytes
     assert need is not None
