@@ -151,6 +151,20 @@ def test_a_run_faults_in_the_heaps_share_of_its_peak_at_setup():
     assert prog.executor().heap_reserve == 0
 
 
+def test_nothing_is_reserved_where_the_user_configured_the_heap(monkeypatch):
+    from timerl.runtime import executor
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    monkeypatch.setattr(heap, "_KEEPING", [None])
+    trims = []
+    monkeypatch.setattr(executor, "release_free_heap", lambda: trims.append(1))
+    prog, _ = _ppo(True)
+    ex = prog.executor()
+    ex.prepare()
+    # and what compiling freed goes back, as where nothing is reserved
+    assert ex.heap_reserve > 0 and ex._reserved == 0 and trims == [1]
+
+
 def test_nothing_is_reserved_where_arrays_mapped_apart_hold_most_of_the_peak():
     # a rollout of images above the mmap threshold: its faults are not the heap's
     prog = _synthetic_ppo(4, 1000, (3, 64, 64))

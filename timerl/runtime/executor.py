@@ -449,6 +449,8 @@ class Executor:
         for it (``hooked``: the run will start mid-way or call iteration hooks)."""
         with self.backend.active():
             pass  # finds the math libraries to cap (backend.math_threads): the run reuses them
+        # not where the user configured glibc's heap themselves (heap.keep_freed_pages)
+        reserving = bool(self.heap_reserve) and heap.keep_freed_pages(True)
         if self.compiled and hooked not in self._generated:
             outer = self.outer_loop() if hooked else None
             gen = CodeGen(
@@ -466,9 +468,9 @@ class Executor:
             # What compiling freed goes back to the system, unless the run's pages are
             # reserved: its first iteration fills those holes in the heap too (torch's
             # arrays, about 9 MiB on synthetic-e16), and would fault each page in again.
-            if not self.heap_reserve:
+            if not reserving:
                 release_free_heap()
-        if self.heap_reserve and not self._reserved and heap.keep_freed_pages(True):
+        if reserving and not self._reserved:
             self._reserved = heap.reserve(self.heap_reserve)
 
     def swapped_bytes(self) -> int:
