@@ -494,8 +494,7 @@ class Executor:
         return {"read_wait_seconds": waited, "read_ahead_hits": hits, "read_ahead_misses": misses}
 
     def _run_compiled(self, hooked: bool) -> None:
-        self.prepare(hooked)
-        fn = self._generated[hooked]
+        fn = self._generated[hooked]  # run() prepared it
         meter = self.stats.memory
         M = [meter.live, meter.peak]
         C = [0]

@@ -166,7 +166,7 @@ def reserve(nbytes: int) -> int:
     finally:
         for ptr in reversed(pieces):
             lib.free(ptr)
-    return nbytes - max(left, 0)
+    return nbytes - left
 
 
 def _advise_huge_pages(lib: Any, ptr: int, n: int) -> None:
@@ -181,13 +181,20 @@ def _advise_huge_pages(lib: Any, ptr: int, n: int) -> None:
         _ADVISED.append((start, end - start))
 
 
-def resident_bytes() -> int | None:
-    """The process's resident memory now (Linux's ``/proc/self/statm``), None elsewhere."""
+def _statm() -> tuple[int, int] | None:
+    """Resident and file-backed resident pages now (Linux's ``/proc/self/statm``)."""
     try:
         with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+            fields = f.read().split()
+        return int(fields[1]), int(fields[2])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def resident_bytes() -> int | None:
+    """The process's resident memory now, None off Linux."""
+    pages = _statm()
+    return None if pages is None else pages[0] * _PAGE
 
 
 def anonymous_bytes() -> int | None:
@@ -196,12 +203,8 @@ def anonymous_bytes() -> int | None:
     Code pages of a library touched for the first time are resident too, but they are no
     pages the heap holds.
     """
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            fields = f.read().split()
-        return (int(fields[1]) - int(fields[2])) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
+    pages = _statm()
+    return None if pages is None else (pages[0] - pages[1]) * _PAGE
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
