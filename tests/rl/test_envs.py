@@ -328,3 +328,28 @@ def test_jax_cartpole_matches_gymnasium():
         pytest.fail("the reference episode never ended")
     with pytest.raises(EnvError, match="no JAX version"):
         make_jax_env("Pendulum-v1")
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"), [("CartPole-v1", {}), ("Synthetic-v0", {"obs_shape": (3, 4, 4)})]
+)
+def test_a_step_declares_the_bytes_it_returns(env_id, kwargs, full):
+    # the meter counts a step's result by its declared size instead of measuring it
+    import timerl as tl
+
+    env = tl.rl.make_env(env_id, num_envs=3, seed=0, **kwargs)
+    ctx = tl.Context(dims=("t",))
+    (t,) = ctx.dims
+    with ctx:
+        obs = tl.RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (t,), name="obs")
+        obs[0] = env.reset()
+        shape = (env.num_envs, *env.action_shape)
+        kind = "int64" if env.discrete else "float32"
+        action = tl.full(shape, 0, dtype=kind) + obs.sum() * 0
+        parts = env.step(action, full=full)
+    step = parts[0].view.op.inputs[0].src
+    env.vec.reset()
+    returned = step.attrs["fn"](np.zeros(shape, dtype=kind))
+    assert len(returned) == len(parts)
+    assert step.attrs["result_nbytes"] == sum(a.nbytes for a in returned)

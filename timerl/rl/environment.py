@@ -82,6 +82,16 @@ class Env:
             final = obs if vec.final_obs is None else vec.final_obs
             return (*out, vec.terminated.astype(bool), np.asarray(final, dtype=np.float32))
 
+        parts = [
+            (self.batch_obs_shape, "float32", "obs"),
+            ((self.num_envs,), "float32", "reward"),
+            ((self.num_envs,), bool, "done"),
+        ]
+        if full:
+            parts += [
+                ((self.num_envs,), bool, "terminated"),
+                (self.batch_obs_shape, "float32", "final_obs"),
+            ]
         # an env stepped elsewhere (Ray workers) can be started and waited for separately,
         # so the program computes what does not need the step meanwhile (schedule/overlap.py)
         start = getattr(vec, "step_async", None)
@@ -93,19 +103,14 @@ class Env:
             dtype=np.dtype(bool),
             effect=True,
             name=f"{vec.env_id}.step",
+            # ``step`` casts and shapes every part: the meter need not measure them
+            result_nbytes=sum(
+                int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                for shape, dtype, _ in parts
+            ),
             **({"begin": start} if start is not None else {}),
         )
         ctx.add_root(call.op)
-        parts = [
-            (self.batch_obs_shape, "float32", "obs"),
-            ((self.num_envs,), "float32", "reward"),
-            ((self.num_envs,), bool, "done"),
-        ]
-        if full:
-            parts += [
-                ((self.num_envs,), bool, "terminated"),
-                (self.batch_obs_shape, "float32", "final_obs"),
-            ]
         outs = []
         for k, (shape, dtype, what) in enumerate(parts):
             v: View = apply("tuple_get", call, item=k, shape=shape, dtype=np.dtype(dtype))
