@@ -116,10 +116,19 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
     marks: dict[str, int] = {}
 
     def started() -> None:
-        # compiling's transient peak is kept aside; the run's own peak starts from here
+        # compiling's transient peak is kept aside; the run's own peak starts from here (its
+        # base: the resident memory before the run's pages were faulted in at setup)
         marks["setup_peak"] = high_water_rss_bytes()
-        marks["run_base"] = current_rss_bytes()
+        marks["run_base"] = marks.get("compiled", current_rss_bytes())
         marks["reset"] = int(reset_high_water_rss())
+
+    from timerl.runtime.executor import Executor
+
+    reserve = Executor.reserve_memory
+
+    def reserve_memory(self: Executor, reserving: bool) -> None:
+        marks.setdefault("compiled", current_rss_bytes())
+        reserve(self, reserving)
 
     def go(memory_budget: int | None) -> Any:
         return train(
@@ -134,6 +143,7 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
             on_start=started,
         )
 
+    Executor.reserve_memory = reserve_memory  # type: ignore[method-assign]
     try:
         out = go(budget)
         within = True if budget is not None else None
@@ -141,7 +151,10 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
         if err.smallest is None:
             raise
         # over the budget even streamed: run at the smallest budget that fits, and say so
+        marks.pop("compiled", None)
         out, within = go(err.smallest), False
+    finally:
+        Executor.reserve_memory = reserve  # type: ignore[method-assign]
     out.base_rss_bytes = base_rss
     run_peak = high_water_rss_bytes()
     out.run_base_rss_bytes = marks.get("run_base", 0) if marks.get("reset") else 0

@@ -354,3 +354,101 @@ def test_the_planned_peak_names_the_op_that_reaches_it():
     assert "reached computing base" in prog.explain()
     with pytest.raises(tl.MemoryBudgetError, match="The peak is reached computing base"):
         ctx.compile(bounds={T: 3}, outputs=[small], memory_budget=1024)
+
+
+def _plan(prog, small: int) -> budget_pass.PlannedPeak:
+    spec = prog.compiled.spec
+    donations = prog.backend.donations(prog.compiled.donations, prog.ops)
+    return budget_pass.planned_peak(
+        prog.schedule, prog.ops, prog.compiled.storage, spec.static, spec.dynamic, donations, small
+    )
+
+
+def test_a_rollouts_block_mapped_apart_may_keep_its_rows_for_the_next_iteration():
+    prog, _ = _ppo(True)
+    obs = next(op for op in prog.ops if op.label == "obs")
+    rows = dict(_plan(prog, 1 << 40).holders)["obs"]
+    # nothing big is live while the rollout's block is dead: keeping its rows raises nothing
+    assert _plan(prog, rows - 1).spare_blocks == {obs.id}
+    assert _plan(prog, 1 << 40).spare_blocks == frozenset()  # no block is mapped apart
+
+
+def test_no_block_keeps_its_rows_where_that_would_raise_the_peak():
+    # two blocks over t, one after the other in each iteration: either one's rows kept while
+    # the other is live would hold both at once, above the peak of either
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    with ctx:
+        a = tl.RecurrentTensor.placeholder(shape=(1024,), domain=(i, t))
+        a[i, 0] = tl.zeros((1024,)) + i
+        a[i, t + 1] = a[i, t] * 0.5 + 1.0
+        b = tl.RecurrentTensor.placeholder(shape=(4096,), domain=(i, t))
+        b[i, 0] = tl.zeros((4096,)) + a[i, 0:T].sum()
+        b[i, t + 1] = b[i, t] * 0.5 + 1.0
+        out = b[i, 0:T].sum(0)
+    prog = ctx.compile(bounds={I: 3, T: 64}, outputs=[out])
+    blocks = [i for i, s in prog.compiled.storage.items() if s.kind == "block"]
+    assert len(blocks) == 2
+    assert _plan(prog, 1024).spare_blocks == frozenset()
+
+
+def test_a_block_reusing_its_rows_reads_none_before_writing_them(monkeypatch):
+    """A reused block holds the last iteration's rows: poisoned as it is reused, every value
+    is still the reference's (a row read before it is written would show NaN)."""
+    from timerl.api import program as program_module
+    from timerl.runtime.stores import BlockStore
+
+    reused = []
+    fresh_rows = BlockStore._new_rows
+
+    def poisoned(self):
+        spare = id(self.spare[0]) if self.spare else None  # (a reference would keep it)
+        rows = fresh_rows(self)
+        if id(rows) == spare:
+            reused.append(rows.nbytes)
+            rows[...] = np.nan
+        return rows
+
+    monkeypatch.setattr(BlockStore, "_new_rows", poisoned)
+    ref, ref_metrics = _ppo(True)
+    ref.run()
+    monkeypatch.setattr(program_module, "MMAP_THRESHOLD", 1 << 20)  # the obs block: 6 MiB
+    prog, metrics = _ppo(True)
+    prog.run()
+    rollout = 4 * STEPS * 3 * 32 * 32 * 4
+    # the first iteration's block is the spare made at setup, the second's the first's rows
+    assert reused == [rollout, rollout]
+    for a, b in zip(
+        [ref.value(m) for m in ref_metrics], [prog.value(m) for m in metrics], strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the rows are kept for a next run, and nothing is kept under a budget
+    assert prog._executor()._spares[0].spare
+    prog.memory_budget = prog.planned_peak().peak_bytes
+    assert not prog.executor()._spares
+
+
+def test_numpys_huge_page_advice_is_off_while_a_run_maps_arrays_apart(monkeypatch):
+    # a fresh mapping's huge pages can wait on the kernel compacting memory (heap.py)
+    from timerl.api import program as program_module
+
+    before = heap.numpy_huge_pages(True)
+    if before is None:
+        pytest.skip("numpy offers no huge-page switch")
+    settings = []
+    switch = heap.numpy_huge_pages
+
+    def spy(enabled: bool):
+        settings.append(enabled)
+        return switch(enabled)
+
+    monkeypatch.setattr(heap, "numpy_huge_pages", spy)
+    prog, _ = _ppo(True)
+    prog.run()
+    assert settings == []  # no array is mapped apart: numpy's advice stays
+    monkeypatch.setattr(program_module, "MMAP_THRESHOLD", 1 << 20)
+    prog, _ = _ppo(True)
+    prog.run()
+    # off for the run (and for faulting the spare rows in, inside it), then set back
+    assert len(settings) >= 2 and settings[-1] is True and not any(settings[:-1])
+    assert switch(before) is True

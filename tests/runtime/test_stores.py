@@ -41,3 +41,52 @@ def test_ppo_never_reads_a_block_row_before_writing_it(poisoned_blocks):
     assert len(made) >= 10
     assert all(np.isfinite(v) for r in poisoned for v in r.values())
     assert poisoned == plain
+
+
+def test_a_freed_block_is_reused_only_once_no_view_of_it_is_alive():
+    from timerl.runtime.stores import BlockStore
+
+    store = BlockStore(4, (3,), np.float32, NumpyBackend())
+    store.keep_spare(fault_in=False)
+    store.allocate((0,))
+    rows = store.blocks[(0,)][0]
+    view = rows[1:3]
+    store.free_prefix((0,))
+    store.allocate((1,))
+    assert store.blocks[(1,)][0] is not rows  # a view could still read the freed rows
+    del view, rows
+    first = id(store.blocks[(1,)][0])  # (a reference held here would be one more reader)
+    store.blocks[(1,)][1][:] = True
+    store.free_prefix((1,))
+    store.allocate((2,))
+    assert id(store.blocks[(2,)][0]) == first
+    assert not store.blocks[(2,)][1].any()  # no row of the new block is written yet
+    store.allocate((3,))
+    store.free_all()
+    assert len(store.spare) == 1  # one block's rows at most
+
+
+def test_a_spare_made_at_setup_has_its_pages_touched():
+    from timerl.runtime.stores import BlockStore
+
+    store = BlockStore(8, (1024,), np.float32, NumpyBackend())
+    store.keep_spare(fault_in=True)
+    (rows,) = store.spare
+    assert rows.shape == (8, 1024) and not rows.any()
+    made = id(rows)
+    del rows
+    store.allocate((0,))
+    assert id(store.blocks[(0,)][0]) == made and not store.spare
+
+
+def test_torch_blocks_keep_no_rows():
+    # a torch view holds no Python reference to its base: whether one is alive is unknown
+    pytest.importorskip("torch")
+    from timerl.runtime.stores import BlockStore
+    from timerl.runtime.torch_backend import TorchBackend
+
+    store = BlockStore(4, (3,), np.float32, TorchBackend())
+    store.keep_spare(fault_in=False)
+    store.allocate((0,))
+    store.free_prefix((0,))
+    assert store.spare == []

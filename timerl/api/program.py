@@ -102,6 +102,8 @@ class Program:
             donations=self.compiled.donations,
             keep_freed_pages=self.memory_budget is None,
             heap_reserve=self._heap_reserve() if compiled else 0,
+            huge_page_advice=not (compiled and self._maps_arrays_apart()),
+            spare_blocks=self._spare_blocks() if compiled else (),
         )
 
     def _heap_reserve(self) -> int:
@@ -114,6 +116,23 @@ class Program:
         plan = self.planned_peak()
         small = plan.peak_small_bytes
         return small if 2 * small >= (plan.peak_bytes or 0) else 0
+
+    def _spare_blocks(self) -> frozenset[int]:
+        # blocks mapped apart whose rows the run keeps from one allocation to the next
+        # (runtime/stores.BlockStore.keep_spare): not under a budget, whose plan counts on
+        # freed memory going back
+        if self.memory_budget is not None or not self.backend.heap_arrays:
+            return frozenset()
+        return self.planned_peak().spare_blocks
+
+    def _maps_arrays_apart(self) -> bool:
+        # arrays above glibc's mmap threshold are mapped afresh at each allocation: numpy's
+        # huge-page advice would make their first touch wait for the kernel to compact memory
+        # (runtime/heap.numpy_huge_pages)
+        if not self.backend.heap_arrays:
+            return False
+        plan = self.planned_peak()
+        return (plan.peak_bytes or 0) > plan.peak_small_bytes
 
     def planned_peak(self) -> PlannedPeak:
         """The peak of live bytes the schedule reaches, known before running (see

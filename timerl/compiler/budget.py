@@ -101,6 +101,10 @@ class PlannedPeak:
     # C heap serves from pages it keeps (larger ones are mapped apart), which a run can fault
     # in before its first iteration (``runtime/heap.reserve``)
     peak_small_bytes: int = 0
+    # blocks above ``small`` bytes whose rows a run may keep while the block is dead, for its
+    # next allocation (``BlockStore.keep_spare``): live bytes plus those rows stay within the
+    # peak at every statement, so keeping them raises nothing
+    spare_blocks: frozenset[int] = frozenset()
 
 
 def planned_peak(
@@ -125,6 +129,19 @@ def planned_peak(
     state: dict = {"total": 0, "peak": 0, "at_peak": {}, "at": "", "stmt": ""}
     notes: list[str] = []
     heap = [0, 0]  # live bytes in arrays of at most ``small`` bytes, and their peak
+    # candidate spares: op id -> block bytes (filled once the blocks are known); the most
+    # bytes live plus dead candidates' rows, all of them kept and each kept alone
+    spares: dict[int, int] = {}
+    with_spares = {"all": 0}
+
+    def note_spares() -> None:
+        total = state["total"]
+        dead = 0
+        for i, n in spares.items():
+            if not per_op.get(i):
+                dead += n
+                with_spares[i] = max(with_spares.get(i, 0), total + n)
+        with_spares["all"] = max(with_spares["all"], total + dead)
 
     def add(op_id: int, key: tuple, n: int) -> None:
         points = live.setdefault(op_id, {})
@@ -135,6 +152,11 @@ def planned_peak(
         heap[0] += (n if n <= small else 0) - (old if old <= small else 0)
         heap[1] = max(heap[1], heap[0])
         state["apart"] = max(state.get("apart", 0), state["total"])
+        if spares:
+            if per_op[op_id] > spares.get(op_id, per_op[op_id]):
+                # two blocks live at once: a spare kept when one is freed would not be dead
+                with_spares[op_id] = with_spares["all"] = 1 << 62
+            note_spares()
         if state["total"] > state["peak"]:
             state["peak"] = state["total"]
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
@@ -144,6 +166,10 @@ def planned_peak(
 
     def transient(op_id: int, what: int, n: int) -> None:
         at_reads[op_id] = max(at_reads.get(op_id, 0), state["total"])
+        if spares:
+            state["total"] += n
+            note_spares()
+            state["total"] -= n
         if state["total"] + n > state["peak"]:
             state["peak"] = state["total"] + n
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
@@ -177,6 +203,15 @@ def planned_peak(
                     blocks_of.setdefault(id(loop), []).append(s.op)
 
     find_blocks(sched.body, None)
+    if small:
+        for found in blocks_of.values():
+            for op in found:
+                st = storage[op.id]
+                if st.kind == "block" and not st.streamed:
+                    n = nbytes(op) * int(st.extent or 0)
+                    if n > small:
+                        spares[op.id] = n
+        note_spares()
 
     def run(body: list[Stmt], depth: int) -> None:
         for s in body:
@@ -247,6 +282,12 @@ def planned_peak(
         drop(op.id, [k for k in points if k[:n] == key])
 
     run(sched.body, 0)
+    peak = int(state["peak"])
+    if with_spares["all"] <= peak:
+        kept = frozenset(spares)
+    else:  # the largest block that can be kept alone
+        alone = [i for i in spares if with_spares.get(i, 0) <= peak]
+        kept = frozenset(sorted(alone, key=lambda i: -spares[i])[:1])
     holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
     note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
     return PlannedPeak(
@@ -257,6 +298,7 @@ def planned_peak(
         at_reads,
         state["at"],
         heap[1],
+        kept,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,8 +118,12 @@ class Executor:
         donations: Mapping[int, int] | None = None,
         keep_freed_pages: bool = True,
         heap_reserve: int = 0,
+        huge_page_advice: bool = True,
+        spare_blocks: Iterable[int] = (),
     ) -> None:
         self.schedule = schedule
+        # False: numpy's huge-page advice is off while this runs (``heap.numpy_huge_pages``)
+        self.huge_page_advice = huge_page_advice
         self.keep_freed_pages = keep_freed_pages  # runtime/heap.py; not under a memory budget
         # bytes of heap pages to fault in at setup (``heap.reserve``): the planned peak of the
         # arrays the heap serves, where pages are kept; the bytes reserved once done
@@ -143,6 +147,16 @@ class Executor:
         # a dict per op, or a BlockStore where the storage plan says so (both executors)
         self.stats = RunStats()
         self.stores: dict[int, Any] = self.plan.make_stores(ops, backend, self.stats.tier)
+        # blocks whose freed rows are kept for their next allocation (numpy's arrays only:
+        # ``BlockStore.keep_spare`` tells a row still viewed by its references); made and
+        # faulted in by ``prepare``
+        self._spares = [
+            store
+            for i in spare_blocks
+            if type(store := self.stores.get(i)) is BlockStore
+            and backend.array_type is np.ndarray
+            and keep_freed_pages
+        ]
         self.ops = {op.id: op for op in ops}
         self._trim = HeapTrim()
         self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
@@ -427,6 +441,7 @@ class Executor:
         self._start, self._on_iteration, self._before_outer = start, on_iteration, before_outer
         self.backend.reset_device_peak()  # stats() reports this run's peak
         heap.keep_freed_pages(self.keep_freed_pages)  # iterations reuse each other's arrays
+        advice = None if self.huge_page_advice else heap.numpy_huge_pages(False)
         try:
             with self.backend.active():
                 if self.compiled:
@@ -439,6 +454,8 @@ class Executor:
                         env.pop(b, None)
                     self._run_body(self.schedule.body, env)
         finally:
+            if advice is not None:
+                heap.numpy_huge_pages(advice)
             self.stats.seconds = time.perf_counter() - begin
             if self.stats.memory.peak >= TRIM_PEAK:
                 release_free_heap()  # the pages the run's arrays were kept in
@@ -470,8 +487,22 @@ class Executor:
             # arrays, about 9 MiB on synthetic-e16), and would fault each page in again.
             if not reserving:
                 release_free_heap()
+        self.reserve_memory(reserving)
+
+    def reserve_memory(self, reserving: bool) -> None:
+        """Fault in, before the first iteration, the pages the run will use: the heap's
+        (``heap.reserve``, where ``reserving``) and the spare rows of blocks mapped apart.
+        Once a run; after this its pages count as the run's data, not the setup's."""
         if reserving and not self._reserved:
             self._reserved = heap.reserve(self.heap_reserve)
+        if self._spares and self._spares[0].spare is None:
+            advice = None if self.huge_page_advice else heap.numpy_huge_pages(False)
+            try:
+                for store in self._spares:
+                    store.keep_spare(fault_in=True)
+            finally:
+                if advice is not None:
+                    heap.numpy_huge_pages(advice)
 
     def swapped_bytes(self) -> int:
         """Bytes moved to the next tier and back so far: swapped blocks and streamed ones."""
