@@ -353,3 +353,5 @@ def test_a_step_declares_the_bytes_it_returns(env_id, kwargs, full):
     returned = step.attrs["fn"](np.zeros(shape, dtype=kind))
     assert len(returned) == len(parts)
     assert step.attrs["result_nbytes"] == sum(a.nbytes for a in returned)
+    # and their dtypes, which a backend then does not cast again
+    assert step.attrs["result_dtypes"] == tuple(a.dtype for a in returned)

@@ -271,3 +271,57 @@ def test_on_numpy_block_rows_are_indexed_in_place():
     ex = c.executor(compiled=True)
     ex.prepare(hooked=False)
     assert "ROWVIEWS" not in ex.source and "[0][d" in ex.source
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_the_env_steps_parts_and_a_points_row_are_subscripts_in_the_acting_loop(backend):
+    # a part of the step's result and a point of an array computed before the loop are one
+    # subscript each (``Backend.inline_lowerings``): no kernel call, the same values
+    pytest.importorskip(backend)
+    results = []
+    for compiled in (False, True):
+        prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8)
+        metrics = list(prog.metrics.values())
+        c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=metrics, backend=backend)
+        c.run(compiled=compiled)
+        results.append([c.value(m) for m in metrics])
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+    ex = c.executor(compiled=True)
+    ex.prepare(hooked=False)
+    lines, start, end = _acting_loop(ex.source)
+    body = [line.strip() for line in lines[start + 1 : end]]
+    parts = [line for line in body if re.match(r"v\d+ = v\d+\[[012]\]  # CartPole-v1\.", line)]
+    assert len(parts) == 3, "\n".join(body)
+    assert any(re.match(r"v\d+ = v\d+\[d\d+_t\]  # ", line) for line in body)
+
+
+def test_a_part_of_another_dtype_than_declared_is_still_cast_on_torch():
+    # a host function that declares no result dtypes may return any: its parts keep the
+    # kernel, which casts them to the part's declared dtype
+    pytest.importorskip("torch")
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((2,), domain=(t,))
+        x[0] = tl.zeros((2,))
+        pair = tl.api.functional.apply(
+            "udf",
+            x[t].view,
+            fn=lambda a: (a.astype(np.float64) + 1, a > 0),
+            shape=(),
+            dtype=np.dtype(bool),
+            effect=True,
+            name="pair",
+        )
+        ctx.add_root(pair.op)
+        first = tl.api.functional.apply(
+            "tuple_get", pair, item=0, shape=(2,), dtype=np.dtype("float32")
+        )
+        x[t + 1] = tl.RecurrentTensor(first, ctx)
+    c = ctx.compile(bounds={T: 3}, outputs=[x], backend="torch")
+    c.run()
+    assert c.value(x).dtype == np.float32
+    np.testing.assert_array_equal(c.value(x), [[0, 0], [1, 1], [2, 2]])
+    line = next(line for line in c._executor().source.splitlines() if "# tuple_get" in line)
+    assert re.match(r"\s*v\d+ = K\d+\(v\d+\)", line), line

@@ -103,11 +103,13 @@ class Env:
             dtype=np.dtype(bool),
             effect=True,
             name=f"{vec.env_id}.step",
-            # ``step`` casts and shapes every part: the meter need not measure them
+            # ``step`` casts and shapes every part: the meter need not measure them, nor a
+            # backend cast them again (runtime/backend.Backend.kernel)
             result_nbytes=sum(
                 int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                 for shape, dtype, _ in parts
             ),
+            result_dtypes=tuple(np.dtype(dtype) for _, dtype, _ in parts),
             **({"begin": start} if start is not None else {}),
         )
         ctx.add_root(call.op)

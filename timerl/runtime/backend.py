@@ -20,7 +20,7 @@ import numpy as np
 
 from timerl.errors import BackendError
 from timerl.ir import prims
-from timerl.ir.graph import Op
+from timerl.ir.graph import Edge, Op
 from timerl.symbolic import Const, Slice
 
 
@@ -35,6 +35,16 @@ def plain_reads(op: Op) -> bool:
     """Whether each input of ``op`` is one point of its source (no slice adds axes): the
     kernel's operands then have their sources' shapes."""
     return not any(isinstance(i, Slice) for e in op.inputs for i in e.index)
+
+
+def _delivered(edge: Edge, reader: Op) -> np.dtype:
+    """The dtype ``reader`` receives through ``edge``: the source's, or where a host function
+    declares its results' dtypes (an env step casts its parts itself), the part's it reads."""
+    declared = edge.src.attrs.get("result_dtypes")
+    item = reader.attrs.get("item")
+    if declared is not None and isinstance(item, int) and 0 <= item < len(declared):
+        return np.dtype(declared[item])
+    return edge.src.dtype
 
 
 class Backend:
@@ -58,6 +68,11 @@ class Backend:
     promotes_like_numpy = True
     # The backend's array class: ``nbytes`` reads its own attribute first.
     array_type: type = np.ndarray
+    # Lowerings the generated code writes as an expression: primitive name -> a function of
+    # the inputs' and the attributes' sources giving the expression's. For a view that is one
+    # subscript (a part of a host call's result, a point of a precomputed array) a kernel
+    # call's frame and keywords cost more than its work, at every rollout step.
+    inline_lowerings: Mapping[str, Callable[..., str]] = {}
     # A block's rows as separate views, made once before a loop over them, or None where
     # indexing the block at each step costs no more (numpy: 60 ns a row either way).
     row_views: Callable[[Any], Sequence[Any]] | None = None
@@ -103,12 +118,7 @@ class Backend:
         self.check([op])
         special = self.specialisations.get(op.prim)
         fn = (special(op) if special is not None else None) or self.lowering(op.prim)
-        if (
-            self.promotes_like_numpy
-            or prims.get(op.prim).traits.host
-            or prims.get(op.prim).traits.multi_output
-            or all(e.src.dtype == op.dtype for e in op.inputs)
-        ):
+        if not self._casts(op):
             return fn
         cast = self.caster(op.dtype)
 
@@ -116,6 +126,24 @@ class Backend:
             return cast(fn(*args, **kwargs))
 
         return cast_result
+
+    def _casts(self, op: Op) -> bool:
+        """Whether ``op``'s results are cast to its declared dtype here (``kernel``)."""
+        traits = prims.get(op.prim).traits
+        return not (
+            self.promotes_like_numpy
+            or traits.host
+            or traits.multi_output
+            or all(_delivered(e, op) == op.dtype for e in op.inputs)
+        )
+
+    def inline_source(self, op: Op, args: list[str], attrs: dict[str, str]) -> str | None:
+        """The expression computing ``op`` from its inputs' sources and its attributes',
+        where this backend writes it inline (``inline_lowerings``) and casts nothing."""
+        rule = self.inline_lowerings.get(op.prim)
+        if rule is None or op.prim in self.specialisations or self._casts(op):
+            return None
+        return rule(*args, **attrs)
 
     def cast(self, value: Any, dtype: np.dtype) -> Any:
         """``value`` as ``dtype`` (itself when it has it already)."""

@@ -28,7 +28,13 @@ from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.body_regions import BodyFusion
-from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
+from timerl.runtime.calls import (
+    META_ATTRS,
+    element_shape,
+    gather_points,
+    host_call,
+    prepare_call,
+)
 from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
 from timerl.runtime.stores import RowStore, StorePlan
@@ -532,6 +538,8 @@ class CodeGen:
         """``var = kernel(...)``; with ``row`` (the source of a block's row), ``kernel(...,
         out=row)`` and no ``var``."""
         donate = self.donations.get(op.id)
+        if donate is None and row is None and self._inline(op, depth, var):
+            return
         call = prepare_call(op, self.backend, self.seed, donate, row=row is not None)
         if op.id in self.host_only or (
             prims.get(op.prim).traits.host and getattr(self.backend, "host_results_numpy", False)
@@ -564,6 +572,23 @@ class CodeGen:
         where = op.where().replace("\n", " ")
         target = "" if row is not None else f"{var} = "
         self.emit(depth, f"{target}{fn}({', '.join(args + kwargs)})  # {where}")
+
+    def _inline(self, op: Op, depth: int, var: str) -> bool:
+        """``var = expression``, where the backend writes ``op`` inline (a subscript): no
+        kernel call, its frame and keywords (``Backend.inline_lowerings``)."""
+        if op.prim not in self.backend.inline_lowerings:
+            return False
+        per_point = set(prims.get(op.prim).point_attrs)
+        attrs = {
+            k: self._attr_src(v) if k in per_point or not isinstance(v, int) else repr(v)
+            for k, v in op.attrs.items()
+            if k not in META_ATTRS
+        }
+        src = self.backend.inline_source(op, [self.read_src(e) for e in op.inputs], attrs)
+        if src is None:
+            return False
+        self.emit(depth, f"{var} = {src}  # {op.where().replace(chr(10), ' ')}")
+        return True
 
     def _attr_src(self, value: Any) -> str:
         if isinstance(value, (Expr, Condition)):

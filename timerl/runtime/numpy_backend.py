@@ -39,6 +39,13 @@ DONATING: dict[str, Callable[..., Any]] = {
 }
 
 
+# the reference semantics of these views are one subscript: written inline (Backend)
+INLINE: dict[str, Callable[..., str]] = {
+    "tuple_get": lambda x, item, **_: f"{x}[{item}]",
+    "select_at": lambda x, index, **_: f"{x}[{index}]",
+}
+
+
 def _plain_matmul(a: Any, b: Any) -> Any:
     if type(a) is np.ndarray:
         return np.matmul(a, b)
@@ -58,6 +65,7 @@ def _matmul_for(op: Op) -> Callable[..., Any] | None:
 class NumpyBackend(Backend):
     name = "numpy"
     donating_lowerings = DONATING
+    inline_lowerings = INLINE
     specialisations = {"matmul": _matmul_for}
     heap_arrays = True  # numpy allocates with malloc
 
