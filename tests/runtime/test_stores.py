@@ -79,8 +79,8 @@ def test_a_spare_made_at_setup_has_its_pages_touched():
     assert id(store.blocks[(0,)][0]) == made and not store.spare
 
 
-def test_torch_blocks_keep_no_rows():
-    # a torch view holds no Python reference to its base: whether one is alive is unknown
+def test_a_torch_block_reuses_the_numpy_rows_under_it_once_no_view_is_alive():
+    # a torch view holds the storage, which holds the numpy array under the block
     pytest.importorskip("torch")
     from timerl.runtime.stores import BlockStore
     from timerl.runtime.torch_backend import TorchBackend
@@ -88,5 +88,14 @@ def test_torch_blocks_keep_no_rows():
     store = BlockStore(4, (3,), np.float32, TorchBackend())
     store.keep_spare(fault_in=False)
     store.allocate((0,))
+    view = store.blocks[(0,)][0][1:3]
+    first = store.blocks[(0,)][0].data_ptr()
     store.free_prefix((0,))
-    assert store.spare == []
+    store.allocate((1,))
+    assert store.blocks[(1,)][0].data_ptr() != first  # the view could still read them
+    del view
+    second = store.blocks[(1,)][0].data_ptr()
+    store.free_prefix((1,))
+    store.allocate((2,))
+    assert store.blocks[(2,)][0].data_ptr() == second
+    assert len(store.bases) == 1  # the live block's; none left of the freed ones

@@ -147,14 +147,14 @@ class Executor:
         # a dict per op, or a BlockStore where the storage plan says so (both executors)
         self.stats = RunStats()
         self.stores: dict[int, Any] = self.plan.make_stores(ops, backend, self.stats.tier)
-        # blocks whose freed rows are kept for their next allocation (numpy's arrays only:
-        # ``BlockStore.keep_spare`` tells a row still viewed by its references); made and
-        # faulted in by ``prepare``
+        # blocks whose freed rows are kept for their next allocation (on the CPU, where rows
+        # are a numpy array's memory: ``BlockStore.keep_spare``); made and faulted in by
+        # ``prepare``
         self._spares = [
             store
             for i in spare_blocks
             if type(store := self.stores.get(i)) is BlockStore
-            and backend.array_type is np.ndarray
+            and backend.heap_arrays
             and keep_freed_pages
         ]
         self.ops = {op.id: op for op in ops}
@@ -456,6 +456,9 @@ class Executor:
         finally:
             if advice is not None:
                 heap.numpy_huge_pages(advice)
+            for store in self._spares:  # rows no block holds go back with the run
+                if store.spare:
+                    store.spare.clear()
             self.stats.seconds = time.perf_counter() - begin
             if self.stats.memory.peak >= TRIM_PEAK:
                 release_free_heap()  # the pages the run's arrays were kept in
@@ -495,7 +498,7 @@ class Executor:
         Once a run; after this its pages count as the run's data, not the setup's."""
         if reserving and not self._reserved:
             self._reserved = heap.reserve(self.heap_reserve)
-        if self._spares and self._spares[0].spare is None:
+        if self._spares and not self._spares[0].spare:
             advice = None if self.huge_page_advice else heap.numpy_huge_pages(False)
             try:
                 for store in self._spares:

@@ -104,6 +104,7 @@ class BlockStore:
         "moved",
         "tier",
         "spare",
+        "bases",
     )
 
     def __init__(
@@ -126,7 +127,8 @@ class BlockStore:
         self.block_bytes = _block_size(extent, elem, dtype) if owns else 0
         # None, or a list holding at most one freed block's rows for the next allocation
         # (``keep_spare``)
-        self.spare: list[Any] | None = None
+        self.spare: list[np.ndarray] | None = None
+        self.bases: dict[int, np.ndarray] = {}  # id of a block's rows -> the array under them
 
     def keep_spare(self, fault_in: bool = True) -> None:
         """Keep a freed block's rows for the next block instead of giving them back.
@@ -136,27 +138,38 @@ class BlockStore:
         again: about 96,000 faults, 10% of the iteration. Chosen by the compiler only where
         holding the rows while the block is dead keeps the run under its planned peak
         (``PlannedPeak.spare_blocks``). ``fault_in``: make the spare now and touch its pages,
-        so that the first iteration does not fault them (setup does)."""
+        so that the first iteration does not fault them (setup does).
+
+        The rows kept are a numpy array, the block's memory on any CPU backend (a torch
+        block is a tensor over it, ``torch.from_numpy``): a view of the rows still alive,
+        numpy's (its ``base``) or torch's (its storage), holds a reference to that array, and
+        rows a view can still read are not reused (views of a freed block may outlive its
+        free by a few statements)."""
         self.spare = []
+        self.bases = {}
         if fault_in and self.block_bytes:
-            rows = self.empty((self.extent, *self.elem), self.dtype)
+            rows = np.empty((self.extent, *self.elem), self.dtype)
             rows[...] = 0
             self.spare.append(rows)
 
     def _give_back(self, rows: Any) -> None:
-        if self.spare is not None and not self.spare and type(rows) is np.ndarray:
-            self.spare.append(rows)
+        base = rows if type(rows) is np.ndarray else self.bases.pop(id(rows), None)
+        if base is not None and not self.spare:
+            self.spare.append(base)
 
     def _new_rows(self) -> Any:
         spare = self.spare
-        # only numpy's arrays are kept: a view of the rows still alive elsewhere holds a
-        # reference to them (``base``), and rows that a view can still read are not reused
-        # (views of a freed block may outlive its free by a few statements)
+        if spare is None:
+            return self.empty((self.extent, *self.elem), self.dtype)
         if spare and sys.getrefcount(spare[0]) <= _RESTING_REFS:
-            return spare.pop()
-        if spare:
+            base = spare.pop()
+        else:
             spare.clear()
-        return self.empty((self.extent, *self.elem), self.dtype)
+            base = np.empty((self.extent, *self.elem), self.dtype)
+        rows = self.backend.asarray(base)
+        if rows is not base:
+            self.bases[id(rows)] = base  # what ``_give_back`` keeps of it
+        return rows
 
     # --- what the executors call -----------------------------------------------------------
     def allocate(self, outer: tuple) -> int:
@@ -313,6 +326,7 @@ class BlockStore:
 
     def clear(self) -> None:
         self.blocks.clear()
+        self.bases.clear()
 
     def __repr__(self) -> str:
         return f"BlockStore({len(self.blocks)} blocks of {self.extent} x {self.elem})"
