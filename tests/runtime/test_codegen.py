@@ -220,6 +220,23 @@ def _acting_loop(source: str) -> tuple[list[str], int, int]:
     return lines, start, end
 
 
+def _acting_loop_on(backend: str) -> tuple[list[str], int, int]:
+    """CartPole PPO on ``backend``, generated and interpreted (the same values, checked), and
+    the generated acting loop (``_acting_loop``)."""
+    results = []
+    for compiled in (False, True):
+        prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8)
+        metrics = list(prog.metrics.values())
+        c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=metrics, backend=backend)
+        c.run(compiled=compiled)
+        results.append([c.value(m) for m in metrics])
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+    ex = c.executor(compiled=True)
+    ex.prepare(hooked=False)
+    return _acting_loop(ex.source)
+
+
 def test_the_acting_loop_reads_its_parameters_and_blocks_once_before_it():
     # parameters and the rollout's blocks do not change inside the loop over steps: each is
     # read into a local before it, and the locals are cleared after it (a local left set
@@ -244,18 +261,7 @@ def test_on_torch_a_loop_over_a_blocks_rows_takes_them_from_views_made_before_it
     # ``block[t]`` builds a torch view at each call; the rollout's blocks are split into
     # their rows' views once before the loop over steps, and those are cleared after it
     pytest.importorskip("torch")
-    results = []
-    for compiled in (False, True):
-        prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8)
-        metrics = list(prog.metrics.values())
-        c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=metrics, backend="torch")
-        c.run(compiled=compiled)
-        results.append([c.value(m) for m in metrics])
-    for a, b in zip(*results, strict=True):
-        np.testing.assert_array_equal(a, b)
-    ex = c.executor(compiled=True)
-    ex.prepare(hooked=False)
-    lines, start, end = _acting_loop(ex.source)
+    lines, start, end = _acting_loop_on("torch")
     views = dict(re.findall(r"(_h\d+) = ROWVIEWS\((_h\d+)\)", "\n".join(lines[start - 30 : start])))
     body = "\n".join(lines[start + 1 : end])
     assert len(views) >= 3
@@ -278,18 +284,7 @@ def test_the_env_steps_parts_and_a_points_row_are_subscripts_in_the_acting_loop(
     # a part of the step's result and a point of an array computed before the loop are one
     # subscript each (``Backend.inline_lowerings``): no kernel call, the same values
     pytest.importorskip(backend)
-    results = []
-    for compiled in (False, True):
-        prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8)
-        metrics = list(prog.metrics.values())
-        c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=metrics, backend=backend)
-        c.run(compiled=compiled)
-        results.append([c.value(m) for m in metrics])
-    for a, b in zip(*results, strict=True):
-        np.testing.assert_array_equal(a, b)
-    ex = c.executor(compiled=True)
-    ex.prepare(hooked=False)
-    lines, start, end = _acting_loop(ex.source)
+    lines, start, end = _acting_loop_on(backend)
     body = [line.strip() for line in lines[start + 1 : end]]
     parts = [line for line in body if re.match(r"v\d+ = v\d+\[[012]\]  # CartPole-v1\.", line)]
     assert len(parts) == 3, "\n".join(body)
