@@ -425,6 +425,7 @@ def test_a_block_reusing_its_rows_reads_none_before_writing_them(monkeypatch, ba
         [ref.value(m) for m in ref_metrics], [prog.value(m) for m in metrics], strict=True
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert "kept between iterations (blocks mapped apart, within the peak): obs" in prog.explain()
     # rows no block holds go back when the run ends, and nothing is kept under a budget
     assert prog._executor()._spares and not prog._executor()._spares[0].spare
     prog.memory_budget = prog.planned_peak().peak_bytes
