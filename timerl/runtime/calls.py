@@ -51,13 +51,14 @@ def host_call(
     (``attr="begin"``: the function that starts it, see ``schedule/overlap.py``); numpy
     arrays when not ``native`` (only host calls read it: jax spends 0.1 ms making an array)."""
     to_np, fn = backend.to_numpy, op.attrs[attr]
+    # a backend's ``asarray`` takes what numpy's takes
     as_native = backend.asarray if native else np.asarray
 
     def native(out: Any) -> Any:
         # a list, not a generator: an env step returns three arrays at every step
         if isinstance(out, tuple):
-            return tuple([as_native(np.asarray(o)) for o in out])
-        return None if out is None else as_native(np.asarray(out))
+            return tuple([as_native(o) for o in out])
+        return None if out is None else as_native(out)
 
     def call(*xs: Any) -> Any:
         if len(xs) == 1:  # an env step's action
