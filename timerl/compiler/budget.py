@@ -129,10 +129,13 @@ def planned_peak(
     state: dict = {"total": 0, "peak": 0, "at_peak": {}, "at": "", "stmt": ""}
     notes: list[str] = []
     heap = [0, 0]  # live bytes in arrays of at most ``small`` bytes, and their peak
-    # candidate spares: op id -> block bytes (filled once the blocks are known); the most
-    # bytes live plus dead candidates' rows, all of them kept and each kept alone
+    # blocks above ``small`` bytes that could keep their rows while dead: op id -> bytes
+    # (filled once the blocks are known); the most bytes live plus the rows of each one kept
+    # alone, and of all of them kept together; stores with two blocks live at once
     spares: dict[int, int] = {}
-    with_spares = {"all": 0}
+    alone: dict[int, int] = {}
+    together = [0]
+    refused: set[int] = set()
 
     def note_spares() -> None:
         total = state["total"]
@@ -140,8 +143,8 @@ def planned_peak(
         for i, n in spares.items():
             if not per_op.get(i):
                 dead += n
-                with_spares[i] = max(with_spares.get(i, 0), total + n)
-        with_spares["all"] = max(with_spares["all"], total + dead)
+                alone[i] = max(alone.get(i, 0), total + n)
+        together[0] = max(together[0], total + dead)
 
     def add(op_id: int, key: tuple, n: int) -> None:
         points = live.setdefault(op_id, {})
@@ -154,8 +157,7 @@ def planned_peak(
         state["apart"] = max(state.get("apart", 0), state["total"])
         if spares:
             if per_op[op_id] > spares.get(op_id, per_op[op_id]):
-                # two blocks live at once: a spare kept when one is freed would not be dead
-                with_spares[op_id] = with_spares["all"] = 1 << 62
+                refused.add(op_id)  # rows kept when one block is freed would not be dead
             note_spares()
         if state["total"] > state["peak"]:
             state["peak"] = state["total"]
@@ -283,11 +285,11 @@ def planned_peak(
 
     run(sched.body, 0)
     peak = int(state["peak"])
-    if with_spares["all"] <= peak:
+    if not refused and together[0] <= peak:
         kept = frozenset(spares)
     else:  # the largest block that can be kept alone
-        alone = [i for i in spares if with_spares.get(i, 0) <= peak]
-        kept = frozenset(sorted(alone, key=lambda i: -spares[i])[:1])
+        fits = [i for i in spares if i not in refused and alone.get(i, 0) <= peak]
+        kept = frozenset(sorted(fits, key=lambda i: -spares[i])[:1])
     holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
     note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
     return PlannedPeak(
