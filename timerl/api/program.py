@@ -289,7 +289,8 @@ class Program:
         where = f", reached computing {plan.peak_at}" if plan.peak_at else ""
         lines = [f"planned peak: {format_bytes(plan.peak_bytes)}{where}; largest live then:"]
         lines += [f"  {name}: {format_bytes(n)}" for name, n in plan.holders[:shown]]
-        kept = sorted(op.label for op in self.ops if op.id in self._spare_blocks())
+        spares = self._spare_blocks()
+        kept = sorted(op.label for op in self.ops if op.id in spares)
         if kept:
             lines.append(
                 f"  kept between iterations (blocks mapped apart, within the peak): {', '.join(kept)}"

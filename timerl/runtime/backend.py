@@ -37,6 +37,14 @@ def plain_reads(op: Op) -> bool:
     return not any(isinstance(i, Slice) for e in op.inputs for i in e.index)
 
 
+# Views whose lowering is one subscript on numpy and on torch alike (``x[item]``,
+# ``x[index]``): the source a backend with these lowerings may write inline.
+SUBSCRIPT_LOWERINGS: Mapping[str, Callable[..., str]] = {
+    "tuple_get": lambda x, item, **_: f"{x}[{item}]",
+    "select_at": lambda x, index, **_: f"{x}[{index}]",
+}
+
+
 def _delivered(edge: Edge, reader: Op) -> np.dtype:
     """The dtype ``reader`` receives through ``edge``: the source's, or where a host function
     declares its results' dtypes (an env step casts its parts itself), the part's it reads."""
@@ -137,13 +145,13 @@ class Backend:
             or all(_delivered(e, op) == op.dtype for e in op.inputs)
         )
 
-    def inline_source(self, op: Op, args: list[str], attrs: dict[str, str]) -> str | None:
-        """The expression computing ``op`` from its inputs' sources and its attributes',
-        where this backend writes it inline (``inline_lowerings``) and casts nothing."""
+    def inline_rule(self, op: Op) -> Callable[..., str] | None:
+        """The source rule (``inline_lowerings``) of ``op``, where this backend writes it
+        inline: it has one, no specialisation and nothing to cast."""
         rule = self.inline_lowerings.get(op.prim)
         if rule is None or op.prim in self.specialisations or self._casts(op):
             return None
-        return rule(*args, **attrs)
+        return rule
 
     def cast(self, value: Any, dtype: np.dtype) -> Any:
         """``value`` as ``dtype`` (itself when it has it already)."""

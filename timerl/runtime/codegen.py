@@ -576,7 +576,8 @@ class CodeGen:
     def _inline(self, op: Op, depth: int, var: str) -> bool:
         """``var = expression``, where the backend writes ``op`` inline (a subscript): no
         kernel call, its frame and keywords (``Backend.inline_lowerings``)."""
-        if op.prim not in self.backend.inline_lowerings:
+        rule = self.backend.inline_rule(op)
+        if rule is None:
             return False
         per_point = set(prims.get(op.prim).point_attrs)
         attrs = {
@@ -584,9 +585,7 @@ class CodeGen:
             for k, v in op.attrs.items()
             if k not in META_ATTRS
         }
-        src = self.backend.inline_source(op, [self.read_src(e) for e in op.inputs], attrs)
-        if src is None:
-            return False
+        src = rule(*[self.read_src(e) for e in op.inputs], **attrs)
         self.emit(depth, f"{var} = {src}  # {op.where().replace(chr(10), ' ')}")
         return True
 

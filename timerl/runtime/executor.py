@@ -150,13 +150,8 @@ class Executor:
         # blocks whose freed rows are kept for their next allocation (on the CPU, where rows
         # are a numpy array's memory: ``BlockStore.keep_spare``); made and faulted in by
         # ``prepare``
-        self._spares = [
-            store
-            for i in spare_blocks
-            if type(store := self.stores.get(i)) is BlockStore
-            and backend.heap_arrays
-            and keep_freed_pages
-        ]
+        kept = spare_blocks if keep_freed_pages and backend.heap_arrays else ()
+        self._spares = [s for i in kept if type(s := self.stores.get(i)) is BlockStore]
         self.ops = {op.id: op for op in ops}
         self._trim = HeapTrim()
         self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
@@ -441,9 +436,8 @@ class Executor:
         self._start, self._on_iteration, self._before_outer = start, on_iteration, before_outer
         self.backend.reset_device_peak()  # stats() reports this run's peak
         heap.keep_freed_pages(self.keep_freed_pages)  # iterations reuse each other's arrays
-        advice = None if self.huge_page_advice else heap.numpy_huge_pages(False)
         try:
-            with self.backend.active():
+            with heap.numpy_huge_pages_off(not self.huge_page_advice), self.backend.active():
                 if self.compiled:
                     self.prepare(hooked)
                     self._trim.start(reserved=self._reserved > 0)
@@ -454,8 +448,6 @@ class Executor:
                         env.pop(b, None)
                     self._run_body(self.schedule.body, env)
         finally:
-            if advice is not None:
-                heap.numpy_huge_pages(advice)
             for store in self._spares:  # rows no block holds go back with the run
                 if store.spare:
                     store.spare.clear()
@@ -499,13 +491,9 @@ class Executor:
         if reserving and not self._reserved:
             self._reserved = heap.reserve(self.heap_reserve)
         if self._spares and not self._spares[0].spare:
-            advice = None if self.huge_page_advice else heap.numpy_huge_pages(False)
-            try:
+            with heap.numpy_huge_pages_off(not self.huge_page_advice):
                 for store in self._spares:
                     store.keep_spare(fault_in=True)
-            finally:
-                if advice is not None:
-                    heap.numpy_huge_pages(advice)
 
     def swapped_bytes(self) -> int:
         """Bytes moved to the next tier and back so far: swapped blocks and streamed ones."""

@@ -13,10 +13,12 @@ Everything here is a no-op off glibc.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 # A program whose data peaks at this many bytes gives the heap's free pages back after an
@@ -187,6 +189,17 @@ def numpy_huge_pages(enabled: bool) -> bool | None:
         from numpy.core import multiarray  # type: ignore[no-redef]
     switch = getattr(multiarray, "_set_madvise_hugepage", None)
     return None if switch is None else bool(switch(enabled))
+
+
+@contextlib.contextmanager
+def numpy_huge_pages_off(off: bool = True) -> Iterator[None]:
+    """numpy's huge-page advice off inside (where ``off``), as it was after."""
+    before = numpy_huge_pages(False) if off else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            numpy_huge_pages(before)
 
 
 def _advise_huge_pages(lib: Any, ptr: int, n: int) -> None:

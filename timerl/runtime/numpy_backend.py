@@ -16,7 +16,13 @@ import numpy as np
 from timerl.errors import BackendError
 from timerl.ir import prims, rowwise
 from timerl.ir.graph import Op
-from timerl.runtime.backend import Backend, math_threads, plain_reads, static_shape
+from timerl.runtime.backend import (
+    SUBSCRIPT_LOWERINGS,
+    Backend,
+    math_threads,
+    plain_reads,
+    static_shape,
+)
 
 # ufuncs that write into ``out=``: the reference semantics of these primitives, computed in
 # the buffer of an input that dies at the op (same shape and dtype, see compiler/donation.py)
@@ -39,13 +45,6 @@ DONATING: dict[str, Callable[..., Any]] = {
 }
 
 
-# the reference semantics of these views are one subscript: written inline (Backend)
-INLINE: dict[str, Callable[..., str]] = {
-    "tuple_get": lambda x, item, **_: f"{x}[{item}]",
-    "select_at": lambda x, index, **_: f"{x}[{index}]",
-}
-
-
 def _plain_matmul(a: Any, b: Any) -> Any:
     if type(a) is np.ndarray:
         return np.matmul(a, b)
@@ -65,7 +64,7 @@ def _matmul_for(op: Op) -> Callable[..., Any] | None:
 class NumpyBackend(Backend):
     name = "numpy"
     donating_lowerings = DONATING
-    inline_lowerings = INLINE
+    inline_lowerings = SUBSCRIPT_LOWERINGS  # the reference semantics of these views
     specialisations = {"matmul": _matmul_for}
     heap_arrays = True  # numpy allocates with malloc
 

@@ -146,13 +146,15 @@ class BlockStore:
         rows a view can still read are not reused (views of a freed block may outlive its
         free by a few statements)."""
         self.spare = []
-        self.bases = {}
         if fault_in and self.block_bytes:
             rows = np.empty((self.extent, *self.elem), self.dtype)
             rows[...] = 0
             self.spare.append(rows)
 
     def _give_back(self, rows: Any) -> None:
+        """A freed block's rows: kept as the spare where this store keeps one."""
+        if self.spare is None:
+            return
         base = rows if type(rows) is np.ndarray else self.bases.pop(id(rows), None)
         if base is not None and not self.spare:
             self.spare.append(base)
@@ -192,10 +194,8 @@ class BlockStore:
 
     def free_all(self) -> int:
         n = len(self.blocks) * self.block_bytes
-        if self.spare is not None:
-            for outer in list(self.blocks):
-                self._give_back(self.blocks.pop(outer)[0])
-        self.blocks.clear()
+        while self.blocks:
+            self._give_back(self.blocks.popitem()[1][0])
         self._forget_swapped(())
         return n
 
@@ -257,10 +257,7 @@ class BlockStore:
         k = len(key)
         gone = [outer for outer in self.blocks if outer[:k] == key]
         for outer in gone:
-            if self.spare is None:
-                del self.blocks[outer]
-            else:
-                self._give_back(self.blocks.pop(outer)[0])
+            self._give_back(self.blocks.pop(outer)[0])
         self._forget_swapped(key)
         return len(gone) * self.block_bytes
 

@@ -21,15 +21,15 @@ import torch  # noqa: E402 - after the allocator's setting above
 
 from timerl.errors import BackendError
 from timerl.runtime import torch_lowering
-from timerl.runtime.backend import Backend, math_threads
-from timerl.runtime.torch_lowering import DONATING, INLINE, LOWERINGS, SPECIALISED, torch_dtype
+from timerl.runtime.backend import SUBSCRIPT_LOWERINGS, Backend, math_threads
+from timerl.runtime.torch_lowering import DONATING, LOWERINGS, SPECIALISED, torch_dtype
 
 
 class TorchBackend(Backend):
     name = "torch"
     lowerings = LOWERINGS
     donating_lowerings = DONATING
-    inline_lowerings = INLINE
+    inline_lowerings = SUBSCRIPT_LOWERINGS  # as ``torch_lowering`` lowers them
     specialisations = SPECIALISED
     array_type = torch.Tensor
     promotes_like_numpy = False  # int64 + float32 -> float32, int64 / 2 -> float32

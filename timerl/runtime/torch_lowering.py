@@ -345,12 +345,6 @@ register_lowering("normal", _keyed(REGISTRY["normal"].impl))
 # --- structure ---------------------------------------------------------------------------------
 
 register_lowering("tuple_get", lambda x, item, **_: x[item])
-
-# the lowerings above that are one subscript, written inline by the generated code (Backend)
-INLINE: dict[str, Callable[..., str]] = {
-    "tuple_get": lambda x, item, **_: f"{x}[{item}]",
-    "select_at": lambda x, index, **_: f"{x}[{index}]",
-}
 register_lowering("merge", lambda *xs: xs[0])
 register_lowering("add_n", lambda *xs, **_: sum(xs[1:], xs[0]) if len(xs) > 1 else xs[0].clone())
 
