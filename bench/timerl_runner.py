@@ -211,6 +211,10 @@ class _Timers:
     def __init__(self) -> None:
         self.env = 0.0
         self.env_calls = 0
+        # host calls' own time outside the env's ``step``/``reset``: their Python, the
+        # conversions of their arguments and results, and other host functions (metrics)
+        self.host = 0.0
+        self.host_calls = 0
         self.kernel: dict[str, float] = defaultdict(float)
         self.kernel_calls: dict[str, int] = defaultdict(int)
         # what timing one kernel adds, per call (``_calibrate``): inside the timed interval
@@ -259,20 +263,27 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
     """Time the vector envs' ``step``/``reset`` and (optionally) every backend kernel.
 
     Patches classes for the duration only: the envs' base class (every env's udf calls
-    ``vec.step``/``vec.reset``) and the backends' ``lowering`` and ``specialisations``, whose
-    returned kernels are wrapped.
+    ``vec.step``/``vec.reset``), the backends' ``lowering`` and ``specialisations``, whose
+    returned kernels are wrapped, and ``host_call``, whose host functions are (their time
+    outside the env's is ``host``).
     """
     from timerl.errors import BackendError
     from timerl.rl.envs import VectorEnv
+    from timerl.runtime import calls, codegen, executor
     from timerl.runtime.backend import BACKENDS, Backend, backend_class
 
     timers = _Timers()
-    saved: list[tuple[type, str, Any]] = []
+    saved: list[tuple[Any, str, Any]] = []
 
     def patch(cls: type, name: str, make: Any) -> None:
         original = cls.__dict__[name]
         saved.append((cls, name, original))
         setattr(cls, name, make(original))
+
+    def patch_module(module: Any, name: str, make: Any) -> None:
+        original = getattr(module, name)
+        saved.append((module, name, original))
+        setattr(module, name, make(original))
 
     def timed_env(original: Any) -> Any:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -284,6 +295,25 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
                 timers.env_calls += 1
 
         return wrapper
+
+    def timed_host_call(original: Any) -> Any:
+        # every host op's callable comes from ``calls.host_call``; the env's own time inside
+        # it is the env's, the rest is the host call's
+        def make(*args: Any, **kwargs: Any) -> Any:
+            fn = original(*args, **kwargs)
+
+            def timed_host(*xs: Any) -> Any:
+                env_before = timers.env
+                t0 = time.perf_counter()
+                try:
+                    return fn(*xs)
+                finally:
+                    timers.host += time.perf_counter() - t0 - (timers.env - env_before)
+                    timers.host_calls += 1
+
+            return timed_host
+
+        return make
 
     def timed_lowering(original: Any) -> Any:
         def lowering(self: Any, prim: str) -> Any:
@@ -322,6 +352,9 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
 
     patch(VectorEnv, "step", timed_env)
     patch(VectorEnv, "reset", timed_env)
+    # the modules that build host calls hold their own name for the function
+    for module in (calls, codegen, executor):
+        patch_module(module, "host_call", timed_host_call)
     if kernels:
         _calibrate(timers, timed_lowering)
         # the base class's table lookup (what the torch and jax backends use), and every
@@ -345,12 +378,14 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
 
 
 def profiled(config: Config, algo: str = "ppo", backend: str = "numpy") -> dict[str, Any]:
-    """Cost breakdown of a timerl run: compile, environment, kernels, executor overhead.
+    """Cost breakdown of a timerl run: compile, environment, kernels, host calls, executor.
 
     Seconds are totals over all iterations (``run_s`` is the driver's run time, first
-    iteration included). The kernel timers' own cost, measured on a kernel that does nothing,
-    is taken out of the kernels' and the executor's shares and reported as ``timers_s``
-    (``executor_uncorrected_s`` keeps the plain remainder).
+    iteration included). ``host_s`` is the host calls' own time outside the env's step and
+    reset: converting an env's actions and results, the env wrapper's Python, metrics sinks.
+    The kernel timers' own cost, measured on a kernel that does nothing, is taken out of the
+    kernels' and the executor's shares and reported as ``timers_s``
+    (``executor_uncorrected_s`` keeps the plain remainder, host calls included).
     """
     with instrumented() as timers:
         cfg, out, records, start = _train(config, algo, backend)
@@ -370,7 +405,9 @@ def profiled(config: Config, algo: str = "ppo", backend: str = "numpy") -> dict[
         "env_calls": timers.env_calls,
         "kernels_s": kernels,
         "kernel_calls": calls,
-        "executor_s": max(remainder - calls * timers.outside, 0.0),
+        "host_s": timers.host,
+        "host_calls": timers.host_calls,
+        "executor_s": max(remainder - calls * timers.outside - timers.host, 0.0),
         "executor_uncorrected_s": remainder,
         "timers_s": calls * (timers.inside + timers.outside),
         "top_kernels": [(p, s, timers.kernel_calls[p]) for p, s in top],

@@ -152,6 +152,11 @@ def test_timerl_runner_returns_and_profile():
     assert prof["env_s"] > 0 and prof["kernels_s"] > 0 and prof["compile_s"] > 0
     assert prof["env_calls"] >= 4 * 32  # one step per rollout step (+ the reset)
     assert prof["env_s"] + prof["kernels_s"] <= prof["run_s"] * 1.05
+    # host calls (the env step's wrapper and conversions, metrics) are timed apart from the
+    # env's own step and from the executor: one per rollout step at least
+    assert prof["host_calls"] >= 4 * 32 and 0 < prof["host_s"] < prof["run_s"]
+    assert prof["env_s"] + prof["kernels_s"] + prof["host_s"] <= prof["run_s"] * 1.05
+    assert prof["executor_s"] <= prof["executor_uncorrected_s"] - prof["host_s"] + 1e-9
     assert prof["top_kernels"] and prof["kernel_calls"] > 0
     # the timers' own cost (measured on a no-op kernel) is taken out of the executor's share
     assert 0 < prof["timers_s"] < prof["run_s"]
@@ -162,6 +167,10 @@ def test_timerl_runner_returns_and_profile():
     from timerl.runtime.numpy_backend import NumpyBackend
 
     assert VectorEnv.step.__qualname__ == "VectorEnv.step"
+    from timerl.runtime import calls, codegen, executor
+
+    assert calls.host_call is codegen.host_call is executor.host_call
+    assert calls.host_call.__qualname__ == "host_call"
     assert NumpyBackend.lowering.__qualname__ == "NumpyBackend.lowering"
 
 
