@@ -204,3 +204,33 @@ def test_gradient_seed_is_hoisted_and_folded():
     assert len(folded.ops) < len(hoisted.ops)
     close(tl.evaluate(x.grad), 6 * x0)
     close(tl.evaluate(x.grad, optimize=False), 6 * x0)
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_the_cyclic_collector_is_paused_while_compiling_and_restored(monkeypatch, enabled_before):
+    import gc
+
+    from timerl.api import context
+
+    seen = []
+    real = context.compile_program
+
+    def observing(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(context, "compile_program", observing)
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 1.0
+        x[t + 1] = x[t] * 0.5
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled_before else gc.disable)()
+        prog = ctx.compile({T: 4}, outputs=[x])
+        assert seen == [False]
+        assert gc.isenabled() is enabled_before
+    finally:
+        (gc.enable if was else gc.disable)()
+    close(prog.run().value(x), [1.0, 0.5, 0.25, 0.125])

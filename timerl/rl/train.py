@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from timerl.api.context import collector_paused
 from timerl.api.functional import sink
 from timerl.api.tensor import stack
 from timerl.errors import CheckpointError, NumericalError, ProgramError
@@ -290,7 +291,8 @@ def train(
             )
     elif log_path is not None:
         _prepare_log_dir(log_path, overwrite)
-    with env_workers(workers, ray_address):
+    # building, like compiling, makes mostly objects that live as long as the program
+    with env_workers(workers, ray_address), collector_paused():
         program = build(algo, dict(config or {}))
     cfg: AlgoConfig = program.config
     per_iter = program.steps_per_iteration
