@@ -218,6 +218,17 @@ def test_bound_left_without_value():
     assert "T" in msg and "unbounded" in msg
 
 
+def test_bound_left_without_value_before_any_pass_sizes_its_dim():
+    # PPO's iteration bound left out: vectorisation sizes the dims of the update's readers,
+    # and once failed there with a bare KeyError instead of naming the bound
+    from timerl.rl.train import build
+
+    program = build("ppo", {"env_id": "CartPole-v1", "num_envs": 2, "num_steps": 4})
+    with pytest.raises(tl.BoundError) as info:
+        program.ctx.compile(bounds=program.bounds)
+    assert "bound I of dim i" in str(info.value) and "bounds={I: ...}" in str(info.value)
+
+
 def test_bad_and_conflicting_bound_values():
     ctx, t, T = ctx_t()
     with ctx:

@@ -28,7 +28,7 @@ from timerl.compiler.spec import ProgramSpec
 from timerl.compiler.storage import Storage, plan_storage
 from timerl.compiler.vectorize import enabled as vectorize_enabled
 from timerl.compiler.vectorize import vectorize
-from timerl.ir.validate import check_not_empty, validate
+from timerl.ir.validate import check_bounds, check_not_empty, validate
 from timerl.schedule.liveness import add_frees
 from timerl.schedule.order import order_blocks
 from timerl.schedule.overlap import overlap_host_calls
@@ -82,6 +82,8 @@ def compile(spec: ProgramSpec, optimize: bool = True, blocks: int | None = None)
 
     rewrite("dead code", eliminate_dead_code, "dead ops removed")
     check_not_empty(list(spec.ops))
+    # before any pass sizes a dim: a bound left out is the user's error, named as such
+    check_bounds(list(spec.ops), spec.check_bounds)
     if optimize:
         rewrite("duplicate code", merge_duplicates, "duplicate ops merged")
         # hoisting first: what it moves out of every loop is often constant, and then folds
