@@ -410,3 +410,40 @@ def test_user_exceptions_in_sinks_propagate():
 def test_building_outside_a_context():
     with pytest.raises(tl.ProgramError):
         tl.zeros((3,))
+
+
+def test_outputs_that_are_not_tensors_of_this_context_are_named():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,), name="halving")
+        x[0] = 1.0
+        x[t + 1] = x * 0.5
+    with pytest.raises(tl.ProgramError, match=r"outputs\[1\] is a ndarray"):
+        ctx.compile(bounds={T: 4}, outputs=[x, np.zeros(3)])
+    with pytest.raises(tl.ProgramError, match=r"tensors\[0\] is a float"):
+        tl.evaluate([2.0], bounds={T: 4})
+    other, _, _ = ctx_t()
+    with other:
+        y = tl.zeros((2,))
+    with pytest.raises(tl.ProgramError, match=r"outputs\[0\] \(halving.*another tl.Context"):
+        other.compile(bounds={"T": 4}, outputs=[x])
+    with pytest.raises(tl.ProgramError, match=r"tensors\[1\].*another tl.Context"):
+        tl.evaluate([x, y], bounds={T: 4})
+    np.testing.assert_allclose(tl.evaluate(x, bounds={T: 3}), [1.0, 0.5, 0.25])
+
+
+@pytest.mark.parametrize(
+    "make, named",
+    [
+        (lambda t: tl.zeros((-2,)), "full"),
+        (lambda t: tl.RecurrentTensor.placeholder((2, -3), domain=(t,)), "placeholder"),
+        (lambda t: tl.rand((3, -1)), "rand"),
+    ],
+)
+def test_a_negative_size_is_refused_where_the_shape_is_written(make, named):
+    ctx, t, T = ctx_t()
+    with ctx:
+        with pytest.raises(tl.ShapeError, match=rf"{named}: shape .* has a negative size -"):
+            make(t)
+        # sizes that are index expressions are checked where they are known: at compile time
+        assert tl.zeros((t + 1, 2)).shape == (t + 1, 2)

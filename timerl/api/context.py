@@ -244,6 +244,7 @@ class Context(Scope):
         start = time.perf_counter()
         budget = None if memory_budget is None else parse_bytes(memory_budget)
         static, dynamic = self.resolve_bounds(bounds)
+        _check_tensors("compile: outputs", outputs, self)
         asked = [materialize(t) for t in outputs]
         roots = list(self._roots) if effects else list(self._until.values())
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
@@ -391,6 +392,23 @@ def _fit_by_blocks(
 BLOCK_COUNTS = (4, 16, 64)  # block counts a budget tries, fewest first
 
 
+def _check_tensors(what: str, tensors: Sequence[Any], ctx: Context | None) -> None:
+    """Each of ``tensors`` a RecurrentTensor (of ``ctx``, where given): a value of another
+    kind, or a tensor of another context (whose dims and bounds are not this one's), named
+    by its position before anything reads it."""
+    for k, t in enumerate(tensors):
+        if not isinstance(t, RecurrentTensor):
+            raise ProgramError(
+                f"{what}[{k}] is a {type(t).__name__}, not a RecurrentTensor; wrap arrays "
+                "with tl.from_numpy inside the context"
+            )
+        if ctx is not None and t.ctx is not ctx:
+            raise ProgramError(
+                f"{what}[{k}] ({t.op.where()}) belongs to another tl.Context than the one "
+                "compiling it; a program's tensors all come from one context"
+            )
+
+
 def materialize(t: RecurrentTensor) -> Op:
     """The op holding exactly ``t``'s values (a copy op for a non-identity view)."""
     if t.view.is_identity:
@@ -453,9 +471,11 @@ def evaluate(
     items = [tensors] if single else list(tensors)
     if not items:
         raise ProgramError("evaluate: no tensors given")
+    _check_tensors("evaluate: tensors", items[:1], None)
     ctx = items[0].ctx
     if not isinstance(ctx, Context):
         raise ProgramError("evaluate: tensors must belong to a tl.Context")
+    _check_tensors("evaluate: tensors", items, ctx)
     prog = ctx._compile(bounds, backend, device, seed, items, None, optimize, effects=False)
     prog.run()
     values = [prog.value(t) for t in items]

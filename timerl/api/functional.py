@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from timerl.api.scope import current
-from timerl.api.tensor import RecurrentTensor, cat, lift, stack, where
+from timerl.api.tensor import RecurrentTensor, cat, lift, sizes, stack, where
 from timerl.api.tensor import full as _full
 from timerl.api.tensor import maximum as _maximum
 from timerl.api.tensor import minimum as _minimum
@@ -84,7 +84,7 @@ def _random(prim: str, shape: Any, like: RecurrentTensor | None, key_at: Any) ->
     view = apply(
         prim,
         domain=like.domain if like is not None else None,
-        shape=tuple(as_expr(s) for s in shape),
+        shape=sizes(shape, {"uniform": "rand", "normal": "randn"}[prim]),
         dtype=np.dtype("float32"),
         **attrs,
     )

@@ -63,10 +63,11 @@ class RecurrentTensor:
         dom = tuple(domain)
         if ordered(set(dom)) != dom or len(set(dom)) != len(dom):
             raise ProgramError(f"placeholder domain {dom} must list distinct dims in context order")
+        shape = sizes(shape, "placeholder")
         op = Op(
             prim="merge",
             domain=dom,
-            shape=tuple(as_expr(s) for s in shape),
+            shape=shape,
             dtype=np.dtype(dtype),
             attrs={"shape": tuple(shape), "dtype": np.dtype(dtype)},
             name=name,
@@ -661,9 +662,18 @@ def full(
 ):
     ctx = ctx or _current_context()
     return RecurrentTensor(
-        apply("full", shape=tuple(as_expr(s) for s in shape), value=value, dtype=np.dtype(dtype)),
-        ctx,
+        apply("full", shape=sizes(shape, "full"), value=value, dtype=np.dtype(dtype)), ctx
     )
+
+
+def sizes(shape: Sequence[int | Expr], what: str) -> tuple[Expr, ...]:
+    """A shape as index expressions; a size known to be negative is refused where it is
+    written, not where a kernel would first be handed it."""
+    out = tuple(as_expr(s) for s in shape)
+    for s in out:
+        if s.is_const and s.evaluate({}) < 0:
+            raise ShapeError(f"{what}: shape {tuple(shape)} has a negative size {s.evaluate({})}")
+    return out
 
 
 def zeros_like(x: RecurrentTensor) -> RecurrentTensor:
