@@ -120,6 +120,13 @@ def test_mlp_rejects_bad_configs():
             tl.nn.MLP([4, 2], activation="gelu")
 
 
+@pytest.mark.parametrize("sizes", [(-3, 4), (3, 0), (3.0, 2), (True, 2)])
+def test_linear_rejects_a_size_that_is_not_a_positive_int(sizes):
+    bad = r"Linear 'enc': (in|out)_features must be"
+    with tl.Context(dims=("i", "t")), pytest.raises(tl.ProgramError, match=bad):
+        tl.nn.Linear(*sizes, name="enc")
+
+
 # --- optimisers --------------------------------------------------------------------------------
 N_STEPS, BATCH, D_IN, D_OUT = 12, 16, 3, 2
 

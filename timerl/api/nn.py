@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -160,6 +161,12 @@ def _default_domain(domain: Sequence[Dim] | None) -> tuple[Dim, ...]:
     return (ctx.dims[0],) if len(ctx.dims) > 1 else ()
 
 
+def _check_size(what: str, size: Any, context: str = "") -> None:
+    # bool is an int subclass, and numpy integers are not ints: check both explicitly
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+        raise ProgramError(f"{what} must be a positive int, got {size!r}{context}")
+
+
 class Linear(Module):
     """``y = x @ W + b`` with an orthogonal init (gain ``sqrt(2)`` by default)."""
 
@@ -173,6 +180,8 @@ class Linear(Module):
         seed: int | None = None,
         name: str = "linear",
     ) -> None:
+        for what, size in (("in_features", in_features), ("out_features", out_features)):
+            _check_size(f"Linear {name!r}: {what}", size)
         ctx = current()
         dom = _default_domain(domain)
         stream = seed if seed is not None else ctx.next_stream()
@@ -209,12 +218,7 @@ class MLP(Module):
         if len(sizes) < 2:
             raise ProgramError(f"MLP needs at least input and output sizes, got {list(sizes)}")
         for k, size in enumerate(sizes):
-            # bool is an int subclass, and numpy integers are not ints: check both explicitly
-            if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
-                raise ProgramError(
-                    f"MLP {name!r}: sizes[{k}] must be a positive int, got {size!r} "
-                    f"(sizes={list(sizes)})"
-                )
+            _check_size(f"MLP {name!r}: sizes[{k}]", size, f" (sizes={list(sizes)})")
         if activation not in ACTIVATIONS:
             raise ProgramError(
                 f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
