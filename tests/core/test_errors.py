@@ -447,3 +447,13 @@ def test_a_negative_size_is_refused_where_the_shape_is_written(make, named):
             make(t)
         # sizes that are index expressions are checked where they are known: at compile time
         assert tl.zeros((t + 1, 2)).shape == (t + 1, 2)
+
+
+def test_a_sink_that_cannot_be_called_is_refused_where_it_is_given():
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,), name="counter")
+        x[0] = 0.0
+        x[t + 1] = x + 1.0
+        with pytest.raises(tl.ProgramError, match=r"sink\(counter\): fn must be callable"):
+            tl.sink(x, 5)

@@ -150,6 +150,11 @@ class Context(Scope):
         self, tensor: RecurrentTensor, fn: Callable[[np.ndarray, dict[str, int]], Any]
     ) -> None:
         """Call ``fn(value, point)`` with the value at every point, in schedule order."""
+        if not callable(fn):
+            raise ProgramError(
+                f"sink({tensor.name}): fn must be callable as fn(value, point), "
+                f"got {type(fn).__name__}"
+            )
         dims = tensor.domain
 
         def call(value: np.ndarray, point: tuple[int, ...]) -> None:
