@@ -362,13 +362,16 @@ def test_a_bad_hyper_parameter_is_refused_by_name_before_anything_runs(algo, set
         ({"iterations": 0}, "iterations must be at least 1"),
         ({"keep_checkpoints": 0}, "--keep-checkpoints must be at least 1"),
         ({"log_every": -1}, "--log-every and --workers must not be negative"),
+        ({"iterations": 2, "total_steps": 64}, "iterations=2 or total_steps=64, not both"),
+        ({"config": "CartPole-v1"}, "config must be a dict of hyper-parameters"),
     ],
 )
 def test_a_bad_run_length_or_log_setting_is_refused(kwargs, why):
     from timerl.errors import TimerlError
 
+    kwargs = {"config": CFG, **kwargs}
     with pytest.raises(TimerlError) as info:
-        train("ppo", CFG, progress=False, **kwargs)
+        train("ppo", progress=False, **kwargs)
     assert why in str(info.value)
 
 

@@ -25,7 +25,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -264,6 +264,16 @@ def train(
         raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
     if keep_checkpoints < 1:
         raise CheckpointError(f"--keep-checkpoints must be at least 1, got {keep_checkpoints}")
+    if config is not None and not isinstance(config, Mapping):
+        raise ProgramError(
+            f"{algo}: config must be a dict of hyper-parameters (e.g. {{'env_id': "
+            f"'CartPole-v1'}}), got {type(config).__name__} {config!r}"
+        )
+    if iterations is not None and total_steps is not None:
+        raise ProgramError(
+            f"give the run's length once: iterations={iterations} or total_steps="
+            f"{total_steps}, not both"
+        )
     for flag, value in (("--steps", total_steps), ("iterations", iterations)):
         if value is not None and value < 1:
             raise ProgramError(f"{flag} must be at least 1, got {value}")
