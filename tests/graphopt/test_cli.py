@@ -108,3 +108,11 @@ def test_corpus_command_calls_build_corpus(monkeypatch, tmp_path, capsys):
     assert main(["graphopt", "corpus", "--out", str(tmp_path), "--quick"]) == 0
     assert calls == [(tmp_path, True, True)]
     assert str(tmp_path / "index.json") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "many"])
+def test_an_evaluation_budget_that_is_not_a_positive_count_is_refused(budget, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["graphopt", "optimize", "graph.json", "--budget", budget])
+    assert info.value.code == 2
+    assert "argument --budget:" in capsys.readouterr().err

@@ -12,6 +12,17 @@ from typing import Any
 from timerl.errors import GraphError, TimerlError
 
 
+def evaluations(text: str) -> int:
+    """An evaluation budget: a search with none (or fewer) has nothing to spend."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 evaluation, got {value}")
+    return value
+
+
 def register(sub: Any, *, export_program: Any = None, train_program: Any = None) -> None:
     """Add the ``graphopt`` command and its subcommands to the top-level parser.
 
@@ -33,7 +44,9 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     o.add_argument(
         "--weights", type=Path, default=None, help="policy weights (default: the shipped ones)"
     )
-    o.add_argument("--budget", type=int, default=5000, help="number of schedule evaluations")
+    o.add_argument(
+        "--budget", type=evaluations, default=5000, help="number of schedule evaluations"
+    )
     o.add_argument("--devices", type=int, default=1, help="number of accelerators")
     o.add_argument("--memory-limit", type=int, default=None, help="bytes per accelerator")
     o.add_argument("--host", action="store_true", help="allow swapping tensors to host memory")
@@ -51,7 +64,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     e = gsub.add_parser("eval", help="compare methods on a corpus split")
     e.add_argument("--split", default="test")
     e.add_argument("--corpus", type=Path, default=Path("corpus"))
-    e.add_argument("--budget", type=int, default=5000)
+    e.add_argument("--budget", type=evaluations, default=5000)
     e.add_argument(
         "--methods", nargs="+", default=None, help="default: all but 'untrained' (an ablation)"
     )
@@ -91,7 +104,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     t.add_argument("--iterations", type=int, default=300, help="policy updates")
     t.add_argument("--minutes", type=float, default=None, help="stop after this wall time")
-    t.add_argument("--budget", type=int, default=400, help="BRKGA evaluations per sample")
+    t.add_argument("--budget", type=evaluations, default=400, help="BRKGA evaluations per sample")
     t.add_argument("--batch", type=int, default=4, help="fresh samples per update")
     t.add_argument("--max-nodes", type=int, default=600, help="largest training graph")
     t.add_argument("--runtime-share", type=float, default=0.3)
@@ -115,7 +128,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     )
     t.add_argument("--imitate-updates", type=int, default=300, help="imitation updates")
     t.add_argument(
-        "--imitate-budget", type=int, default=2000, help="BRKGA decodes per target order"
+        "--imitate-budget", type=evaluations, default=2000, help="BRKGA decodes per target order"
     )
     t.add_argument(
         "--imitate-concentration", type=float, default=4.0, help="Beta a + b to imitate with"
