@@ -38,6 +38,25 @@ from timerl.runtime.backend import make_backend
 from timerl.symbolic import Bound, Dim, Expr, Slice
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """CPython's cyclic collector paused while compiling.
+
+    Compiling builds tens of thousands of objects that live as long as the program (ops,
+    edges, index expressions, the generated code), and the collector re-traverses the
+    survivors every few hundred allocations: in a PPO compile, 17 collections of the middle
+    generation and one full one, about 50 ms, a tenth of compiling. The garbage cycles
+    compiling leaves are collected by the collector's next run after it (explicit
+    ``gc.collect()`` calls still run while it is paused)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class Context(Scope):
     """The dims of a program (outer first) and everything defined over them."""
 
@@ -219,6 +238,7 @@ class Context(Scope):
         refused here with ``MemoryBudgetError``, naming the smallest budget that fits."""
         return self._compile(bounds, backend, device, seed, outputs, memory_budget, optimize)
 
+    @collector_paused()
     def _compile(
         self,
         bounds: Mapping[Bound | str, int] | None,
@@ -229,22 +249,6 @@ class Context(Scope):
         memory_budget: int | str | None,
         optimize: bool,
         effects: bool = True,
-    ) -> Program:
-        with collector_paused():
-            return self._compile_now(
-                bounds, backend, device, seed, outputs, memory_budget, optimize, effects
-            )
-
-    def _compile_now(
-        self,
-        bounds: Mapping[Bound | str, int] | None,
-        backend: str,
-        device: str,
-        seed: int,
-        outputs: Sequence[RecurrentTensor],
-        memory_budget: int | str | None,
-        optimize: bool,
-        effects: bool,
     ) -> Program:
         start = time.perf_counter()
         budget = None if memory_budget is None else parse_bytes(memory_budget)
@@ -278,25 +282,6 @@ class Context(Scope):
             output_ids={id(t.view): op.id for t, op in zip(outputs, asked, strict=True)},
             started=start,
         )
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """CPython's cyclic collector paused while compiling.
-
-    Compiling builds tens of thousands of objects that live as long as the program (ops,
-    edges, index expressions, the generated code), and the collector re-traverses the
-    survivors every few hundred allocations: in a PPO compile, 17 collections of the middle
-    generation and one full one, about 50 ms, a tenth of compiling. The garbage cycles
-    compiling leaves are collected by the collector's next run after it (explicit
-    ``gc.collect()`` calls still run while it is paused)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPeak]:
