@@ -236,3 +236,23 @@ def test_optimizer_rejects_non_parameters():
             tl.optim.SGD([x], lr=0.1)
         with pytest.raises(tl.ProgramError, match="no parameters"):
             tl.optim.Adam([], lr=0.1)
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda ps: tl.optim.Adam(ps, lr=-1.0), "Adam: lr must be a number >= 0"),
+        (lambda ps: tl.optim.SGD(ps, lr="fast"), "SGD: lr must be a number >= 0"),
+        (lambda ps: tl.optim.SGD(ps, lr=0.1, max_grad_norm=0), "max_grad_norm must be"),
+        (lambda ps: tl.optim.Adam(ps, betas=(1.5, 0.9)), r"betas must be two numbers in \[0, 1\)"),
+        (lambda ps: tl.optim.Adam(ps, eps=-1e-8), "eps must be a number > 0"),
+    ],
+)
+def test_optimiser_settings_out_of_range_are_named(make, why):
+    with tl.Context(dims=("i", "t")) as ctx:
+        (i, _t) = ctx.dims
+        layer = tl.nn.Linear(3, 2, domain=(i,))
+        with pytest.raises(tl.ProgramError, match=why):
+            make(layer.parameters())
+        # a schedule and numpy scalars are settings too
+        tl.optim.Adam(layer.parameters(), lr=lambda i: 1e-3, max_grad_norm=np.float32(0.5))

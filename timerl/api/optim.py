@@ -11,12 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from timerl.api.tensor import RecurrentTensor, full, where
 from timerl.errors import ProgramError
 from timerl.ir import prims
 from timerl.symbolic import Dim
 
 LearningRate = float | Callable[..., "RecurrentTensor | float"]
+
+
+def _number_at_least(value: object, low: float, strict: bool = False) -> bool:
+    """A real number (not a bool) ``>= low`` (``> low`` when ``strict``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        return False
+    return value > low if strict else value >= low
 
 
 class Optimizer:
@@ -45,6 +54,16 @@ class Optimizer:
             raise ProgramError("optimizer: all parameters must share one domain")
         self.domain: tuple[Dim, ...] = self.params[0].op.domain
         self.inner = self.params[0].outer is not None
+        if not callable(lr) and not _number_at_least(lr, 0.0):
+            raise ProgramError(
+                f"{type(self).__name__}: lr must be a number >= 0 or a schedule "
+                f"lr(*dims), got {lr!r}"
+            )
+        if max_grad_norm is not None and not _number_at_least(max_grad_norm, 0.0, strict=True):
+            raise ProgramError(
+                f"{type(self).__name__}: max_grad_norm must be a number > 0 or None, "
+                f"got {max_grad_norm!r}"
+            )
         self.lr = lr
         self.max_grad_norm = max_grad_norm
 
@@ -122,6 +141,10 @@ class Adam(Optimizer):
         max_grad_norm: float | None = None,
     ) -> None:
         super().__init__(params, lr, max_grad_norm)
+        if len(betas) != 2 or not all(_number_at_least(b, 0.0) and b < 1.0 for b in betas):
+            raise ProgramError(f"Adam: betas must be two numbers in [0, 1), got {betas!r}")
+        if not _number_at_least(eps, 0.0, strict=True):
+            raise ProgramError(f"Adam: eps must be a number > 0, got {eps!r}")
         self.betas, self.eps = betas, eps
 
     def step(self) -> None:
