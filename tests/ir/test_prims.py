@@ -355,3 +355,20 @@ def test_sumsq_is_the_sum_of_squares_and_its_gradient_twice_the_input():
     np.testing.assert_allclose(grad, 2 * x, rtol=1e-6)
     with pytest.raises(Exception, match="floating-point"):
         prims.get("sumsq").infer([()], [np.dtype("int64")], {})
+
+
+def test_gather_refuses_an_index_whose_rows_do_not_match_the_tensor():
+    from timerl.errors import ShapeError
+    from timerl.symbolic import Const
+
+    rule = prims.get("gather")
+    f32, i64 = np.dtype("float32"), np.dtype("int64")
+
+    def shape(*sizes):
+        return tuple(Const(s) for s in sizes)
+
+    # one entry per row of the tensor: the policy's log-probability of its action
+    out, dtype = rule.infer([shape(4, 3), shape(4, 1)], [f32, i64], {"axis": -1})
+    assert out == shape(4, 1) and dtype == f32
+    with pytest.raises(ShapeError, match=r"index of shape \(5, 1\) does not match .* on axis 0"):
+        rule.infer([shape(4, 3), shape(5, 1)], [f32, i64], {"axis": -1})

@@ -750,6 +750,15 @@ def _infer_gather(shapes, dtypes, attrs):
         raise ShapeError(f"gather: index rank {len(idx)} differs from tensor rank {len(x)}")
     if not np.issubdtype(dtypes[1], np.integer):
         raise ShapeError(f"gather: index dtype must be integer, got {dtypes[1]}")
+    axis = norm_axis(attrs["axis"], len(x))
+    for d, (a, b) in enumerate(zip(x, idx, strict=True)):
+        # off the gathered axis the index picks one entry per row of the tensor: same sizes
+        # (the backends disagree on anything else: numpy broadcasts, torch reads a corner)
+        if d != axis and a.is_const and b.is_const and a != b:
+            raise ShapeError(
+                f"gather along axis {axis}: index of shape {tuple(idx)} does not match the "
+                f"tensor's shape {tuple(x)} on axis {d}"
+            )
     return idx, dtypes[0]
 
 
