@@ -457,3 +457,15 @@ def test_a_sink_that_cannot_be_called_is_refused_where_it_is_given():
         x[t + 1] = x + 1.0
         with pytest.raises(tl.ProgramError, match=r"sink\(counter\): fn must be callable"):
             tl.sink(x, 5)
+
+
+@pytest.mark.parametrize("name", [123, "", None])
+def test_a_tensor_name_that_is_not_text_is_refused(name):
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.zeros((3,))
+        with pytest.raises(tl.ProgramError, match="name must be a non-empty str"):
+            x.named(name)
+        if name is not None:  # a placeholder without a name is fine
+            with pytest.raises(tl.ProgramError, match="placeholder: a tensor's name"):
+                tl.RecurrentTensor.placeholder((2,), domain=(t,), name=name)

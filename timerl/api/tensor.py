@@ -64,6 +64,8 @@ class RecurrentTensor:
         if ordered(set(dom)) != dom or len(set(dom)) != len(dom):
             raise ProgramError(f"placeholder domain {dom} must list distinct dims in context order")
         shape = sizes(shape, "placeholder")
+        if name is not None:
+            _checked_name(name, "placeholder")
         op = Op(
             prim="merge",
             domain=dom,
@@ -109,7 +111,7 @@ class RecurrentTensor:
 
     def named(self, name: str) -> RecurrentTensor:
         """Give the underlying op a name used in errors, ``explain()`` and renderings."""
-        self.op.name = name
+        self.op.name = _checked_name(name, "named")
         return self
 
     def __repr__(self) -> str:
@@ -664,6 +666,13 @@ def full(
     return RecurrentTensor(
         apply("full", shape=sizes(shape, "full"), value=value, dtype=np.dtype(dtype)), ctx
     )
+
+
+def _checked_name(name: object, what: str) -> str:
+    """A tensor's name: text that errors, ``explain()`` and the generated code quote."""
+    if not isinstance(name, str) or not name:
+        raise ProgramError(f"{what}: a tensor's name must be a non-empty str, got {name!r}")
+    return name
 
 
 def sizes(shape: Sequence[int | Expr], what: str) -> tuple[Expr, ...]:
