@@ -382,21 +382,24 @@ def _fit_by_blocks(
 BLOCK_COUNTS = (4, 16, 64)  # block counts a budget tries, fewest first
 
 
-def _check_tensors(what: str, tensors: Sequence[Any], ctx: Context | None) -> None:
-    """Each of ``tensors`` a RecurrentTensor (of ``ctx``, where given): a value of another
-    kind, or a tensor of another context (whose dims and bounds are not this one's), named
-    by its position before anything reads it."""
+def _check_tensors(what: str, tensors: Sequence[Any], ctx: Any = None) -> Any:
+    """Each of ``tensors`` a RecurrentTensor of ``ctx`` (without one, of the first tensor's):
+    a value of another kind, or a tensor of another context (whose dims and bounds are not
+    this one's), named by its position before anything reads it. Returns the context."""
     for k, t in enumerate(tensors):
         if not isinstance(t, RecurrentTensor):
             raise ProgramError(
                 f"{what}[{k}] is a {type(t).__name__}, not a RecurrentTensor; wrap arrays "
                 "with tl.from_numpy inside the context"
             )
-        if ctx is not None and t.ctx is not ctx:
+        if ctx is None:
+            ctx = t.ctx
+        elif t.ctx is not ctx:
             raise ProgramError(
                 f"{what}[{k}] ({t.op.where()}) belongs to another tl.Context than the one "
                 "compiling it; a program's tensors all come from one context"
             )
+    return ctx
 
 
 def materialize(t: RecurrentTensor) -> Op:
@@ -461,11 +464,9 @@ def evaluate(
     items = [tensors] if single else list(tensors)
     if not items:
         raise ProgramError("evaluate: no tensors given")
-    _check_tensors("evaluate: tensors", items[:1], None)
-    ctx = items[0].ctx
+    ctx = _check_tensors("evaluate: tensors", items)
     if not isinstance(ctx, Context):
         raise ProgramError("evaluate: tensors must belong to a tl.Context")
-    _check_tensors("evaluate: tensors", items, ctx)
     prog = ctx._compile(bounds, backend, device, seed, items, None, optimize, effects=False)
     prog.run()
     values = [prog.value(t) for t in items]

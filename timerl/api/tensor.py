@@ -63,13 +63,12 @@ class RecurrentTensor:
         dom = tuple(domain)
         if ordered(set(dom)) != dom or len(set(dom)) != len(dom):
             raise ProgramError(f"placeholder domain {dom} must list distinct dims in context order")
-        shape = sizes(shape, "placeholder")
         if name is not None:
             _checked_name(name, "placeholder")
         op = Op(
             prim="merge",
             domain=dom,
-            shape=shape,
+            shape=sizes(shape, "placeholder"),
             dtype=np.dtype(dtype),
             attrs={"shape": tuple(shape), "dtype": np.dtype(dtype)},
             name=name,
