@@ -212,3 +212,28 @@ def test_chunks_a_kernel_let_go_of_are_read_into_again(monkeypatch, ahead):
     assert len(made) == len(kept) == 6
     for a, b, chunk in kept:
         np.testing.assert_array_equal(chunk, data[a:b])
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_shorter_last_chunk_is_read_into_a_spare_not_a_new_array(monkeypatch, ahead):
+    # 12 rows by 5: the last chunk has 2 rows; a new array for it would sit beside the spare
+    # full chunk, one chunk more than the plan counts
+    rows, data = _rows(ahead=ahead)
+    made = []
+    empty = stores.RowFile._empty
+    monkeypatch.setattr(
+        stores.RowFile, "_empty", lambda self, request: made.append(1) or empty(self, request)
+    )
+    got = []
+    for a, b, chunk in rows.chunks(5):
+        got.append((a, b))
+        np.testing.assert_array_equal(chunk, data[a:b])
+        del chunk
+    assert got == [(0, 5), (5, 10), (10, 12)]
+    assert len(made) == (2 if ahead else 1)
+    made.clear()
+    ids = np.array([11, 3, 4, 5, 0, 9, 8], dtype=np.int64)
+    for a, chunk in rows.gathers(ids, 3):
+        np.testing.assert_array_equal(chunk, data[ids[a : a + 3]])
+        del chunk
+    assert len(made) == (2 if ahead else 1)

@@ -566,11 +566,14 @@ class RowFile(RowSource):
         spare: list[np.ndarray] = []
 
         def buffer(request: tuple[int, int] | np.ndarray) -> np.ndarray:
+            # the smallest spare that holds the rows; a shorter chunk (a read's last) is read
+            # into its front, or a spare of a full chunk would sit unused beside a new one
             n = request[1] - request[0] if isinstance(request, tuple) else len(request)
-            for k, rows in enumerate(spare):
-                if len(rows) == n:
-                    return spare.pop(k)
-            return self._empty(request)
+            fits = [k for k, rows in enumerate(spare) if len(rows) >= n]
+            if not fits:
+                return self._empty(request)
+            rows = spare.pop(min(fits, key=lambda k: len(spare[k])))
+            return rows if len(rows) == n else rows[:n]
 
         if not self.ahead or len(requests) < 2:
             for request in requests:
