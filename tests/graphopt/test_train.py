@@ -159,3 +159,31 @@ def test_bad_reward_settings_name_the_flag(tiny_corpus, tmp_path):
         train(
             _config(tiny_corpus, reward="decode", samples=1), iterations=1, out=tmp_path / "x.npz"
         )
+
+
+def test_runtime_only_training_learns_runtime_and_keeps_checkpoints(tiny_corpus, tmp_path):
+    cfg = _config(tiny_corpus, reward="decode", samples=4, runtime_share=1.0, runtime_max_nodes=40)
+    lines = []
+    out = tmp_path / "rt.npz"
+    w = train(cfg, iterations=4, out=out, checkpoint_every=2, keep=True, log=lines.append)
+    assert "6 training problems" in lines[0]  # every graph, up to 40 nodes, also for runtime
+    # only runtime problems were drawn: the weights say so, and steer nothing else
+    assert w.meta["objectives"] == ["runtime"]
+    assert PolicyWeights.load(out).objectives == ("runtime",)
+    # every checkpoint's weights, named by its update count, readable as a weights file
+    for it in (2, 4):
+        snap = PolicyWeights.load(tmp_path / f"rt-{it}.npz")
+        assert snap.meta["iterations"] == it and snap.objectives == ("runtime",)
+    final = PolicyWeights.load(tmp_path / "rt-4.npz")
+    for k in w.params:
+        assert np.array_equal(final.params[k], w.params[k]), k
+
+
+def test_trained_objectives_follow_the_problems_drawn():
+    from timerl.graphopt.policy import trained_objectives
+
+    assert trained_objectives(False, 0.3) == ("peak-memory",)  # imitation only
+    assert trained_objectives(True, 0.0) == ("peak-memory",)
+    assert trained_objectives(True, 0.3) == ("peak-memory", "runtime")
+    assert trained_objectives(True, 1.0) == ("runtime",)
+    assert trained_objectives(True, 1.0, imitated=True) == ("peak-memory", "runtime")

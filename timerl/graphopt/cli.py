@@ -42,7 +42,10 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         help="learned: BRKGA steered by the policy (default; seeded with the portfolio)",
     )
     o.add_argument(
-        "--weights", type=Path, default=None, help="policy weights (default: the shipped ones)"
+        "--weights",
+        type=Path,
+        default=None,
+        help="policy weights (default: the shipped ones)",
     )
     o.add_argument(
         "--budget", type=evaluations, default=5000, help="number of schedule evaluations"
@@ -69,7 +72,10 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         "--methods", nargs="+", default=None, help="default: all but 'untrained' (an ablation)"
     )
     e.add_argument(
-        "--weights", type=Path, default=None, help="policy weights (default: the shipped ones)"
+        "--weights",
+        type=Path,
+        default=None,
+        help="policy weights (default: the shipped ones)",
     )
     e.add_argument("--limit", type=int, default=None, help="first N graphs of the split")
     e.add_argument("--exact-nodes", type=int, default=60, help="run exact up to this size")
@@ -101,13 +107,26 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         help="default: OUT.ckpt.npz (--engine program: a run folder, default OUT.run)",
     )
     t.add_argument("--checkpoint-every", type=int, default=10, help="updates between saves")
+    t.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="also write each checkpoint's weights as OUT-<updates>.npz (to choose one later)",
+    )
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     t.add_argument("--iterations", type=int, default=300, help="policy updates")
     t.add_argument("--minutes", type=float, default=None, help="stop after this wall time")
     t.add_argument("--budget", type=evaluations, default=400, help="BRKGA evaluations per sample")
     t.add_argument("--batch", type=int, default=4, help="fresh samples per update")
     t.add_argument("--max-nodes", type=int, default=600, help="largest training graph")
-    t.add_argument("--runtime-share", type=float, default=0.3)
+    t.add_argument(
+        "--runtime-share", type=float, default=0.3, help="share of runtime problems drawn"
+    )
+    t.add_argument(
+        "--runtime-max-nodes",
+        type=int,
+        default=250,
+        help="largest graph also posed for the runtime objective",
+    )
     t.add_argument("--hidden", type=int, default=32)
     t.add_argument("--rounds", type=int, default=3)
     t.add_argument("--lr", type=float, default=3e-3)
@@ -344,6 +363,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         split=args.split,
         max_nodes=args.max_nodes,
         runtime_share=args.runtime_share,
+        runtime_max_nodes=args.runtime_max_nodes,
         budget=args.budget,
         batch=args.batch,
         hidden=args.hidden,
@@ -375,6 +395,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             workers=args.workers,
             ray_address=args.ray_address,
             targets=args.targets,
+            keep=args.keep_checkpoints,
         )
     finally:
         if bar is not None:

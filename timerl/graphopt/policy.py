@@ -65,10 +65,20 @@ def param_shapes(hidden: int, rounds: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def trained_objectives(rewarded: bool, runtime_share: float) -> tuple[str, ...]:
-    """What a training run teaches: imitation fits peak-memory orders only; reward updates also
-    see runtime problems when ``runtime_share`` is positive. Both trainers record this."""
-    return OBJECTIVES if rewarded and runtime_share > 0 else ("peak-memory",)
+def trained_objectives(
+    rewarded: bool, runtime_share: float, *, imitated: bool = False
+) -> tuple[str, ...]:
+    """What a training run teaches: imitation fits peak-memory orders only; reward updates see
+    runtime problems when ``runtime_share`` is positive and peak-memory ones unless it is 1
+    (then no peak-memory problem is ever drawn). Both trainers record this."""
+    if not rewarded:
+        return ("peak-memory",)
+    learned = []
+    if imitated or runtime_share < 1:
+        learned.append("peak-memory")
+    if runtime_share > 0:
+        learned.append("runtime")
+    return tuple(o for o in OBJECTIVES if o in learned)
 
 
 @dataclass

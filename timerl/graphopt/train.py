@@ -251,8 +251,13 @@ def train(
     workers: int = 1,
     ray_address: str | None = None,
     targets: str | Path | None = None,
+    keep: bool = False,
 ) -> PolicyWeights:
     """Train for ``iterations`` updates (or ``minutes`` of wall time); write weights to ``out``.
+
+    ``keep`` also writes the weights of every policy-gradient checkpoint as a weights file,
+    ``OUT-<updates>.npz``, so that one can be chosen afterwards on the validation split (the
+    last is not always the best: the decode reward concentrates the proposals as it goes).
 
     With ``config.warm_start == "imitate"`` the policy-gradient updates are preceded by
     ``config.imitate_updates`` imitation updates (``imitate.py``); their target orders are
@@ -352,30 +357,32 @@ def train(
             show(state["iteration"], iterations, f"reward {mean_r:+.2f}% {versus} (last 40)")
             if state["iteration"] % checkpoint_every == 0 or state["iteration"] == iterations:
                 _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
+                if keep:
+                    snap = out.with_name(f"{out.stem}-{state['iteration']}{out.suffix}")
+                    net.to_weights(weights_meta(config, state, tasks)).save(snap)
     finally:
         pool.close()
     _save_checkpoint(ckpt, weights, opt, net, config, names, state, baseline, replay)
-    final = net.to_weights(
-        {
-            "trained": True,
-            "iterations": state["iteration"],
-            "samples": state["samples"],
-            "train_seconds": round(state["seconds"], 1),
-            "imitation_updates": state["imitation"],
-            "objectives": list(
-                trained_objectives(
-                    state["iteration"] > 0,
-                    config.runtime_share
-                    if any(t.problem.objective == "runtime" for t in tasks)
-                    else 0.0,
-                )
-            ),
-            "config": asdict(config),
-        }
-    )
+    final = net.to_weights(weights_meta(config, state, tasks))
     final.save(out)
     log(f"wrote {out} after {state['iteration']} updates, {state['seconds']:.0f}s")
     return final
+
+
+def weights_meta(config: TrainConfig, state: dict[str, Any], tasks: list[Task]) -> dict[str, Any]:
+    """The ``meta`` of a weights file written after the updates in ``state``: how it was
+    trained and, under ``objectives``, what it learned (what ``learned_search`` steers)."""
+    share = config.runtime_share if any(t.problem.objective == "runtime" for t in tasks) else 0.0
+    learned = trained_objectives(state["iteration"] > 0, share, imitated=state["imitation"] > 0)
+    return {
+        "trained": True,
+        "iterations": state["iteration"],
+        "samples": state["samples"],
+        "train_seconds": round(state["seconds"], 1),
+        "imitation_updates": state["imitation"],
+        "objectives": list(learned),
+        "config": asdict(config),
+    }
 
 
 def attach_targets(
