@@ -274,7 +274,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=_Formatter,
     )
     x.add_argument("run_dir", type=Path, help="a --log-dir of timerl train")
-    x.add_argument("--format", choices=["torch", "onnx"], default="torch")
+    x.add_argument(
+        "--format", choices=["torch", "onnx"], default="torch", help="file format of the policy"
+    )
     x.add_argument(
         "--out",
         type=Path,

@@ -1,0 +1,36 @@
+"""``timerl COMMAND --help`` shows every flag's default (train, eval, export, plot, show)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from timerl.cli import build_parser
+
+COMMANDS = ["train", "eval", "export", "plot", "show"]
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_flag_with_a_default_shows_it(command):
+    p = _subparser(command)
+    formatter = p.formatter_class(prog=p.prog)
+    missing = []
+    for action in p._actions:
+        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+            continue
+        if action.help is None or "default:" not in formatter._get_help_string(action):
+            missing.append(action.option_strings[0])
+    assert not missing, f"timerl {command} --help hides the default of {missing}"
+
+
+def test_export_help_names_the_default_format(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["export", "--help"])
+    assert "(default: torch)" in capsys.readouterr().out
