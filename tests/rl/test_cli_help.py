@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -34,3 +35,16 @@ def test_export_help_names_the_default_format(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["export", "--help"])
     assert "(default: torch)" in capsys.readouterr().out
+
+
+def test_hidden_help_names_each_algorithms_own_default():
+    """dqn and sac default to 128,128, not the 64,64 of the on-policy algorithms."""
+    from timerl.rl.registry import ALGOS
+
+    p = _subparser("train")
+    action = next(a for a in p._actions if "--hidden" in a.option_strings)
+    text = " ".join(action.help.split())
+    for algo, (_, cls) in ALGOS.items():
+        (field,) = [f for f in dataclasses.fields(cls) if f.name == "hidden"]
+        assert f"{algo} {','.join(str(n) for n in field.default)}" in text, (algo, text)
+    assert "dqn 128,128" in text and "sac 128,128" in text

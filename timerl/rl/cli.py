@@ -115,6 +115,19 @@ def _algo_choices() -> list[str]:
     return sorted(ALGOS)
 
 
+def _hidden_defaults() -> str:
+    """Each algorithm's default hidden layer sizes, as ``--hidden`` takes them."""
+    from timerl.rl.registry import ALGOS
+
+    widths = {
+        algo: ",".join(str(n) for n in f.default)
+        for algo, (_, cls) in sorted(ALGOS.items())
+        for f in dataclasses.fields(cls)
+        if f.name == "hidden"
+    }
+    return ", ".join(f"{algo} {w}" for algo, w in widths.items())
+
+
 def _env_defaults_text() -> str:
     from timerl.rl import algos
 
@@ -211,7 +224,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--hidden",
         type=lambda s: tuple(int(x) for x in s.split(",")),
         default=None,
-        help="hidden layer sizes, e.g. 64,64 (default: 64,64)",
+        help=f"hidden layer sizes, e.g. 64,64 (default: {_hidden_defaults()})",
     )
     p.add_argument(
         "--no-anneal-lr", action="store_true", help="same as --anneal-lr false (constant lr)"
