@@ -234,8 +234,8 @@ def test_train_refuses_a_budget_too_small_before_training(capsys):
 
 
 def test_planned_peak_of_a_plain_recurrence_is_the_measured_peak():
-    """One loop over t holding every point (outputs are kept): replayed in full, not cut
-    short like a training loop."""
+    """One loop over t holding every point (outputs are kept): not cut short like a training
+    loop (its repeated iterations may be applied rather than replayed, exactly)."""
     ctx = tl.Context(dims=("t",))
     (t,), (T,) = ctx.dims, ctx.bounds
     with ctx:
@@ -250,7 +250,7 @@ def test_planned_peak_of_a_plain_recurrence_is_the_measured_peak():
     planned = prog.planned_peak()
     prog.run()
     assert planned.peak_bytes == prog.stats()["peak_bytes"]
-    assert planned.note == "replayed in full"
+    assert "no longer change" not in planned.note
 
 
 def _cuda() -> list[tuple[str, str]]:

@@ -6,8 +6,12 @@ shape, a block's rows once when its loop starts, views and aliases of blocks not
 donated result (``compiler/donation.py``) the bytes its dead input hands over, nothing new. A
 training program's outer loop repeats the same work: a top-level loop around other loops
 stops being replayed once its live bytes are equal after ``MAX_OUTER`` consecutive
-iterations (a heuristic: an iteration whose guards pick other branches later is not seen). A dynamic dim is replayed to its cap; one without a cap
-makes the peak unknown (``None``).
+iterations (a heuristic: an iteration whose guards pick other branches later is not seen). A
+long loop's iterations that repeat the one before (a rollout's steps) are applied by their net
+effect instead of replayed, up to where its guards or kept points turn (``_Steady``,
+``compiler/steady.py``): exactly the full replay's plan, at a cost that no longer grows with
+the loop's length. A dynamic dim is replayed to its cap; one without a cap makes the peak
+unknown (``None``).
 
 ``check_budget`` turns a peak over ``ctx.compile(memory_budget=...)`` into a compile-time
 ``MemoryBudgetError`` naming the smallest budget that fits and the tensor holding the most
@@ -24,13 +28,15 @@ the run's meter count, and ``_fit_reads`` makes them smaller where they set the 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from timerl.compiler.steady import turning_points
 from timerl.compiler.storage import Storage
 from timerl.errors import MemoryBudgetError
 from timerl.ir import rowwise
@@ -39,6 +45,9 @@ from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, 
 from timerl.symbolic import TRUE, Bound, Slice, Symbol
 
 MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
+# A loop of at least this many iterations is watched for iterations that repeat each other
+# (``_Steady``); shorter ones cost little to replay whole.
+STEADY_MIN = 16
 
 _UNITS = {
     "": 1,
@@ -124,6 +133,8 @@ def planned_peak(
             return PlannedPeak(None, note=f"{b.name} is dynamic without a cap")
         env[b] = int(cap)
     labels = {op.id: op.label for op in ops}
+    domains = {op.id: tuple(op.domain) for op in ops}
+    skipped = [0]  # iterations applied by their net effect, not replayed
     live: dict[int, dict[tuple, int]] = {}
     per_op: dict[int, int] = {}
     state: dict = {"total": 0, "peak": 0, "at_peak": {}, "at": "", "stmt": ""}
@@ -146,10 +157,17 @@ def planned_peak(
                 alone[i] = max(alone.get(i, 0), total + n)
         together[0] = max(together[0], total + dead)
 
+    # the events of the iterations being watched (``_Steady``), innermost loop last
+    recorders: list[list[tuple]] = []
+
     def add(op_id: int, key: tuple, n: int) -> None:
         points = live.setdefault(op_id, {})
         old = points.get(key, 0)
         points[key] = n
+        if recorders:
+            event = ("a", op_id, key, old, n)
+            for r in recorders:
+                r.append(event)
         per_op[op_id] = per_op.get(op_id, 0) + n - old
         state["total"] += n - old
         heap[0] += (n if n <= small else 0) - (old if old <= small else 0)
@@ -168,6 +186,10 @@ def planned_peak(
 
     def transient(op_id: int, what: int, n: int) -> None:
         at_reads[op_id] = max(at_reads.get(op_id, 0), state["total"])
+        if recorders:
+            event = ("t", op_id, what, 0, n)
+            for r in recorders:
+                r.append(event)
         if spares:
             state["total"] += n
             note_spares()
@@ -181,6 +203,10 @@ def planned_peak(
     def drop(op_id: int, keys: list[tuple]) -> None:
         points = live.get(op_id, {})
         for key in keys:
+            if recorders:  # a key not there is recorded too: it was looked for
+                event = ("d", op_id, key, points.get(key, 0), 0)
+                for r in recorders:
+                    r.append(event)
             n = points.pop(key, 0)
             per_op[op_id] = per_op.get(op_id, 0) - n
             state["total"] -= n
@@ -258,9 +284,17 @@ def planned_peak(
                 # a top-level loop around loops (a training loop) whose live bytes are the
                 # same after consecutive iterations repeats itself: stop replaying it
                 outer = depth == 0 and any(isinstance(x, Loop) for x in s.body)
+                steady = None
+                if not outer and extent >= STEADY_MIN:
+                    turns = turning_points(s, env, donations, storage)
+                    if turns is not None:
+                        steady = _Steady(s.dim, points, turns, domains)
                 ends: list[int] = []
-                for k, p in enumerate(points):
-                    env[s.dim] = p
+                k = 0
+                while k < extent:
+                    env[s.dim] = points[k]
+                    if steady is not None:
+                        recorders.append([])
                     run(s.body, depth + 1)
                     ends.append(state["total"])
                     if outer and k + 1 >= MAX_OUTER and ends[-1] == ends[-2] == ends[-3]:
@@ -270,18 +304,45 @@ def planned_peak(
                                 "bytes no longer change from one to the next)"
                             )
                         break
+                    if steady is not None:
+                        repeats = steady.watch(k, recorders.pop())
+                        done = 0
+                        while done < repeats and repeat(*steady.at(k + 1 + done)):
+                            done += 1
+                        skipped[0] += done
+                        k += done
+                    k += 1
                 env.pop(s.dim, None)
+
+    def repeat(found: list[tuple[int, tuple, int]], net: list[tuple[int, tuple, int, int]]) -> bool:
+        """Apply a watched iteration's net effect (``_Steady.at``) where every point it looked
+        at is as it found it (else replay): what it frees first, so no moment counts both."""
+        for op_id, key, before in found:
+            if live.get(op_id, {}).get(key, 0) != before:
+                return False
+        for op_id, key, before, after in net:
+            if before and not after:
+                drop(op_id, [key])
+        for op_id, key, _, after in net:
+            if after:
+                add(op_id, key, after)
+        return True
 
     def free(s: Free) -> None:
         op = s.op
-        points = live.get(op.id)
-        if not points:
+        points = live.get(op.id, {})
+        if not points and not recorders:
             return
         key = tuple(int(p.evaluate(env)) for p in s.prefix)
         if s.pinned and key and key[-1] in {int(p.evaluate(env)) for p in s.pinned}:
             return
+        if key in points:  # one point (or one block): no need to look through the others
+            drop(op.id, [key])
+            return
         n = len(key)
-        drop(op.id, [k for k in points if k[:n] == key])
+        under = [k for k in points if k[:n] == key]
+        # nothing to free is an observation too: a repeated iteration must find it so
+        drop(op.id, under or [key])
 
     run(sched.body, 0)
     peak = int(state["peak"])
@@ -290,7 +351,12 @@ def planned_peak(
     else:  # the largest block that can be kept alone
         fits = [i for i in spares if i not in refused and alone.get(i, 0) <= peak]
         kept = frozenset(sorted(fits, key=lambda i: -spares[i])[:1])
-    holders = sorted(((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: -kv[1])
+    # largest first, ties by name: the same list however the replay reached the peak
+    holders = sorted(
+        ((labels[i], b) for i, b in state["at_peak"].items()), key=lambda kv: (-kv[1], kv[0])
+    )
+    if skipped[0]:
+        notes.append(f"{skipped[0]} iterations that repeat the one before applied, not replayed")
     note = "replayed " + ", ".join(dict.fromkeys(notes)) if notes else "replayed in full"
     return PlannedPeak(
         int(state["peak"]),
@@ -305,6 +371,130 @@ def planned_peak(
 
 
 _POINT = Storage("point", "")
+
+
+class _Steady:
+    """Watches a long loop's replay for iterations that repeat the one before it.
+
+    An iteration's events (points added and freed, reads' chunks) are compared with the
+    previous ones', keys taken relative to the loop's point. Once ``window`` consecutive
+    iterations are equal, where ``window`` spans the farthest point an event reaches back or
+    ahead (so every point an iteration frees was added by one of them), the following
+    iterations up to the next turning point (``steady.turning_points``) evaluate the same
+    branches on the same live points, so they do the same: each is applied by its net effect
+    (the points it leaves added or freed), not replayed. The last iteration before a turning
+    point is replayed in full: where live bytes grow from one iteration to the next its moments
+    are the highest of the run of repeats, and where they fall the watched ones were, so the
+    peak, and who holds it, are those of a full replay.
+    """
+
+    MAX_EVENTS = 20_000  # an iteration with more (a long inner loop) is not watched
+    MAX_REACH = 32  # nor one whose events reach farther from its point than this
+
+    def __init__(
+        self,
+        dim: Symbol,
+        points: Sequence[int],
+        turns: list[int],
+        domains: Mapping[int, tuple],
+    ) -> None:
+        self.points = points
+        step = points[1] - points[0]
+        # turning points as iteration numbers, in the order the loop runs them
+        self.turns = sorted((v - points[0]) // step for v in turns)
+        self.domains = domains
+        self.dim = dim
+        self.seen: list[tuple] = []
+        # the watched iteration's net effect and the points it looked at, each key split
+        # around its coordinate along the loop's dim (``_split``)
+        self.changes: list[tuple] = []
+        self.looked: list[tuple] = []
+        self.positions: dict[int, tuple[int, ...]] = {}
+
+    def _at(self, op_id: int) -> tuple[int, ...]:
+        pos = self.positions.get(op_id)
+        if pos is None:
+            dom = self.domains.get(op_id, ())
+            pos = self.positions[op_id] = tuple(j for j, d in enumerate(dom) if d is self.dim)
+        return pos
+
+    def _shift(self, op_id: int, key: tuple, by: int) -> tuple:
+        pos = self._at(op_id)
+        if not pos:
+            return key
+        return tuple(c + by if j in pos else c for j, c in enumerate(key))
+
+    def watch(self, k: int, events: list[tuple]) -> int:
+        """How many iterations after ``k`` repeat it (0: replay the next one)."""
+        if len(events) > self.MAX_EVENTS:
+            self.seen.clear()
+            return 0
+        p = self.points[k]
+        reach = 0
+        sig = []
+        for kind, op_id, key, old, n in events:
+            if kind != "t":
+                key = self._shift(op_id, key, -p)
+                pos = self._at(op_id)
+                reach = max([reach, *(abs(key[j]) for j in pos)])
+            sig.append((kind, op_id, key, old, n))
+        window = reach + 2
+        if reach > self.MAX_REACH:
+            self.seen.clear()
+            return 0
+        self.seen.append(tuple(sig))
+        if len(self.seen) < window or any(x != self.seen[-1] for x in self.seen[-window:]):
+            del self.seen[: -self.MAX_REACH - 2]
+            return 0
+        # repeats run up to the iteration before the next turning point, which is replayed
+        nxt = bisect.bisect_left(self.turns, k)
+        stop = self.turns[nxt] if nxt < len(self.turns) else len(self.points)
+        repeats = min(stop, len(self.points)) - 2 - k
+        if repeats < 2:
+            return 0
+        first: dict[tuple[int, tuple], int] = {}
+        last: dict[tuple[int, tuple], int] = {}
+        looked: list[tuple[int, tuple, int]] = []
+        for kind, op_id, key, old, n in sig:
+            if kind == "t":
+                continue
+            if (op_id, key) not in first:
+                first[(op_id, key)] = old
+                # a point of this loop's dim first added here is this point's: no earlier
+                # iteration can have made it; everything else it found is checked again
+                if kind != "a" or old or not self._at(op_id):
+                    looked.append((op_id, key, old))
+            last[(op_id, key)] = n
+        self.looked = [(op_id, *self._split(op_id, key), b) for op_id, key, b in looked]
+        self.changes = [
+            (op_id, *self._split(op_id, key), first[(op_id, key)], after)
+            for (op_id, key), after in last.items()
+            if first[(op_id, key)] != after
+        ]
+        self.seen.clear()
+        return repeats
+
+    def _split(self, op_id: int, key: tuple) -> tuple[tuple, int | None, tuple]:
+        """``key`` around its coordinate along the loop's dim (a dim is in a domain once):
+        ``(before, offset, after)``, offset None where the key has none."""
+        pos = self._at(op_id)
+        if not pos:
+            return key, None, ()
+        j = pos[0]
+        return key[:j], key[j], key[j + 1 :]
+
+    def at(self, k: int) -> tuple[list[tuple[int, tuple, int]], list[tuple[int, tuple, int, int]]]:
+        """The watched iteration moved to iteration ``k``: the points it looked at, as
+        (op, key, bytes found), and its net effect, as (op, key, bytes before, after)."""
+        p = self.points[k]
+        found = [
+            (op_id, a if c is None else (*a, c + p, *z), b) for op_id, a, c, z, b in self.looked
+        ]
+        net = [
+            (op_id, a if c is None else (*a, c + p, *z), b, n)
+            for op_id, a, c, z, b, n in self.changes
+        ]
+        return found, net
 
 
 def check_budget(plan: PlannedPeak, budget: int) -> None:
