@@ -269,7 +269,7 @@ class PureEnv:
     def _unsupported(self) -> str:
         return (
             f'{self.env_id} with env backend "jax" keeps its state in the program: only '
-            "algorithms that carry it (ppo, reinforce) can use it; choose env backend "
+            "algorithms that carry it (ppo, reinforce, a2c) can use it; choose env backend "
             '"gymnasium" for this one'
         )
 
