@@ -137,7 +137,7 @@ def planned_peak(
     skipped = [0]  # iterations applied by their net effect, not replayed
     live: dict[int, dict[tuple, int]] = {}
     per_op: dict[int, int] = {}
-    state: dict = {"total": 0, "peak": 0, "at_peak": {}, "at": "", "stmt": ""}
+    state: dict = {"total": 0, "peak": 0, "at_peak": {}, "at": "", "stmt": "", "applying": False}
     notes: list[str] = []
     heap = [0, 0]  # live bytes in arrays of at most ``small`` bytes, and their peak
     # blocks above ``small`` bytes that could keep their rows while dead: op id -> bytes
@@ -177,7 +177,9 @@ def planned_peak(
             if per_op[op_id] > spares.get(op_id, per_op[op_id]):
                 refused.add(op_id)  # rows kept when one block is freed would not be dead
             note_spares()
-        if state["total"] > state["peak"]:
+        # an applied iteration's moments never reach above what the iteration replayed after
+        # it reaches (``_Steady``), which then names the statement and the holders
+        if state["total"] > state["peak"] and not state["applying"]:
             state["peak"] = state["total"]
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
             state["at"] = state["stmt"]
@@ -320,12 +322,14 @@ def planned_peak(
         for op_id, key, before in found:
             if live.get(op_id, {}).get(key, 0) != before:
                 return False
+        state["applying"] = True
         for op_id, key, before, after in net:
             if before and not after:
                 drop(op_id, [key])
         for op_id, key, _, after in net:
             if after:
                 add(op_id, key, after)
+        state["applying"] = False
         return True
 
     def free(s: Free) -> None:
