@@ -193,16 +193,22 @@ def test_the_plan_counts_two_chunks_and_reads_one_at_a_time_when_two_do_not_fit(
         compile_(smallest - 1)
 
 
-@pytest.mark.parametrize("ahead", [True, False])
-def test_chunks_a_kernel_let_go_of_are_read_into_again(monkeypatch, ahead):
-    # a new array per chunk is mapped and faulted in under a budget: the generator reads into
-    # the chunks its caller dropped, and never into one the caller still holds
-    rows, data = _rows(ahead=ahead)
-    made = []
+@pytest.fixture
+def made(monkeypatch) -> list:
+    """One entry per chunk array a row file allocates."""
+    made: list = []
     empty = stores.RowFile._empty
     monkeypatch.setattr(
         stores.RowFile, "_empty", lambda self, request: made.append(1) or empty(self, request)
     )
+    return made
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_chunks_a_kernel_let_go_of_are_read_into_again(made, ahead):
+    # a new array per chunk is mapped and faulted in under a budget: the generator reads into
+    # the chunks its caller dropped, and never into one the caller still holds
+    rows, data = _rows(ahead=ahead)
     for a, b, chunk in rows.chunks(2):
         np.testing.assert_array_equal(chunk, data[a:b])
         del chunk
@@ -215,15 +221,10 @@ def test_chunks_a_kernel_let_go_of_are_read_into_again(monkeypatch, ahead):
 
 
 @pytest.mark.parametrize("ahead", [True, False])
-def test_a_shorter_last_chunk_is_read_into_a_spare_not_a_new_array(monkeypatch, ahead):
+def test_a_shorter_last_chunk_is_read_into_a_spare_not_a_new_array(made, ahead):
     # 12 rows by 5: the last chunk has 2 rows; a new array for it would sit beside the spare
     # full chunk, one chunk more than the plan counts
     rows, data = _rows(ahead=ahead)
-    made = []
-    empty = stores.RowFile._empty
-    monkeypatch.setattr(
-        stores.RowFile, "_empty", lambda self, request: made.append(1) or empty(self, request)
-    )
     got = []
     for a, b, chunk in rows.chunks(5):
         got.append((a, b))
