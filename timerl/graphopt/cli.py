@@ -12,6 +12,16 @@ from typing import Any
 from timerl.errors import GraphError, TimerlError
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every flag's default, except where its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default:" in text or action.default is None:
+            return text
+        return super()._get_help_string(action)
+
+
 def evaluations(text: str) -> int:
     """An evaluation budget: a search with none (or fewer) has nothing to spend."""
     try:
@@ -32,14 +42,21 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     p = sub.add_parser("graphopt", help="order and place computation graphs (REGAL)")
     gsub = p.add_subparsers(dest="graphopt_command", required=True)
 
-    o = gsub.add_parser("optimize", help="search an order/placement for one graph file")
+    o = gsub.add_parser(
+        "optimize", help="search an order/placement for one graph file", formatter_class=_Formatter
+    )
     o.add_argument("graph", type=Path, help="graph JSON file")
-    o.add_argument("--objective", choices=("peak-memory", "runtime"), default="peak-memory")
+    o.add_argument(
+        "--objective",
+        choices=("peak-memory", "runtime"),
+        default="peak-memory",
+        help="what to minimise (runtime: under --memory-limit per accelerator)",
+    )
     o.add_argument(
         "--method",
         choices=("program", "portfolio", "local", "brkga", "learned", "untrained", "exact"),
         default="learned",
-        help="learned: BRKGA steered by the policy (default; seeded with the portfolio)",
+        help="learned: BRKGA steered by the policy, seeded with the portfolio",
     )
     o.add_argument(
         "--weights",
@@ -54,7 +71,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     o.add_argument("--memory-limit", type=int, default=None, help="bytes per accelerator")
     o.add_argument("--host", action="store_true", help="allow swapping tensors to host memory")
     o.add_argument("--time-limit", type=float, default=30.0, help="seconds, for --method exact")
-    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--seed", type=int, default=0, help="the search's random seed")
     o.add_argument(
         "--jobs",
         type=int,
@@ -64,10 +81,14 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     o.add_argument("--out", type=Path, default=None, help="result JSON (default: stdout)")
     o.set_defaults(func=cmd_optimize)
 
-    e = gsub.add_parser("eval", help="compare methods on a corpus split")
-    e.add_argument("--split", default="test")
-    e.add_argument("--corpus", type=Path, default=Path("corpus"))
-    e.add_argument("--budget", type=evaluations, default=5000)
+    e = gsub.add_parser(
+        "eval", help="compare methods on a corpus split", formatter_class=_Formatter
+    )
+    e.add_argument("--split", default="test", help="corpus split to evaluate")
+    e.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus folder")
+    e.add_argument(
+        "--budget", type=evaluations, default=5000, help="schedule evaluations per method"
+    )
     e.add_argument(
         "--methods", nargs="+", default=None, help="default: all but 'untrained' (an ablation)"
     )
@@ -80,7 +101,12 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     e.add_argument("--limit", type=int, default=None, help="first N graphs of the split")
     e.add_argument("--exact-nodes", type=int, default=60, help="run exact up to this size")
     e.add_argument("--exact-time", type=float, default=10.0, help="exact time limit, seconds")
-    e.add_argument("--objective", choices=("peak-memory", "runtime"), default="peak-memory")
+    e.add_argument(
+        "--objective",
+        choices=("peak-memory", "runtime"),
+        default="peak-memory",
+        help="what to minimise (runtime: under --memory-fraction per accelerator)",
+    )
     e.add_argument("--devices", type=int, default=1, help="number of accelerators")
     e.add_argument("--host", action="store_true", help="allow swapping tensors to host memory")
     e.add_argument(
@@ -89,16 +115,20 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         default=None,
         help="per-device memory limit as a fraction of the graph's program-order peak",
     )
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--seed", type=int, default=0, help="every search's random seed")
     e.add_argument("--out", type=Path, default=None, help="write per-graph results JSON")
     e.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
     e.add_argument("--no-progress", action="store_true")
     _workers_flags(e, "graphs evaluated at a time")
     e.set_defaults(func=cmd_eval)
 
-    t = gsub.add_parser("train", help="train the policy on a corpus split (needs torch)")
-    t.add_argument("--corpus", type=Path, default=Path("corpus"))
-    t.add_argument("--split", default="train")
+    t = gsub.add_parser(
+        "train",
+        help="train the policy on a corpus split (needs torch)",
+        formatter_class=_Formatter,
+    )
+    t.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus folder")
+    t.add_argument("--split", default="train", help="corpus split to train on")
     t.add_argument("--out", type=Path, default=Path("policy.npz"), help="final weights file")
     t.add_argument(
         "--checkpoint",
@@ -127,10 +157,10 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         default=250,
         help="largest graph also posed for the runtime objective",
     )
-    t.add_argument("--hidden", type=int, default=32)
-    t.add_argument("--rounds", type=int, default=3)
-    t.add_argument("--lr", type=float, default=3e-3)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--hidden", type=int, default=32, help="the network's width")
+    t.add_argument("--rounds", type=int, default=3, help="message-passing rounds")
+    t.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate")
+    t.add_argument("--seed", type=int, default=0, help="initial weights and sampling")
     t.add_argument(
         "--reward",
         choices=("search", "decode"),
@@ -169,8 +199,8 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     _workers_flags(t, "searches of an update run at a time")
     t.set_defaults(func=cmd_train, train_program=train_program)
 
-    c = gsub.add_parser("corpus", help="build the graph corpus")
-    c.add_argument("--out", type=Path, default=Path("corpus"))
+    c = gsub.add_parser("corpus", help="build the graph corpus", formatter_class=_Formatter)
+    c.add_argument("--out", type=Path, default=Path("corpus"), help="folder to write it to")
     c.add_argument("--quick", action="store_true", help="a small corpus, for smoke tests")
     c.set_defaults(func=cmd_corpus, export_program=export_program)
 
