@@ -139,3 +139,17 @@ def rollout_beside_recurrence(vec):
         next_obs, reward, _ = env.step(action)
         obs[t + 1] = next_obs
     return ctx, reward, acc
+
+
+def flags_hiding_defaults(parser) -> list[str]:
+    """The flags of an argparse ``parser`` that have a default its ``--help`` does not show."""
+    import argparse
+
+    formatter = parser.formatter_class(prog=parser.prog)
+    hidden = []
+    for action in parser._actions:
+        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+            continue
+        if action.help is None or "default:" not in formatter._get_help_string(action):
+            hidden.append(action.option_strings[0])
+    return hidden

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 import pytest
+from core_helpers import flags_hiding_defaults
 
 from timerl.cli import build_parser
 
@@ -20,14 +21,7 @@ def _subparser(name: str) -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_flag_with_a_default_shows_it(command):
-    p = _subparser(command)
-    formatter = p.formatter_class(prog=p.prog)
-    missing = []
-    for action in p._actions:
-        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
-            continue
-        if action.help is None or "default:" not in formatter._get_help_string(action):
-            missing.append(action.option_strings[0])
+    missing = flags_hiding_defaults(_subparser(command))
     assert not missing, f"timerl {command} --help hides the default of {missing}"
 
 
