@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 import timerl as tl
@@ -143,8 +145,6 @@ def rollout_beside_recurrence(vec):
 
 def flags_hiding_defaults(parser) -> list[str]:
     """The flags of an argparse ``parser`` that have a default its ``--help`` does not show."""
-    import argparse
-
     formatter = parser.formatter_class(prog=parser.prog)
     hidden = []
     for action in parser._actions:
