@@ -20,12 +20,12 @@ replayed, as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from timerl.compiler.storage import Storage
 from timerl.schedule.program import Compute, Free, Loop, Stmt, SwapIn, SwapOut
-from timerl.symbolic import Condition, Dim, Expr, Symbol
-from timerl.symbolic.expr import And, Cmp, Not, Or
+from timerl.symbolic import Dim, Expr, Symbol
+from timerl.symbolic.expr import comparisons
 
 
 def _affine(expr: Expr, dim: Dim) -> tuple[int, dict[Expr, int], int] | None:
@@ -42,16 +42,6 @@ def _affine(expr: Expr, dim: Dim) -> tuple[int, dict[Expr, int], int] | None:
         else:
             rest[atom] = c
     return a, rest, const
-
-
-def _atoms(cond: Condition) -> Iterator[Cmp]:
-    if isinstance(cond, Cmp):
-        yield cond
-    elif isinstance(cond, (And, Or)):
-        for part in cond.parts:
-            yield from _atoms(part)
-    elif isinstance(cond, Not):
-        yield from _atoms(cond.part)
 
 
 class _Unbounded(Exception):
@@ -113,7 +103,10 @@ def turning_points(
                 raise _Unbounded
             elif isinstance(s, Compute):
                 op = s.op
-                for cmp in _atoms(op.guard):
+                atoms = comparisons(op.guard)
+                if atoms is None:
+                    raise _Unbounded
+                for cmp in atoms:
                     crossing(cmp.diff)
                 if any(dim in x.symbols() for x in op.shape):
                     raise _Unbounded

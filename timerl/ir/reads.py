@@ -26,7 +26,7 @@ from timerl.ir.graph import Op
 from timerl.ir.validate import edge_conditions
 from timerl.symbolic import FALSE, TRUE, Condition, Const, Dim, Expr, Slice, simplify
 from timerl.symbolic.bounds import union
-from timerl.symbolic.expr import And, Cmp, Literal, Not, Or, Symbol
+from timerl.symbolic.expr import And, Cmp, Literal, Not, Or, Symbol, comparisons
 
 MAX_ROUNDS = 100
 WIDEN_AFTER = 6
@@ -55,21 +55,8 @@ Intervals = list[tuple[float, float]]
 
 def _form_of(cond: Condition) -> tuple[dict, Intervals] | None:
     """``(terms of L, the values of L where cond holds)``, if cond is about one form ``L``."""
-    cmps: list[Cmp] = []
-
-    def collect(c: Condition) -> bool:
-        if isinstance(c, Literal):
-            return True
-        if isinstance(c, Cmp):
-            cmps.append(c)
-            return True
-        if isinstance(c, (And, Or)):
-            return all(collect(p) for p in c.parts)
-        if isinstance(c, Not):
-            return collect(c.part)
-        return False
-
-    if not collect(cond) or not cmps:
+    cmps = comparisons(cond)
+    if not cmps:
         return None
     base, _ = cmps[0].diff.linear()
     if not all(isinstance(a, Symbol) for a in base):

@@ -664,6 +664,27 @@ class Not(Condition):
         return f"~({self.part})"
 
 
+def comparisons(cond: Condition) -> list[Cmp] | None:
+    """The comparisons ``cond`` is made of, through ``&``, ``|`` and ``~`` (none for a
+    literal); None where it holds a condition of another kind, whose dependence on its
+    symbols a caller reading the comparisons would miss."""
+    found: list[Cmp] = []
+
+    def collect(c: Condition) -> bool:
+        if isinstance(c, Literal):
+            return True
+        if isinstance(c, Cmp):
+            found.append(c)
+            return True
+        if isinstance(c, (And, Or)):
+            return all(collect(p) for p in c.parts)
+        if isinstance(c, Not):
+            return collect(c.part)
+        return False
+
+    return found if collect(cond) else None
+
+
 def as_condition(value: Condition | bool) -> Condition:
     if isinstance(value, Condition):
         return value
