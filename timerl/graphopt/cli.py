@@ -12,8 +12,11 @@ from typing import Any
 from timerl.errors import GraphError, TimerlError
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every flag's default, except where its help already says it."""
+class DefaultsHelpFormatter(
+    argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter
+):
+    """Shows every flag's default (a flag whose default depends on the run says so in its own
+    help); keeps descriptions' line breaks. Every ``timerl`` command's help uses it."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -43,7 +46,9 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     gsub = p.add_subparsers(dest="graphopt_command", required=True)
 
     o = gsub.add_parser(
-        "optimize", help="search an order/placement for one graph file", formatter_class=_Formatter
+        "optimize",
+        help="search an order/placement for one graph file",
+        formatter_class=DefaultsHelpFormatter,
     )
     o.add_argument("graph", type=Path, help="graph JSON file")
     o.add_argument(
@@ -82,7 +87,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     o.set_defaults(func=cmd_optimize)
 
     e = gsub.add_parser(
-        "eval", help="compare methods on a corpus split", formatter_class=_Formatter
+        "eval", help="compare methods on a corpus split", formatter_class=DefaultsHelpFormatter
     )
     e.add_argument("--split", default="test", help="corpus split to evaluate")
     e.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus folder")
@@ -125,7 +130,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     t = gsub.add_parser(
         "train",
         help="train the policy on a corpus split (needs torch)",
-        formatter_class=_Formatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     t.add_argument("--corpus", type=Path, default=Path("corpus"), help="corpus folder")
     t.add_argument("--split", default="train", help="corpus split to train on")
@@ -199,7 +204,9 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     _workers_flags(t, "searches of an update run at a time")
     t.set_defaults(func=cmd_train, train_program=train_program)
 
-    c = gsub.add_parser("corpus", help="build the graph corpus", formatter_class=_Formatter)
+    c = gsub.add_parser(
+        "corpus", help="build the graph corpus", formatter_class=DefaultsHelpFormatter
+    )
     c.add_argument("--out", type=Path, default=Path("corpus"), help="folder to write it to")
     c.add_argument("--quick", action="store_true", help="a small corpus, for smoke tests")
     c.set_defaults(func=cmd_corpus, export_program=export_program)

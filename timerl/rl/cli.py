@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from timerl.errors import ProgramError
+from timerl.graphopt.cli import DefaultsHelpFormatter
 from timerl.runtime.backend import BACKENDS
 
 # config fields with their own flags (or none: env_kwargs via --env-kwargs)
@@ -44,17 +45,6 @@ FIELD_HELP = {
     "log_std_init": "initial log standard deviation of a Gaussian policy (continuous actions)",
     "baseline": "subtract a learned value baseline (true/false)",
 }
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every flag's default (flags whose default depends on the algorithm or the run
-    say so in their own help); keeps descriptions' line breaks."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default:" in text or action.default is None:
-            return text
-        return super()._get_help_string(action)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -146,7 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train an agent with a DRL algorithm written as recurrent tensors",
-        formatter_class=_Formatter,
+        formatter_class=DefaultsHelpFormatter,
         description="Hyper-parameter flags override the algorithm's defaults (listed per "
         "algorithm below)" + _env_defaults_text() + ". On --resume, a flag that differs from "
         "the checkpoint's setting is an error; --steps may grow to train further.",
@@ -258,7 +248,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser(
         "eval",
         help="run a trained policy from a run directory and report its return",
-        formatter_class=_Formatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     e.add_argument("run_dir", type=Path, help="a --log-dir of timerl train")
     e.add_argument("--episodes", type=int, default=10, help="episodes to run")
@@ -284,7 +274,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     x = sub.add_parser(
         "export",
         help="write a trained policy that runs without timerl (torch or ONNX)",
-        formatter_class=_Formatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     x.add_argument("run_dir", type=Path, help="a --log-dir of timerl train")
     x.add_argument(
@@ -302,7 +292,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser(
         "plot",
         help="PNG learning curves of one or more runs (mean ± std across seeds)",
-        formatter_class=_Formatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     pl.add_argument("run_dirs", type=Path, nargs="+", help="--log-dir(s) of timerl train")
     pl.add_argument("--out", type=Path, default=Path("learning_curve.png"), help="PNG file")
@@ -317,7 +307,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser(
         "show",
         help="print a program's PDG (graphviz dot) and schedule",
-        formatter_class=_Formatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     s.add_argument(
         "program",
