@@ -158,6 +158,25 @@ def test_dense_matmul_blocks_a_long_inner_size_and_takes_a_transposed_view(monke
     np.testing.assert_allclose(got, x.T.astype(np.float64) @ g, rtol=1e-5, atol=1e-3)
 
 
+def test_dense_matmul_blocks_hold_a_slab_not_a_second_product():
+    """The partial products of the inner blocks go through a buffer of ``SLAB_BYTES``: a
+    first-layer weight gradient must not hold a second gradient-sized array."""
+    import tracemalloc
+
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(4096, 3 * rowwise.K_BLOCK)).astype(np.float32)
+    b = rng.normal(size=(3 * rowwise.K_BLOCK, 64)).astype(np.float32)
+    out = np.empty((4096, 64), dtype=np.float32)  # 1 MiB, four slabs
+    tracemalloc.start()
+    try:
+        rowwise.dense_matmul(a, b, out=out)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= rowwise.SLAB_BYTES + (64 << 10)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     ("shape", "axes"),
     [
