@@ -175,3 +175,85 @@ def test_a_small_ppo_program_donates_and_equals_the_reference(compiled):
             np.asarray(prog.value(a), float), np.asarray(ref.value(b), float), rtol=1e-4, atol=1e-5
         )
     assert prog.planned_peak().peak_bytes == prog.stats()["peak_bytes"]
+
+
+def _nested(optimize: bool, backend: str = "numpy"):
+    """Two recurrences run over an inner dim ``u`` inside each iteration ``i``, as an
+    optimiser's moments are: ``a[i, 0] = a_out[i]``, ``a[i, u + 1] = tanh(a[i, u] * 2 + x)``,
+    ``a_out[i + 1] = a[i, U - 1]``; ``b`` likewise with ``* 3 - x``. Both start from the same
+    constant (merged into one), which the first update must not write into."""
+    rng = np.random.default_rng(4)
+    ctx = tl.Context(dims=("i", "u"))
+    i, u = ctx.dims
+    with ctx:
+        x = tl.from_numpy(rng.standard_normal((3, 4, N)).astype(np.float32), domain=(i, u))
+        outs = []
+        for scale, sign in ((2.0, 1.0), (3.0, -1.0)):
+            outer = tl.RecurrentTensor.placeholder(shape=(N,), domain=(i,))
+            outer[0] = 0.5
+            inner = tl.RecurrentTensor.placeholder(shape=(N,), domain=(i, u))
+            inner[i, 0] = outer
+            new = (inner * scale + x * sign).tanh()
+            inner[i, u + 1] = new
+            outer[i + 1] = new[i, u.bound - 1]
+            outs.append(new[i.bound - 1, u.bound - 1].sum())
+        total = outs[0] + outs[1]
+    prog = ctx.compile(bounds={"I": 3, "U": 4}, outputs=[total], optimize=optimize, backend=backend)
+    return prog, total
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_an_update_writes_into_a_recurrence_carried_through_merges(backend, compiled):
+    prog, total = _nested(True, backend)
+    ops = {op.id: op for op in prog.ops}
+    into_merge = [
+        i for i, k in prog.compiled.donations.items() if ops[i].inputs[k].src.prim == "merge"
+    ]
+    # each recurrence's update (``inner * scale``) takes the merge of its first and later points
+    assert len(into_merge) == 2
+    prog.run(compiled=compiled)
+    ref, ref_total = _nested(False, backend)
+    ref.run()
+    # the shared constant start copied, not overwritten: the second recurrence starts at 0.5
+    np.testing.assert_allclose(prog.value(total), ref.value(ref_total), rtol=1e-5)
+    assert prog.planned_peak().peak_bytes == prog.stats()["peak_bytes"]
+
+
+def test_an_update_through_a_merge_holds_one_value_not_two():
+    prog, total = _nested(True)
+    plain = Program(
+        dataclasses.replace(prog.compiled, donations={}),
+        make_backend("numpy"),
+        output_ids=prog._out_by_view,
+    )
+    peaks = []
+    for p in (prog, plain):
+        p.run()
+        peaks.append(p.stats()["peak_bytes"])
+        assert p.planned_peak().peak_bytes == peaks[-1]
+    np.testing.assert_array_equal(prog.value(total), plain.value(total))
+    assert peaks[0] < peaks[1]
+
+
+def test_a_merge_whose_branch_is_read_again_is_not_donated():
+    """``inner[i, u]`` read by the update and again after it (a second output): its buffer
+    must stay as it was."""
+    rng = np.random.default_rng(5)
+    ctx = tl.Context(dims=("i", "u"))
+    i, u = ctx.dims
+    with ctx:
+        x = tl.from_numpy(rng.standard_normal((3, 4, N)).astype(np.float32), domain=(i, u))
+        outer = tl.RecurrentTensor.placeholder(shape=(N,), domain=(i,))
+        outer[0] = 0.5
+        inner = tl.RecurrentTensor.placeholder(shape=(N,), domain=(i, u))
+        inner[i, 0] = outer
+        new = (inner * 2.0 + x).tanh()
+        inner[i, u + 1] = new
+        outer[i + 1] = new[i, u.bound - 1]
+        total = new.sum() + (inner * 0.5).exp().sum()
+    prog = ctx.compile(bounds={"I": 3, "U": 4}, outputs=[total])
+    ref = ctx.compile(bounds={"I": 3, "U": 4}, outputs=[total], optimize=False)
+    for p in (prog, ref):
+        p.run()
+    np.testing.assert_allclose(prog.value(total), ref.value(total), rtol=1e-5)

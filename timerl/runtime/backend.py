@@ -199,6 +199,10 @@ class Backend:
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         raise NotImplementedError
 
+    def copy(self, value: Any) -> Any:
+        """A value with a buffer of its own (a constant a donation will write into)."""
+        raise NotImplementedError
+
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         raise NotImplementedError
 

@@ -119,6 +119,7 @@ class CodeGen:
         self.donations = dict(donations or {})
         by_id = {op.id: op for op in ops}
         self.donors = {by_id[i].inputs[k].src.id for i, k in self.donations.items()}
+        self.owned = owned_merges(self.donations, by_id)
         self.ops = {op.id: op for op in ops}
         self.backend = backend
         self.seed = seed
@@ -518,20 +519,24 @@ class CodeGen:
 
     def merge(self, op: Op, depth: int, var: str, broadcast: bool = True) -> None:
         shape_src = self.key_src([self.names.src(s) for s in op.shape])
+        bc = self.const("BCAST", self.backend.broadcast)
+        dt = self.const("DT", op.dtype)
         # the first branch's test may become a local; the later ones stay inline (evaluated
         # only when reached, as the chain would)
         for k, e in enumerate(op.inputs):
             kw = "if" if k == 0 else "elif"
             test = self.cond(e.cond, depth) if k == 0 else self.names.src(e.cond)
             self.emit(depth, f"{kw} {test}:")
-            self.emit(depth + 1, f"{var} = {self.read_src(e)}")
+            value = self.read_src(e)
+            if op.id in self.owned and prims.get(e.src.prim).traits.constant:
+                # a donation writes into this merge's value: give it a buffer of its own
+                value = f"{self.const('COPY', self.backend.copy)}({bc}({value}, {shape_src}, {dt}))"
+            self.emit(depth + 1, f"{var} = {value}")
         self.emit(depth, "else:")
         err = self.const("UNDEF", f"{op.where()} has no definition at this point")
         self.emit(depth + 1, f"raise MISSING({err})")
         if not broadcast:
             return
-        bc = self.const("BCAST", self.backend.broadcast)
-        dt = self.const("DT", op.dtype)
         self.emit(depth, f"{var} = {bc}({var}, {shape_src}, {dt})")
 
     def call(self, op: Op, depth: int, var: str, point: str, row: str | None = None) -> None:
@@ -797,6 +802,19 @@ class CodeGen:
 
 def _no_bytes(value: Any) -> int:
     return 0
+
+
+def owned_merges(donations: Mapping[int, int], by_id: Mapping[int, Op]) -> set[int]:
+    """The merges whose buffer a donation writes into, with the merges their branches read
+    (``compiler/donation.py``): a constant branch of theirs is copied, not shared."""
+    found: set[int] = set()
+    todo = [by_id[i].inputs[k].src for i, k in donations.items() if i in by_id]
+    while todo:
+        op = todo.pop()
+        if prims.get(op.prim).traits.piecewise and op.id not in found:
+            found.add(op.id)
+            todo.extend(e.src for e in op.inputs)
+    return found
 
 
 def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:

@@ -23,7 +23,7 @@ from timerl.ir.validate import exclusive_conditions
 from timerl.runtime import heap
 from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
-from timerl.runtime.codegen import CodeGen
+from timerl.runtime.codegen import CodeGen, owned_merges
 from timerl.runtime.heap import TRIM_PEAK, HeapTrim, release_free_heap
 from timerl.runtime.stores import BlockStore, StorePlan, StreamStore, TierMeter
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
@@ -153,6 +153,8 @@ class Executor:
         kept = spare_blocks if keep_freed_pages and backend.heap_arrays else ()
         self._spares = [s for i in kept if type(s := self.stores.get(i)) is BlockStore]
         self.ops = {op.id: op for op in ops}
+        # merges a donation writes into: a constant they take is copied (``owned_merges``)
+        self._owned = owned_merges(self.donations, self.ops)
         self._trim = HeapTrim()
         self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
         self._prepared: dict[int, Callable[[dict], None]] = {}
@@ -304,12 +306,17 @@ class Executor:
             shape_fn = _compile(list(op.shape))
             dtype = op.dtype
             where = op.where()
+            copied = [
+                op.id in self._owned and prims.get(e.src.prim).traits.constant for e in op.inputs
+            ]
 
             def run_merge(env: dict) -> None:
                 taken = conds(env)
                 for k, hit in enumerate(taken):
                     if hit:
                         value = backend.broadcast(readers[k](env), shape_fn(env), dtype)
+                        if copied[k]:  # a donation will write into it
+                            value = backend.copy(value)
                         break
                 else:
                     raise UndefinedPointError(f"{where} has no definition at {point_of(env)}")

@@ -248,6 +248,9 @@ class JaxBackend(Backend):
             return int(getattr(value, "nbytes", 0))
         return _array_bytes(value.shape, dtype)
 
+    def copy(self, value: Any) -> Any:
+        return self.asarray(value)  # immutable: nothing writes into it
+
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         with self._making():
             value = self.asarray(value)

@@ -102,6 +102,9 @@ class NumpyBackend(Backend):
         # np.zeros of memory the heap reuses is a memset (0.6 ms for a 16 MiB block)
         return np.empty(shape, dtype=dtype)
 
+    def copy(self, value: Any) -> np.ndarray:
+        return np.array(value, copy=True)
+
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         value = np.asarray(value)
         if value.shape != shape:

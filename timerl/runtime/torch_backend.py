@@ -90,6 +90,9 @@ class TorchBackend(Backend):
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         return torch.empty(shape, dtype=torch_dtype(dtype), device=self._dev)
 
+    def copy(self, value: Any) -> Any:
+        return self.asarray(value).clone()
+
     def broadcast(self, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         value = self.asarray(value)
         if tuple(value.shape) != shape:
