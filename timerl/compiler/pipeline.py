@@ -8,6 +8,7 @@ that correctness needs: the unoptimised reference every optimisation is tested a
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -99,6 +100,13 @@ def compile(spec: ProgramSpec, optimize: bool = True, blocks: int | None = None)
             rewrite("incrementalisation", lambda s: incrementalize(s, blocks, report.notes))
     rewrite("domain conditions", add_guards)
     report.timed("validation", lambda: validate(list(spec.ops), spec.check_bounds))
+    # Each pass above left the graph it was given as garbage in reference cycles (a recurrence
+    # reads itself), which only a full collection frees: by now ten graphs, 5 MiB for PPO on
+    # images. Freed before scheduling, whose working set is the compile's largest, the
+    # compile's peak is one graph and a schedule; Python keeps the memory of a peak resident
+    # after it. memory-e8, five alternated runs: resident memory after building and compiling
+    # 7.3 MiB over the imports' instead of 9.1; compile 0.51 s instead of 0.49.
+    gc.collect()
     ops = list(spec.ops)
     fixed = {op.id for op in spec.outputs} | set(spec.keep)
     ops, sched = report.timed(
