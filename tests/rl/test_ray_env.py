@@ -313,3 +313,13 @@ def test_scaling_bench_runs_and_reports_the_ratios(tmp_path, capsys):
     assert set(doc["steps_per_second"]) == {"no Ray", "1 worker", "2 workers"}
     assert all(v > 0 for v in doc["steps_per_second"].values())
     assert ray.is_initialized()  # the bench leaves the Ray it did not start
+
+
+def test_joining_another_cluster_while_ray_runs_is_an_error_naming_both():
+    running = ray.get_runtime_context().gcs_address
+    port = running.rpartition(":")[2]
+    with pytest.raises(EnvError, match=rf"cluster at {running}.*cannot also join 10\.9\.8\.7:1"):
+        RayVectorEnv("CartPole-v1", num_envs=2, seed=0, workers=1, ray_address="10.9.8.7:1")
+    # the running cluster, by its address, as this machine, or "auto": used as it is
+    for address in (running, f"localhost:{port}", "auto"):
+        assert ray_env.ensure_ray(1, address) is False

@@ -96,9 +96,20 @@ def require_ray() -> Any:
 
 
 def ensure_ray(cpus: int, address: str | None) -> bool:
-    """Start a local Ray (or join ``address``) unless one is running; True if started here."""
+    """Start a local Ray (or join ``address``) unless one is running; True if started here.
+
+    A Ray already running in this process is used as it is, unless ``address`` names
+    another cluster: Ray joins one cluster per process, so that is an error rather than a
+    silent run on the wrong one."""
     ray = require_ray()
     if ray.is_initialized():
+        running = ray.get_runtime_context().gcs_address
+        if address and address != "auto" and not _same_address(address, running):
+            raise EnvError(
+                f"Ray is already running in this process, on the cluster at {running}; it "
+                f"cannot also join {address}: call ray.shutdown() first, or leave the "
+                "address out to use the running one"
+            )
         return False
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
@@ -109,6 +120,15 @@ def ensure_ray(cpus: int, address: str | None) -> bool:
             logging_level=logging.WARNING,
         )
     return True
+
+
+def _same_address(given: str, running: str) -> bool:
+    """Whether ``given`` (``host:port``) names the cluster at ``running`` (Ray's GCS address,
+    ``node-ip:port``): the same address, or this machine's (``localhost``) at its port."""
+    if given == running:
+        return True
+    host, _, port = given.rpartition(":")
+    return host in ("localhost", "127.0.0.1") and port == running.rpartition(":")[2]
 
 
 def _slice_spec(
