@@ -257,3 +257,39 @@ def test_a_merge_whose_branch_is_read_again_is_not_donated():
     for p in (prog, ref):
         p.run()
     np.testing.assert_allclose(prog.value(total), ref.value(total), rtol=1e-5)
+
+
+def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
+    """An Adam moment's merge is its outer point's or last update's array, freed right after:
+    counted as a new value, that moment was the plan's peak, named after the merge. It is
+    counted without a peak now; both executors' meters say the same as the plan."""
+    from timerl.compiler import budget
+    from timerl.runtime import codegen, executor
+
+    def build():
+        p = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8, epochs=2, minibatches=2)
+        return p.ctx.compile(bounds={"I": 3, **p.bounds}, outputs=list(p.metrics.values()))
+
+    at = {}
+    for quiet in (True, False):
+        if not quiet:
+            for module in (budget, codegen, executor):
+                monkeypatch.setattr(module, "aliasing_merges", lambda ops, donations: set())
+        prog = build()
+        plan = prog.planned_peak()
+        prims_by_label = {op.label: op.prim for op in prog.ops}
+        at[quiet] = prims_by_label[plan.peak_at]
+        for compiled in (True, False):
+            prog.run(compiled=compiled)
+            assert prog.stats()["peak_bytes"] == plan.peak_bytes
+    assert at == {True: "mul", False: "merge"}
+
+
+def test_a_merge_that_broadcasts_or_copies_allocates():
+    from timerl.compiler.budget import aliasing_merges
+
+    prog, _ = _nested(True)
+    quiet = aliasing_merges(prog.ops, prog.compiled.donations)
+    # the outer merges start from a scalar constant: broadcast, and copied (written into)
+    outer = [op for op in prog.ops if op.prim == "merge" and len(op.domain) == 1]
+    assert len(outer) == 2 and not any(op.id in quiet for op in outer)

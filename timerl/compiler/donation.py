@@ -196,6 +196,19 @@ def _branches_die(
     return True
 
 
+def owned_merges(donations: Mapping[int, int], by_id: Mapping[int, Op]) -> set[int]:
+    """The merges whose buffer a donation writes into, with the merges their branches read
+    (``_branches_die``): a constant branch of theirs is copied, not shared."""
+    found: set[int] = set()
+    todo = [by_id[i].inputs[k].src for i, k in donations.items() if i in by_id]
+    while todo:
+        op = todo.pop()
+        if prims.get(op.prim).traits.piecewise and op.id not in found:
+            found.add(op.id)
+            todo.extend(e.src for e in op.inputs)
+    return found
+
+
 def _chain(merge: Op) -> set[int]:
     """``merge`` and the merges its branches read, transitively."""
     found: set[int] = set()

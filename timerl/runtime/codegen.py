@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from timerl.compiler.budget import aliasing_merges
+from timerl.compiler.donation import owned_merges
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
@@ -120,6 +122,7 @@ class CodeGen:
         by_id = {op.id: op for op in ops}
         self.donors = {by_id[i].inputs[k].src.id for i, k in self.donations.items()}
         self.owned = owned_merges(self.donations, by_id)
+        self.quiet = aliasing_merges(ops, self.donations)  # merges that allocate nothing
         self.ops = {op.id: op for op in ops}
         self.backend = backend
         self.seed = seed
@@ -145,7 +148,7 @@ class CodeGen:
         self.plan.entry_src = self._block_entry
         self.plan.row_of_entry = self._row_of_entry
         # constant meter changes and statement counts not yet emitted (see ``_tally``)
-        self._deltas: list[int] = []
+        self._deltas: list[tuple[int, bool]] = []  # (bytes, whether a peak may be there)
         self._deltas_depth = 0
         self._counts: list[int] = []  # per loop body being emitted: its statements so far
         # runs of pure statements compiled as one function, on backends that can (jax)
@@ -225,26 +228,29 @@ class CodeGen:
             self._flush_deltas()
         self.lines.append("    " * depth + line)
 
-    def _tally(self, depth: int, nbytes: int) -> None:
+    def _tally(self, depth: int, nbytes: int, peak: bool = True) -> None:
         """A constant change of the live-bytes meter, emitted with its neighbours as one.
 
         Each kernel's ``M[0] += n`` and peak test, and its inputs' ``M[0] -= n``, were a
         third of the rollout loop's own lines. A run of constant changes at one depth, with
         only kernels between them (which do not read the meter), is one change by their sum
-        and one peak test at their largest running sum: the same count and peak.
+        and one peak test at their largest running sum: the same count and peak. A change
+        without ``peak`` (a merge that allocates nothing, ``budget.aliasing_merges``) is not
+        a candidate for that sum.
         """
         if self._deltas and depth != self._deltas_depth:
             self._flush_deltas()
         self._deltas_depth = depth
         if nbytes:
-            self._deltas.append(nbytes)
+            self._deltas.append((nbytes, peak))
 
     def _flush_deltas(self) -> None:
         deltas, self._deltas = self._deltas, []
         running = top = 0
-        for n in deltas:
+        for n, peak in deltas:
             running += n
-            top = max(top, running)
+            if peak:
+                top = max(top, running)
         pad = "    " * self._deltas_depth
         if top > 0:
             self.lines.append(f"{pad}if M[0] + {top} > M[1]: M[1] = M[0] + {top}")
@@ -423,7 +429,7 @@ class CodeGen:
             return  # written into a dead input's buffer: those bytes were counted
         n = _static_nbytes(op)
         if n is not None:
-            self._tally(depth, n)
+            self._tally(depth, n, peak=op.id not in self.quiet)
             return
         self.emit(depth, f"M[0] += NB({var})")
         self.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
@@ -802,19 +808,6 @@ class CodeGen:
 
 def _no_bytes(value: Any) -> int:
     return 0
-
-
-def owned_merges(donations: Mapping[int, int], by_id: Mapping[int, Op]) -> set[int]:
-    """The merges whose buffer a donation writes into, with the merges their branches read
-    (``compiler/donation.py``): a constant branch of theirs is copied, not shared."""
-    found: set[int] = set()
-    todo = [by_id[i].inputs[k].src for i, k in donations.items() if i in by_id]
-    while todo:
-        op = todo.pop()
-        if prims.get(op.prim).traits.piecewise and op.id not in found:
-            found.add(op.id)
-            todo.extend(e.src for e in op.inputs)
-    return found
 
 
 def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:

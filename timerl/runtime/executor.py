@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from timerl.compiler.budget import aliasing_merges
+from timerl.compiler.donation import owned_merges
 from timerl.errors import BoundError, TimerlError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
@@ -23,7 +25,7 @@ from timerl.ir.validate import exclusive_conditions
 from timerl.runtime import heap
 from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
-from timerl.runtime.codegen import CodeGen, owned_merges
+from timerl.runtime.codegen import CodeGen
 from timerl.runtime.heap import TRIM_PEAK, HeapTrim, release_free_heap
 from timerl.runtime.stores import BlockStore, StorePlan, StreamStore, TierMeter
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
@@ -155,6 +157,7 @@ class Executor:
         self.ops = {op.id: op for op in ops}
         # merges a donation writes into: a constant they take is copied (``owned_merges``)
         self._owned = owned_merges(self.donations, self.ops)
+        self._quiet = aliasing_merges(ops, self.donations)  # merges that allocate nothing
         self._trim = HeapTrim()
         self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
         self._prepared: dict[int, Callable[[dict], None]] = {}
@@ -306,6 +309,7 @@ class Executor:
             shape_fn = _compile(list(op.shape))
             dtype = op.dtype
             where = op.where()
+            quiet = op.id in self._quiet
             copied = [
                 op.id in self._owned and prims.get(e.src.prim).traits.constant for e in op.inputs
             ]
@@ -322,7 +326,10 @@ class Executor:
                     raise UndefinedPointError(f"{where} has no definition at {point_of(env)}")
                 point = point_of(env)
                 store[point] = value
-                meter.add(0 if shared else backend.nbytes(value))
+                if quiet:  # no new array: counted, no peak here (budget.aliasing_merges)
+                    meter.live += 0 if shared else backend.nbytes(value)
+                else:
+                    meter.add(0 if shared else backend.nbytes(value))
 
             return run_merge
         call = prepare_call(op, backend, self.seed, donate, row=row)
