@@ -105,7 +105,7 @@ def plan_donations(
                 x = e.src
                 if not _donor(x, y, e, keep, aliased, point_kind(x.id)) and not (
                     _merge_donor(x, y, e, keep, aliased, point_kind(x.id))
-                    and _branches_die(x, before, keep, aliased_by, point_kind, _chain(x))
+                    and _branches_die(x, before, keep, aliased_by, point_kind, _chain([x]))
                 ):
                     continue
                 free = next((f for f in frees if id(f) not in taken and _frees_read(f, e)), None)
@@ -120,24 +120,20 @@ def plan_donations(
 
 
 def _donor(x: Op, y: Op, e, keep: set[int], aliased: set[int], kind: str) -> bool:
-    return (
-        _fresh(x)
-        and kind == "point"
-        and x.id not in keep
-        and x.id not in aliased
-        and _runs_with(x, y, e)
-        and x.dtype == y.dtype
-        and _static_shape(x) == _static_shape(y)
-        and e.cond == TRUE
-        and not any(isinstance(i, Slice) for i in e.index)
-    )
+    return _fresh(x) and _dies_into(x, y, e, keep, aliased, kind)
 
 
 def _merge_donor(x: Op, y: Op, e, keep: set[int], aliased: set[int], kind: str) -> bool:
     """``_donor``'s rules for a merge ``x`` (its branches are checked by ``_branches_die``)."""
+    return prims.get(x.prim).traits.piecewise and _dies_into(x, y, e, keep, aliased, kind)
+
+
+def _dies_into(x: Op, y: Op, e, keep: set[int], aliased: set[int], kind: str) -> bool:
+    """Whether ``y`` may take ``x``'s point as its own buffer, whatever computed it: a point
+    store no view shares and no output keeps, computed where ``y`` runs, of ``y``'s static
+    shape and dtype, read whole and unconditionally."""
     return (
-        prims.get(x.prim).traits.piecewise
-        and kind == "point"
+        kind == "point"
         and x.id not in keep
         and x.id not in aliased
         and _runs_with(x, y, e)
@@ -199,20 +195,13 @@ def _branches_die(
 def owned_merges(donations: Mapping[int, int], by_id: Mapping[int, Op]) -> set[int]:
     """The merges whose buffer a donation writes into, with the merges their branches read
     (``_branches_die``): a constant branch of theirs is copied, not shared."""
-    found: set[int] = set()
-    todo = [by_id[i].inputs[k].src for i, k in donations.items() if i in by_id]
-    while todo:
-        op = todo.pop()
-        if prims.get(op.prim).traits.piecewise and op.id not in found:
-            found.add(op.id)
-            todo.extend(e.src for e in op.inputs)
-    return found
+    return _chain(by_id[i].inputs[k].src for i, k in donations.items() if i in by_id)
 
 
-def _chain(merge: Op) -> set[int]:
-    """``merge`` and the merges its branches read, transitively."""
+def _chain(merges: Iterable[Op]) -> set[int]:
+    """The ids of these merges and of the merges their branches read, transitively."""
     found: set[int] = set()
-    todo = [merge]
+    todo = list(merges)
     while todo:
         op = todo.pop()
         if prims.get(op.prim).traits.piecewise and op.id not in found:
