@@ -8,9 +8,10 @@ that correctness needs: the unoptimised reference every optimisation is tested a
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -70,43 +71,8 @@ def compile(spec: ProgramSpec, optimize: bool = True, blocks: int | None = None)
     report = CompileReport()
     given = len(spec.ops)
 
-    def rewrite(name: str, fn: Callable[[ProgramSpec], ProgramSpec], what: str = "") -> None:
-        nonlocal spec
-        before = {op.id: op.domain for op in spec.ops}
-        spec = report.timed(name, lambda: fn(spec))
-        if what == "hoisted":
-            moved = sum(1 for op in spec.ops if op.domain != before.get(op.id, op.domain))
-            if moved:
-                report.notes.append(f"{moved} ops hoisted out of loops they do not depend on")
-        elif what and len(spec.ops) != len(before):
-            report.notes.append(f"{len(before) - len(spec.ops)} {what}")
-
-    rewrite("dead code", eliminate_dead_code, "dead ops removed")
-    check_not_empty(list(spec.ops))
-    # before any pass sizes a dim: a bound left out is the user's error, named as such
-    check_bounds(list(spec.ops), spec.check_bounds)
-    if optimize:
-        rewrite("duplicate code", merge_duplicates, "duplicate ops merged")
-        # hoisting first: what it moves out of every loop is often constant, and then folds
-        rewrite("loop-invariant hoisting", hoist_invariants, "hoisted")
-        rewrite("simplification", simplify, "ops removed by folding and identities")
-        if reuse_enabled() and blocks is None:
-            rewrite("first-iteration reuse", lambda s: reuse_first_iteration(s, report.notes))
-        if scan_enabled():
-            rewrite("linear recurrences", lambda s: scan_recurrences(s, report.notes))
-        if vectorize_enabled():
-            rewrite("vectorisation", lambda s: vectorize(s, report.notes))
-        if blocks is not None:
-            rewrite("incrementalisation", lambda s: incrementalize(s, blocks, report.notes))
-    rewrite("domain conditions", add_guards)
-    report.timed("validation", lambda: validate(list(spec.ops), spec.check_bounds))
-    # Each pass above left the graph it was given as garbage in reference cycles (a recurrence
-    # reads itself), which only a full collection frees: by now ten graphs, 5 MiB for PPO on
-    # images. Freed before scheduling, whose working set is the compile's largest, the
-    # compile's peak is one graph and a schedule; Python keeps the memory of a peak resident
-    # after it. memory-e8, five alternated runs: resident memory after building and compiling
-    # 7.3 MiB over the imports' instead of 9.1; compile 0.51 s instead of 0.49.
-    gc.collect()
+    with _collecting_the_passes_garbage():
+        spec = _rewritten(spec, report, optimize, blocks)
     ops = list(spec.ops)
     fixed = {op.id for op in spec.outputs} | set(spec.keep)
     ops, sched = report.timed(
@@ -142,3 +108,63 @@ def compile(spec: ProgramSpec, optimize: bool = True, blocks: int | None = None)
             report.notes.append(f"donation: {len(donations)} ops write into a dead input's buffer")
     report.notes.append(f"{given} ops given, {len(ops)} compiled")
     return Compiled(spec, planned, report, table, donations)
+
+
+@contextlib.contextmanager
+def _collecting_the_passes_garbage() -> Iterator[None]:
+    """Each rewriting pass leaves the graph it was given as garbage in reference cycles (a
+    recurrence reads itself), which only a collection of the oldest generation frees: ten
+    graphs by the end, 5 MiB for PPO on images. Freed before scheduling, whose working set is
+    the compile's largest, the compile peaks at one graph and a schedule, and Python keeps
+    a peak's memory resident after it (memory-e8, five alternated runs: 7.3 MiB over the
+    imports after building and compiling, not 9.1). Only what the passes made is scanned:
+    what existed before is frozen meanwhile, so the collection costs a few ms in a process
+    holding torch's and jax's objects too, not 150. A process that froze objects itself is
+    left as it is, uncollected."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.collect()
+        gc.unfreeze()
+
+
+def _rewritten(
+    spec: ProgramSpec, report: CompileReport, optimize: bool, blocks: int | None
+) -> ProgramSpec:
+    """The spec after the rewriting passes, validated."""
+
+    def rewrite(name: str, fn: Callable[[ProgramSpec], ProgramSpec], what: str = "") -> None:
+        nonlocal spec
+        before = {op.id: op.domain for op in spec.ops}
+        spec = report.timed(name, lambda: fn(spec))
+        if what == "hoisted":
+            moved = sum(1 for op in spec.ops if op.domain != before.get(op.id, op.domain))
+            if moved:
+                report.notes.append(f"{moved} ops hoisted out of loops they do not depend on")
+        elif what and len(spec.ops) != len(before):
+            report.notes.append(f"{len(before) - len(spec.ops)} {what}")
+
+    rewrite("dead code", eliminate_dead_code, "dead ops removed")
+    check_not_empty(list(spec.ops))
+    # before any pass sizes a dim: a bound left out is the user's error, named as such
+    check_bounds(list(spec.ops), spec.check_bounds)
+    if optimize:
+        rewrite("duplicate code", merge_duplicates, "duplicate ops merged")
+        # hoisting first: what it moves out of every loop is often constant, and then folds
+        rewrite("loop-invariant hoisting", hoist_invariants, "hoisted")
+        rewrite("simplification", simplify, "ops removed by folding and identities")
+        if reuse_enabled() and blocks is None:
+            rewrite("first-iteration reuse", lambda s: reuse_first_iteration(s, report.notes))
+        if scan_enabled():
+            rewrite("linear recurrences", lambda s: scan_recurrences(s, report.notes))
+        if vectorize_enabled():
+            rewrite("vectorisation", lambda s: vectorize(s, report.notes))
+        if blocks is not None:
+            rewrite("incrementalisation", lambda s: incrementalize(s, blocks, report.notes))
+    rewrite("domain conditions", add_guards)
+    report.timed("validation", lambda: validate(list(spec.ops), spec.check_bounds))
+    return spec
