@@ -525,8 +525,6 @@ class CodeGen:
 
     def merge(self, op: Op, depth: int, var: str, broadcast: bool = True) -> None:
         shape_src = self.key_src([self.names.src(s) for s in op.shape])
-        bc = self.const("BCAST", self.backend.broadcast)
-        dt = self.const("DT", op.dtype)
         # the first branch's test may become a local; the later ones stay inline (evaluated
         # only when reached, as the chain would)
         for k, e in enumerate(op.inputs):
@@ -536,14 +534,20 @@ class CodeGen:
             value = self.read_src(e)
             if op.id in self.owned and prims.get(e.src.prim).traits.constant:
                 # a donation writes into this merge's value: give it a buffer of its own
-                value = f"{self.const('COPY', self.backend.copy)}({bc}({value}, {shape_src}, {dt}))"
+                copy = self.const("COPY", self.backend.copy)
+                value = f"{copy}({self._broadcast_src(op, value, shape_src)})"
             self.emit(depth + 1, f"{var} = {value}")
         self.emit(depth, "else:")
         err = self.const("UNDEF", f"{op.where()} has no definition at this point")
         self.emit(depth + 1, f"raise MISSING({err})")
         if not broadcast:
             return
-        self.emit(depth, f"{var} = {bc}({var}, {shape_src}, {dt})")
+        self.emit(depth, f"{var} = {self._broadcast_src(op, var, shape_src)}")
+
+    def _broadcast_src(self, op: Op, value: str, shape_src: str) -> str:
+        """``value`` broadcast to ``op``'s shape and cast to its dtype."""
+        bc = self.const("BCAST", self.backend.broadcast)
+        return f"{bc}({value}, {shape_src}, {self.const('DT', op.dtype)})"
 
     def call(self, op: Op, depth: int, var: str, point: str, row: str | None = None) -> None:
         """``var = kernel(...)``; with ``row`` (the source of a block's row), ``kernel(...,
