@@ -274,7 +274,7 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
     for quiet in (True, False):
         if not quiet:
             for module in (budget, codegen, executor):
-                monkeypatch.setattr(module, "aliasing_merges", lambda ops, donations: set())
+                monkeypatch.setattr(module, "aliasing_merges", lambda ops, owned: set())
         prog = build()
         plan = prog.planned_peak()
         prims_by_label = {op.label: op.prim for op in prog.ops}
@@ -286,10 +286,11 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
 
 
 def test_a_merge_that_broadcasts_or_copies_allocates():
-    from timerl.compiler.budget import aliasing_merges
+    from timerl.compiler.donation import aliasing_merges, owned_merges
 
     prog, _ = _nested(True)
-    quiet = aliasing_merges(prog.ops, prog.compiled.donations)
+    owned = owned_merges(prog.compiled.donations, {op.id: op for op in prog.ops})
+    quiet = aliasing_merges(prog.ops, owned)
     # the outer merges start from a scalar constant: broadcast, and copied (written into)
     outer = [op for op in prog.ops if op.prim == "merge" and len(op.domain) == 1]
     assert len(outer) == 2 and not any(op.id in quiet for op in outer)

@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from timerl.compiler.donation import owned_merges
+from timerl.compiler.donation import aliasing_merges, owned_merges
 from timerl.compiler.steady import turning_points
 from timerl.compiler.storage import Storage
 from timerl.errors import MemoryBudgetError
-from timerl.ir import prims, rowwise
+from timerl.ir import rowwise
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
-from timerl.symbolic import TRUE, Bound, Const, Slice, Symbol
+from timerl.symbolic import TRUE, Bound, Slice, Symbol
 
 MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
 # A loop of at least this many iterations is watched for iterations that repeat each other
@@ -117,37 +117,6 @@ class PlannedPeak:
     spare_blocks: frozenset[int] = frozenset()
 
 
-def aliasing_merges(ops: Iterable[Op], donations: Mapping[int, int]) -> set[int]:
-    """The merges whose value is one of their branches' buffers, not a new array: every
-    branch has the merge's static shape and dtype (no broadcast, no cast), and none is a
-    constant the lowering copies (``donation.owned_merges``).
-
-    Such a merge is counted with its bytes, as every value is, and the branch's free after
-    it takes them back; but no peak is recorded where it is computed, since nothing new is
-    allocated there. Otherwise the moment between the two counts its buffer twice, and
-    where a recurrence starts an update (memory-e8's first-layer weight) that moment was the
-    program's peak. The meters of both executors count the same (``Executor``,
-    ``CodeGen.alloc``)."""
-    by_id = {op.id: op for op in ops}
-    owned = owned_merges(donations, by_id)
-    out: set[int] = set()
-    for op in by_id.values():
-        if not prims.get(op.prim).traits.piecewise or not _static(op.shape):
-            continue
-        if all(
-            e.src.dtype == op.dtype
-            and tuple(e.src.shape) == tuple(op.shape)
-            and not (op.id in owned and prims.get(e.src.prim).traits.constant)
-            for e in op.inputs
-        ):
-            out.add(op.id)
-    return out
-
-
-def _static(shape: Sequence[object]) -> bool:
-    return all(isinstance(s, Const) for s in shape)
-
-
 def planned_peak(
     sched: Schedule,
     ops: Iterable[Op],
@@ -159,7 +128,8 @@ def planned_peak(
 ) -> PlannedPeak:
     ops = list(ops)
     donations = donations or {}
-    quiet = aliasing_merges(ops, donations)  # computed without allocating: no peak there
+    # merges computed without allocating: no peak there
+    quiet = aliasing_merges(ops, owned_merges(donations, {op.id: op for op in ops}))
     env: dict[Symbol, int] = {b: int(v) for b, v in static.items()}
     for b, cap in dynamic.items():
         if cap is None:

@@ -198,6 +198,38 @@ def owned_merges(donations: Mapping[int, int], by_id: Mapping[int, Op]) -> set[i
     return _chain(by_id[i].inputs[k].src for i, k in donations.items() if i in by_id)
 
 
+def copies_branch(merge: Op, edge, owned: set[int]) -> bool:
+    """Whether the lowering of ``merge`` copies the value ``edge`` reads into a buffer of its
+    own: a constant branch of a merge a donation writes into (``owned_merges``), which would
+    otherwise share the program's constant (both executors)."""
+    return merge.id in owned and prims.get(edge.src.prim).traits.constant
+
+
+def aliasing_merges(ops: Iterable[Op], owned: set[int]) -> set[int]:
+    """The merges whose value is one of their branches' buffers, not a new array: every
+    branch has the merge's static shape and dtype (no broadcast, no cast) and is not copied
+    (``copies_branch``).
+
+    Such a merge is counted with its bytes, as every value is, and the branch's free after
+    it takes them back; but no peak is recorded where it is computed, since nothing new is
+    allocated there. Otherwise the moment between the two counts its buffer twice, and
+    where a recurrence starts an update (memory-e8's first-layer weight) that moment was the
+    program's peak. ``planned_peak`` and both executors' meters count the same."""
+    out: set[int] = set()
+    for op in ops:
+        shape = _static_shape(op)
+        if not prims.get(op.prim).traits.piecewise or shape is None:
+            continue
+        if all(
+            e.src.dtype == op.dtype
+            and _static_shape(e.src) == shape
+            and not copies_branch(op, e, owned)
+            for e in op.inputs
+        ):
+            out.add(op.id)
+    return out
+
+
 def _chain(merges: Iterable[Op]) -> set[int]:
     """The ids of these merges and of the merges their branches read, transitively."""
     found: set[int] = set()

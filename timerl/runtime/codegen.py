@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from timerl.compiler.budget import aliasing_merges
-from timerl.compiler.donation import owned_merges
+from timerl.compiler.donation import aliasing_merges, copies_branch, owned_merges
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
@@ -122,7 +121,7 @@ class CodeGen:
         by_id = {op.id: op for op in ops}
         self.donors = {by_id[i].inputs[k].src.id for i, k in self.donations.items()}
         self.owned = owned_merges(self.donations, by_id)
-        self.quiet = aliasing_merges(ops, self.donations)  # merges that allocate nothing
+        self.quiet = aliasing_merges(ops, self.owned)  # merges that allocate nothing
         self.ops = {op.id: op for op in ops}
         self.backend = backend
         self.seed = seed
@@ -235,7 +234,7 @@ class CodeGen:
         third of the rollout loop's own lines. A run of constant changes at one depth, with
         only kernels between them (which do not read the meter), is one change by their sum
         and one peak test at their largest running sum: the same count and peak. A change
-        without ``peak`` (a merge that allocates nothing, ``budget.aliasing_merges``) is not
+        without ``peak`` (a merge that allocates nothing, ``donation.aliasing_merges``) is not
         a candidate for that sum.
         """
         if self._deltas and depth != self._deltas_depth:
@@ -532,7 +531,7 @@ class CodeGen:
             test = self.cond(e.cond, depth) if k == 0 else self.names.src(e.cond)
             self.emit(depth, f"{kw} {test}:")
             value = self.read_src(e)
-            if op.id in self.owned and prims.get(e.src.prim).traits.constant:
+            if copies_branch(op, e, self.owned):
                 # a donation writes into this merge's value: give it a buffer of its own
                 copy = self.const("COPY", self.backend.copy)
                 value = f"{copy}({self._broadcast_src(op, value, shape_src)})"

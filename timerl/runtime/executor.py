@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from timerl.compiler.budget import aliasing_merges
-from timerl.compiler.donation import owned_merges
+from timerl.compiler.donation import aliasing_merges, copies_branch, owned_merges
 from timerl.errors import BoundError, TimerlError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
@@ -38,8 +37,13 @@ class MemoryMeter:
     peak: int = 0
     allocations: int = 0
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, allocated: bool = True) -> None:
+        """``allocated=False``: bytes that are no new array (a merge returns its branch's,
+        freed next, ``donation.aliasing_merges``): live, but neither an allocation nor a
+        peak."""
         self.live += n
+        if not allocated:
+            return
         self.allocations += 1
         if self.live > self.peak:
             self.peak = self.live
@@ -157,7 +161,7 @@ class Executor:
         self.ops = {op.id: op for op in ops}
         # merges a donation writes into: a constant they take is copied (``owned_merges``)
         self._owned = owned_merges(self.donations, self.ops)
-        self._quiet = aliasing_merges(ops, self.donations)  # merges that allocate nothing
+        self._quiet = aliasing_merges(ops, self._owned)  # merges that allocate nothing
         self._trim = HeapTrim()
         self.dynamic_values: dict[Bound, dict[tuple, int]] = {b: {} for b in self.dynamic}
         self._prepared: dict[int, Callable[[dict], None]] = {}
@@ -310,9 +314,7 @@ class Executor:
             dtype = op.dtype
             where = op.where()
             quiet = op.id in self._quiet
-            copied = [
-                op.id in self._owned and prims.get(e.src.prim).traits.constant for e in op.inputs
-            ]
+            copied = [copies_branch(op, e, self._owned) for e in op.inputs]
 
             def run_merge(env: dict) -> None:
                 taken = conds(env)
@@ -326,10 +328,7 @@ class Executor:
                     raise UndefinedPointError(f"{where} has no definition at {point_of(env)}")
                 point = point_of(env)
                 store[point] = value
-                if quiet:  # no new array: counted, no peak here (budget.aliasing_merges)
-                    meter.live += 0 if shared else backend.nbytes(value)
-                else:
-                    meter.add(0 if shared else backend.nbytes(value))
+                meter.add(0 if shared else backend.nbytes(value), allocated=not quiet)
 
             return run_merge
         call = prepare_call(op, backend, self.seed, donate, row=row)
