@@ -556,6 +556,33 @@ def test_sink_receives_values_in_order(backend):
     assert prog.stats()["peak_bytes"] > 0
 
 
+@pytest.mark.parametrize("optimize", [True, False])
+def test_evaluate_runs_an_effect_at_every_point_with_what_it_reads(backend, optimize):
+    # obs[t + 1] = step(action[t]): the step runs at t = T - 1 too (an effect runs at every
+    # point) though no value asked for reads its result there; what it reads at that point
+    # must be computed, not handed over missing (it was None in generated code)
+    ctx, t, T = ctx_t()
+    calls = []
+
+    def step(a):
+        calls.append(np.array(a))
+        return np.full((2, 3), np.sum(a), np.float32)
+
+    with ctx:
+        obs = tl.RecurrentTensor.placeholder((2, 3), "float32", (t,))
+        obs[0] = tl.ones((2, 3))
+        action = obs @ tl.ones((3, 2))
+        nxt = tl.api.functional.apply(
+            "udf", action.view, fn=step, shape=(2, 3), dtype=np.dtype("float32"), effect=True
+        )
+        ctx.add_root(nxt.op)
+        obs[t + 1] = tl.RecurrentTensor(nxt, ctx)
+    got = tl.evaluate(obs, bounds={T: 3}, backend=backend, optimize=optimize)
+    close(got[:, 0, 0], [1.0, 12.0, 144.0])
+    assert [c.shape for c in calls] == [(2, 2)] * 3
+    close(calls[-1], np.full((2, 2), 432.0))
+
+
 def test_nested_sink_order_is_lexicographic(backend):
     ctx, i, t, I, T = ctx_it()
     seen = []

@@ -15,21 +15,25 @@ from timerl.compiler.spec import ProgramSpec
 from timerl.ir.graph import copy_graph
 from timerl.ir.reads import needed_points
 from timerl.ir.validate import reads_within_guards
-from timerl.symbolic import TRUE, Condition
+from timerl.symbolic import Condition
 
 
 def add_guards(spec: ProgramSpec) -> ProgramSpec:
     """A copy of the graph whose ops carry their guard (TRUE: all points; effects run
     everywhere)."""
-    needed = needed_points(list(spec.ops), spec.roots)
+    # An effect runs at every point (each is an event), also one that only a value asked
+    # of ``tl.evaluate`` reaches, which does not make it a root: what it reads is needed at
+    # every point too, or it would read points nobody computed (an env step at the last t
+    # whose next observation no one reads).
+    roots = [*spec.roots, *(op for op in spec.ops if op.effect)]
+    needed = needed_points(list(spec.ops), roots)
     out = _guarded(spec, needed.guards)
     if needed.capped and not reads_within_guards(
         list(out.ops), spec.check_bounds, set(needed.capped)
     ):
-        out = _guarded(spec, needed_points(list(spec.ops), spec.roots, cap=False).guards)
+        out = _guarded(spec, needed_points(list(spec.ops), roots, cap=False).guards)
     return out
 
 
 def _guarded(spec: ProgramSpec, needed: dict[int, Condition]) -> ProgramSpec:
-    guards = {op.id: needed[op.id] if op.effect is False else TRUE for op in spec.ops}
-    return spec.with_ops(copy_graph(spec.ops, guards=guards))
+    return spec.with_ops(copy_graph(spec.ops, guards={op.id: needed[op.id] for op in spec.ops}))
