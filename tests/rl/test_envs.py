@@ -9,6 +9,7 @@ import pytest
 from timerl.errors import EnvError
 from timerl.rl import synthetic
 from timerl.rl.envs import GymBatchedCartPole, GymVectorEnv, make_env
+from timerl.rl.vector_env import VectorEnv
 
 
 class _DictObsEnv(gym.Env):
@@ -355,3 +356,70 @@ def test_a_step_declares_the_bytes_it_returns(env_id, kwargs, full):
     assert step.attrs["result_nbytes"] == sum(a.nbytes for a in returned)
     # and their dtypes, which a backend then does not cast again
     assert step.attrs["result_dtypes"] == tuple(a.dtype for a in returned)
+
+
+class _CounterInPlace(VectorEnv):
+    """Observations are a step counter written into one buffer the env keeps reusing."""
+
+    def __init__(self, num_envs: int = 2) -> None:
+        super().__init__("CounterInPlace-v0", num_envs, seed=0)
+        self.obs_shape = (3,)
+        self.discrete = True
+        self.num_actions = 2
+        self.action_shape = ()
+        self.action_dtype = np.dtype(np.int64)
+        self.action_low = self.action_high = None
+        self._buffer = np.zeros((num_envs, 3), dtype=np.float32)
+
+    def _reset_batch(self):
+        self._buffer[:] = 0.0
+        return self._buffer
+
+    def _step_batch(self, actions):
+        self._buffer += 1.0
+        zeros = np.zeros(self.num_envs, dtype=bool)
+        return self._buffer, np.zeros(self.num_envs, np.float32), zeros, zeros, None
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_rollout_keeps_its_observations_whether_or_not_the_env_reuses_its_buffer(fresh):
+    # an env that writes its next observations into the array it returned gets copied; one
+    # whose arrays are new at every step (fresh_outputs) is kept as it is, without a copy
+    import timerl as tl
+    from timerl.rl.environment import Env
+
+    def make():
+        return synthetic.SyntheticVectorEnv(2, obs_shape=(3,)) if fresh else _CounterInPlace()
+
+    env = Env(make())
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        obs = tl.RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (t,), name="obs")
+        obs[0] = env.reset()
+        kind = "int64" if env.discrete else "float32"
+        action = tl.full((env.num_envs, *env.action_shape), 0, dtype=kind) + obs.sum() * 0
+        obs[t + 1] = env.step(action)[0]
+    (got,) = tl.evaluate([obs], bounds={T: 5})
+    vec = make()  # the same steps again, each observation copied as it comes
+    want = [np.array(vec.reset())]
+    for _ in range(4):
+        zeros = np.zeros((vec.num_envs, *vec.action_shape), dtype=vec.action_dtype)
+        want.append(np.array(vec.step(zeros)[0]))
+    np.testing.assert_array_equal(got, np.stack(want))
+    if not fresh:
+        assert got[4, 0, 0] == 4.0  # each row its own step's, not the buffer's last value
+
+
+def test_an_env_with_fresh_outputs_hands_its_observations_to_the_program_uncopied():
+    import timerl as tl
+
+    env = tl.rl.make_env("Synthetic-v0", num_envs=2, seed=0, obs_shape=(3, 4, 4))
+    assert env.vec.fresh_outputs
+    ctx = tl.Context(dims=("t",))
+    with ctx:
+        action = tl.zeros((2, *env.action_shape))
+        step = env.step(action)[0].view.op.inputs[0].src
+    env.vec.reset()
+    obs = step.attrs["fn"](np.zeros((2, *env.action_shape), np.float32))[0]
+    assert obs is env.vec.last_obs or obs.base is env.vec.last_obs.base

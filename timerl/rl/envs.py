@@ -339,6 +339,8 @@ class EnvpoolVectorEnv(VectorEnv):
     restart at the next :meth:`reset`.
     """
 
+    fresh_outputs = True  # envpool's arrays are copied (``np.array``) before they are returned
+
     def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> None:
         try:
             import envpool

@@ -148,6 +148,8 @@ def observe(xp: Any, arrays: dict[str, Any], state: Any) -> Any:
 class SyntheticVectorEnv(VectorEnv):
     """``num_envs`` copies of Synthetic-v0 stepped as whole arrays (no per-env Python loop)."""
 
+    fresh_outputs = True  # every step computes its observations into a new array
+
     def __init__(
         self,
         num_envs: int = 1,
@@ -204,7 +206,7 @@ class SyntheticVectorEnv(VectorEnv):
         truncated = self._t >= p.episode_length
         final_obs = None
         if truncated.any():
-            final_obs = obs.copy()
+            final_obs = obs  # ``obs`` is bound to a new array below, not written
             self._episode = self._episode + truncated.astype(np.uint32)
             fresh = initial_state(np, self._seed32, self._env_index, self._episode, p.state_dim)
             nxt = np.where(truncated[:, None], fresh, nxt)

@@ -181,6 +181,11 @@ class VectorEnv:
     action_dtype: np.dtype
     action_low: np.ndarray | None
     action_high: np.ndarray | None
+    # True where ``_reset_batch`` and ``_step_batch`` return observations computed anew on
+    # every call, which the simulator never writes into afterwards: a program may then keep
+    # them as they are. Otherwise (a simulator that updates one state buffer in place, as
+    # gymnasium's may) whoever keeps them past the next step must copy them.
+    fresh_outputs: bool = False
 
     def __init__(self, env_id: str, num_envs: int, seed: int) -> None:
         if int(num_envs) < 1:
