@@ -64,6 +64,7 @@ FLAGS: tuple[str, ...] = (
     "outer_rec",  # a recurrence over i in an (i, t) context
     "cross_read",  # x[i, t + 1] = f(x[tl.min(i + 1, I - 1), t], x[0:I, t].sum(0), ..)
     "linear",  # fwd_cond/bwd_cond with a linear step: r[True] = a + c * r[t + 1] (a scan)
+    "host",  # an effect: host(v), a host function called at every point of v's domain
 )
 
 DIM_BOUND = {"t": "T", "i": "I"}
@@ -431,6 +432,7 @@ class Unary(Expr):
             "neg": lambda: -v,
             "square": lambda: v * v,
             "sin": lambda: xp.sin(v),
+            "host": lambda: xp.tanh(v) * 0.5,
         }[self.op]()
 
     def build(self, b: Builder) -> Any:
@@ -443,6 +445,7 @@ class Unary(Expr):
             "neg": lambda: -v,
             "square": lambda: v * v,
             "sin": lambda: v.sin(),
+            "host": lambda: b.host(v),
         }[self.op]()
 
     def source(self) -> str:
@@ -455,13 +458,14 @@ class Unary(Expr):
             "neg": f"-({s})",
             "square": f"({s}) * ({s})",
             "sin": f"({s}).sin()",
+            "host": f"host({s})",
         }[self.op]
 
     def leaves(self) -> set[str]:
         return self.x.leaves()
 
     def own_flags(self) -> set[str]:
-        return {self.op} if self.op in ("exp", "lgamma") else set()
+        return {self.op} if self.op in ("exp", "lgamma", "host") else set()
 
 
 def _bshape(a: tuple, b: tuple) -> tuple:
@@ -707,9 +711,28 @@ class Builder:
 
     def __init__(self, tl: Any, ctx: Any) -> None:
         self.tl = tl
+        self.ctx = ctx
         self.sym = {s.name: s for s in ctx.dims}
         self.big = {d: b for d, b in zip(self.sym, ctx.bounds, strict=True)}
         self.tensors: dict[str, Any] = {}
+
+    def host(self, v: Any) -> Any:
+        """``v`` through a host function marked as an effect (an env step's kind of call)."""
+        out = self.tl.api.functional.apply(
+            "udf",
+            v.view,
+            fn=host_function,
+            shape=tuple(v.shape),
+            dtype=np.dtype("float64"),
+            effect=True,
+            name="host",
+        )
+        self.ctx.add_root(out.op)
+        return self.tl.RecurrentTensor(out, self.ctx)
+
+
+def host_function(a: Any) -> np.ndarray:
+    return np.tanh(np.asarray(a, dtype=np.float64)) * 0.5
 
 
 class Reference:
@@ -875,8 +898,22 @@ class Program:
             f"ctx = tl.Context(dims={self.dims!r})",
             f"({', '.join(self.dims)},), ({', '.join(DIM_BOUND[d] for d in self.dims)},)"
             " = ctx.dims, ctx.bounds",
-            "with ctx:",
         ]
+        if "host" in self.used:
+            lines += [
+                "",
+                "",
+                "def host(x):",
+                "    y = tl.api.functional.apply(",
+                '        "udf", x.view, fn=lambda a: np.tanh(np.asarray(a, dtype=np.float64)) * 0.5,',
+                '        shape=tuple(x.shape), dtype=np.dtype("float64"), effect=True, name="host",',
+                "    )",
+                "    ctx.add_root(y.op)",
+                "    return tl.RecurrentTensor(y, ctx)",
+                "",
+                "",
+            ]
+        lines.append("with ctx:")
         rg = ", requires_grad=True" if self.grad else ""
         done: set[str] = set()
         for t in self.tensors:
@@ -1019,7 +1056,15 @@ class Generator:
             kinds.append("where")
         if self.flag("spatial_reduce") and self.S:
             kinds.append("sreduce")
+        if self.flag("host") and not self.grad and ch.chance(15):
+            kinds.append("host")
         kind = ch.pick(kinds)
+        if kind == "host":
+            # an effect runs at every point of its domain, not only where its value is read:
+            # what it reads must be in range everywhere (no shifted reads)
+            everywhere = Scope({d: 0 for d in scope.lo}, {d: 0 for d in scope.hi}, scope.fixed)
+            safe = [r for r in selfreads if all(sp.kind != "shift" for sp in r.specs)]
+            return Unary("host", self.expr(everywhere, pool, depth - 1, safe))
         sub = lambda: self.expr(scope, pool, depth - 1, selfreads)  # noqa: E731
         if kind == "unary":
             ops = ["tanh", "neg", "square", "sigmoid", "sin"]
