@@ -65,6 +65,7 @@ FLAGS: tuple[str, ...] = (
     "cross_read",  # x[i, t + 1] = f(x[tl.min(i + 1, I - 1), t], x[0:I, t].sum(0), ..)
     "linear",  # fwd_cond/bwd_cond with a linear step: r[True] = a + c * r[t + 1] (a scan)
     "host",  # an effect: host(v), a host function called at every point of v's domain
+    "matmul",  # v @ M with a constant (S, S) matrix M (spatial values only)
 )
 
 DIM_BOUND = {"t": "T", "i": "I"}
@@ -235,6 +236,7 @@ class NumpyOps:
         return np.asarray(np.frompyfunc(math.lgamma, 1, 1)(x), dtype=np.float64)
 
     sin = staticmethod(np.sin)
+    matmul = staticmethod(np.matmul)
     maximum = staticmethod(np.maximum)
     where = staticmethod(np.where)
 
@@ -276,6 +278,10 @@ class TorchOps:
 
     def sigmoid(self, x: Any) -> Any:
         return self.torch.sigmoid(x)
+
+    def matmul(self, a: Any, m: np.ndarray) -> Any:
+        t = self.torch
+        return t.matmul(t.as_tensor(a, dtype=t.float64), t.as_tensor(m, dtype=t.float64))
 
     def maximum(self, a: Any, b: Any) -> Any:
         t = self.torch
@@ -592,6 +598,33 @@ class SpatialReduce(Expr):
 
     def own_flags(self) -> set[str]:
         return {"spatial_reduce"}
+
+
+@dataclass
+class MatMul(Expr):
+    """``x @ m``: a product with a constant matrix, as a layer of a policy is."""
+
+    x: Expr
+    m: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.dims, self.shape = self.x.dims, self.x.shape
+
+    def ev(self, ref: Reference, env: dict[str, int]) -> Any:
+        return ref.xp.matmul(self.x.ev(ref, env), self.m)
+
+    def build(self, b: Builder) -> Any:
+        return self.x.build(b) @ b.tl.from_numpy(self.m, dtype="float64")
+
+    def source(self) -> str:
+        m = " ".join(np.array2string(self.m, separator=", ", precision=17).split())
+        return f'({self.x.source()}) @ tl.from_numpy(np.array({m}), dtype="float64")'
+
+    def leaves(self) -> set[str]:
+        return self.x.leaves()
+
+    def own_flags(self) -> set[str]:
+        return {"matmul"}
 
 
 # --------------------------------------------------------------------------- tensors
@@ -1056,6 +1089,8 @@ class Generator:
             kinds.append("where")
         if self.flag("spatial_reduce") and self.S:
             kinds.append("sreduce")
+        if self.flag("matmul") and self.S:
+            kinds.append("matmul")
         if self.flag("host") and not self.grad and ch.chance(15):
             kinds.append("host")
         kind = ch.pick(kinds)
@@ -1077,6 +1112,13 @@ class Generator:
             return Affine(sub(), ch.pick([0.5, -1.5, 2.0, 0.25]), ch.pick([0.0, 1.0, -0.5]))
         if kind == "where":
             return Where(sub(), sub(), sub())
+        if kind == "matmul":
+            x = sub()
+            if not x.shape:
+                return x
+            n = x.shape[0]
+            m = np.random.RandomState(ch.int(0, 2**16)).uniform(-1.0, 1.0, (n, n)) / n
+            return MatMul(x, m)
         x = sub()
         if not x.shape:
             return x
