@@ -52,17 +52,27 @@ class Config:
     optimize: bool = True
     device: str = "cpu"
     blocks: int | None = None  # computations over rows run in this many blocks
+    # ``ctx.compile(outputs=...)`` and ``Program.value`` instead of ``tl.evaluate``: the
+    # context's effects are roots, run whether or not an output reads them
+    compiled: bool = False
 
     def __str__(self) -> str:
         on = "" if self.device == "cpu" else f" on {self.device}"
         by = "" if self.blocks is None else f", in {self.blocks} blocks of rows"
-        return f"{self.backend}{on}{'' if self.optimize else ', optimize=False'}{by}"
+        how = ", compiled with its effects" if self.compiled else ""
+        return f"{self.backend}{on}{'' if self.optimize else ', optimize=False'}{by}{how}"
 
 
 def configs(
-    torch_too: bool, unoptimised: bool = True, jax_too: bool = False, blocked: bool = False
+    torch_too: bool,
+    unoptimised: bool = True,
+    jax_too: bool = False,
+    blocked: bool = False,
+    compiled: bool = False,
 ) -> list[Config]:
     out = [Config("numpy")]
+    if compiled:
+        out.append(Config("numpy", compiled=True))
     if blocked and HAS_BLOCKS:
         out.append(Config("numpy", blocks=2))
     if HAS_OPTIMIZE_FLAG and unoptimised:
@@ -119,6 +129,12 @@ def run_config(program: Program, cfg: Config) -> list:
     kwargs = {} if cfg.optimize else {"optimize": False}
     try:
         with _blocks(cfg.blocks):
+            if cfg.compiled:
+                prog = _ctx.compile(
+                    bounds=program.bounds(b), backend=cfg.backend, outputs=wanted, **kwargs
+                )
+                prog.run()
+                return [prog.value(w) for w in wanted]
             return tl.evaluate(
                 wanted, bounds=program.bounds(b), backend=cfg.backend, device=cfg.device, **kwargs
             )
@@ -153,17 +169,19 @@ def check(
     unoptimised: bool = True,
     jax_too: bool = False,
     blocked: bool = False,
+    compiled: bool = False,
 ) -> None:
     """Raise ``Finding`` unless every configuration matches the reference value for value.
 
     Always the numpy backend with every optimisation on; ``unoptimised`` adds the
     ``optimize=False`` reference where timerl has it, ``torch_too`` the torch backend,
     ``jax_too`` the jax backend (with its jitted regions) and ``blocked`` numpy with every
-    computation over rows run in two blocks (incrementalisation).
+    computation over rows run in two blocks (incrementalisation), ``compiled`` numpy through
+    ``ctx.compile`` with the context's effects as roots instead of ``tl.evaluate``.
     """
     want = program.reference_values()
     grads = program.reference_grads() if program.grad else {}
-    for cfg in configs(torch_too, unoptimised, jax_too, blocked):
+    for cfg in configs(torch_too, unoptimised, jax_too, blocked, compiled):
         got = run_config(program, cfg)
         outs = program.outputs
         for t, g in zip(outs, got[: len(outs)], strict=True):

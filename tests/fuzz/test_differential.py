@@ -56,9 +56,10 @@ def examples(name: str) -> int:
 @st.composite
 def programs(
     draw, grad: bool, two: bool | None, max_stages: int
-) -> tuple[Program, bool, bool, bool]:
-    """A program with every construct enabled, and whether to run torch, optimize=False and
-    numpy by blocks of rows (incrementalisation, a quarter of the programs) too.
+) -> tuple[Program, bool, bool, bool, bool]:
+    """A program with every construct enabled, and whether to run torch, optimize=False,
+    numpy by blocks of rows (incrementalisation, a quarter of the programs) and numpy through
+    ``ctx.compile`` with the context's effects as roots (a quarter) too.
 
     Every program runs on numpy with every optimisation on. The torch backend (a fifth of the
     programs) and, for gradient programs, the ``optimize=False`` reference (a third; all value
@@ -69,7 +70,8 @@ def programs(
     torch_too = ch.chance(20) or DEVICE != "cpu"
     unoptimised = not grad or ch.chance(34)
     blocked = ch.chance(25)
-    return program, torch_too, unoptimised, blocked
+    compiled = ch.chance(25)
+    return program, torch_too, unoptimised, blocked, compiled
 
 
 # the jax backend's own run: programs drawn apart from the others, each checked on numpy and
@@ -99,14 +101,20 @@ def fuzz(name: str, jax: bool = False) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(programs(grad, two, max_stages))
-    def each(case: tuple[Program, bool, bool, bool]) -> None:
-        program, torch_too, unoptimised, blocked = case
+    def each(case: tuple[Program, bool, bool, bool, bool]) -> None:
+        program, torch_too, unoptimised, blocked, compiled = case
         note(program.source())
         try:
             if jax:
                 check(program, unoptimised=False, jax_too=True)
             else:
-                check(program, torch_too=torch_too, unoptimised=unoptimised, blocked=blocked)
+                check(
+                    program,
+                    torch_too=torch_too,
+                    unoptimised=unoptimised,
+                    blocked=blocked,
+                    compiled=compiled,
+                )
         except Finding as f:
             if not KEEP_GOING:
                 raise
