@@ -430,9 +430,13 @@ def budget_lines(rows: list[Row]) -> list[str]:
             else math.nan
         )
         out.append(
-            f"{row.system} {row.case.label}: budget {_mib(budget):.1f} MiB (eager data "
-            f"{_mib(eager.data_bytes if eager else math.nan):.0f} MiB / {BUDGET_FRACTION}); "
-            f"planned peak {_mib(planned):.1f} MiB ({'fits' if compiled else 'over: ran at the smallest budget that fits'}); "
+            f"{row.system} {row.case.label}: budget {_mib(budget):.1f} MiB "
+            + (
+                f"(eager data {_mib(eager.data_bytes):.0f} MiB / {BUDGET_FRACTION}); "
+                if eager is not None and eager.status == "ok"
+                else "(--budget); "
+            )
+            + f"planned peak {_mib(planned):.1f} MiB ({'fits' if compiled else 'over: ran at the smallest budget that fits'}); "
             f"data {_mib(data):.1f} MiB, within budget: {'yes' if data <= budget else 'no'}; "
             f"iteration time {ratio:.2f}x eager"
         )
@@ -497,8 +501,12 @@ def run_benchmark(
     isolated: bool = True,
     systems: dict[str, System] | None = None,
     log: Callable[[str], None] = print,
+    budget: int | None = None,
 ) -> list[Row]:
-    """Measure every (case, system) ``repeats`` times, rotating the systems' order each time."""
+    """Measure every (case, system) ``repeats`` times, rotating the systems' order each time.
+
+    ``budget``: the bytes ``timerl_budget`` compiles under where eager PyTorch is not in the
+    run (a budget measured in an earlier one); with eager PyTorch there, its data / 16."""
     systems = systems or SYSTEMS
     rows: list[Row] = []
     for case in cases:
@@ -518,12 +526,14 @@ def run_benchmark(
                     continue  # skipped or failed once: do not retry
                 run_case = case
                 if system.name == BUDGETED:
-                    budget = budget_for(case, case_rows)
-                    if budget is None:
+                    budget_here = budget_for(case, case_rows) or budget
+                    if budget_here is None:
                         row.status = "skipped"
-                        row.reason = f"needs {EAGER.get(case.algo, 'eager PyTorch')} in the run"
+                        row.reason = (
+                            f"needs {EAGER.get(case.algo, 'eager PyTorch')} in the run or --budget"
+                        )
                         continue
-                    run_case = replace(case, config=replace(case.config, memory_budget=budget))
+                    run_case = replace(case, config=replace(case.config, memory_budget=budget_here))
                 t0 = time.perf_counter()
                 out = run_isolated(system, run_case) if isolated else run_one(system, run_case)
                 took = time.perf_counter() - t0
@@ -878,6 +888,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "a budget of eager PyTorch's data memory in the same run / 16; unavailable ones print "
         "as skipped)",
     )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="MIB",
+        help="timerl_budget's budget in MiB where eager PyTorch is not in the run",
+    )
     p.add_argument("--repeats", type=int, default=None, help="repetitions (default 3; quick 2)")
     p.add_argument("--iterations", type=int, default=None, help="override every case's count")
     p.add_argument("--seed", type=int, default=0)
@@ -935,7 +952,8 @@ def run_from_args(args: argparse.Namespace, systems: dict[str, System] | None = 
           f"x {repeats} repeat(s), {args.threads} thread(s), device {args.device}")  # fmt: skip
     for case in chosen:
         print(f"  {case.label:<20} {case.describe()}")
-    rows = run_benchmark(chosen, names, repeats, not args.in_process, systems)
+    budget = None if args.budget is None else int(args.budget * 2**20)
+    rows = run_benchmark(chosen, names, repeats, not args.in_process, systems, budget=budget)
     title = f"env steps/s, median of {repeats} alternated runs; ÷ X = timerl / X (steps/s)"
     print_table(rows, title)
     profiles: list[dict[str, Any]] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -122,6 +123,27 @@ def test_rotation_alternates_system_order():
     case = rl.Case("x", "x", Config("CartPole-v1", num_envs=2, num_steps=4, iterations=2))
     rl.run_benchmark([case], ["a", "b", "c"], 3, False, systems, log=lambda s: None)
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_the_budgeted_system_takes_eager_data_over_16_or_the_budget_given():
+    budgets: list[int | None] = []
+
+    def budgeted(cfg: Config, algo: str) -> Result:
+        budgets.append(cfg.memory_budget)
+        return _fake_result("timerl_budget", cfg, 100.0)
+
+    def eager(cfg: Config, algo: str) -> Result:
+        out = _fake_result("torch_ppo", cfg, 50.0)
+        return dataclasses.replace(out, base_rss_bytes=2**20, peak_rss_bytes=161 * 2**20)
+
+    case = rl.Case("x", "x", Config("CartPole-v1", num_envs=2, num_steps=4, iterations=2))
+    alone = {"timerl_budget": rl.System("timerl_budget", "timerl", "*", budgeted)}
+    rows = rl.run_benchmark([case], ["timerl_budget"], 1, False, alone, log=lambda s: None)
+    assert rows[0].status == "skipped" and "--budget" in rows[0].reason
+    rl.run_benchmark([case], ["timerl_budget"], 1, False, alone, log=lambda s: None, budget=7)
+    both = {**alone, "torch_ppo": rl.System("torch_ppo", "baseline", "ppo", eager)}
+    rl.run_benchmark([case], list(both), 1, False, both, log=lambda s: None, budget=7)
+    assert budgets == [7, 10 * 2**20]  # eager PyTorch in the run: its data / 16
 
 
 def test_timerl_config_mapping():
