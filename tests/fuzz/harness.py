@@ -113,8 +113,10 @@ def _compare(kind: str, name: str, got: object, want: np.ndarray, program: Progr
         )
 
 
-def run_config(program: Program, cfg: Config) -> list:
-    """Build the program afresh and evaluate its outputs (and input gradients) on ``cfg``."""
+def run_config(program: Program, cfg: Config, sunk: dict | None = None) -> list:
+    """Build the program afresh and evaluate its outputs (and input gradients) on ``cfg``;
+    what its sinks received goes into ``sunk`` (they run where the program is compiled with
+    its effects, ``cfg.compiled``)."""
     try:
         _ctx, b, _loss = program.build(tl)
     except tl.TimerlError as exc:
@@ -123,6 +125,8 @@ def run_config(program: Program, cfg: Config) -> list:
         if _in_generator(exc):
             raise  # a bug of the generator, not of timerl
         raise Finding("raw exception while building", _short(exc), program) from exc
+    if sunk is not None:
+        sunk.update(b.sunk)
     wanted = [b.tensors[t.name] for t in program.outputs]
     if program.grad:
         wanted += [b.tensors[t.name].grad for t in program.inputs]
@@ -182,12 +186,33 @@ def check(
     want = program.reference_values()
     grads = program.reference_grads() if program.grad else {}
     for cfg in configs(torch_too, unoptimised, jax_too, blocked, compiled):
-        got = run_config(program, cfg)
+        sunk: dict = {}
+        got = run_config(program, cfg, sunk)
+        if cfg.compiled:
+            _compare_sinks(program, sunk, want, cfg)
         outs = program.outputs
         for t, g in zip(outs, got[: len(outs)], strict=True):
             _compare("value mismatch", t.name, g, want[t.name], program, cfg)
         for t, g in zip(program.inputs if program.grad else [], got[len(outs) :], strict=True):
             _compare("gradient mismatch", f"{t.name}.grad", g, grads[t.name], program, cfg)
+
+
+def _compare_sinks(program: Program, sunk: dict, want: dict, cfg: Config) -> None:
+    """Each sink got every point of its tensor once, with the reference's value there."""
+    for name in program.sinks:
+        got = sunk.get(name, [])
+        points = [p for p, _ in got]
+        expected = want[name]
+        t = next(t for t in program.tensors if t.name == name)
+        every = sorted(np.ndindex(*expected.shape[: len(t.domain)]))
+        if sorted(points) != every:
+            raise Finding(
+                "sink mismatch",
+                f"sink({name}) on {cfg} got points {sorted(points)}, want each of {every} once",
+                program,
+            )
+        for p, value in got:
+            _compare("sink mismatch", f"sink({name}) at {p}", value, expected[p], program, cfg)
 
 
 # how a timerl error message is reduced to the kind of failure it reports

@@ -66,6 +66,7 @@ FLAGS: tuple[str, ...] = (
     "linear",  # fwd_cond/bwd_cond with a linear step: r[True] = a + c * r[t + 1] (a scan)
     "host",  # an effect: host(v), a host function called at every point of v's domain
     "matmul",  # v @ M with a constant (S, S) matrix M (spatial values only)
+    "sink",  # ctx.sink(x, fn): fn gets x at every point (checked when compiled with effects)
 )
 
 DIM_BOUND = {"t": "T", "i": "I"}
@@ -748,6 +749,16 @@ class Builder:
         self.sym = {s.name: s for s in ctx.dims}
         self.big = {d: b for d, b in zip(self.sym, ctx.bounds, strict=True)}
         self.tensors: dict[str, Any] = {}
+        # what each sink received: tensor name -> [(point as a tuple over its dims, value)]
+        self.sunk: dict[str, list[tuple[tuple[int, ...], np.ndarray]]] = {}
+
+    def recorder(self, name: str) -> Callable[[Any, dict[str, int]], None]:
+        got = self.sunk.setdefault(name, [])
+
+        def record(value: Any, point: dict[str, int]) -> None:
+            got.append((tuple(point.values()), np.array(value, dtype=np.float64)))
+
+        return record
 
     def host(self, v: Any) -> Any:
         """``v`` through a host function marked as an effect (an env step's kind of call)."""
@@ -818,6 +829,7 @@ class Program:
     n: dict[str, int]
     tensors: list[TensorDef]
     grad: bool = False
+    sinks: tuple[str, ...] = ()  # tensors whose every point a sink receives
 
     def __repr__(self) -> str:
         return f"<program using {', '.join(sorted(self.used)) or 'no flagged construct'}>"
@@ -844,6 +856,8 @@ class Program:
             out.add("spatial")
         if any(t.linear for t in self.tensors):
             out.add("linear")
+        if self.sinks:
+            out.add("sink")
         for t in self.tensors:
             exprs = ([t.expr] if t.expr is not None else []) + [e for _, e in t.branches]
             for e in exprs:
@@ -882,6 +896,8 @@ class Program:
                     for g in group:
                         for where, expr in g.branches:
                             b.tensors[g.name][where.key(b, g.domain)] = expr.build(b)
+            for name in self.sinks:
+                ctx.sink(b.tensors[name], b.recorder(name))
             if self.grad:
                 z = b.tensors[self.loss_of.name]
                 loss = (z * z).sum()
@@ -974,6 +990,10 @@ class Program:
                 for g in group:
                     for where, expr in g.branches:
                         lines.append(f"    {g.name}[{where.source(g.domain)}] = {expr.source()}")
+        for name in self.sinks:
+            lines.append(
+                f'    ctx.sink({name}, lambda value, point: print("{name}", point, value))'
+            )
         outs = [t.name for t in self.outputs]
         if self.grad:
             z = self.loss_of.name
@@ -1174,7 +1194,11 @@ class Generator:
             stages += [s for s in ("carry", "outer_rec") if self.flag(s)]
         for _ in range(ch.int(1, max_stages)):
             tensors += self.stage(ch.pick(stages), dims, tensors)
-        return Program(dims, self.n, tensors, grad=self.grad)
+        sinks: tuple[str, ...] = ()
+        if self.flag("sink") and ch.chance(30):
+            names = [t.name for t in tensors if t.kind != "input"]
+            sinks = tuple(sorted({ch.pick(names) for _ in range(ch.int(1, 2))}))
+        return Program(dims, self.n, tensors, grad=self.grad, sinks=sinks)
 
     def full_scope(self, dims: tuple) -> Scope:
         return Scope({d: 0 for d in dims}, {d: 0 for d in dims})

@@ -22,6 +22,7 @@ import os
 import sys
 import zlib
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 from hypothesis import strategies as st
@@ -219,6 +220,41 @@ def test_a_wrong_gradient_fails_the_check(monkeypatch):
     monkeypatch.setattr(program, "reference_grads", lambda: wrong)
     with pytest.raises(Finding, match="gradient mismatch"):
         check(program)
+
+
+def test_a_sink_that_misses_a_point_or_a_value_fails_the_check(monkeypatch):
+    """Sinks are checked where the program is compiled with its effects: every point once,
+    each with the reference's value."""
+    import dataclasses
+
+    from programs import Builder
+
+    plain = _small_program()
+    program = dataclasses.replace(plain, sinks=(plain.outputs[0].name,))
+    check(program, compiled=True)  # agrees as generated
+    record = Builder.recorder
+
+    def skipping_the_first(self, name):
+        inner, calls = record(self, name), []
+
+        def rec(value, point):
+            calls.append(point)
+            if len(calls) > 1:
+                inner(value, point)
+
+        return rec
+
+    monkeypatch.setattr(Builder, "recorder", skipping_the_first)
+    with pytest.raises(Finding, match="sink mismatch: sink.* got points"):
+        check(program, compiled=True)
+
+    def off_by_a_little(self, name):
+        inner = record(self, name)
+        return lambda value, point: inner(np.asarray(value) + 1e-5, point)
+
+    monkeypatch.setattr(Builder, "recorder", off_by_a_little)
+    with pytest.raises(Finding, match="sink mismatch: sink.* at"):
+        check(program, compiled=True)
 
 
 def test_a_rejected_valid_program_fails_the_check(monkeypatch):
