@@ -393,6 +393,16 @@ def test_until_checks():
             ctx.until(t, y > 3.0)
 
 
+def test_a_stop_condition_that_needs_the_length_it_sets_is_refused_naming_what_reads_it():
+    ctx, t, T = ctx_t()
+    with ctx:
+        u = tl.from_numpy(np.arange(10.0), domain=(t,))
+        mean = u[0:T].mean(0).named("mean_over_the_episode")
+        ctx.until(t, u >= mean)
+    with pytest.raises(tl.BoundError, match="which needs .*which needs T: known only once t"):
+        ctx.compile(bounds={T: 10}, outputs=[u * 1.0])
+
+
 def test_user_exceptions_in_sinks_propagate():
     ctx, t, T = ctx_t()
     with ctx:

@@ -826,6 +826,48 @@ def test_until_per_outer_iteration_lengths(backend):
     close(got, np.array(want, dtype=np.float64))
 
 
+def test_until_the_length_is_read_only_once_the_dim_has_ended(backend):
+    # a mean over the whole dim divides by its length, a value with no edge from the loop
+    # that ends it: it must still run after that loop (it ran first, reading no length)
+    u = np.arange(10.0)
+    ctx, t, T = ctx_t()
+    with ctx:
+        x = tl.RecurrentTensor.placeholder((), domain=(t,))
+        x[0] = 1.0
+        x[t + 1] = x * 2.0
+        ctx.until(t, x >= 8.0)
+        U = tl.from_numpy(u, domain=(t,), dtype="float64")
+        mean = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        mean[True] = U[0:T].mean(0)
+    for optimize in (True, False):
+        got = tl.evaluate(mean, bounds={T: 10}, backend=backend, optimize=optimize)
+        close(got, np.full(4, 1.5))
+
+
+def test_until_reads_ahead_that_the_stop_does_not_need_run_after_it(backend):
+    # the stopping loop runs first and forward; what reads ahead of it (the next point, a
+    # backward recurrence) runs in loops after it, over the length it found (a read ahead was
+    # fused in front, making the stopping loop run backward, and the program was rejected)
+    u = np.arange(10.0)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), dtype="float64")
+        ahead = U[tl.min(t + 1, T - 1)] * 1.0
+        r = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        r[t.eq(T - 1)] = U
+        r[True] = U + 0.5 * r[t + 1]
+        ctx.until(t, U >= 3.0)  # defined last, it reads U's points as the reads ahead do
+    want = [3.0]
+    for k in (2, 1, 0):
+        want.insert(0, k + 0.5 * want[0])
+    for optimize in (True, False):
+        got_ahead, got_r = tl.evaluate(
+            [ahead, r], bounds={T: 10}, backend=backend, optimize=optimize
+        )
+        close(got_ahead, [1.0, 2.0, 3.0, 3.0])
+        close(got_r, np.array(want))
+
+
 def test_attention_over_the_prefix(backend):
     """Dynamic shapes: scores over x[0:t+1], a softmax over that dynamic axis, a weighted sum."""
     u = np.random.RandomState(30).randn(7, 3).astype(np.float32)

@@ -8,8 +8,9 @@ dependences (forward for ``t - 1``, backward for ``t + 1``); components run in d
 order, so anything reading a whole range (``0:T``, ``t:T``, ``T - 1``) runs after its producer's
 loop completes; adjacent compatible loops are fused; bodies are scheduled recursively on the
 next dim with the dependences the loop does not carry. Direction facts come from the exact
-sign analysis in ``symbolic.bounds``. It handles dynamic bounds (``until``) by putting the
-loop that computes the stop condition first and fusing every earlier loop over that dim into it.
+sign analysis in ``symbolic.bounds``. It handles dynamic bounds (``until``) by running first,
+in one forward loop, what the stop condition needs (fusing those loops into it), and
+everything else over that dim, or reading its bound, after it.
 """
 
 from __future__ import annotations
@@ -285,6 +286,8 @@ def _loops_over(
     preds = {unit_for_node[n]: {unit_for_node[p] for p in cond.predecessors(n)} for n in cond.nodes}
     done = until.get(dim)
     done_unit = unit_of.get(done.id) if done is not None and done.id in unit_of else None
+    # what the stop condition needs runs in its loop, first; what needs the bound, after it
+    stop_needs = _after_the_stop(dim, sccs, carried, preds, done_unit)
 
     out: list[Stmt] = []
     pending_a: list[Op] = []
@@ -305,6 +308,8 @@ def _loops_over(
 
     while remaining:
         ready = sorted(u for u in remaining if preds[u] <= emitted)
+        if done_unit is not None and done_unit not in emitted:
+            ready = [u for u in ready if u == done_unit or u in stop_needs]
         loop_units = [u for u in ready if u in carried]
         a_units = [u for u in ready if u not in carried]
         waiting_for_done = group is not None and done_unit is not None and done_unit not in emitted
@@ -431,6 +436,63 @@ def _add(group: _Group, comp: list[Op], direction: bool | None, deps: list[Dep],
             elif rel in (FUTURE, STRICT_FUTURE):
                 group.forward = False
     group.ops.extend(comp)
+
+
+def _after_the_stop(
+    dim: Dim,
+    sccs: list[list[Op]],
+    carried: Mapping[int, object],
+    preds: dict[int, set[int]],
+    done_unit: int | None,
+) -> set[int]:
+    """The units the stop condition of ``dim`` needs; every other unit outside ``dim`` that
+    needs its bound is ordered after the stop (in ``preds``).
+
+    ``dim``'s bound is known once the loop that ends it (``ctx.until``) has run. Until then
+    only what the stop condition needs may run, in that one forward loop: a backward
+    recurrence that does not feed it waits for the bound rather than being fused in front
+    (which would make the stopping loop run backward). An op outside that loop reads the
+    bound through its shape, a per-point attribute (a mean's count is a ``full`` of the
+    bound) or an index (``x[T - 1]``), often with no edge from the loop that would order it
+    after; placed before, it would read a bound nobody set. One the stop condition itself
+    needs can never run: an error naming it.
+    """
+    if done_unit is None:
+        return set()
+    bound = dim.bound
+    needed_by_stop: set[int] = set()
+    stack = [done_unit]
+    while stack:
+        for p in preds[stack.pop()]:
+            if p not in needed_by_stop:
+                needed_by_stop.add(p)
+                stack.append(p)
+    for k, comp in enumerate(sccs):
+        if k in carried or k == done_unit or not any(_reads_bound(op, bound) for op in comp):
+            continue
+        if k in needed_by_stop:
+            raise BoundError(
+                f"dim {dim.name} ends when {sccs[done_unit][0].label} holds, which needs "
+                f"{comp[0].label}, which needs {bound.name}: known only once {dim.name} has ended"
+            )
+        preds[k].add(done_unit)
+    return needed_by_stop
+
+
+def _reads_bound(op: Op, bound: Symbol) -> bool:
+    """Whether ``op`` needs ``bound``'s value: in its shape, an attribute evaluated per point
+    or an index it reads at."""
+    items: list[object] = [*op.shape]
+    items += [op.attrs[a] for a in prims.get(op.prim).point_attrs if a in op.attrs]
+    for e in op.inputs:
+        items += e.index
+    while items:
+        x = items.pop()
+        if isinstance(x, (tuple, list)):
+            items.extend(x)
+        elif isinstance(x, (Expr, Slice)) and bound in x.symbols():
+            return True
+    return False
 
 
 def _make_loop(group: _Group, deps: list[Dep], rest: tuple[Dim, ...], dim: Dim, until) -> Loop:
