@@ -67,6 +67,7 @@ FLAGS: tuple[str, ...] = (
     "host",  # an effect: host(v), a host function called at every point of v's domain
     "matmul",  # v @ M with a constant (S, S) matrix M (spatial values only)
     "sink",  # ctx.sink(x, fn): fn gets x at every point (checked when compiled with effects)
+    "until_cap",  # ctx.until(t, c) with c never true: t is dynamic and runs to its cap (t only)
 )
 
 DIM_BOUND = {"t": "T", "i": "I"}
@@ -830,6 +831,8 @@ class Program:
     tensors: list[TensorDef]
     grad: bool = False
     sinks: tuple[str, ...] = ()  # tensors whose every point a sink receives
+    # t ends by ``ctx.until`` on a condition that never holds: a dynamic dim, run to its cap
+    until: bool = False
 
     def __repr__(self) -> str:
         return f"<program using {', '.join(sorted(self.used)) or 'no flagged construct'}>"
@@ -858,6 +861,8 @@ class Program:
             out.add("linear")
         if self.sinks:
             out.add("sink")
+        if self.until:
+            out.add("until_cap")
         for t in self.tensors:
             exprs = ([t.expr] if t.expr is not None else []) + [e for _, e in t.branches]
             for e in exprs:
@@ -898,6 +903,9 @@ class Program:
                             b.tensors[g.name][where.key(b, g.domain)] = expr.build(b)
             for name in self.sinks:
                 ctx.sink(b.tensors[name], b.recorder(name))
+            if self.until:
+                u = b.tensors[self.inputs[0].name]
+                ctx.until(b.sym["t"], (u * u).sum() > 1e6)  # |u| < 1: never
             if self.grad:
                 z = b.tensors[self.loss_of.name]
                 loss = (z * z).sum()
@@ -994,6 +1002,9 @@ class Program:
             lines.append(
                 f'    ctx.sink({name}, lambda value, point: print("{name}", point, value))'
             )
+        if self.until:
+            u = self.inputs[0].name
+            lines.append(f"    ctx.until(t, ({u} * {u}).sum() > 1e6)")
         outs = [t.name for t in self.outputs]
         if self.grad:
             z = self.loss_of.name
@@ -1198,7 +1209,8 @@ class Generator:
         if self.flag("sink") and ch.chance(30):
             names = [t.name for t in tensors if t.kind != "input"]
             sinks = tuple(sorted({ch.pick(names) for _ in range(ch.int(1, 2))}))
-        return Program(dims, self.n, tensors, grad=self.grad, sinks=sinks)
+        until = self.flag("until_cap") and dims == ("t",) and ch.chance(20)
+        return Program(dims, self.n, tensors, grad=self.grad, sinks=sinks, until=until)
 
     def full_scope(self, dims: tuple) -> Scope:
         return Scope({d: 0 for d in dims}, {d: 0 for d in dims})
