@@ -868,6 +868,22 @@ def test_until_reads_ahead_that_the_stop_does_not_need_run_after_it(backend):
         close(got_r, np.array(want))
 
 
+def test_until_a_branch_at_the_last_point_runs_once_the_length_is_known(backend):
+    # x[t.eq(T - 1)] is guarded by the length the stopping loop finds: computed inside that
+    # loop, its guard saw the cap and it ran at no point the loop reached
+    u = np.arange(10.0)
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, domain=(t,), dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
+        x[t.eq(T - 1)] = U[0 : t + 1].mean(0) * 10.0
+        x[True] = U
+        ctx.until(t, U >= 3.0)
+    for optimize in (True, False):
+        got = tl.evaluate(x, bounds={T: 10}, backend=backend, optimize=optimize)
+        close(got, [0.0, 1.0, 2.0, 15.0])
+
+
 def test_attention_over_the_prefix(backend):
     """Dynamic shapes: scores over x[0:t+1], a softmax over that dynamic axis, a weighted sum."""
     u = np.random.RandomState(30).randn(7, 3).astype(np.float32)

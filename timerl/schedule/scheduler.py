@@ -287,7 +287,7 @@ def _loops_over(
     done = until.get(dim)
     done_unit = unit_of.get(done.id) if done is not None and done.id in unit_of else None
     # what the stop condition needs runs in its loop, first; what needs the bound, after it
-    stop_needs = _after_the_stop(dim, sccs, carried, preds, done_unit)
+    stop_needs, late = _after_the_stop(dim, sccs, carried, preds, done_unit)
 
     out: list[Stmt] = []
     pending_a: list[Op] = []
@@ -316,7 +316,13 @@ def _loops_over(
         choice = None
         if group is not None:
             choice = next(
-                (u for u in loop_units if _fusable(group, sccs[u], carried[u], deps, dim)), None
+                (
+                    u
+                    for u in loop_units
+                    if _fusable(group, sccs[u], carried[u], deps, dim)
+                    and not (group.until is not None and u in late)
+                ),
+                None,
             )
         if choice is not None:
             _add(group, sccs[choice], carried[choice], deps, dim)
@@ -444,21 +450,25 @@ def _after_the_stop(
     carried: Mapping[int, object],
     preds: dict[int, set[int]],
     done_unit: int | None,
-) -> set[int]:
-    """The units the stop condition of ``dim`` needs; every other unit outside ``dim`` that
-    needs its bound is ordered after the stop (in ``preds``).
+) -> tuple[set[int], set[int]]:
+    """The units the stop condition of ``dim`` needs, and the units over ``dim`` that must
+    run in a loop after the stopping one; every unit that needs the bound and not the stop
+    is ordered after the stop (in ``preds``).
 
     ``dim``'s bound is known once the loop that ends it (``ctx.until``) has run. Until then
     only what the stop condition needs may run, in that one forward loop: a backward
     recurrence that does not feed it waits for the bound rather than being fused in front
-    (which would make the stopping loop run backward). An op outside that loop reads the
-    bound through its shape, a per-point attribute (a mean's count is a ``full`` of the
-    bound) or an index (``x[T - 1]``), often with no edge from the loop that would order it
-    after; placed before, it would read a bound nobody set. One the stop condition itself
-    needs can never run: an error naming it.
+    (which would make the stopping loop run backward). While it runs, the loop's guards see
+    the cap as the bound (``runtime/executor``): right for what the stop needs (a step
+    computed at every point, as far as the loop goes), wrong for an op guarded to the last
+    point (``x[t.eq(T - 1)] = ...``), which joins no stopping loop. An op outside that loop
+    reads the bound through its shape, a per-point attribute (a mean's count is a ``full``
+    of the bound) or an index (``x[T - 1]``), often with no edge from the loop that would
+    order it after; placed before, it would read a bound nobody set. One the stop condition
+    itself needs can never run: an error naming it.
     """
     if done_unit is None:
-        return set()
+        return set(), set()
     bound = dim.bound
     needed_by_stop: set[int] = set()
     stack = [done_unit]
@@ -467,8 +477,16 @@ def _after_the_stop(
             if p not in needed_by_stop:
                 needed_by_stop.add(p)
                 stack.append(p)
+    late: set[int] = set()
     for k, comp in enumerate(sccs):
-        if k in carried or k == done_unit or not any(_reads_bound(op, bound) for op in comp):
+        if k == done_unit or (k in carried and k in needed_by_stop):
+            continue
+        if k in carried:
+            if any(_reads_bound(op, bound) or _guard_reads_bound(op, bound) for op in comp):
+                late.add(k)
+                preds[k].add(done_unit)
+            continue
+        if not any(_reads_bound(op, bound) for op in comp):
             continue
         if k in needed_by_stop:
             raise BoundError(
@@ -476,7 +494,12 @@ def _after_the_stop(
                 f"{comp[0].label}, which needs {bound.name}: known only once {dim.name} has ended"
             )
         preds[k].add(done_unit)
-    return needed_by_stop
+    return needed_by_stop, late
+
+
+def _guard_reads_bound(op: Op, bound: Symbol) -> bool:
+    """Whether ``op``'s guard or the conditions of its reads mention ``bound``."""
+    return bound in op.guard.symbols() or any(bound in e.cond.symbols() for e in op.inputs)
 
 
 def _reads_bound(op: Op, bound: Symbol) -> bool:
