@@ -67,10 +67,13 @@ FLAGS: tuple[str, ...] = (
     "host",  # an effect: host(v), a host function called at every point of v's domain
     "matmul",  # v @ M with a constant (S, S) matrix M (spatial values only)
     "sink",  # ctx.sink(x, fn): fn gets x at every point (checked when compiled with effects)
-    "until_cap",  # ctx.until(t, c) with c never true: t is dynamic and runs to its cap (t only)
+    "until",  # ctx.until(t, stop): t is dynamic, ended by data (inputs run past it; t only)
 )
 
 DIM_BOUND = {"t": "T", "i": "I"}
+# the value of an input's rows past the point where ``until`` ends t: far outside the (-1, 1)
+# of the rows a program reads, so a read past the end shows in the values
+PAST = 7.0
 
 
 SPEC_FLAG = {
@@ -831,8 +834,10 @@ class Program:
     tensors: list[TensorDef]
     grad: bool = False
     sinks: tuple[str, ...] = ()  # tensors whose every point a sink receives
-    # t ends by ``ctx.until`` on a condition that never holds: a dynamic dim, run to its cap
-    until: bool = False
+    # t ends by ``ctx.until`` at its last point ``n["t"] - 1``, with a cap this many points
+    # further: inputs over t get that many more rows (``PAST``, never read), and a ``stop``
+    # input is 1 at the end (None: t is static)
+    until: int | None = None
 
     def __repr__(self) -> str:
         return f"<program using {', '.join(sorted(self.used)) or 'no flagged construct'}>"
@@ -861,8 +866,8 @@ class Program:
             out.add("linear")
         if self.sinks:
             out.add("sink")
-        if self.until:
-            out.add("until_cap")
+        if self.until is not None:
+            out.add("until")
         for t in self.tensors:
             exprs = ([t.expr] if t.expr is not None else []) + [e for _, e in t.branches]
             for e in exprs:
@@ -881,7 +886,7 @@ class Program:
                     continue
                 if t.kind == "input":
                     b.tensors[t.name] = tl.from_numpy(
-                        t.array,
+                        self.padded(t),
                         domain=tuple(b.sym[d] for d in t.domain),
                         requires_grad=self.grad,
                         dtype="float64",
@@ -903,9 +908,9 @@ class Program:
                             b.tensors[g.name][where.key(b, g.domain)] = expr.build(b)
             for name in self.sinks:
                 ctx.sink(b.tensors[name], b.recorder(name))
-            if self.until:
-                u = b.tensors[self.inputs[0].name]
-                ctx.until(b.sym["t"], (u * u).sum() > 1e6)  # |u| < 1: never
+            if self.until is not None:
+                stop = tl.from_numpy(self.stop_marker(), domain=(b.sym["t"],), name="stop")
+                ctx.until(b.sym["t"], stop > 0.5)
             if self.grad:
                 z = b.tensors[self.loss_of.name]
                 loss = (z * z).sum()
@@ -917,7 +922,22 @@ class Program:
         return [t] + [g for g in self.tensors if g.group and g.group == t.name]
 
     def bounds(self, b: Builder) -> dict:
-        return {b.big[d]: self.n[d] for d in self.dims}
+        return {b.big[d]: self.n[d] + (self.until or 0) * (d == "t") for d in self.dims}
+
+    def padded(self, t: TensorDef) -> np.ndarray:
+        """An input's array, with the rows past the stop where t ends by ``until``."""
+        if self.until is None or "t" not in t.domain:
+            return t.array
+        axis = t.domain.index("t")
+        shape = list(t.array.shape)
+        shape[axis] = self.until
+        return np.concatenate([t.array, np.full(shape, PAST)], axis=axis)
+
+    def stop_marker(self) -> np.ndarray:
+        """1 at t's last point ``n["t"] - 1``, 0 before it and after it (up to the cap)."""
+        out = np.zeros(self.n["t"] + (self.until or 0))
+        out[self.n["t"] - 1] = 1.0
+        return out
 
     # -- reference
     def reference_values(self) -> dict[str, np.ndarray]:
@@ -977,7 +997,7 @@ class Program:
             if t.name in done:
                 continue
             if t.kind == "input":
-                arr = np.array2string(t.array, separator=", ", precision=17, threshold=10**6)
+                arr = np.array2string(self.padded(t), separator=", ", precision=17, threshold=10**6)
                 arr = " ".join(arr.split())
                 dom = ", ".join(t.domain) + ("," if len(t.domain) == 1 else "")
                 lines.append(
@@ -1002,16 +1022,17 @@ class Program:
             lines.append(
                 f'    ctx.sink({name}, lambda value, point: print("{name}", point, value))'
             )
-        if self.until:
-            u = self.inputs[0].name
-            lines.append(f"    ctx.until(t, ({u} * {u}).sum() > 1e6)")
+        if self.until is not None:
+            stop = " ".join(np.array2string(self.stop_marker(), separator=", ").split())
+            lines.append(f"    ctx.until(t, tl.from_numpy(np.array({stop}), domain=(t,)) > 0.5)")
         outs = [t.name for t in self.outputs]
         if self.grad:
             z = self.loss_of.name
             lines.append(f"    loss = ({z} * {z}).sum()")
             lines.append("    loss.backward()")
             outs += [f"{t.name}.grad" for t in self.inputs]
-        bounds = ", ".join(f"{DIM_BOUND[d]}: {self.n[d]}" for d in self.dims)
+        extent = {d: self.n[d] + (self.until or 0) * (d == "t") for d in self.dims}
+        bounds = ", ".join(f"{DIM_BOUND[d]}: {extent[d]}" for d in self.dims)
         lines.append(f"print(tl.evaluate([{', '.join(outs)}], bounds={{{bounds}}}))")
         return "\n".join(lines)
 
@@ -1209,7 +1230,9 @@ class Generator:
         if self.flag("sink") and ch.chance(30):
             names = [t.name for t in tensors if t.kind != "input"]
             sinks = tuple(sorted({ch.pick(names) for _ in range(ch.int(1, 2))}))
-        until = self.flag("until_cap") and dims == ("t",) and ch.chance(20)
+        until = None
+        if self.flag("until") and dims == ("t",) and not self.grad and ch.chance(20):
+            until = ch.int(0, 3)  # rows past the stop; 0: it stops at the cap
         return Program(dims, self.n, tensors, grad=self.grad, sinks=sinks, until=until)
 
     def full_scope(self, dims: tuple) -> Scope:
