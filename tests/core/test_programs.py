@@ -884,6 +884,41 @@ def test_until_a_branch_at_the_last_point_runs_once_the_length_is_known(backend)
         close(got, [0.0, 1.0, 2.0, 15.0])
 
 
+def test_until_a_dim_whose_stop_is_one_for_all_moves_outside_the_others(backend):
+    # x[i, t + 1] reads every i at t, so the loop over t must enclose the one over i; t ends
+    # by a stop that does not vary over i, so it may (it stayed inside, and was refused)
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        u = tl.from_numpy(np.arange(5.0), domain=(t,), dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t))
+        x[i, 0] = tl.full((), i) * 1.0
+        x[i, t + 1] = x[0:I, t].sum(0) + u[t]
+        ctx.until(t, u >= 2.0)
+    for optimize in (True, False):
+        got = tl.evaluate(x, bounds={I: 2, T: 5}, backend=backend, optimize=optimize)
+        close(got, [[0.0, 1.0, 3.0], [1.0, 1.0, 3.0]])
+
+
+def test_until_with_recurrences_that_need_different_loop_orders(backend):
+    # h carries across i (i outer), y reads every i at t (t outer): the two run one after the
+    # other, after the loop that finds where t ends
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        u = tl.from_numpy(np.arange(5.0), domain=(t,), dtype="float64")
+        h = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t))
+        h[0, 0] = 0.0
+        h[i + 1, 0] = h[i, T - 1]
+        h[i, t + 1] = h[i, t] + 1.0
+        y = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i, t))
+        y[i, 0] = h[0:I, 0].sum(0)
+        y[i, t + 1] = y[I - 1, t] + y[tl.max(i - 1, 0), t]
+        ctx.until(t, u >= 2.0)
+    for optimize in (True, False):
+        gh, gy = tl.evaluate([h, y], bounds={I: 2, T: 5}, backend=backend, optimize=optimize)
+        close(gh, [[0.0, 1.0, 2.0], [2.0, 3.0, 4.0]])
+        close(gy, [[2.0, 4.0, 8.0], [2.0, 4.0, 8.0]])
+
+
 def test_attention_over_the_prefix(backend):
     """Dynamic shapes: scores over x[0:t+1], a softmax over that dynamic axis, a weighted sum."""
     u = np.random.RandomState(30).randn(7, 3).astype(np.float32)

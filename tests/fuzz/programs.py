@@ -67,7 +67,7 @@ FLAGS: tuple[str, ...] = (
     "host",  # an effect: host(v), a host function called at every point of v's domain
     "matmul",  # v @ M with a constant (S, S) matrix M (spatial values only)
     "sink",  # ctx.sink(x, fn): fn gets x at every point (checked when compiled with effects)
-    "until",  # ctx.until(t, stop): t is dynamic, ended by data (inputs run past it; t only)
+    "until",  # ctx.until(t, stop): t is dynamic, ended by data (inputs run past it)
 )
 
 DIM_BOUND = {"t": "T", "i": "I"}
@@ -1231,7 +1231,7 @@ class Generator:
             names = [t.name for t in tensors if t.kind != "input"]
             sinks = tuple(sorted({ch.pick(names) for _ in range(ch.int(1, 2))}))
         until = None
-        if self.flag("until") and dims == ("t",) and not self.grad and ch.chance(20):
+        if self.flag("until") and not self.grad and ch.chance(20):
             until = ch.int(0, 3)  # rows past the stop; 0: it stops at the cap
         return Program(dims, self.n, tensors, grad=self.grad, sinks=sinks, until=until)
 

@@ -100,8 +100,14 @@ def candidates(p: Program) -> Iterator[Program]:
             continue
         q = copy.deepcopy(p)
         q.tensors = [g for g in q.tensors if g.name not in group]
+        q.sinks = tuple(name for name in q.sinks if name not in group)
         if q.outputs:
             yield _relink(q)
+    # drop the sinks, the dynamic end of t
+    if p.sinks:
+        yield dataclasses.replace(copy.deepcopy(p), sinks=())
+    if p.until is not None:
+        yield dataclasses.replace(copy.deepcopy(p), until=None)
     # drop a non-final branch of a piecewise definition
     for k, t in enumerate(p.tensors):
         if t.construct == "piecewise":

@@ -178,15 +178,24 @@ def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) -> list
     order. Where that order has no valid schedule (``x[i, t + 1] = f(x[I - 1, t])``: for each
     ``t`` all of ``x[:, t]`` is needed before any ``x[:, t + 1]``, so the loop over ``i`` must
     sit inside the loop over ``t``), the other dims are tried as the outer loop in turn; if none
-    works, the error of the written order is raised. Dims with a dynamic bound are never moved.
+    works, the error of the written order is raised. A dim ended by ``until`` moves out only
+    where its stop condition does not vary over the dims it would then enclose (its length must
+    be one value there).
     """
     ids = {op.id for op in ops}
     deps = [(r, e) for r, e in deps if r.id in ids and e.src.id in ids]
     candidates = [d for d in dims if any(d in op.domain for op in ops)]
     if not candidates:
         return _point_order(ops, deps)
-    if any(d in until for d in candidates):
-        candidates = candidates[:1]
+    # a dim ended by ``until`` whose stop varies over another dim here has one length per
+    # point of that dim: its loop stays where it is written, inside them
+    per_point = [
+        d
+        for d in candidates
+        if d in until and any(c in until[d].domain for c in candidates if c is not d)
+    ]
+    if per_point:
+        candidates = candidates[:1] + [d for d in candidates[1:] if d not in per_point]
     first: CycleError | None = None
     for dim in candidates:
         rest = tuple(d for d in dims if d is not dim)
@@ -195,7 +204,7 @@ def _level(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) -> list
         except CycleError as exc:
             first = first or exc
     assert first is not None
-    if not any(d in until for d in candidates):
+    if not per_point:
         out = _distribute(ops, deps, dims, until)
         if out is not None:
             return out
@@ -220,9 +229,15 @@ def _distribute(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) ->
         return None
     cond = nx.condensation(graph, scc=comps)
     by_id = {op.id: op for op in ops}
+    # what a stop condition (``until``) needs runs first: the runs after it read its dim's
+    # length, which is known only once the loop that computes the stop has ended
+    stops = [cond.graph["mapping"][op.id] for op in until.values() if op.id in by_id]
+    first = set(stops).union(*(nx.ancestors(cond, n) for n in stops))
     order = [
         sorted((by_id[k] for k in cond.nodes[n]["members"]), key=lambda o: o.id)
-        for n in nx.lexicographical_topological_sort(cond)
+        for n in nx.lexicographical_topological_sort(
+            cond, key=lambda n: (n not in first, min(cond.nodes[n]["members"]))
+        )
     ]
     out: list[Stmt] = []
     run: list[Op] = []
