@@ -1231,7 +1231,7 @@ class Generator:
             names = [t.name for t in tensors if t.kind != "input"]
             sinks = tuple(sorted({ch.pick(names) for _ in range(ch.int(1, 2))}))
         until = None
-        if self.flag("until") and not self.grad and ch.chance(20):
+        if self.flag("until") and ch.chance(20):
             until = ch.int(0, 3)  # rows past the stop; 0: it stops at the cap
         return Program(dims, self.n, tensors, grad=self.grad, sinks=sinks, until=until)
 
