@@ -235,9 +235,7 @@ def _distribute(ops: list[Op], deps: list[Dep], dims: tuple[Dim, ...], until) ->
     first = set(stops).union(*(nx.ancestors(cond, n) for n in stops))
     order = [
         sorted((by_id[k] for k in cond.nodes[n]["members"]), key=lambda o: o.id)
-        for n in nx.lexicographical_topological_sort(
-            cond, key=lambda n: (n not in first, min(cond.nodes[n]["members"]))
-        )
+        for n in nx.lexicographical_topological_sort(cond, key=lambda n: (n not in first, n))
     ]
     out: list[Stmt] = []
     run: list[Op] = []
