@@ -826,18 +826,26 @@ def test_until_per_outer_iteration_lengths(backend):
     close(got, np.array(want, dtype=np.float64))
 
 
+def _until_three(backend, define):
+    """What ``define(U, t, T)`` returns, ``t`` ended where ``U = arange(10)`` reaches 3 (so
+    ``T`` is 4), evaluated with and without the optimising passes."""
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(np.arange(10.0), domain=(t,), dtype="float64")
+        out = define(U, t, T)
+        ctx.until(t, U >= 3.0)  # defined last: what reads U's points comes first
+    return [tl.evaluate(out, bounds={T: 10}, backend=backend, optimize=o) for o in (True, False)]
+
+
 def test_until_the_length_is_read_only_once_the_dim_has_ended(backend):
     # a mean over the whole dim divides by its length, a value with no edge from the loop
     # that ends it: it must still run after that loop (it ran first, reading no length)
-    u = np.arange(10.0)
-    ctx, t, T = ctx_t()
-    with ctx:
-        U = tl.from_numpy(u, domain=(t,), dtype="float64")
+    def define(U, t, T):
         mean = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
         mean[True] = U[0:T].mean(0)
-        ctx.until(t, U >= 3.0)
-    for optimize in (True, False):
-        got = tl.evaluate(mean, bounds={T: 10}, backend=backend, optimize=optimize)
+        return mean
+
+    for got in _until_three(backend, define):
         close(got, np.full(4, 1.5))
 
 
@@ -845,22 +853,16 @@ def test_until_reads_ahead_that_the_stop_does_not_need_run_after_it(backend):
     # the stopping loop runs first and forward; what reads ahead of it (the next point, a
     # backward recurrence) runs in loops after it, over the length it found (a read ahead was
     # fused in front, making the stopping loop run backward, and the program was rejected)
-    u = np.arange(10.0)
-    ctx, t, T = ctx_t()
-    with ctx:
-        U = tl.from_numpy(u, domain=(t,), dtype="float64")
-        ahead = U[tl.min(t + 1, T - 1)] * 1.0
+    def define(U, t, T):
         r = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
         r[t.eq(T - 1)] = U
         r[True] = U + 0.5 * r[t + 1]
-        ctx.until(t, U >= 3.0)  # defined last, it reads U's points as the reads ahead do
+        return [U[tl.min(t + 1, T - 1)] * 1.0, r]
+
     want = [3.0]
     for k in (2, 1, 0):
         want.insert(0, k + 0.5 * want[0])
-    for optimize in (True, False):
-        got_ahead, got_r = tl.evaluate(
-            [ahead, r], bounds={T: 10}, backend=backend, optimize=optimize
-        )
+    for got_ahead, got_r in _until_three(backend, define):
         close(got_ahead, [1.0, 2.0, 3.0, 3.0])
         close(got_r, np.array(want))
 
@@ -868,16 +870,13 @@ def test_until_reads_ahead_that_the_stop_does_not_need_run_after_it(backend):
 def test_until_a_branch_at_the_last_point_runs_once_the_length_is_known(backend):
     # x[t.eq(T - 1)] is guarded by the length the stopping loop finds: computed inside that
     # loop, its guard saw the cap and it ran at no point the loop reached
-    u = np.arange(10.0)
-    ctx, t, T = ctx_t()
-    with ctx:
-        U = tl.from_numpy(u, domain=(t,), dtype="float64")
+    def define(U, t, T):
         x = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(t,))
         x[t.eq(T - 1)] = U[0 : t + 1].mean(0) * 10.0
         x[True] = U
-        ctx.until(t, U >= 3.0)
-    for optimize in (True, False):
-        got = tl.evaluate(x, bounds={T: 10}, backend=backend, optimize=optimize)
+        return x
+
+    for got in _until_three(backend, define):
         close(got, [0.0, 1.0, 2.0, 15.0])
 
 
