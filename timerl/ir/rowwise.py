@@ -38,10 +38,16 @@ def chunk_rows(row_bytes: int, chunk_bytes: int | None = None) -> int:
     return max(1, size // max(int(row_bytes), 1))
 
 
+def slab_rows(out_cols: int, itemsize: int) -> int:
+    """How many rows of a product with ``out_cols`` columns one slab of ``SLAB_BYTES`` holds
+    (at least one)."""
+    return max(1, SLAB_BYTES // max(out_cols * itemsize, 1))
+
+
 def slab_bytes(out_rows: int, out_cols: int, itemsize: int) -> int:
     """Bytes of the slab ``add_transposed_product`` allocates for an ``out`` of this shape
     (none where the whole product is one step)."""
-    step = max(1, SLAB_BYTES // max(out_cols * itemsize, 1))
+    step = slab_rows(out_cols, itemsize)
     return 0 if step >= out_rows else step * out_cols * itemsize
 
 
@@ -64,7 +70,7 @@ def add_transposed_product(out: np.ndarray, rows: np.ndarray, g: np.ndarray) -> 
     reader's working memory is its chunk of rows and that slab.
     """
     k, n = out.shape
-    step = max(1, SLAB_BYTES // max(n * out.dtype.itemsize, 1))
+    step = slab_rows(n, out.dtype.itemsize)
     if step >= k:
         out += dense_matmul(rows.T, g)
         return
@@ -103,7 +109,7 @@ def dense_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) ->
     # A slab of ``out``'s rows at a time, so the blocks' partial products need a buffer of
     # ``SLAB_BYTES``, not a second ``out`` (3 MiB for a first-layer weight gradient). Each
     # element is summed over the same blocks in the same order: the same bits, and no slower.
-    rows = max(1, SLAB_BYTES // max(n * out.dtype.itemsize, 1))
+    rows = slab_rows(n, out.dtype.itemsize)
     part = np.empty((min(rows, m), n), dtype=out.dtype)
     for r in range(0, m, rows):
         slab, a_rows = out[r : r + rows], a[r : r + rows]
