@@ -150,15 +150,15 @@ def schedule_program(
     ops = list(ops)
     try:
         return ops, schedule(ops, dims, until)
-    except CycleError as exc:
-        pins = pin_points(ops, fixed)
+    except (CycleError, BoundError) as exc:
+        pins = pin_points(ops, fixed, until)
         if not pins:
             raise
-        pinned = pin(ops, pins, dims)
+        pinned = pin(ops, pins, dims, fixed)
         by_id = {op.id: op for op in pinned}
         try:
             return pinned, schedule(pinned, dims, {d: by_id[op.id] for d, op in until.items()})
-        except CycleError:
+        except (CycleError, BoundError):
             raise exc from None
 
 
