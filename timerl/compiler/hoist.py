@@ -13,15 +13,23 @@ gather of identical copies would then need an explicit broadcast).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
-from timerl.ir.graph import Op, consumers, copy_graph
-from timerl.symbolic import Dim, Expr, Slice
+from timerl.ir.graph import Op, consumers, copy_graph, mentions
+from timerl.symbolic import Bound, Dim, Expr, Slice
 
 
-def _uses(op: Op, domains: dict[int, tuple[Dim, ...]]) -> set[Dim]:
-    """Dims of the op's own domain that its value depends on."""
+def _uses(
+    op: Op, domains: dict[int, tuple[Dim, ...]], ragged: Mapping[Bound, frozenset[Dim]]
+) -> set[Dim]:
+    """Dims of the op's own domain that its value depends on (a length that ``until`` sets
+    per point of other dims depends on those)."""
     used: set[Dim] = set()
+    for bound, dims in ragged.items():
+        if mentions(op, bound):
+            used |= dims
     for e in op.inputs:
         src_domain = domains.get(e.src.id, e.src.domain)
         for d, idx in zip(e.src.domain, e.index, strict=True):
@@ -46,6 +54,7 @@ def hoist_invariants(spec: ProgramSpec) -> ProgramSpec:
     """The program with each pure op's domain cut to the dims its value depends on."""
     roots = {r.id for r in spec.roots}
     readers = consumers(spec.ops)
+    ragged = spec.ragged
     domains: dict[int, tuple[Dim, ...]] = {}
     work = [op for op in reversed(spec.ops) if op.id not in roots and _movable(op)]
     queued = {op.id for op in work}
@@ -53,7 +62,7 @@ def hoist_invariants(spec: ProgramSpec) -> ProgramSpec:
         op = work.pop()
         queued.discard(op.id)
         current = domains.get(op.id, op.domain)
-        keep = tuple(d for d in current if d in _uses(op, domains))
+        keep = tuple(d for d in current if d in _uses(op, domains, ragged))
         if keep == current:
             continue
         gone = set(current) - set(keep)

@@ -21,6 +21,7 @@ from timerl.compiler.donation import plan_donations
 from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
 from timerl.compiler.incrementalize import incrementalize
+from timerl.compiler.ragged import spread_ragged_bounds
 from timerl.compiler.reuse import enabled as reuse_enabled
 from timerl.compiler.reuse import reuse_first_iteration
 from timerl.compiler.scan import enabled as scan_enabled
@@ -150,6 +151,7 @@ def _rewritten(
 
     rewrite("dead code", eliminate_dead_code, "dead ops removed")
     check_not_empty(list(spec.ops))
+    rewrite("ragged lengths", spread_ragged_bounds)
     # before any pass sizes a dim: a bound left out is the user's error, named as such
     check_bounds(list(spec.ops), spec.check_bounds)
     if optimize:

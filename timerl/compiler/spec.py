@@ -41,6 +41,18 @@ class ProgramSpec:
         """Ops whose values outlive the run: outputs and the dynamic stops."""
         return {op.id for op in self.outputs} | {op.id for op in self.until.values()}
 
+    @property
+    def ragged(self) -> dict[Bound, frozenset[Dim]]:
+        """The bounds of dims ended by ``until`` whose stop varies over other dims too, and
+        those dims: each of their points has a length of its own (``done[i, t]``: one
+        episode length per ``i``)."""
+        out: dict[Bound, frozenset[Dim]] = {}
+        for dim, stop in self.until.items():
+            others = frozenset(stop.domain) - {dim}
+            if others:
+                out[dim.bound] = others
+        return out
+
     def with_ops(self, ops: Sequence[Op]) -> ProgramSpec:
         """The same program over a rewritten graph (roots are found again by id)."""
         by_id = {op.id: op for op in ops}

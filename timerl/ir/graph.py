@@ -174,6 +174,21 @@ def carried(edge: Edge, dim: Dim) -> bool:
     return False
 
 
+def mentions(op: Op, symbol: Any) -> bool:
+    """Whether ``symbol`` (a dim or a bound) appears in ``op``'s shape, attributes, guard, or
+    the index or condition of a read."""
+    items: list[Any] = [*op.shape, *op.attrs.values(), op.guard]
+    for e in op.inputs:
+        items += [*e.index, e.cond]
+    while items:
+        x = items.pop()
+        if isinstance(x, (tuple, list)):
+            items.extend(x)
+        elif isinstance(x, (Expr, Slice, Condition)) and symbol in x.symbols():
+            return True
+    return False
+
+
 def iter_edges(ops: Iterable[Op]) -> Iterator[tuple[Op, Edge]]:
     for op in ops:
         for e in op.inputs:
@@ -191,8 +206,8 @@ def copy_graph(
 
     ``redirect`` maps an op id to the op its readers read instead (merged duplicates, folded
     constants); redirected ops are dropped. ``guards`` gives copied ops their domain condition.
-    ``domains`` gives ops a smaller domain (hoisted out of loops): edges reading such an op
-    drop their index for the dims it lost.
+    ``domains`` gives ops another domain: edges reading such an op drop their index for the
+    dims it lost (hoisted out of loops) and read a dim it gained at their own point.
     Ops are created first and wired second, because recurrences make the graph cyclic.
     """
     redirect = redirect or {}
@@ -217,7 +232,8 @@ def copy_graph(
     def reindex(old: Op, src: Op, index: tuple[Index, ...]) -> tuple[Index, ...]:
         if src.domain == old.domain:
             return index
-        return tuple(i for d, i in zip(old.domain, index, strict=True) if d in src.domain)
+        given = dict(zip(old.domain, index, strict=True))
+        return tuple(given.get(d, d) for d in src.domain)
 
     for op in kept:
         new[op.id].inputs = [
