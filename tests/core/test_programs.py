@@ -973,6 +973,75 @@ def test_until_per_iteration_with_suffix_returns(backend):
     close(gr, [np.cumsum(w[::-1])[::-1] for w in want_x])
 
 
+@pytest.mark.parametrize("optimize", [True, False])
+def test_until_a_base_case_that_reads_an_input_at_the_first_point(backend, optimize):
+    # ``r[0] * 0.5`` has no dim t but reads r over t, and the stop needs it: it runs inside
+    # the stopping loop, at t = 0, rather than after a loop over r of its own (and once more
+    # after it, where it is asked for too)
+    r_np = np.random.default_rng(0).uniform(-1.0, 1.0, 12)
+    ctx, t, T = ctx_t()
+    with ctx:
+        r = tl.from_numpy(r_np, domain=(t,), dtype="float64")
+        start = r[0] * 0.5
+        x = tl.RecurrentTensor.placeholder((), domain=(t,), dtype="float64")
+        x[0] = start
+        x[t + 1] = x + r.abs()
+        ctx.until(t, x >= 2.0)
+        total = x[0:T].sum(0)
+    for outputs in ([x, total], [x, total, start]):
+        got = tl.evaluate(outputs, backend=backend, optimize=optimize)
+        want = [r_np[0] * 0.5]
+        while want[-1] < 2.0:
+            want.append(want[-1] + abs(r_np[len(want) - 1]))
+        close(got[0], np.array(want))
+        close(got[1], sum(want))
+        if len(outputs) == 3:
+            close(got[2], r_np[0] * 0.5)
+
+
+def _ragged(define, backend="numpy", optimize=True):
+    """``define(i, t, T, r)``'s values, ``t`` ended per ``i`` after 3, 7 and 5 points of
+    ``r`` (uniform in (-1, 1)); also returns ``r`` and the lengths."""
+    r_np = np.random.default_rng(1).uniform(-1.0, 1.0, (3, 12))
+    lengths = [3, 7, 5]
+    stop_np = np.zeros((3, 12))
+    stop_np[range(3), np.array(lengths) - 1] = 1.0
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        r = tl.from_numpy(r_np, domain=(i, t), dtype="float64")
+        ctx.until(t, tl.from_numpy(stop_np, domain=(i, t)) > 0.5)
+        out = define(i, t, T, r)
+    return tl.evaluate(out, backend=backend, optimize=optimize), r_np, lengths
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_until_per_outer_iteration_mean_and_last_point(backend, optimize):
+    # the mean's count (a full of T, written without i) is each i's own length
+    (mean, last), r_np, lengths = _ragged(
+        lambda i, t, T, r: [r[i, 0:T].mean(0), r[i, T - 1]], backend, optimize
+    )
+    close(mean, np.array([r_np[k, :n].mean() for k, n in enumerate(lengths)]))
+    close(last, np.array([r_np[k, n - 1] for k, n in enumerate(lengths)]))
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_until_per_outer_iteration_carry_through_a_tensor_over_the_outer_dim(backend, optimize):
+    def define(i, t, T, r):
+        h = tl.RecurrentTensor.placeholder((), domain=(i, t), dtype="float64")
+        last = h[i, T - 1] * 1.0  # an op over i: each i's own last point
+        h[0, 0] = 0.0
+        h[i + 1, 0] = last[i]
+        h[i, t + 1] = h[i, t] + r[i, t]
+        return h
+
+    h, r_np, lengths = _ragged(define, backend, optimize)
+    carry = 0.0
+    for k, n in enumerate(lengths):
+        want = carry + np.concatenate([[0.0], np.cumsum(r_np[k, : n - 1])])
+        close(h[k], want)
+        carry = want[-1]
+
+
 def test_sink_under_until_sees_only_the_episode(backend):
     ctx, t, T = ctx_t()
     seen = []
