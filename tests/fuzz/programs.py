@@ -838,6 +838,10 @@ class Program:
     # further: inputs over t get that many more rows (``PAST``, never read), and a ``stop``
     # input is 1 at the end (None: t is static)
     until: int | None = None
+    # the stop also reads a value without t taken from a point of an input over t (``(stop -
+    # 0.5) * (w[0] + 1) > 0``, w in (0.5, 1.5)): what the stop needs from before its loop
+    # that reads a loop's point runs inside the stopping loop, at that point
+    until_reads_a_point: bool = False
 
     def __repr__(self) -> str:
         return f"<program using {', '.join(sorted(self.used)) or 'no flagged construct'}>"
@@ -910,7 +914,11 @@ class Program:
                 ctx.sink(b.tensors[name], b.recorder(name))
             if self.until is not None:
                 stop = tl.from_numpy(self.stop_marker(), domain=(b.sym["t"],), name="stop")
-                ctx.until(b.sym["t"], stop > 0.5)
+                if self.until_reads_a_point:
+                    w = tl.from_numpy(self.stop_weights(), domain=(b.sym["t"],), name="w")
+                    ctx.until(b.sym["t"], (stop - 0.5) * (w[0] + 1.0) > 0.0)
+                else:
+                    ctx.until(b.sym["t"], stop > 0.5)
             if self.grad:
                 z = b.tensors[self.loss_of.name]
                 loss = (z * z).sum()
@@ -938,6 +946,10 @@ class Program:
         out = np.zeros(self.n["t"] + (self.until or 0))
         out[self.n["t"] - 1] = 1.0
         return out
+
+    def stop_weights(self) -> np.ndarray:
+        """``w`` of ``until_reads_a_point``: positive, so the stop holds where the marker does."""
+        return np.linspace(0.5, 1.5, self.n["t"] + (self.until or 0))
 
     # -- reference
     def reference_values(self) -> dict[str, np.ndarray]:
@@ -1024,7 +1036,13 @@ class Program:
             )
         if self.until is not None:
             stop = " ".join(np.array2string(self.stop_marker(), separator=", ").split())
-            lines.append(f"    ctx.until(t, tl.from_numpy(np.array({stop}), domain=(t,)) > 0.5)")
+            lines.append(f"    stop = tl.from_numpy(np.array({stop}), domain=(t,))")
+            if self.until_reads_a_point:
+                w = " ".join(np.array2string(self.stop_weights(), separator=", ").split())
+                lines.append(f"    w = tl.from_numpy(np.array({w}), domain=(t,))")
+                lines.append("    ctx.until(t, (stop - 0.5) * (w[0] + 1.0) > 0.0)")
+            else:
+                lines.append("    ctx.until(t, stop > 0.5)")
         outs = [t.name for t in self.outputs]
         if self.grad:
             z = self.loss_of.name
@@ -1230,10 +1248,19 @@ class Generator:
         if self.flag("sink") and ch.chance(30):
             names = [t.name for t in tensors if t.kind != "input"]
             sinks = tuple(sorted({ch.pick(names) for _ in range(ch.int(1, 2))}))
-        until = None
+        until, reads_a_point = None, False
         if self.flag("until") and ch.chance(20):
             until = ch.int(0, 3)  # rows past the stop; 0: it stops at the cap
-        return Program(dims, self.n, tensors, grad=self.grad, sinks=sinks, until=until)
+            reads_a_point = ch.chance(50)
+        return Program(
+            dims,
+            self.n,
+            tensors,
+            grad=self.grad,
+            sinks=sinks,
+            until=until,
+            until_reads_a_point=reads_a_point,
+        )
 
     def full_scope(self, dims: tuple) -> Scope:
         return Scope({d: 0 for d in dims}, {d: 0 for d in dims})
