@@ -379,21 +379,22 @@ def test_placeholder_and_from_numpy_domain_checks():
 
 
 def _ragged_program(define):
-    """A context whose t ends per i (``done[i, t]``), with ``define(i, t, T, r)``'s outputs."""
+    """A context whose t ends per i (``done[i, t]``), with ``define(i, t, I, T, r)``'s
+    outputs."""
 
     def build():
         ctx, i, t, I, T = ctx_it()
         with ctx:
             r = tl.from_numpy(np.ones((3, 6)), domain=(i, t))
             ctx.until(t, r > 2.0)
-            outputs = define(i, t, T, r)
+            outputs = define(i, t, I, T, r)
         return ctx, outputs, []
 
     return build
 
 
 def test_a_read_of_another_outer_point_at_a_per_point_length_is_refused():
-    def define(i, t, T, r):
+    def define(i, t, I, T, r):
         h = tl.RecurrentTensor.placeholder((), domain=(i, t)).named("h")
         h[0, 0] = 0.0
         h[i + 1, 0] = h[i, T - 1]  # which T: i's or i + 1's?
@@ -406,13 +407,23 @@ def test_a_read_of_another_outer_point_at_a_per_point_length_is_refused():
 
 
 def test_an_output_without_the_dim_a_per_point_length_varies_over_is_refused():
-    def define(i, t, T, r):
+    def define(i, t, I, T, r):
         return [tl.full((), T).named("length")]
 
     msg = _compile_error(_ragged_program(define), tl.BoundError)
     assert msg.startswith("length (defined at")
-    assert "needs T, which has its own value at each point of i" in msg
+    assert "depends on a length that ctx.until sets at each point of i" in msg
     assert "a tensor asked for without i" in msg
+
+
+def test_a_read_of_another_outer_point_that_may_have_ended_is_refused():
+    def define(i, t, I, T, r):
+        return [r[0:I, t].sum(0).named("across")]
+
+    msg = _compile_error(_ragged_program(define), tl.BoundError)
+    assert msg.startswith("across (defined at")
+    assert "at another i than its own and a point of t that i may not have" in msg
+    assert "Only t = 0 exists at every i" in msg
 
 
 def test_until_checks():

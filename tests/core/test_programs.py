@@ -1025,6 +1025,23 @@ def test_until_per_outer_iteration_mean_and_last_point(backend, optimize):
 
 
 @pytest.mark.parametrize("optimize", [True, False])
+def test_until_per_outer_iteration_with_a_schedule_over_t_alone(backend, optimize):
+    # c and its running sum are over t without i: their points run to each i's own length
+    c_np = np.linspace(0.0, 1.0, 12)
+
+    def define(i, t, T, r):
+        c = tl.from_numpy(c_np, domain=(t,), dtype="float64")
+        s = tl.RecurrentTensor.placeholder((), domain=(t,), dtype="float64")
+        s[0] = 0.0
+        s[t + 1] = s[t] + c[t]
+        return r * c + s
+
+    got, r_np, lengths = _ragged(define, backend, optimize)
+    for k, n in enumerate(lengths):
+        close(got[k], r_np[k, :n] * c_np[:n] + np.concatenate([[0.0], np.cumsum(c_np[: n - 1])]))
+
+
+@pytest.mark.parametrize("optimize", [True, False])
 def test_until_per_outer_iteration_carry_through_a_tensor_over_the_outer_dim(backend, optimize):
     def define(i, t, T, r):
         h = tl.RecurrentTensor.placeholder((), domain=(i, t), dtype="float64")

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from timerl.compiler.ragged import varies_along
 from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
-from timerl.ir.graph import Op, consumers, copy_graph, mentions
+from timerl.ir.graph import Op, consumers, copy_graph
 from timerl.symbolic import Bound, Dim, Expr, Slice
 
 
@@ -26,10 +27,7 @@ def _uses(
 ) -> set[Dim]:
     """Dims of the op's own domain that its value depends on (a length that ``until`` sets
     per point of other dims depends on those)."""
-    used: set[Dim] = set()
-    for bound, dims in ragged.items():
-        if mentions(op, bound):
-            used |= dims
+    used = varies_along(op, ragged)
     for e in op.inputs:
         src_domain = domains.get(e.src.id, e.src.domain)
         for d, idx in zip(e.src.domain, e.index, strict=True):

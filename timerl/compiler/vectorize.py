@@ -54,10 +54,11 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
+from timerl.compiler.ragged import varies_along
 from timerl.compiler.spec import ProgramSpec
 from timerl.errors import TimerlError
 from timerl.ir import prims
-from timerl.ir.graph import Edge, Op, View, carried, consumers, mentions
+from timerl.ir.graph import Edge, Op, View, carried, consumers
 from timerl.ir.validate import _grid, exclusive_conditions, validate
 from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, as_expr, vevaluate
 
@@ -522,9 +523,8 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
         raise Decline(f"primitive {op.prim} has no batching rule")
     if dim.bound not in spec.static:
         raise Decline(f"{dim.bound.name} is known only when its loop ends (ctx.until)")
-    for bound, dims in spec.ragged.items():
-        if dim in dims and mentions(op, bound):
-            raise Decline(f"it reads {bound.name}, which has its own value at each {dim.name}")
+    if dim in varies_along(op, spec.ragged):
+        raise Decline(f"it depends on a length ctx.until sets at each {dim.name}")
     free = _DIM_ATTRS.get(op.prim, ())
     for name, value in op.attrs.items():
         if name not in _HIDDEN and name not in free and _mentions(value, dim):

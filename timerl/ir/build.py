@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sysconfig
 from typing import Any
 
 import numpy as np
@@ -14,14 +15,19 @@ from timerl.ir.graph import Op, View
 from timerl.symbolic import Condition, Dim, Expr
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Python's own modules: ``with ctx:`` leaves the context through contextlib, which is no site
+# of the user's
+_STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"])
 
 
 def user_site() -> str | None:
-    """``file:line`` of the innermost caller outside the timerl package, for error messages."""
+    """``file:line`` of the innermost caller outside the timerl package and Python's own
+    modules, for error messages."""
     frame = inspect.currentframe()
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PKG_DIR):
+        python = path.startswith(_STDLIB_DIR) and "site-packages" not in path
+        if not path.startswith(_PKG_DIR) and not python:
             return (
                 f"{os.path.relpath(path) if not path.startswith('..') else path}:{frame.f_lineno}"
             )
