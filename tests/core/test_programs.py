@@ -1042,6 +1042,25 @@ def test_until_per_outer_iteration_with_a_schedule_over_t_alone(backend, optimiz
 
 
 @pytest.mark.parametrize("optimize", [True, False])
+def test_until_per_outer_iteration_lengths_read_again_by_a_later_loop(backend, optimize):
+    # reading u ahead over i (u[i:I]) runs the stop in a backward loop over i, and x in a
+    # second, forward one: each of its loops over t runs to its own i's length
+    u_np = np.arange(1.0, 4.0)
+
+    def define(i, t, T, r):
+        u = tl.from_numpy(u_np, domain=(i,), dtype="float64")
+        x = tl.RecurrentTensor.placeholder((), domain=(i, t), dtype="float64")
+        x[t.eq(0)] = u[i : tl.min(i + 2, 3)].sum(0) + u[0 : i + 1].sum(0)
+        x[True] = x[i, t - 1] + r[i, t]
+        return x
+
+    got, r_np, lengths = _ragged(define, backend, optimize)
+    for k, n in enumerate(lengths):
+        first = u_np[k : k + 2].sum() + u_np[: k + 1].sum()
+        close(got[k], first + np.concatenate([[0.0], np.cumsum(r_np[k, 1:n])]))
+
+
+@pytest.mark.parametrize("optimize", [True, False])
 def test_until_per_outer_iteration_carry_through_a_tensor_over_the_outer_dim(backend, optimize):
     def define(i, t, T, r):
         h = tl.RecurrentTensor.placeholder((), domain=(i, t), dtype="float64")

@@ -115,6 +115,7 @@ class CodeGen:
         donations: Mapping[int, int] | None = None,
     ) -> None:
         self.schedule = schedule
+        self._ragged = schedule.ragged_lengths()
         self.plan = StorePlan(schedule, storage or {})
         # op id -> input position it writes into; a donor's point leaves its store there
         self.donations = dict(donations or {})
@@ -682,6 +683,7 @@ class CodeGen:
         if loop is outer:
             self.emit(depth, "CTL.before()")
             self.emit(depth, f"for {d} in range(CTL.start, {b}):")
+            self._recorded_lengths(loop.dim, depth + 1)
             self.body(loop.body, depth + 1, outer, loop)
             self.emit(depth + 1, f"CTL.after({d})")
             return
@@ -689,6 +691,7 @@ class CodeGen:
             rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
             frame = self._enter(loop) if self.fusion is None else None
             self.emit(depth, f"for {d} in {rng}:")
+            self._recorded_lengths(loop.dim, depth + 1)
             self.body(loop.body, depth + 1, outer, loop)
             if frame is not None:
                 self._leave(frame, depth)
@@ -711,6 +714,15 @@ class CodeGen:
         outer_pt = self.key_src([self.names.of(x) for x in done.domain if x is not loop.dim])
         self.emit(depth, f"CTL.lengths[{self.const('BOUND', loop.dim.bound)}][{outer_pt}] = {b}")
 
+    def _recorded_lengths(self, dim: Dim, depth: int) -> None:
+        """Take the lengths ``until`` set at this point of ``dim`` again
+        (``Schedule.ragged_lengths``): a loop over ``i`` after the stop's reads each ``i``'s."""
+        for bound, dims in self._ragged.get(dim, ()):
+            b = self.names.of(bound)
+            lengths = f"CTL.lengths[{self.const('BOUND', bound)}]"
+            point = self.key_src([self.names.of(x) for x in dims])
+            self.emit(depth, f"{b} = {lengths}.get({point}, {b})")
+
     def _fused_iterations(self, loop: Loop, body: Any, depth: int, outer: Loop | None) -> None:
         d = self.names.of(loop.dim)
         b = self.names.of(loop.dim.bound)
@@ -720,6 +732,7 @@ class CodeGen:
         else:
             rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
             self.emit(depth, f"for {d} in {rng}:")
+        self._recorded_lengths(loop.dim, depth + 1)
         self.bodies.emit(body, depth + 1)
         if loop is outer:
             self.emit(depth + 1, f"CTL.after({d})")
@@ -790,8 +803,13 @@ class CodeGen:
             + "\n"
         )
         # bounds used before assignment (dynamic ones read outside their loop) fail clearly
+        taken_again = {b for ragged in self._ragged.values() for b, _ in ragged}
         for s, name in self.names.sym.items():
-            if isinstance(s, Bound) and s not in static_bounds and f"{name} = " not in src:
+            if (
+                isinstance(s, Bound)
+                and s not in static_bounds
+                and (f"{name} = " not in src or s in taken_again)
+            ):
                 src = src.replace(
                     "def run(STORES, M, C, CTL):\n",
                     f"def run(STORES, M, C, CTL):\n    {name} = None\n",

@@ -28,7 +28,17 @@ from timerl.runtime.codegen import CodeGen
 from timerl.runtime.heap import TRIM_PEAK, HeapTrim, release_free_heap
 from timerl.runtime.stores import BlockStore, StorePlan, StreamStore, TierMeter
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
-from timerl.symbolic import TRUE, Bound, Condition, Const, Expr, Slice, Symbol, compile_exprs
+from timerl.symbolic import (
+    TRUE,
+    Bound,
+    Condition,
+    Const,
+    Dim,
+    Expr,
+    Slice,
+    Symbol,
+    compile_exprs,
+)
 
 
 @dataclass
@@ -128,6 +138,7 @@ class Executor:
         spare_blocks: Iterable[int] = (),
     ) -> None:
         self.schedule = schedule
+        self._ragged = schedule.ragged_lengths()
         # False: numpy's huge-page advice is off while this runs (``heap.numpy_huge_pages``)
         self.huge_page_advice = huge_page_advice
         self.keep_freed_pages = keep_freed_pages  # runtime/heap.py; not under a memory budget
@@ -614,6 +625,13 @@ class Executor:
             else:
                 self._run_loop(stmt, env)
 
+    def _recorded_lengths(self, dim: Dim, env: dict) -> None:
+        """The lengths ``until`` set at this point of ``dim`` (``Schedule.ragged_lengths``)."""
+        for bound, dims in self._ragged.get(dim, ()):
+            known = self.dynamic_values[bound].get(tuple(env.get(d) for d in dims))
+            if known is not None:
+                env[bound] = known
+
     def _run_loop(self, loop: Loop, env: dict) -> None:
         self._allocate_blocks(loop, env)
         dim, bound = loop.dim, loop.dim.bound
@@ -622,6 +640,7 @@ class Executor:
                 self._before_outer()
             for p in range(self._start, env[bound]):
                 env[dim] = p
+                self._recorded_lengths(dim, env)
                 self._run_body(loop.body, env)
                 self._trim.after_iteration(self.stats.memory.peak)
                 if self._on_iteration is not None:
@@ -633,6 +652,7 @@ class Executor:
             points = range(n) if loop.forward else range(n - 1, -1, -1)
             for p in points:
                 env[dim] = p
+                self._recorded_lengths(dim, env)
                 self._run_body(loop.body, env)
             env.pop(dim, None)
             return

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from timerl.ir.graph import Op
-from timerl.symbolic import Dim, Expr
+from timerl.symbolic import Bound, Dim, Expr
 
 
 @dataclass(eq=False)
@@ -82,6 +82,21 @@ class Schedule:
 
     def loops(self) -> list[Loop]:
         return [s for s in self.statements() if isinstance(s, Loop)]
+
+    def ragged_lengths(self) -> dict[Dim, list[tuple[Bound, tuple[Dim, ...]]]]:
+        """Per dim, the lengths a loop ended by ``until`` sets at each of its points (with the
+        dims they are kept by): ``done[i, t]`` sets ``T`` once per ``i``. A run takes the
+        recorded ``T`` again at each point of a later loop over ``i`` (a loop over ``t``, or
+        an op reading ``T``, the scheduler placed in another loop over ``i`` than the stop's)."""
+        out: dict[Dim, list[tuple[Bound, tuple[Dim, ...]]]] = {}
+        for loop in self.loops():
+            if loop.until is None:
+                continue
+            others = tuple(d for d in loop.until.domain if d is not loop.dim)
+            for d in others:
+                if (loop.dim.bound, others) not in out.setdefault(d, []):
+                    out[d].append((loop.dim.bound, others))
+        return out
 
     def summary(self, names: int = 10) -> str:
         """The schedule's shape: each loop, and for each run of statements between loops how
