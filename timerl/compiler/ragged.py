@@ -85,7 +85,7 @@ def _check_read(op: Op, e: Edge, ragged: Mapping[Bound, frozenset[Dim]]) -> None
         for d in dims:
             if index.get(d, d) is d:
                 continue
-            if any(bound in x.symbols() for x in (*e.index, e.cond)):
+            if dim in index and any(bound in x.symbols() for x in e.index):
                 raise _elsewhere(op, e, d, bound)
             if dim in index and index[dim] != Const(0):
                 raise _beyond(op, e, d, dim)
