@@ -97,7 +97,16 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def _compare(kind: str, name: str, got: object, want: np.ndarray, program: Program, cfg: Config):
+def _compare(kind: str, name: str, got: object, want: object, program: Program, cfg: Config):
+    if isinstance(want, list):  # one array per episode (``Program.lengths``)
+        parts = list(got) if isinstance(got, (list, tuple, np.ndarray)) else []
+        if len(parts) != len(want):
+            raise Finding(
+                kind, f"{name} on {cfg}: {len(parts)} episodes, want {len(want)}", program
+            )
+        for k, (g, w) in enumerate(zip(parts, want, strict=True)):
+            _compare(kind, f"{name}[{k}]", g, w, program, cfg)
+        return
     got_arr = np.asarray(got, dtype=np.float64) if not isinstance(got, list) else None
     if got_arr is None or got_arr.shape != want.shape:
         shape = got_arr.shape if got_arr is not None else "a ragged list"
@@ -204,7 +213,11 @@ def _compare_sinks(program: Program, sunk: dict, want: dict, cfg: Config) -> Non
         points = [p for p, _ in got]
         expected = want[name]
         t = next(t for t in program.tensors if t.name == name)
-        every = sorted(np.ndindex(*expected.shape[: len(t.domain)]))
+        if isinstance(expected, list):  # one array per episode
+            every = [(k, q) for k, rows in enumerate(expected) for q in range(len(rows))]
+            expected = {p: expected[p[0]][p[1]] for p in every}
+        else:
+            every = sorted(np.ndindex(*expected.shape[: len(t.domain)]))
         if sorted(points) != every:
             raise Finding(
                 "sink mismatch",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -784,19 +784,42 @@ def host_function(a: Any) -> np.ndarray:
 
 
 class Reference:
-    """The independent evaluator: each point computed on demand, memoised, first branch wins."""
+    """The independent evaluator: each point computed on demand, memoised, first branch wins.
+
+    With per-episode lengths (``Program.lengths``) ``T`` is the length of the episode being
+    computed: a tensor over i sets it from its point, and one without i (a schedule over t
+    alone) computes its points for the episode that reads them.
+    """
 
     def __init__(self, program: Program, xp: Any, leaves: dict[str, Any]) -> None:
         self.program = program
-        self.n = program.n
         self.xp = xp
         self.leaves = leaves
         self.memo: dict[tuple, Any] = {}
+        self.lengths = program.lengths
+        self.sizes = [dict(program.n)]  # the sizes of the dims for the episode being computed
+
+    @property
+    def n(self) -> dict[str, int]:
+        return self.sizes[-1]
 
     def value(self, t: TensorDef, point: tuple) -> Any:
+        if self.lengths is None:
+            return self._value(t, point, (t.name, point))
+        if "i" not in t.domain:  # computed for the episode that reads it
+            return self._value(t, point, (t.name, point, self.n["t"]))
+        episode = point[t.domain.index("i")]
+        if not 0 <= episode < self.program.n["i"]:
+            raise IndexError(f"generator bug: {t.name} read at {point}, outside its domain")
+        self.sizes.append({**self.program.n, "t": self.lengths[episode]})
+        try:
+            return self._value(t, point, (t.name, point))
+        finally:
+            self.sizes.pop()
+
+    def _value(self, t: TensorDef, point: tuple, key: tuple) -> Any:
         if not all(0 <= p < self.n[d] for d, p in zip(t.domain, point, strict=True)):
             raise IndexError(f"generator bug: {t.name} read at {point}, outside its domain")
-        key = (t.name, point)
         if key in self.memo:
             return self.memo[key]
         if t.kind == "input":
@@ -820,7 +843,14 @@ class Reference:
         return v
 
     def whole(self, t: TensorDef) -> Any:
-        """All points of ``t``, domain axes leading (as ``tl.evaluate`` returns them)."""
+        """All points of ``t``, domain axes leading (as ``tl.evaluate`` returns them); with
+        per-episode lengths, a tensor over (i, t) is a list of each episode's points."""
+        if self.lengths is not None and "t" in t.domain:
+            assert t.domain == ("i", "t"), f"generator bug: {t.name} over t without i"
+            return [
+                self.xp.stack([self.value(t, (k, q)) for q in range(n)], t.shape)
+                for k, n in enumerate(self.lengths)
+            ]
         points = list(itertools.product(*(range(self.n[d]) for d in t.domain)))
         items = [self.value(t, p) for p in points]
         full = self.xp.stack(items, t.shape)
@@ -842,6 +872,10 @@ class Program:
     # 0.5) * (w[0] + 1) > 0``, w in (0.5, 1.5)): what the stop needs from before its loop
     # that reads a loop's point runs inside the stopping loop, at that point
     until_reads_a_point: bool = False
+    # with ``until`` on (i, t): each i ends t after its own number of points (``n["t"]`` to
+    # ``n["t"] + until``), the stop condition over (i, t); inputs over t get rows of their own
+    # up to the longest episode (``ragged_rows``), then ``PAST`` (None: one length for all)
+    lengths: tuple[int, ...] | None = None
 
     def __repr__(self) -> str:
         return f"<program using {', '.join(sorted(self.used)) or 'no flagged construct'}>"
@@ -872,6 +906,8 @@ class Program:
             out.add("sink")
         if self.until is not None:
             out.add("until")
+        if self.lengths is not None:
+            out.add("ragged")
         for t in self.tensors:
             exprs = ([t.expr] if t.expr is not None else []) + [e for _, e in t.branches]
             for e in exprs:
@@ -913,7 +949,8 @@ class Program:
             for name in self.sinks:
                 ctx.sink(b.tensors[name], b.recorder(name))
             if self.until is not None:
-                stop = tl.from_numpy(self.stop_marker(), domain=(b.sym["t"],), name="stop")
+                over = tuple(b.sym[d] for d in self.stop_domain)
+                stop = tl.from_numpy(self.stop_marker(), domain=over, name="stop")
                 if self.until_reads_a_point:
                     w = tl.from_numpy(self.stop_weights(), domain=(b.sym["t"],), name="w")
                     ctx.until(b.sym["t"], (stop - 0.5) * (w[0] + 1.0) > 0.0)
@@ -930,30 +967,65 @@ class Program:
         return [t] + [g for g in self.tensors if g.group and g.group == t.name]
 
     def bounds(self, b: Builder) -> dict:
-        return {b.big[d]: self.n[d] + (self.until or 0) * (d == "t") for d in self.dims}
+        return {b.big[d]: self.cap if d == "t" else self.n[d] for d in self.dims}
 
-    def padded(self, t: TensorDef) -> np.ndarray:
-        """An input's array, with the rows past the stop where t ends by ``until``."""
-        if self.until is None or "t" not in t.domain:
+    @property
+    def cap(self) -> int:
+        return self.n["t"] + (self.until or 0)
+
+    @property
+    def stop_domain(self) -> tuple[str, ...]:
+        return ("i", "t") if self.lengths is not None else ("t",)
+
+    def rows(self, t: TensorDef) -> np.ndarray:
+        """An input's values: its array, and with per-episode lengths rows of its own up to the
+        longest episode (drawn from the array's values, so the same program draws them
+        alike)."""
+        if self.lengths is None or "t" not in t.domain:
             return t.array
         axis = t.domain.index("t")
+        extra = max(self.lengths) - self.n["t"]
+        rng = np.random.RandomState(int(abs(t.array.sum()) * 1e6) % 2**31)
         shape = list(t.array.shape)
-        shape[axis] = self.until
-        return np.concatenate([t.array, np.full(shape, PAST)], axis=axis)
+        shape[axis] = extra
+        return np.concatenate([t.array, rng.uniform(-1.0, 1.0, shape)], axis=axis)
+
+    def padded(self, t: TensorDef) -> np.ndarray:
+        """An input's array, with the rows past the stop where t ends by ``until`` (past each
+        episode's own end where episodes have lengths of their own)."""
+        rows = self.rows(t)
+        if self.until is None or "t" not in t.domain:
+            return rows
+        axis = t.domain.index("t")
+        shape = list(rows.shape)
+        shape[axis] = self.cap - rows.shape[axis]
+        out = np.concatenate([rows, np.full(shape, PAST)], axis=axis)
+        if self.lengths is not None and "i" in t.domain:
+            at_i = t.domain.index("i")
+            for k, n in enumerate(self.lengths):
+                index: list = [slice(None)] * out.ndim
+                index[at_i], index[axis] = k, slice(n, None)
+                out[tuple(index)] = PAST
+        return out
 
     def stop_marker(self) -> np.ndarray:
-        """1 at t's last point ``n["t"] - 1``, 0 before it and after it (up to the cap)."""
-        out = np.zeros(self.n["t"] + (self.until or 0))
-        out[self.n["t"] - 1] = 1.0
+        """1 at t's last point (``n["t"] - 1``, or each episode's own), 0 before it and after it
+        (up to the cap)."""
+        if self.lengths is None:
+            out = np.zeros(self.cap)
+            out[self.n["t"] - 1] = 1.0
+            return out
+        out = np.zeros((len(self.lengths), self.cap))
+        out[range(len(self.lengths)), np.array(self.lengths) - 1] = 1.0
         return out
 
     def stop_weights(self) -> np.ndarray:
         """``w`` of ``until_reads_a_point``: positive, so the stop holds where the marker does."""
-        return np.linspace(0.5, 1.5, self.n["t"] + (self.until or 0))
+        return np.linspace(0.5, 1.5, self.cap)
 
     # -- reference
     def reference_values(self) -> dict[str, np.ndarray]:
-        leaves = {t.name: t.array for t in self.inputs}
+        leaves = {t.name: self.rows(t) for t in self.inputs}
         ref = Reference(self, NumpyOps, leaves)
         return {t.name: ref.whole(t) for t in self.outputs}
 
@@ -1036,7 +1108,8 @@ class Program:
             )
         if self.until is not None:
             stop = " ".join(np.array2string(self.stop_marker(), separator=", ").split())
-            lines.append(f"    stop = tl.from_numpy(np.array({stop}), domain=(t,))")
+            over = ", ".join(self.stop_domain) + ("," if len(self.stop_domain) == 1 else "")
+            lines.append(f"    stop = tl.from_numpy(np.array({stop}), domain=({over}))")
             if self.until_reads_a_point:
                 w = " ".join(np.array2string(self.stop_weights(), separator=", ").split())
                 lines.append(f"    w = tl.from_numpy(np.array({w}), domain=(t,))")
@@ -1049,7 +1122,7 @@ class Program:
             lines.append(f"    loss = ({z} * {z}).sum()")
             lines.append("    loss.backward()")
             outs += [f"{t.name}.grad" for t in self.inputs]
-        extent = {d: self.n[d] + (self.until or 0) * (d == "t") for d in self.dims}
+        extent = {d: self.cap if d == "t" else self.n[d] for d in self.dims}
         bounds = ", ".join(f"{DIM_BOUND[d]}: {extent[d]}" for d in self.dims)
         lines.append(f"print(tl.evaluate([{', '.join(outs)}], bounds={{{bounds}}}))")
         return "\n".join(lines)
@@ -1070,6 +1143,43 @@ class Scope:
     lo: dict[str, int]
     hi: dict[str, int]
     fixed: frozenset = frozenset()
+
+
+def _nodes(e: Expr) -> Iterator[Expr]:
+    yield e
+    for f in getattr(e, "__dataclass_fields__", {}):
+        child = getattr(e, f)
+        if isinstance(child, Expr):
+            yield from _nodes(child)
+
+
+def _per_episode(tensors: list[TensorDef]) -> bool:
+    """Whether the (i, t) program means the same with a length of t per i: every tensor it
+    computes is over i (one without i would have no length of its own), and nothing reads
+    another i's point of a tensor over (i, t), which some lengths would leave out (timerl
+    refuses such reads; each episode is computed alone), and no host function (an effect)
+    runs without i, as often as no length says."""
+    for t in tensors:
+        if t.kind == "input":
+            continue
+        if "i" not in t.domain:
+            return False
+        at = t.domain.index("i")
+        if any(isinstance(w, Write) and w.specs[at].kind == "shift" for w, _ in t.branches):
+            return False
+        exprs = ([t.expr] if t.expr is not None else []) + [e for _, e in t.branches]
+        for node in (node for e in exprs for node in _nodes(e)):
+            if isinstance(node, Unary) and node.op == "host" and "i" not in node.dims:
+                return False
+            if not isinstance(node, Read):
+                continue
+            dom = node.src.domain
+            # an alias is a view: read at another i, it reads its source there (and at the
+            # reader's T, where its index names T)
+            spread = "t" in dom or node.src.construct == "alias"
+            if "i" in dom and spread and node.specs[dom.index("i")].kind != "cur":
+                return False
+    return True
 
 
 class Generator:
@@ -1248,10 +1358,12 @@ class Generator:
         if self.flag("sink") and ch.chance(30):
             names = [t.name for t in tensors if t.kind != "input"]
             sinks = tuple(sorted({ch.pick(names) for _ in range(ch.int(1, 2))}))
-        until, reads_a_point = None, False
+        until, reads_a_point, lengths = None, False, None
         if self.flag("until") and ch.chance(20):
             until = ch.int(0, 3)  # rows past the stop; 0: it stops at the cap
             reads_a_point = ch.chance(50)
+            if two and not self.grad and _per_episode(tensors) and ch.chance(50):
+                lengths = tuple(self.n["t"] + ch.int(0, until) for _ in range(self.n["i"]))
         return Program(
             dims,
             self.n,
@@ -1260,6 +1372,7 @@ class Generator:
             sinks=sinks,
             until=until,
             until_reads_a_point=reads_a_point,
+            lengths=lengths,
         )
 
     def full_scope(self, dims: tuple) -> Scope:

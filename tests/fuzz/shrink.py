@@ -107,7 +107,9 @@ def candidates(p: Program) -> Iterator[Program]:
     if p.sinks:
         yield dataclasses.replace(copy.deepcopy(p), sinks=())
     if p.until is not None:
-        yield dataclasses.replace(copy.deepcopy(p), until=None)
+        yield dataclasses.replace(copy.deepcopy(p), until=None, lengths=None)
+    if p.lengths is not None:
+        yield dataclasses.replace(copy.deepcopy(p), lengths=None)
     # drop a non-final branch of a piecewise definition
     for k, t in enumerate(p.tensors):
         if t.construct == "piecewise":
@@ -136,6 +138,8 @@ def candidates(p: Program) -> Iterator[Program]:
             q = copy.deepcopy(p)
             q.n = dict(p.n)
             q.n[d] -= 1
+            if q.lengths is not None:  # each episode one point shorter, or one episode fewer
+                q.lengths = tuple(n - 1 for n in q.lengths) if d == "t" else q.lengths[: q.n["i"]]
             for t in q.inputs:
                 for axis, e in enumerate(t.domain):
                     if e == d:
