@@ -416,6 +416,22 @@ def test_an_output_without_the_dim_a_per_point_length_varies_over_is_refused():
     assert "a tensor asked for without i" in msg
 
 
+def test_a_gradient_that_gathers_other_episodes_points_is_refused():
+    def build():
+        ctx, i, t, I, T = ctx_it()
+        with ctx:
+            w = tl.from_numpy(np.ones(3), domain=(i,), requires_grad=True, dtype="float64")
+            r = tl.from_numpy(np.ones((3, 6)), domain=(i, t), dtype="float64")
+            ctx.until(t, r > 2.0)
+            y = r * w[tl.max(i - 1, 0)]  # the previous episode's weight, at every t
+            y.sum().backward()
+        return ctx, [w.grad], []
+
+    msg = _compile_error(build, tl.BoundError)
+    assert msg.startswith("a gradient reads vjp(")
+    assert "the transpose of a read of another i" in msg
+
+
 def test_a_read_of_another_outer_point_that_may_have_ended_is_refused():
     def define(i, t, I, T, r):
         return [r[0:I, t].sum(0).named("across")]

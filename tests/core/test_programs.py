@@ -1024,6 +1024,28 @@ def test_until_per_outer_iteration_mean_and_last_point(backend, optimize):
     close(last, np.array([r_np[k, n - 1] for k, n in enumerate(lengths)]))
 
 
+def test_until_per_outer_iteration_gradient_of_each_episodes_mean(backend):
+    torch = pytest.importorskip("torch")
+    ctx, i, t, I, T = ctx_it()
+    r_np = np.random.default_rng(2).uniform(-1.0, 1.0, (3, 12))
+    lengths = [3, 7, 5]
+    stop_np = np.zeros((3, 12))
+    stop_np[range(3), np.array(lengths) - 1] = 1.0
+    with ctx:
+        r = tl.from_numpy(r_np, domain=(i, t), dtype="float64", requires_grad=True)
+        ctx.until(t, tl.from_numpy(stop_np, domain=(i, t)) > 0.5)
+        y = (r * 2.0).tanh()
+        loss = (y * y)[i, 0:T].mean(0)[0:I].sum(0)
+        loss.backward()
+    got_loss, got_grad = tl.evaluate([loss, r.grad], backend=backend)
+    ref = torch.tensor(r_np, requires_grad=True)
+    want = sum(((ref[k, :n] * 2.0).tanh() ** 2).mean() for k, n in enumerate(lengths))
+    want.backward()
+    close(got_loss, want.item())
+    for k, n in enumerate(lengths):
+        close(got_grad[k], ref.grad.numpy()[k, :n])
+
+
 @pytest.mark.parametrize("optimize", [True, False])
 def test_until_per_outer_iteration_with_a_schedule_over_t_alone(backend, optimize):
     # c and its running sum are over t without i: their points run to each i's own length

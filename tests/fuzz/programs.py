@@ -1034,20 +1034,27 @@ class Program:
         import torch
 
         leaves = {
-            t.name: torch.tensor(t.array, dtype=torch.float64, requires_grad=True)
+            t.name: torch.tensor(self.rows(t), dtype=torch.float64, requires_grad=True)
             for t in self.inputs
         }
         ref = Reference(self, TorchOps(), leaves)
         z = ref.whole(self.loss_of)
-        total = (z * z).sum()
+        parts = z if isinstance(z, list) else [z]  # one part per episode (``lengths``)
+        total = sum((part * part).sum() for part in parts)
         names = list(leaves)
         if not total.requires_grad:  # the loss reads no input (constant indices into nothing)
-            return {k: np.zeros_like(v.detach().numpy()) for k, v in leaves.items()}
-        grads = torch.autograd.grad(total, [leaves[k] for k in names], allow_unused=True)
-        return {
+            grads = [None] * len(names)
+        else:
+            grads = torch.autograd.grad(total, [leaves[k] for k in names], allow_unused=True)
+        out = {
             k: (np.zeros_like(leaves[k].detach().numpy()) if g is None else g.numpy())
             for k, g in zip(names, grads, strict=True)
         }
+        if self.lengths is not None:  # an input over (i, t): each episode's rows
+            for t in self.inputs:
+                if t.domain == ("i", "t"):
+                    out[t.name] = [out[t.name][k, :n] for k, n in enumerate(self.lengths)]
+        return out
 
     # -- reproducer
     def source(self) -> str:
@@ -1153,14 +1160,19 @@ def _nodes(e: Expr) -> Iterator[Expr]:
             yield from _nodes(child)
 
 
-def _per_episode(tensors: list[TensorDef]) -> bool:
+def _per_episode(tensors: list[TensorDef], grad: bool) -> bool:
     """Whether the (i, t) program means the same with a length of t per i: every tensor it
     computes is over i (one without i would have no length of its own), and nothing reads
     another i's point of a tensor over (i, t), which some lengths would leave out (timerl
     refuses such reads; each episode is computed alone), and no host function (an effect)
-    runs without i, as often as no length says."""
+    runs without i, as often as no length says. With gradients, no input is over t alone
+    (its gradient would be a tensor asked for over t without i), and no tensor over (i, t)
+    reads another i (the transpose of that read would gather other episodes' points, which
+    timerl refuses)."""
     for t in tensors:
         if t.kind == "input":
+            if grad and "t" in t.domain and "i" not in t.domain:
+                return False
             continue
         if "i" not in t.domain:
             return False
@@ -1176,7 +1188,7 @@ def _per_episode(tensors: list[TensorDef]) -> bool:
             dom = node.src.domain
             # an alias is a view: read at another i, it reads its source there (and at the
             # reader's T, where its index names T)
-            spread = "t" in dom or node.src.construct == "alias"
+            spread = "t" in dom or node.src.construct == "alias" or (grad and "t" in t.domain)
             if "i" in dom and spread and node.specs[dom.index("i")].kind != "cur":
                 return False
     return True
@@ -1362,7 +1374,7 @@ class Generator:
         if self.flag("until") and ch.chance(20):
             until = ch.int(0, 3)  # rows past the stop; 0: it stops at the cap
             reads_a_point = ch.chance(50)
-            if two and not self.grad and _per_episode(tensors) and ch.chance(50):
+            if two and _per_episode(tensors, self.grad) and ch.chance(50):
                 lengths = tuple(self.n["t"] + ch.int(0, until) for _ in range(self.n["i"]))
         return Program(
             dims,

@@ -102,6 +102,8 @@ def _error(op: Op, dims: set[Dim], kind: str) -> BoundError:
 
 def _elsewhere(op: Op, edge: Edge, dim: Dim, bound: Bound) -> BoundError:
     d, b = dim.name, bound.name
+    if _gradient(edge):
+        return _transposed(op, edge, dim)
     return BoundError(
         f"{op.where()} reads {edge!r}, at another {d} than its own, but {b} in a read is the "
         f"length at the reader's {d} (ctx.until's stop varies over {d}). Compute the value "
@@ -112,9 +114,25 @@ def _elsewhere(op: Op, edge: Edge, dim: Dim, bound: Bound) -> BoundError:
 
 def _beyond(op: Op, edge: Edge, dim: Dim, ragged: Dim) -> BoundError:
     d, t = dim.name, ragged.name
+    if _gradient(edge):
+        return _transposed(op, edge, dim)
     return BoundError(
         f"{op.where()} reads {edge!r}, at another {d} than its own and a point of {t} that "
         f"{d} may not have: ctx.until ends {t} at its own point for each {d}. Only {t} = 0 "
         f"exists at every {d}; read a tensor over {d} alone (a per-{d} value such as "
         f"x[{d}, 0:{ragged.bound.name}].sum(0)) at another {d}"
+    )
+
+
+def _gradient(edge: Edge) -> bool:
+    return (edge.src.name or "").startswith("vjp(")
+
+
+def _transposed(op: Op, edge: Edge, dim: Dim) -> BoundError:
+    d = dim.name
+    return BoundError(
+        f"a gradient reads {edge!r} (for {op.label}), at other points of {d} than its own: it "
+        f"is the transpose of a read of another {d} by a tensor that also runs over a dim "
+        f"ctx.until ends at its own point for each {d}, and it would gather points some "
+        f"episodes do not have. Read that value at the reader's own {d} (or detach it)"
     )
