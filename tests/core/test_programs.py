@@ -1016,12 +1016,16 @@ def _ragged(define, backend="numpy", optimize=True):
 
 @pytest.mark.parametrize("optimize", [True, False])
 def test_until_per_outer_iteration_mean_and_last_point(backend, optimize):
-    # the mean's count (a full of T, written without i) is each i's own length
-    (mean, last), r_np, lengths = _ragged(
-        lambda i, t, T, r: [r[i, 0:T].mean(0), r[i, T - 1]], backend, optimize
+    # the mean's count (a full of T, written without i) is each i's own length; every
+    # episode has a point 0, so the previous one's may be read
+    (mean, last, first), r_np, lengths = _ragged(
+        lambda i, t, T, r: [r[i, 0:T].mean(0), r[i, T - 1], r[tl.max(i - 1, 0), 0]],
+        backend,
+        optimize,
     )
     close(mean, np.array([r_np[k, :n].mean() for k, n in enumerate(lengths)]))
     close(last, np.array([r_np[k, n - 1] for k, n in enumerate(lengths)]))
+    close(first, r_np[[0, 0, 1], 0])
 
 
 def test_until_per_outer_iteration_gradient_of_each_episodes_mean(backend):

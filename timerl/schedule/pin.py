@@ -171,5 +171,5 @@ def pin(
             edges.append(Edge(src, index, e.cond))
         new[op.id].inputs = edges
         if op.id in read:
-            read[op.id].inputs = list(edges)
+            read[op.id].inputs = [Edge(e.src, e.index, e.cond) for e in edges]
     return [*new.values(), *read.values()]
