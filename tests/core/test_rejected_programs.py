@@ -647,3 +647,31 @@ def test_backward_recurrence_with_a_window_gradient(n, backend):
             xv, g0, g1 = tl.evaluate([x, U0.grad, U1.grad], backend=backend, optimize=optimize)
             close(xv, _backward_window_ref(u0, u1)[0], rtol=1e-12, atol=1e-12)
             _check_grads([g0, g1], lambda a, b: _backward_window_ref(a, b)[1], [u0, u1])
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_two_step_recurrence_through_a_detach(backend, optimize):
+    """``softmax`` subtracts its detached max: the step's ops behind the ``detach`` read the
+    tensor ahead of their own point too, so they are retimed with the rest (a CycleError
+    "reads both earlier and later points" before)."""
+    u = _arr(2, 3, seed=17)
+
+    def ref(a):
+        x = np.zeros((5, 3))
+        x[0], x[1] = a[0], a[1]
+        for k in range(2, 5):
+            z = np.exp(x[k - 1] - x[k - 1].max())
+            x[k] = z / z.sum() + 0.5 * x[k - 2]
+        return x, float((x * x).sum())
+
+    ctx, t, T = ctx_t()
+    with ctx:
+        U = tl.from_numpy(u, requires_grad=True, dtype="float64")
+        x = tl.RecurrentTensor.placeholder((3,), "float64", domain=(t,))
+        x[0] = U[0]
+        x[1] = U[1]
+        x[t + 2] = x[t + 1].softmax(-1) + x[t] * 0.5
+        (x * x).sum().backward()
+    xv, gu = tl.evaluate([x, U.grad], bounds={T: 5}, backend=backend, optimize=optimize)
+    close(xv, ref(u)[0], rtol=1e-12, atol=1e-12)
+    _check_grads([gu], lambda a: ref(a)[1], [u])

@@ -34,7 +34,7 @@ def _shifts(view: View) -> dict[Dim, Expr] | None:
 def _clonable(op: Op) -> bool:
     t = prims.get(op.prim).traits
     return (
-        not (t.piecewise or t.host or t.constant or t.stops_gradient)
+        not (t.piecewise or t.host or t.constant)
         and not op.effect
         and bool(op.inputs)
         and op.domain != ()
@@ -45,8 +45,10 @@ def retime(view: View, target: Op) -> View:
     """A view with the same values as ``view`` whose op is read at its own point.
 
     Only ops that lead back to ``target`` (the tensor being defined) are cloned: those carry the
-    recurrence; anything else, and everything behind a ``detach``, is read at the shifted index
-    instead, so no computation is duplicated for nothing.
+    recurrence; anything else is read at the shifted index instead, so no computation is
+    duplicated for nothing. A ``detach`` stops gradients, not dependences: an op behind it that
+    reads ``target`` ahead (``softmax``'s detached max) is cloned too, or it would sit in a
+    cycle with ``target`` reading both earlier and later points.
     """
     memo: dict[tuple, Op] = {}
     reaching = _reaching(view.op, target)
@@ -60,7 +62,7 @@ def retime(view: View, target: Op) -> View:
 
 
 def _reaching(start: Op, target: Op) -> set[int]:
-    """Ids of the ops reachable from ``start`` (not through ``detach``) that reach ``target``.
+    """Ids of the ops reachable from ``start`` that reach ``target``.
 
     Found backwards from ``target`` over the reversed edges of the explored part: a depth-first
     post-order is no topological order on a cyclic graph, and would miss ops whose only path to
@@ -74,7 +76,7 @@ def _reaching(start: Op, target: Op) -> set[int]:
         if op.id in seen:
             continue
         seen.add(op.id)
-        if op is target or prims.get(op.prim).traits.stops_gradient:
+        if op is target:
             continue
         for e in op.inputs:
             readers.setdefault(e.src.id, []).append(op)
@@ -130,13 +132,13 @@ def _reads_ahead(view: View, target: Op, wanted) -> bool:
 
 def _may_join_a_cycle(op: Op, target: Op, memo: dict[int, bool]) -> bool:
     """Whether ``op`` reads ``target`` or a tensor still open to definitions (a placeholder
-    other than ``from_numpy``'s), through anything but ``detach``: only then can a read of
-    it ahead of the point end up in a cycle with ``target``. Data read ahead (``u[t + 1]`` of
+    other than ``from_numpy``'s): only then can a read of it ahead of the point end up in a
+    cycle with ``target``. Data read ahead (``u[t + 1]`` of
     an array) is read at the shifted index as it is."""
     stack, seen = [op], set()
     while stack:
         o = stack.pop()
-        if o.id in seen or prims.get(o.prim).traits.stops_gradient:
+        if o.id in seen:
             continue
         if (
             memo.get(o.id)
