@@ -66,6 +66,8 @@ FLAGS: tuple[str, ...] = (
     "linear",  # fwd_cond/bwd_cond with a linear step: r[True] = a + c * r[t + 1] (a scan)
     "host",  # an effect: host(v), a host function called at every point of v's domain
     "matmul",  # v @ M with a constant (S, S) matrix M (spatial values only)
+    "softmax",  # v.softmax(-1), v.log_softmax(-1), v.logsumexp(-1) (spatial values only)
+    "gather",  # v.gather(-1, k), v.take(k, -1) with constant ints k, v.cumsum(-1) (spatial)
     "sink",  # ctx.sink(x, fn): fn gets x at every point (checked when compiled with effects)
     "until",  # ctx.until(t, stop): t is dynamic, ended by data (inputs run past it)
 )
@@ -251,7 +253,21 @@ class NumpyOps:
 
     @staticmethod
     def reduce(x: Any, op: str, axis: int) -> Any:
+        if op == "logsumexp":
+            top = np.max(x, axis=axis, keepdims=True)
+            return np.log(np.sum(np.exp(x - top), axis=axis)) + np.squeeze(top, axis)
         return {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op](x, axis=axis)
+
+    @staticmethod
+    def softmax(x: Any) -> Any:
+        z = np.exp(x - np.max(x, axis=-1, keepdims=True))
+        return z / np.sum(z, axis=-1, keepdims=True)
+
+    @staticmethod
+    def pick(kind: str, x: Any, index: np.ndarray) -> Any:
+        """``x`` along its last axis: at ``index`` (gather and take agree on a vector), or
+        summed up to each position (cumsum)."""
+        return np.cumsum(x, axis=-1) if kind == "cumsum" else x[..., index]
 
 
 class TorchOps:
@@ -298,8 +314,18 @@ class TorchOps:
         a, b = t.as_tensor(a, dtype=t.float64), t.as_tensor(b, dtype=t.float64)
         return t.where(c, a, b)
 
+    def softmax(self, x: Any) -> Any:
+        return self.torch.softmax(x, -1)
+
+    def pick(self, kind: str, x: Any, index: np.ndarray) -> Any:
+        t = self.torch
+        x = t.as_tensor(x, dtype=t.float64)
+        return t.cumsum(x, -1) if kind == "cumsum" else x[..., t.as_tensor(index)]
+
     def reduce(self, x: Any, op: str, axis: int) -> Any:
         t = self.torch
+        if op == "logsumexp":
+            return t.logsumexp(x, axis)
         if op == "sum":
             return x.sum(axis)
         if op == "mean":
@@ -444,6 +470,8 @@ class Unary(Expr):
             "square": lambda: v * v,
             "sin": lambda: xp.sin(v),
             "host": lambda: xp.tanh(v) * 0.5,
+            "softmax": lambda: xp.softmax(v),
+            "log_softmax": lambda: v - xp.reduce(v, "logsumexp", -1)[..., None],
         }[self.op]()
 
     def build(self, b: Builder) -> Any:
@@ -457,6 +485,8 @@ class Unary(Expr):
             "square": lambda: v * v,
             "sin": lambda: v.sin(),
             "host": lambda: b.host(v),
+            "softmax": lambda: v.softmax(-1),
+            "log_softmax": lambda: v.log_softmax(-1),
         }[self.op]()
 
     def source(self) -> str:
@@ -470,12 +500,16 @@ class Unary(Expr):
             "square": f"({s}) * ({s})",
             "sin": f"({s}).sin()",
             "host": f"host({s})",
+            "softmax": f"({s}).softmax(-1)",
+            "log_softmax": f"({s}).log_softmax(-1)",
         }[self.op]
 
     def leaves(self) -> set[str]:
         return self.x.leaves()
 
     def own_flags(self) -> set[str]:
+        if self.op in ("softmax", "log_softmax"):
+            return {"softmax"}
         return {self.op} if self.op in ("exp", "lgamma", "host") else set()
 
 
@@ -602,7 +636,7 @@ class SpatialReduce(Expr):
         return self.x.leaves()
 
     def own_flags(self) -> set[str]:
-        return {"spatial_reduce"}
+        return {"spatial_reduce"} | ({"softmax"} if self.op == "logsumexp" else set())
 
 
 @dataclass
@@ -630,6 +664,43 @@ class MatMul(Expr):
 
     def own_flags(self) -> set[str]:
         return {"matmul"}
+
+
+@dataclass
+class Pick(Expr):
+    """``x.gather(-1, k)``, ``x.take(k, -1)`` (``k`` constant ints, one per position) or
+    ``x.cumsum(-1)``: what a categorical policy's log-probability and its gradient
+    (``index_add``, ``scatter_add``) are made of."""
+
+    kind: str
+    x: Expr
+    index: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.dims, self.shape = self.x.dims, self.x.shape
+
+    def ev(self, ref: Reference, env: dict[str, int]) -> Any:
+        return ref.xp.pick(self.kind, self.x.ev(ref, env), self.index)
+
+    def build(self, b: Builder) -> Any:
+        x = self.x.build(b)
+        if self.kind == "cumsum":
+            return x.cumsum(-1)
+        k = b.tl.from_numpy(self.index, dtype="int64")
+        return x.gather(-1, k) if self.kind == "gather" else x.take(k, -1)
+
+    def source(self) -> str:
+        x = self.x.source()
+        if self.kind == "cumsum":
+            return f"({x}).cumsum(-1)"
+        k = f'tl.from_numpy(np.array({self.index.tolist()}), dtype="int64")'
+        return f"({x}).gather(-1, {k})" if self.kind == "gather" else f"({x}).take({k}, -1)"
+
+    def leaves(self) -> set[str]:
+        return self.x.leaves()
+
+    def own_flags(self) -> set[str]:
+        return {"gather"}
 
 
 # --------------------------------------------------------------------------- tensors
@@ -1283,6 +1354,8 @@ class Generator:
             kinds.append("sreduce")
         if self.flag("matmul") and self.S:
             kinds.append("matmul")
+        if self.flag("gather") and self.S:
+            kinds.append("pick")
         if self.flag("host") and not self.grad and ch.chance(15):
             kinds.append("host")
         kind = ch.pick(kinds)
@@ -1294,9 +1367,12 @@ class Generator:
             return Unary("host", self.expr(everywhere, pool, depth - 1, safe))
         sub = lambda: self.expr(scope, pool, depth - 1, selfreads)  # noqa: E731
         if kind == "unary":
+            x = sub()
             ops = ["tanh", "neg", "square", "sigmoid", "sin"]
             ops += [op for op in ("exp", "lgamma") if self.flag(op)]
-            return Unary(ch.pick(ops), sub())
+            if x.shape and self.flag("softmax"):
+                ops += ["softmax", "log_softmax"]
+            return Unary(ch.pick(ops), x)
         if kind == "binary":
             ops = ["add", "mul", "sub"] + (["maximum"] if self.flag("maximum") else [])
             return Binary(ch.pick(ops), sub(), sub())
@@ -1304,6 +1380,13 @@ class Generator:
             return Affine(sub(), ch.pick([0.5, -1.5, 2.0, 0.25]), ch.pick([0.0, 1.0, -0.5]))
         if kind == "where":
             return Where(sub(), sub(), sub())
+        if kind == "pick":
+            x = sub()
+            if not x.shape:
+                return x
+            n = x.shape[0]
+            index = np.array([ch.int(0, n - 1) for _ in range(n)], dtype=np.int64)
+            return Pick(ch.pick(["gather", "take", "cumsum"]), x, index)
         if kind == "matmul":
             x = sub()
             if not x.shape:
@@ -1314,7 +1397,8 @@ class Generator:
         x = sub()
         if not x.shape:
             return x
-        return SpatialReduce(ch.pick(["sum", "mean", "max"]), x)
+        reductions = ["sum", "mean", "max"] + (["logsumexp"] if self.flag("softmax") else [])
+        return SpatialReduce(ch.pick(reductions), x)
 
     def fit(self, e: Expr, want: tuple, scope: Scope, pool: list[TensorDef]) -> Expr:
         """``e`` brought to shape ``want`` (a spatial reduction, or a product with a read)."""
