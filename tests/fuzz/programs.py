@@ -68,6 +68,8 @@ FLAGS: tuple[str, ...] = (
     "matmul",  # v @ M with a constant (S, S) matrix M (spatial values only)
     "softmax",  # v.softmax(-1), v.log_softmax(-1), v.logsumexp(-1) (spatial values only)
     "gather",  # v.gather(-1, k), v.take(k, -1) with constant ints k, v.cumsum(-1) (spatial)
+    "kinks",  # v.clamp(-0.5, 0.5), v.relu(), v.abs()
+    "movement",  # unsqueeze, expand, transpose, reshape, permute, squeeze of spatial values
     "sink",  # ctx.sink(x, fn): fn gets x at every point (checked when compiled with effects)
     "until",  # ctx.until(t, stop): t is dynamic, ended by data (inputs run past it)
 )
@@ -263,6 +265,8 @@ class NumpyOps:
         z = np.exp(x - np.max(x, axis=-1, keepdims=True))
         return z / np.sum(z, axis=-1, keepdims=True)
 
+    clip = staticmethod(np.clip)
+
     @staticmethod
     def pick(kind: str, x: Any, index: np.ndarray) -> Any:
         """``x`` along its last axis: at ``index`` (gather and take agree on a vector), or
@@ -316,6 +320,9 @@ class TorchOps:
 
     def softmax(self, x: Any) -> Any:
         return self.torch.softmax(x, -1)
+
+    def clip(self, x: Any, lo: float, hi: float) -> Any:
+        return self.torch.clamp(self.torch.as_tensor(x, dtype=self.torch.float64), lo, hi)
 
     def pick(self, kind: str, x: Any, index: np.ndarray) -> Any:
         t = self.torch
@@ -472,6 +479,9 @@ class Unary(Expr):
             "host": lambda: xp.tanh(v) * 0.5,
             "softmax": lambda: xp.softmax(v),
             "log_softmax": lambda: v - xp.reduce(v, "logsumexp", -1)[..., None],
+            "clamp": lambda: xp.clip(v, -0.5, 0.5),
+            "relu": lambda: xp.where(v > 0.0, v, 0.0 * v),
+            "abs": lambda: abs(v),
         }[self.op]()
 
     def build(self, b: Builder) -> Any:
@@ -487,6 +497,9 @@ class Unary(Expr):
             "host": lambda: b.host(v),
             "softmax": lambda: v.softmax(-1),
             "log_softmax": lambda: v.log_softmax(-1),
+            "clamp": lambda: v.clamp(-0.5, 0.5),
+            "relu": lambda: v.relu(),
+            "abs": lambda: v.abs(),
         }[self.op]()
 
     def source(self) -> str:
@@ -502,6 +515,9 @@ class Unary(Expr):
             "host": f"host({s})",
             "softmax": f"({s}).softmax(-1)",
             "log_softmax": f"({s}).log_softmax(-1)",
+            "clamp": f"({s}).clamp(-0.5, 0.5)",
+            "relu": f"({s}).relu()",
+            "abs": f"({s}).abs()",
         }[self.op]
 
     def leaves(self) -> set[str]:
@@ -510,6 +526,8 @@ class Unary(Expr):
     def own_flags(self) -> set[str]:
         if self.op in ("softmax", "log_softmax"):
             return {"softmax"}
+        if self.op in ("clamp", "relu", "abs"):
+            return {"kinks"}
         return {self.op} if self.op in ("exp", "lgamma", "host") else set()
 
 
@@ -701,6 +719,49 @@ class Pick(Expr):
 
     def own_flags(self) -> set[str]:
         return {"gather"}
+
+
+@dataclass
+class Move(Expr):
+    """A spatial value through movement ops, back to its shape: ``outer`` is
+    ``(x.unsqueeze(-1) * x.unsqueeze(0)).sum(0)`` (x times its sum), ``expand``
+    ``x.unsqueeze(0).expand(2, S).transpose(0, 1).sum(-1)`` (twice x), ``reshape``
+    ``x.reshape(S, 1).permute(1, 0).squeeze(0)`` (x)."""
+
+    kind: str
+    x: Expr
+
+    def __post_init__(self) -> None:
+        self.dims, self.shape = self.x.dims, self.x.shape
+
+    def ev(self, ref: Reference, env: dict[str, int]) -> Any:
+        v = self.x.ev(ref, env)
+        if self.kind == "outer":
+            return v * ref.xp.reduce(v, "sum", -1)
+        return v * 2.0 if self.kind == "expand" else v
+
+    def build(self, b: Builder) -> Any:
+        x = self.x.build(b)
+        n = self.shape[0]
+        if self.kind == "outer":
+            return (x.unsqueeze(-1) * x.unsqueeze(0)).sum(0)
+        if self.kind == "expand":
+            return x.unsqueeze(0).expand(2, n).transpose(0, 1).sum(-1)
+        return x.reshape(n, 1).permute(1, 0).squeeze(0)
+
+    def source(self) -> str:
+        x, n = self.x.source(), self.shape[0]
+        return {
+            "outer": f"(({x}).unsqueeze(-1) * ({x}).unsqueeze(0)).sum(0)",
+            "expand": f"({x}).unsqueeze(0).expand(2, {n}).transpose(0, 1).sum(-1)",
+            "reshape": f"({x}).reshape({n}, 1).permute(1, 0).squeeze(0)",
+        }[self.kind]
+
+    def leaves(self) -> set[str]:
+        return self.x.leaves()
+
+    def own_flags(self) -> set[str]:
+        return {"movement"}
 
 
 # --------------------------------------------------------------------------- tensors
@@ -1356,6 +1417,8 @@ class Generator:
             kinds.append("matmul")
         if self.flag("gather") and self.S:
             kinds.append("pick")
+        if self.flag("movement") and self.S:
+            kinds.append("move")
         if self.flag("host") and not self.grad and ch.chance(15):
             kinds.append("host")
         kind = ch.pick(kinds)
@@ -1372,6 +1435,8 @@ class Generator:
             ops += [op for op in ("exp", "lgamma") if self.flag(op)]
             if x.shape and self.flag("softmax"):
                 ops += ["softmax", "log_softmax"]
+            if self.flag("kinks"):
+                ops += ["clamp", "relu", "abs"]
             return Unary(ch.pick(ops), x)
         if kind == "binary":
             ops = ["add", "mul", "sub"] + (["maximum"] if self.flag("maximum") else [])
@@ -1380,6 +1445,9 @@ class Generator:
             return Affine(sub(), ch.pick([0.5, -1.5, 2.0, 0.25]), ch.pick([0.0, 1.0, -0.5]))
         if kind == "where":
             return Where(sub(), sub(), sub())
+        if kind == "move":
+            x = sub()
+            return Move(ch.pick(["outer", "expand", "reshape"]), x) if x.shape else x
         if kind == "pick":
             x = sub()
             if not x.shape:
