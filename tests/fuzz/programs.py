@@ -70,6 +70,7 @@ FLAGS: tuple[str, ...] = (
     "gather",  # v.gather(-1, k), v.take(k, -1) with constant ints k, v.cumsum(-1) (spatial)
     "kinks",  # v.clamp(-0.5, 0.5), v.relu(), v.abs()
     "movement",  # unsqueeze, expand, transpose, reshape, permute, squeeze of spatial values
+    "noise",  # v + 0.25 * tl.randn(v.shape, like=v): a policy's exploration noise
     "sink",  # ctx.sink(x, fn): fn gets x at every point (checked when compiled with effects)
     "until",  # ctx.until(t, stop): t is dynamic, ended by data (inputs run past it)
 )
@@ -629,6 +630,48 @@ class Affine(Expr):
 
     def leaves(self) -> set[str]:
         return self.x.leaves()
+
+
+@dataclass
+class Noise(Expr):
+    """``x + 0.25 * tl.randn(x.shape, like=x)``: standard normal noise at each point of x's
+    dims. The reference draws the numbers timerl defines (``counter_rng.normal`` of ``(seed
+    0, stream, point)``, in float32, as ``randn`` is), so what is compared is which point's
+    numbers each value gets: batched, blocked, retimed or reordered, the same as drawn
+    point by point. ``stream`` is set on the op, not counted by the context, so the reference
+    knows it without building the program."""
+
+    x: Expr
+    stream: int
+
+    def __post_init__(self) -> None:
+        self.dims, self.shape = self.x.dims, self.x.shape
+
+    def ev(self, ref: Reference, env: dict[str, int]) -> Any:
+        from timerl.ir import counter_rng
+
+        point = tuple(env[d] for d in ref.program.dims if d in self.dims)
+        key = (0, self.stream, *point)
+        z = counter_rng.normal(np, key, self.shape, np.float32).astype(np.float64)
+        if ref.xp.name == "torch":
+            z = ref.xp.torch.as_tensor(z)
+        return self.x.ev(ref, env) + z * 0.25
+
+    def build(self, b: Builder) -> Any:
+        x = self.x.build(b)
+        z = b.tl.randn(self.shape, like=x)
+        z.op.attrs["stream"] = self.stream
+        return x + z * 0.25
+
+    def source(self) -> str:
+        x = self.x.source()
+        return f"({x}) + noise({self.shape}, {x}, stream={self.stream}) * 0.25"
+
+    def leaves(self) -> set[str]:
+        return self.x.leaves()
+
+    def own_flags(self) -> set[str]:
+        return {"noise"}
 
 
 @dataclass
@@ -1213,6 +1256,17 @@ class Program:
                 "",
                 "",
             ]
+        if "noise" in self.used:
+            lines += [
+                "",
+                "",
+                "def noise(shape, like, stream):",
+                "    z = tl.randn(shape, like=like)",
+                '    z.op.attrs["stream"] = stream',
+                "    return z",
+                "",
+                "",
+            ]
         lines.append("with ctx:")
         rg = ", requires_grad=True" if self.grad else ""
         done: set[str] = set()
@@ -1337,8 +1391,11 @@ class Generator:
         return name in self.on
 
     def fresh(self, prefix: str) -> str:
+        return f"{prefix}{self.counter_next()}"
+
+    def counter_next(self) -> int:
         self.counter += 1
-        return f"{prefix}{self.counter}"
+        return self.counter
 
     # -- reads
     def spec(self, d: str, scope: Scope, slices: bool) -> Spec:
@@ -1419,6 +1476,8 @@ class Generator:
             kinds.append("pick")
         if self.flag("movement") and self.S:
             kinds.append("move")
+        if self.flag("noise") and ch.chance(30):
+            kinds.append("noise")
         if self.flag("host") and not self.grad and ch.chance(15):
             kinds.append("host")
         kind = ch.pick(kinds)
@@ -1445,6 +1504,8 @@ class Generator:
             return Affine(sub(), ch.pick([0.5, -1.5, 2.0, 0.25]), ch.pick([0.0, 1.0, -0.5]))
         if kind == "where":
             return Where(sub(), sub(), sub())
+        if kind == "noise":
+            return Noise(sub(), 1000 + self.counter_next())
         if kind == "move":
             x = sub()
             return Move(ch.pick(["outer", "expand", "reshape"]), x) if x.shape else x
