@@ -83,12 +83,14 @@ def _check_read(op: Op, e: Edge, ragged: Mapping[Bound, frozenset[Dim]]) -> None
     for bound, dims in ragged.items():
         dim = bound.dim
         for d in dims:
-            if index.get(d, d) is d:
+            if index.get(d, d) is d or dim not in index:
                 continue
-            if dim in index and any(bound in x.symbols() for x in e.index):
-                raise _elsewhere(op, e, d, bound)
-            if dim in index and index[dim] != Const(0):
-                raise _beyond(op, e, d, dim)
+            at_length = any(bound in x.symbols() for x in e.index)
+            if not at_length and index[dim] == Const(0):
+                continue  # every episode has its first point
+            if _gradient(e):
+                raise _transposed(op, e, d)
+            raise _elsewhere(op, e, d, bound) if at_length else _beyond(op, e, d, dim)
 
 
 def _error(op: Op, dims: set[Dim], kind: str) -> BoundError:
@@ -102,8 +104,6 @@ def _error(op: Op, dims: set[Dim], kind: str) -> BoundError:
 
 def _elsewhere(op: Op, edge: Edge, dim: Dim, bound: Bound) -> BoundError:
     d, b = dim.name, bound.name
-    if _gradient(edge):
-        return _transposed(op, edge, dim)
     return BoundError(
         f"{op.where()} reads {edge!r}, at another {d} than its own, but {b} in a read is the "
         f"length at the reader's {d} (ctx.until's stop varies over {d}). Compute the value "
@@ -114,8 +114,6 @@ def _elsewhere(op: Op, edge: Edge, dim: Dim, bound: Bound) -> BoundError:
 
 def _beyond(op: Op, edge: Edge, dim: Dim, ragged: Dim) -> BoundError:
     d, t = dim.name, ragged.name
-    if _gradient(edge):
-        return _transposed(op, edge, dim)
     return BoundError(
         f"{op.where()} reads {edge!r}, at another {d} than its own and a point of {t} that "
         f"{d} may not have: ctx.until ends {t} at its own point for each {d}. Only {t} = 0 "
