@@ -10,9 +10,10 @@ import traceback
 from dataclasses import dataclass
 
 import numpy as np
-from programs import Program
+from programs import Program, use_noise
 
 import timerl as tl
+from timerl.ir import counter_rng
 
 # `optimize=False` (the unoptimised numpy reference) where this timerl offers it
 HAS_OPTIMIZE_FLAG = "optimize" in inspect.signature(tl.evaluate).parameters
@@ -29,6 +30,14 @@ HAS_BLOCKS = incrementalize is not None
 
 # the device of the torch and jax configurations ("cuda" on a machine with a GPU)
 DEVICE = os.environ.get("TIMERL_FUZZ_DEVICE", "cpu")
+
+
+def _noise(stream: int, point: tuple, shape: tuple) -> np.ndarray:
+    """The numbers ``tl.randn`` draws at ``point`` for ``stream`` with seed 0 (in float32)."""
+    return counter_rng.normal(np, (0, stream, *point), shape, np.float32).astype(np.float64)
+
+
+use_noise(_noise)
 
 
 class Finding(AssertionError):

@@ -345,6 +345,14 @@ class TorchOps:
 
 # --------------------------------------------------------------------------- expressions
 
+# how the reference gets ``Noise``'s numbers: ``draw(stream, point, shape)``, given by the
+# harness (``use_noise``), which imports timerl
+_DRAW: list[Callable[[int, tuple, tuple], np.ndarray]] = []
+
+
+def use_noise(draw: Callable[[int, tuple, tuple], np.ndarray]) -> None:
+    _DRAW[:] = [draw]
+
 
 class Expr:
     """A node of an expression: ``dims`` it varies over, spatial ``shape``."""
@@ -635,11 +643,11 @@ class Affine(Expr):
 @dataclass
 class Noise(Expr):
     """``x + 0.25 * tl.randn(x.shape, like=x)``: standard normal noise at each point of x's
-    dims. The reference draws the numbers timerl defines (``counter_rng.normal`` of ``(seed
-    0, stream, point)``, in float32, as ``randn`` is), so what is compared is which point's
-    numbers each value gets: batched, blocked, retimed or reordered, the same as drawn
-    point by point. ``stream`` is set on the op, not counted by the context, so the reference
-    knows it without building the program."""
+    dims. The reference takes the numbers timerl defines for ``(stream, point)`` as data, as
+    it takes the inputs (``use_noise``: this module imports nothing of timerl), so what is
+    compared is which point's numbers each value gets: batched, blocked, retimed or
+    reordered, the same as drawn point by point. ``stream`` is set on the op, not counted by
+    the context, so the reference knows it without building the program."""
 
     x: Expr
     stream: int
@@ -648,11 +656,10 @@ class Noise(Expr):
         self.dims, self.shape = self.x.dims, self.x.shape
 
     def ev(self, ref: Reference, env: dict[str, int]) -> Any:
-        from timerl.ir import counter_rng
-
+        if not _DRAW:
+            raise RuntimeError("the reference draws noise with what harness.use_noise gave it")
         point = tuple(env[d] for d in ref.program.dims if d in self.dims)
-        key = (0, self.stream, *point)
-        z = counter_rng.normal(np, key, self.shape, np.float32).astype(np.float64)
+        z = _DRAW[0](self.stream, point, self.shape)
         if ref.xp.name == "torch":
             z = ref.xp.torch.as_tensor(z)
         return self.x.ev(ref, env) + z * 0.25
