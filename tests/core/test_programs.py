@@ -1087,6 +1087,21 @@ def test_until_per_outer_iteration_lengths_read_again_by_a_later_loop(backend, o
 
 
 @pytest.mark.parametrize("optimize", [True, False])
+def test_until_per_outer_iteration_noise_over_t_alone_is_the_same_in_every_episode(
+    backend, optimize
+):
+    def define(i, t, T, r):
+        c = tl.from_numpy(np.zeros(12), domain=(t,), dtype="float64")
+        return r * 0.0 + tl.randn((), like=c)
+
+    got, _r, lengths = _ragged(define, backend, optimize)
+    longest = got[int(np.argmax(lengths))]
+    for k, n in enumerate(lengths):
+        close(got[k], longest[:n])
+    assert np.std(longest) > 0.1  # noise, not a constant
+
+
+@pytest.mark.parametrize("optimize", [True, False])
 def test_until_per_outer_iteration_carry_through_a_tensor_over_the_outer_dim(backend, optimize):
     def define(i, t, T, r):
         h = tl.RecurrentTensor.placeholder((), domain=(i, t), dtype="float64")

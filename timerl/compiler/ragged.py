@@ -10,7 +10,8 @@ depend on that ``T`` and so must be computed at each ``i``:
   recurrence over ``t`` alone): its points run to ``T``, so each ``i`` computes its own.
 
 Such an op gets the dims it lacks, and so does every op that reads one that got them, up to ops
-over them, which read it at their own ``i``. A tensor the user asked for, a stop condition or a
+over them, which read it at their own ``i``; a random op keeps its key (its numbers at a point
+of ``t`` are the same in every episode). A tensor the user asked for, a stop condition or a
 side effect whose domain would have to change is an error naming it (its shape, or how often it
 runs, is the user's). So is a read of another ``i`` that only some lengths allow: ``x[i - 1,
 T - 1]`` (whose ``T``?) or ``x[0:I, t]`` (an episode that ended before ``t`` has no point
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 
 from timerl.compiler.spec import ProgramSpec
 from timerl.errors import BoundError
+from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers, copy_graph, mentions, order_dims
 from timerl.symbolic import Bound, Const, Dim
 
@@ -73,7 +75,12 @@ def spread_ragged_bounds(spec: ProgramSpec) -> ProgramSpec:
         for op in spec.ops
         if op.id in need
     }
-    return spec.with_ops(copy_graph(spec.ops, domains=domains))
+    ops = copy_graph(spec.ops, domains=domains)
+    for op, old in zip(ops, spec.ops, strict=True):
+        if op.id in need and prims.get(op.prim).keyed and "key_at" not in op.attrs:
+            # noise over t alone draws the same numbers in every episode
+            op.attrs["key_at"] = tuple(old.domain)
+    return spec.with_ops(ops)
 
 
 def _check_read(op: Op, e: Edge, ragged: Mapping[Bound, frozenset[Dim]]) -> None:
