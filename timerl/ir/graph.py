@@ -180,10 +180,17 @@ def mentions(op: Op, symbol: Any) -> bool:
     items: list[Any] = [*op.shape, *op.attrs.values(), op.guard]
     for e in op.inputs:
         items += [*e.index, e.cond]
-    while items:
-        x = items.pop()
+    return mentioned_in(items, symbol)
+
+
+def mentioned_in(items: Iterable[Any], symbol: Any) -> bool:
+    """Whether ``symbol`` appears in any index expression, slice or condition among ``items``
+    (tuples and lists of them looked into; anything else, an array or a number, skipped)."""
+    stack = list(items)
+    while stack:
+        x = stack.pop()
         if isinstance(x, (tuple, list)):
-            items.extend(x)
+            stack.extend(x)
         elif isinstance(x, (Expr, Slice, Condition)) and symbol in x.symbols():
             return True
     return False

@@ -23,7 +23,7 @@ import networkx as nx
 
 from timerl.errors import BoundError, CycleError
 from timerl.ir import prims
-from timerl.ir.graph import Edge, Op, View
+from timerl.ir.graph import Edge, Op, View, mentioned_in
 from timerl.schedule.pin import pin, pin_points
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
 from timerl.symbolic import (
@@ -522,13 +522,7 @@ def _reads_bound(op: Op, bound: Symbol) -> bool:
     items += [op.attrs[a] for a in prims.get(op.prim).point_attrs if a in op.attrs]
     for e in op.inputs:
         items += e.index
-    while items:
-        x = items.pop()
-        if isinstance(x, (tuple, list)):
-            items.extend(x)
-        elif isinstance(x, (Expr, Slice)) and bound in x.symbols():
-            return True
-    return False
+    return mentioned_in(items, bound)
 
 
 def _make_loop(group: _Group, deps: list[Dep], rest: tuple[Dim, ...], dim: Dim, until) -> Loop:
