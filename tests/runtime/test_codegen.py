@@ -89,9 +89,10 @@ def test_a_freed_value_is_released_at_its_free(compiled):
 
 
 def test_generated_code_keeps_no_local_of_a_stored_value():
-    """A value put in its store is read from there: its local is dropped at once, or the
-    value would outlive its free until the next point reassigned the local (the previous
-    iteration's parameters and Adam moments did, unseen by the meter)."""
+    """A value put in its store, or copied into its block's row, is read from there: its
+    local is dropped at once, or the value would outlive its free until the next point
+    reassigned the local (the previous iteration's parameters and Adam moments did, and the
+    rollout's last observation through the whole update, unseen by the meter)."""
     import re
 
     prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8, hidden=(8,))
@@ -99,20 +100,25 @@ def test_generated_code_keeps_no_local_of_a_stored_value():
     c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=metrics)
     c.run()
     lines = [line.strip() for line in c._executor().source.splitlines()]
-    stored = 0
+    stored = copied = 0
     for k, line in enumerate(lines):
         m = re.fullmatch(r"S(\d+)\[.*\] = v(\d+)", line)
-        if m is None or m.group(1) != m.group(2):
+        row = re.fullmatch(r"_b\[0\]\[.*\] = (v\d+)", line)
+        if row is not None:
+            copied += 1
+            var = row.group(1)
+        elif m is None or m.group(1) != m.group(2):
             continue
-        stored += 1
-        var = f"v{m.group(1)}"
+        else:
+            stored += 1
+            var = f"v{m.group(1)}"
         rest = lines[k + 1 :]
         nxt = next(
             (n for n, s in enumerate(rest) if s.startswith(("v", "_r =")) and " = K" in s), None
         )
         window = rest[:nxt]
         assert f"{var} = None" in window, (line, window[:6])
-    assert stored > 20
+    assert stored > 20 and copied > 0
 
 
 def test_a_guard_is_evaluated_once_per_loop_iteration():

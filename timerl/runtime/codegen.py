@@ -493,14 +493,17 @@ class CodeGen:
         self.alloc(op, body_depth, var)
         for line in self.plan.read_src(op):
             self.emit(body_depth, line)
-        self.drop_stored(op, body_depth, var)
+        if not in_place and op.id not in self.plan.aliases:
+            self.drop_stored(op, body_depth, var)
         self._count(body_depth)
 
     def drop_stored(self, op: Op, depth: int, var: str) -> None:
-        """Drop the local of a value just put in its store: readers read the store, and a
-        local left behind would keep the value alive after its free, until the next point
-        reassigns it (a parameter-sized array an iteration, unseen by the meter)."""
-        if op.id not in self.locals and op.id not in self.plan.blocks:
+        """Drop the local of a value just put in its store or copied into its block's row:
+        readers read the store or the block, and a local left behind would keep the value
+        alive after its free, until the next point reassigns it (a parameter-sized array an
+        iteration; the last observation a rollout wrote into its block, through the whole
+        update; both unseen by the meter)."""
+        if op.id not in self.locals:
             self.emit(depth, f"{var} = None")
 
     def start(self, op: Op, depth: int) -> None:
