@@ -169,3 +169,20 @@ def test_env_step_full_reports_terminations_and_final_observations():
     # an ended episode's final obs is where the pole fell; the returned obs is a fresh start
     assert (np.abs(final[d][:, 2]) > 0.2).all()
     assert (np.abs(nxt[d]) < 0.05).all()
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_the_env_keeps_final_observations_only_for_a_program_that_reads_them(full):
+    """A program whose steps never ask for ``final_obs`` must not leave the env holding a
+    batch of them: at the end of a rollout they would live through the whole update."""
+    env = tl.rl.make_env("Synthetic-v0", num_envs=2, seed=0, episode_length=3)
+    ctx = tl.Context(dims=("t",))
+    (t,) = ctx.dims
+    with ctx:
+        obs = tl.RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (t,), name="obs")
+        obs[0] = env.reset()
+        action = tl.zeros((2, *env.action_shape)) + obs.sum() * 0.0
+        obs[t + 1] = env.step(action, full=full)[0]
+    tl.evaluate(obs[0:3].sum(), bounds={"T": 3})  # every episode ends at the third step
+    assert env.vec.truncated.all() and env.vec.keep_final_obs is full
+    assert (env.vec.final_obs is not None) is full

@@ -36,6 +36,7 @@ class Env:
 
     def __init__(self, vec: VectorEnv) -> None:
         self.vec = vec
+        vec.keep_final_obs = False  # until a step asks for it (``step(full=True)``)
         self.num_envs = vec.num_envs
         self.obs_shape = tuple(vec.obs_shape)
         self.discrete = vec.discrete
@@ -75,6 +76,8 @@ class Env:
         """
         ctx = current()
         vec = self.vec
+        if full:
+            vec.keep_final_obs = True
         want = (self.num_envs, *self.action_shape)
         if tuple(action.shape) != want:
             raise EnvError(
