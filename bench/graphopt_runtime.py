@@ -9,7 +9,9 @@ weights files, both evaluated as ``learned``).
 
 Prints, per group, the eval table (markdown) and one line per method: mean and median % vs
 uniform BRKGA, wins/ties/losses, the range per graph, and how many graphs end worse than the
-portfolio.
+portfolio. ``--by-group`` adds, per method, the graphs whose memory limit can be met and
+those whose limit no schedule meets, per group and for every group's runs pooled by kind of
+graph (each graph once per group).
 
 Run: ``python bench/graphopt_runtime.py s0=base-s0.json,learned-s0.json s1=...``
 """
@@ -64,6 +66,17 @@ def merge(specs: list[str]) -> list[GraphRecord]:
     return list(merged.values())
 
 
+#: subsets of graphs ``--by-group`` reports: reachability of the memory limit, kind of graph
+SUBSETS: dict[str, Any] = {
+    "limit reachable": lambda r: not r.limit_unreachable,
+    "limit unreachable": lambda r: r.limit_unreachable,
+    "training graphs": lambda r: r.kind == "training",
+    "timerl loop bodies": lambda r: r.kind == "program",
+    "series-parallel": lambda r: r.kind == "synthetic",
+    "model inference": lambda r: r.kind == "model",
+}
+
+
 def compare(records: list[GraphRecord], method: str) -> dict[str, Any]:
     """Per-graph % below uniform BRKGA of ``method``, W/T/L and graphs worse than the portfolio."""
     pct = [
@@ -71,6 +84,8 @@ def compare(records: list[GraphRecord], method: str) -> dict[str, Any]:
         for r in records
         if r.values["brkga"] > 0
     ]
+    if not pct:
+        return {"method": method, "graphs": len(records), "mean": float("nan")}
     return {
         "method": method,
         "graphs": len(records),
@@ -93,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("groups", nargs="+", help="LABEL=FILE[,FILE...] (FILE may be FILE:old=new)")
     ap.add_argument("--tables", action="store_true", help="also print each group's eval table")
+    ap.add_argument(
+        "--by-group", action="store_true", help="also split by memory-limit reachability and kind"
+    )
     args = ap.parse_args(argv)
     means: dict[str, list[float]] = {}
+    pooled: dict[str, list[GraphRecord]] = {}
     for group in args.groups:
         label, _, files = group.partition("=")
         records = merge(files.split(","))
@@ -112,10 +131,30 @@ def main(argv: list[str] | None = None) -> int:
                 f"{c['min']:+.1f} to {c['max']:+.1f}), W/T/L {c['wtl']}, "
                 f"{c['worse_than_portfolio']} of {c['graphs']} worse than the portfolio"
             )
+            pooled.setdefault(m, []).extend(records)
+            if args.by_group:
+                print_subsets(f"{label} {m}", records, m)
     for m, xs in means.items():
         if len(xs) > 1:
             print(f"{m}: mean over {len(xs)} groups {statistics.fmean(xs):+.2f}%")
+            if args.by_group:
+                print_subsets(f"all groups pooled, {m}", pooled[m], m)
     return 0
+
+
+def print_subsets(label: str, records: list[GraphRecord], method: str) -> None:
+    """One line per non-empty subset of ``SUBSETS``: runs, mean and median %, W/T/L."""
+    for name, keep in SUBSETS.items():
+        sub = [r for r in records if keep(r)]
+        if not sub:
+            continue
+        c = compare(sub, method)
+        if c["mean"] != c["mean"]:  # nan: no graph with a positive uniform value
+            continue
+        print(
+            f"  {label}, {name}: {len(sub)} runs, {c['mean']:+.2f}% vs uniform "
+            f"(median {c['median']:+.2f}), W/T/L {c['wtl']}"
+        )
 
 
 if __name__ == "__main__":

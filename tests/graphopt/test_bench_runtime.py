@@ -44,6 +44,17 @@ def test_merged_runs_equal_one_run(tiny_corpus, tmp_path, capsys):
     assert sum(int(x) for x in got["wtl"].split("/")) == 3
     assert bench.main([f"s1={base},{steer}"]) == 0
     assert "s1 untrained:" in capsys.readouterr().out
+    assert bench.main(["--by-group", f"s1={base},{steer}", f"s2={base},{steer}"]) == 0
+    out = capsys.readouterr().out
+    reach = sum(not r.limit_unreachable for r in merged)
+    assert f"s1 untrained, limit reachable: {reach} runs" in out or reach == 0
+    kinds = {r.kind for r in merged}
+    assert all(
+        f"all groups pooled, untrained, {name}: " in out
+        for name, keep in bench.SUBSETS.items()
+        if any(keep(r) for r in merged)
+    )
+    assert "series-parallel: 6 runs" in out or "synthetic" not in kinds
 
 
 def test_files_of_other_graphs_are_refused(tiny_corpus, tmp_path):

@@ -1,7 +1,9 @@
 """Biased random-key genetic algorithm over a Problem's keys.
 
 Proposal distributions are per gene Beta(a, b) (uniform by default) and crossover bias is per
-gene too: these arrays are the hook through which a learned policy steers the search.
+gene too: these arrays are the hook through which a learned policy steers the search. A share
+of the proposals can stay uniform (``uniform_share``): proposals that collapsed onto one rule
+then still leave the search some of uniform BRKGA's diversity.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def _per_gene(x: float | np.ndarray | None, default: float, problem: Problem) ->
     raise ValueError(f"expected a scalar or an array of length {n} or {m}, got {arr.shape}")
 
 
+def check_uniform_share(share: float) -> float:
+    """``share`` as a float in [0, 1], else a ValueError saying what it got."""
+    try:
+        x = float(share)
+    except (TypeError, ValueError):
+        raise ValueError(f"uniform_share must be a number in [0, 1], got {share!r}") from None
+    if not 0.0 <= x <= 1.0:  # also refuses nan
+        raise ValueError(f"uniform_share must be in [0, 1], got {share!r}")
+    return x
+
+
 def brkga(
     problem: Problem,
     *,
@@ -58,12 +71,20 @@ def brkga(
     seed: int = 0,
     method: str = "brkga",
     jobs: int = 1,
+    uniform_share: float = 0.0,
 ) -> SearchResult:
     """Run BRKGA for ``budget`` decodes; seeded schedules enter the first population.
 
     Because elites survive unchanged and seeds are evaluated first, the result is never worse
     than the best seed. ``jobs`` processes score each generation (same result as one).
+
+    ``uniform_share`` (in [0, 1]) is the chance that each drawn chromosome (filling the first
+    population, and each generation's mutants) has uniform keys instead of Beta(alpha, beta)
+    ones: a hedge for proposals that fit some graphs and not others. At 0 (and whenever alpha
+    and beta are None) the random stream is exactly the one without this parameter; at 1
+    every draw is uniform, drawn as uniform BRKGA draws them.
     """
+    share = check_uniform_share(uniform_share)
     with Scorer(problem, jobs) as score:
         t0 = time.perf_counter()
         rng = np.random.default_rng(seed)
@@ -79,9 +100,15 @@ def brkga(
         uniform = alpha is None and beta is None
 
         def sample(k: int) -> np.ndarray:
-            if uniform:
+            if uniform or share == 1.0:
                 return rng.random((k, m))
-            return rng.beta(a, b, size=(k, m))
+            if share == 0.0:
+                return rng.beta(a, b, size=(k, m))
+            flat = rng.random(k) < share  # which chromosomes get uniform keys
+            out = np.empty((k, m))
+            out[~flat] = rng.beta(a, b, size=(int(k - flat.sum()), m))
+            out[flat] = rng.random((int(flat.sum()), m))
+            return out
 
         keys_list: list[np.ndarray] = [problem.encode(s) for s in seeds][:pop]
         if len(keys_list) < pop:

@@ -67,7 +67,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         "--weights",
         type=Path,
         default=None,
-        help="policy weights (default: the shipped ones)",
+        help="policy weights (default: the shipped ones for the objective)",
     )
     o.add_argument(
         "--budget", type=evaluations, default=5000, help="number of schedule evaluations"
@@ -101,7 +101,7 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         "--weights",
         type=Path,
         default=None,
-        help="policy weights (default: the shipped ones)",
+        help="policy weights (default: the shipped ones for the objective)",
     )
     e.add_argument("--limit", type=int, default=None, help="first N graphs of the split")
     e.add_argument("--exact-nodes", type=int, default=60, help="run exact up to this size")

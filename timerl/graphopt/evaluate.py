@@ -48,8 +48,9 @@ def run_method(
     """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound;
     ``jobs`` processes score the schedules of a BRKGA search (the same result as one).
 
-    ``learned`` reads the policy weights at ``weights`` (default: the shipped file);
-    ``untrained`` is the same network with random parameters (an ablation)."""
+    ``learned`` reads the policy weights at ``weights`` (default: the shipped file for the
+    problem's objective); ``untrained`` is the same network with random parameters (an
+    ablation)."""
     t0 = time.perf_counter()
     if name == "program":
         res = program_baseline(problem)
@@ -66,7 +67,7 @@ def run_method(
         from timerl.graphopt.learned import learned_search, load_policy
         from timerl.graphopt.policy import PolicyWeights
 
-        policy = load_policy(weights)
+        policy = load_policy(weights, problem.objective)
         if name == "untrained":
             policy = PolicyWeights.random(policy.hidden, policy.rounds, seed=seed)
         res = learned_search(problem, policy, budget=budget, seed=seed, jobs=jobs)
@@ -178,13 +179,18 @@ def evaluate_corpus(
         if m not in METHODS + EXTRA_METHODS:
             known = ", ".join(METHODS + EXTRA_METHODS)
             raise GraphError(f"unknown method {m!r} (choose from {known})")
-    if any(m in ("learned", "untrained") for m in methods):
-        from timerl.graphopt.learned import load_policy
-
-        load_policy(weights)  # a bad weights file fails before any graph is searched
     entries = load_index(corpus, split)
     if limit is not None:
         entries = entries[:limit]
+    if any(m in ("learned", "untrained") for m in methods):
+        from timerl.graphopt.learned import load_policy
+
+        # a bad weights file fails before any graph is searched (without --weights: the
+        # shipped file of the objective make_problem poses, seen on the split's first graph)
+        objective = "peak-memory"
+        if entries:
+            objective = make_problem(Graph.load(Path(corpus) / entries[0]["path"])).objective
+        load_policy(weights, objective)
     settings = (
         str(corpus),
         tuple(methods),

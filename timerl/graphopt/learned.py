@@ -11,18 +11,27 @@ from pathlib import Path
 
 import numpy as np
 
+from timerl.errors import CheckpointError
 from timerl.graphopt.baselines import portfolio_solutions
 from timerl.graphopt.brkga import SearchResult, brkga
 from timerl.graphopt.decoders import Problem, Solution
 from timerl.graphopt.features import RANKED, GraphFeatures, graph_features
-from timerl.graphopt.policy import SHIPPED, PolicyWeights, key_groups, proposal
+from timerl.graphopt.policy import SHIPPED, SHIPPED_RUNTIME, PolicyWeights, key_groups, proposal
 
 _CACHE: dict[tuple[str, float], PolicyWeights] = {}
 
 
-def load_policy(path: str | Path | None = None) -> PolicyWeights:
-    """The weights at ``path`` (default: the shipped ones), cached per file and mtime."""
-    p = Path(path) if path is not None else SHIPPED
+def shipped_weights(objective: str = "peak-memory") -> Path:
+    """The shipped weights file for ``objective``: weights steer only what they learned, so
+    each objective has a file trained on it."""
+    return SHIPPED_RUNTIME if objective == "runtime" else SHIPPED
+
+
+def load_policy(path: str | Path | None = None, objective: str = "peak-memory") -> PolicyWeights:
+    """The weights at ``path`` (default: the shipped ones for ``objective``), cached per file
+    and mtime. A shipped file that never learned its objective is refused (it would silently
+    fall back to uniform BRKGA), naming the file."""
+    p = Path(path) if path is not None else shipped_weights(objective)
     try:
         key = (str(p.resolve()), p.stat().st_mtime)
     except OSError:
@@ -32,6 +41,11 @@ def load_policy(path: str | Path | None = None) -> PolicyWeights:
         w = PolicyWeights.load(p)
         assert isinstance(w, PolicyWeights)
         _CACHE[key] = w
+    if path is None and objective not in w.objectives:
+        raise CheckpointError(
+            f"policy weights {p}: shipped for the {objective} objective, but trained for "
+            f"{', '.join(w.objectives) or 'none'}"
+        )
     return w
 
 
@@ -63,11 +77,16 @@ def learned_search(
     action: np.ndarray | None = None,
     seeds: dict[str, Solution] | None = None,
     jobs: int = 1,
+    uniform_share: float | None = None,
 ) -> SearchResult:
     """BRKGA with the policy's proposals (``action``, when given, replaces the network's mean
     action and ``weights`` may be None); uniform proposals where ``weights`` never learned the
     problem's objective (``PolicyWeights.objectives``). ``jobs`` processes score its
-    schedules."""
+    schedules.
+
+    ``uniform_share`` (default: the weights file's ``uniform_share``, else 0) is the share of
+    BRKGA's draws that stay uniform (see :func:`~timerl.graphopt.brkga.brkga`), so that the
+    file alone says how its proposals are used."""
     t0 = time.perf_counter()
     if seeds is None:
         seeds = portfolio_solutions(problem)
@@ -82,6 +101,8 @@ def learned_search(
         if weights is None:
             raise ValueError("learned_search needs the policy's weights or an action")
         action = weights.forward(problem_features(problem, seeds))
+    if uniform_share is None:
+        uniform_share = weights.uniform_share if weights is not None else 0.0
     alpha, beta, bias = proposal(action, key_groups(problem.place, problem.swaps))
     start = [*seeds.values(), problem.decode(mean_keys(alpha, beta))]
     res = brkga(
@@ -94,6 +115,7 @@ def learned_search(
         seed=seed,
         method="learned",
         jobs=jobs,
+        uniform_share=uniform_share,
     )
     res.seconds = time.perf_counter() - t0
     return res

@@ -18,9 +18,10 @@ Beta(a, b) per gene and bias per gene. An action of zeros is Beta(1, 1) (uniform
 0.7, plain BRKGA's defaults.
 
 Weights live in one ``.npz`` file (read with ``allow_pickle=False``); its ``meta`` entry is
-JSON (as bytes) naming the format, the feature version and the shapes. A file that is
-missing, truncated, of another format or of another feature version raises
-``CheckpointError`` naming the file and what differs.
+JSON (as bytes) naming the format, the feature version and the shapes, and optionally the
+``uniform_share`` of BRKGA's draws the weights leave uniform. A file that is missing,
+truncated, of another format or of another feature version, or whose ``uniform_share`` is
+outside [0, 1], raises ``CheckpointError`` naming the file and what differs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import CheckpointError
+from timerl.graphopt.brkga import check_uniform_share
 from timerl.graphopt.decoders import OBJECTIVES
 from timerl.graphopt.features import FEATURE_VERSION, NUM_FEATURES, GraphFeatures
 
@@ -42,6 +44,9 @@ FORMAT = "timerl-graphopt-policy"
 OUTPUTS = 7
 GROUPS = ("priority", "device", "swap")
 SHIPPED = Path(__file__).parent / "data" / "policy.npz"
+#: weights trained on the runtime objective (2 devices + host under a memory limit), used for
+#: that objective: the peak-memory file above never learned placement, swaps or running time
+SHIPPED_RUNTIME = Path(__file__).parent / "data" / "policy-runtime.npz"
 #: concentration kappa = BASE_KAPPA * exp(z): a = m kappa, b = (1 - m) kappa; kappa 2 = uniform
 BASE_KAPPA = 2.0
 LOG_KAPPA_RANGE = (-1.0, 5.0)
@@ -119,6 +124,13 @@ class PolicyWeights:
         rewarded = int(self.meta.get("iterations", 1)) > 0
         return trained_objectives(rewarded, float(config.get("runtime_share", 0.3)))
 
+    @property
+    def uniform_share(self) -> float:
+        """The share of BRKGA's draws left uniform when these weights steer (``meta``'s
+        ``uniform_share``, 0 when absent): chosen on validation graphs with the weights, so the
+        file carries it."""
+        return float(self.meta.get("uniform_share", 0.0))
+
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> None:
         """Write ``.npz`` (no pickled objects); ``extra`` arrays ride along (checkpoints)."""
@@ -190,6 +202,11 @@ class PolicyWeights:
                     f"expected {shape}"
                 )
             params[name] = arr.astype(np.float32)
+        if "uniform_share" in meta:
+            try:
+                check_uniform_share(meta["uniform_share"])
+            except ValueError as err:
+                raise CheckpointError(f"policy weights {path}: 'meta' entry: {err}") from None
         known = {"format", "feature_version", "num_features", "outputs", "hidden", "rounds"}
         weights = cls(params, hidden, rounds, {k: v for k, v in meta.items() if k not in known})
         if with_extra:
