@@ -104,6 +104,7 @@ class Program:
             heap_reserve=self._heap_reserve() if compiled else 0,
             huge_page_advice=not (compiled and self._maps_arrays_apart()),
             spare_blocks=self._spare_blocks() if compiled else (),
+            trim_before=self._trim_before(),
         )
 
     def _heap_reserve(self) -> int:
@@ -116,6 +117,14 @@ class Program:
         plan = self.planned_peak()
         small = plan.peak_small_bytes
         return small if 2 * small >= (plan.peak_bytes or 0) else 0
+
+    def _trim_before(self) -> frozenset[int]:
+        # under a budget the heap keeps no freed pages, but its holes stay resident until
+        # trimmed: given back right before the statement where the plan peaks
+        if self.memory_budget is None or not self.backend.heap_arrays:
+            return frozenset()
+        op = self.planned_peak().peak_op
+        return frozenset() if op is None else frozenset({op})
 
     def _spare_blocks(self) -> frozenset[int]:
         # blocks mapped apart whose rows the run keeps from one allocation to the next

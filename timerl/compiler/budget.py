@@ -115,6 +115,9 @@ class PlannedPeak:
     # next allocation (``BlockStore.keep_spare``): live bytes plus those rows stay within the
     # peak at every statement, so keeping them raises nothing
     spare_blocks: frozenset[int] = frozenset()
+    # the id of the op ``peak_at`` names (None: none): a run under a budget gives the heap's
+    # free pages back right before it (``runtime/heap.release_free_heap``)
+    peak_op: int | None = None
 
 
 def planned_peak(
@@ -185,7 +188,7 @@ def planned_peak(
         if peak and state["total"] > state["peak"] and not state["applying"]:
             state["peak"] = state["total"]
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
-            state["at"] = state["stmt"]
+            state["at"], state["at_id"] = state["stmt"], state.get("stmt_id")
 
     at_reads: dict[int, int] = {}
 
@@ -203,7 +206,7 @@ def planned_peak(
             state["peak"] = state["total"] + n
             state["at_peak"] = {k: v for k, v in per_op.items() if v}
             state["at_peak"][what] = n
-            state["at"] = state["stmt"]
+            state["at"], state["at_id"] = state["stmt"], state.get("stmt_id")
 
     def drop(op_id: int, keys: list[tuple]) -> None:
         points = live.get(op_id, {})
@@ -255,7 +258,7 @@ def planned_peak(
                     continue
                 if op.guard != TRUE and not op.guard.evaluate(env):
                     continue
-                state["stmt"] = op.label
+                state["stmt"], state["stmt_id"] = op.label, op.id
                 if st.kind == "point":
                     if op.id in donations:  # the dead input's point becomes this op's
                         e = op.inputs[donations[op.id]]
@@ -374,6 +377,7 @@ def planned_peak(
         state["at"],
         heap[1],
         kept,
+        state.get("at_id"),
     )
 
 

@@ -36,6 +36,7 @@ from timerl.runtime.calls import (
     host_call,
     prepare_call,
 )
+from timerl.runtime.heap import release_free_heap
 from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
 from timerl.runtime.stores import RowStore, StorePlan
@@ -113,10 +114,12 @@ class CodeGen:
         keep: set[int],
         storage: Mapping[int, Any] | None = None,
         donations: Mapping[int, int] | None = None,
+        trim_before: frozenset[int] = frozenset(),
     ) -> None:
         self.schedule = schedule
         self._ragged = schedule.ragged_lengths()
         self.plan = StorePlan(schedule, storage or {})
+        self.trim_before = trim_before  # ops before which the heap gives its free pages back
         # op id -> input position it writes into; a donor's point leaves its store there
         self.donations = dict(donations or {})
         by_id = {op.id: op for op in ops}
@@ -132,6 +135,7 @@ class CodeGen:
             "MISSING": UndefinedPointError,
             "BoundError": BoundError,
             "np": np,
+            "TRIM": release_free_heap,
         }
         self.lines: list[str] = []
         # per loop body being emitted (outermost first): its statements' depth and the guard
@@ -471,6 +475,8 @@ class CodeGen:
         if op.guard != TRUE:
             self.emit(depth, f"if {self.cond(op.guard, depth)}:")
             body_depth += 1
+        if op.id in self.trim_before:
+            self.emit(body_depth, "TRIM()")
         in_place = self.plan.writes_row(op, self.backend)
         if op.id in self.plan.aliases:
             pass  # its rows are its base block's: nothing to compute
