@@ -197,8 +197,6 @@ def test_under_a_budget_the_heap_is_trimmed_right_before_the_plans_peak(monkeypa
     # back where the plan peaks, the run's resident memory follows the meter there
     from core_helpers import counting
 
-    from timerl.runtime import codegen, executor
-
     ctx, _, big_t, x = counting(4)
     free = ctx.compile(bounds={big_t: 8}, outputs=[x])
     budgeted = ctx.compile(bounds={big_t: 8}, outputs=[x], memory_budget=1 << 20)
@@ -206,11 +204,26 @@ def test_under_a_budget_the_heap_is_trimmed_right_before_the_plans_peak(monkeypa
     peak = [op for op in budgeted.compiled.spec.ops if op.id == plan.peak_op]
     assert len(peak) == 1 and peak[0].label == plan.peak_at
     trims: list[int] = []
-    for module in (codegen, executor):
-        monkeypatch.setattr(module, "release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(heap, "_LAST_TRIM", [0.0, 0.0])
     budgeted.executor(compiled=compiled).run()
     assert 1 <= len(trims) <= 8  # before the peak's statement: at most once a point of t
     del trims[:]
     free.executor(compiled=compiled).run()
     assert not trims  # without a budget the heap keeps its free pages for the next arrays
     np.testing.assert_array_equal(budgeted.value(x), free.value(x))
+
+
+def test_trims_before_a_peak_in_a_long_loop_are_spaced(monkeypatch):
+    # a trim walks the whole heap (about 2 ms): a peak statement run at every step of a long
+    # loop would otherwise pay it a thousand times an iteration
+    clock = iter([0.0, 0.002, 0.003, 0.05, 0.2, 0.202])
+    monkeypatch.setattr(heap.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(heap, "_LAST_TRIM", [0.0, 0.0])
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
+    heap.trim_before_peak()  # trims from 0 to 2 ms
+    heap.trim_before_peak()  # 1 ms after it: within 50 of its 2 ms, skipped
+    heap.trim_before_peak()  # 48 ms after: skipped
+    heap.trim_before_peak()  # 198 ms after: trims
+    assert trims == [1, 1]

@@ -36,7 +36,7 @@ from timerl.runtime.calls import (
     host_call,
     prepare_call,
 )
-from timerl.runtime.heap import release_free_heap
+from timerl.runtime.heap import trim_before_peak
 from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
 from timerl.runtime.stores import RowStore, StorePlan
@@ -119,7 +119,7 @@ class CodeGen:
         self.schedule = schedule
         self._ragged = schedule.ragged_lengths()
         self.plan = StorePlan(schedule, storage or {})
-        self.trim_before = trim_before  # ops before which the heap gives its free pages back
+        self.trim_before = trim_before  # ops before which ``heap.trim_before_peak`` runs
         # op id -> input position it writes into; a donor's point leaves its store there
         self.donations = dict(donations or {})
         by_id = {op.id: op for op in ops}
@@ -135,7 +135,7 @@ class CodeGen:
             "MISSING": UndefinedPointError,
             "BoundError": BoundError,
             "np": np,
-            "TRIM": release_free_heap,
+            "TRIM": trim_before_peak,
         }
         self.lines: list[str] = []
         # per loop body being emitted (outermost first): its statements' depth and the guard

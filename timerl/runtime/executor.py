@@ -146,9 +146,8 @@ class Executor:
         # bytes of heap pages to fault in at setup (``heap.reserve``): the planned peak of the
         # arrays the heap serves, where pages are kept; the bytes reserved once done
         self.heap_reserve = heap_reserve if keep_freed_pages and backend.heap_arrays else 0
-        # ops before which the heap gives its free pages back: where the plan peaks, under a
-        # memory budget (freed small arrays leave pages resident in holes of the heap, which
-        # no meter counts: memory-e32, 2.5 MiB at its peak)
+        # ops before which the heap gives its free pages back, under a memory budget: where
+        # the plan peaks (``heap.trim_before_peak``)
         self.trim_before = (
             frozenset(trim_before) if not keep_freed_pages and backend.heap_arrays else frozenset()
         )
@@ -610,7 +609,7 @@ class Executor:
                 if fn is None:
                     fn = self._prepared[stmt.op.id] = self._prepare(stmt.op)
                 if stmt.op.id in self.trim_before:
-                    release_free_heap()
+                    heap.trim_before_peak()
                 fn(env)
                 self.stats.statements += 1
             elif isinstance(stmt, Free):
