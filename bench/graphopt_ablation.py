@@ -9,6 +9,11 @@ losses against it, the share of uniform's gap to the best known order that the m
 of ``bench/graphopt_headroom.py``), and the graphs worse than the portfolio (none, by
 construction: the portfolio seeds every search).
 
+``--merge`` summarises stored records without running anything: this script's, or those of
+``timerl graphopt eval --out`` at one budget (``brkga`` is uniform; ``FILE@SEED:learned=NAME``
+names a weights file's runs), e.g. a seed's ``--methods portfolio brkga`` run beside
+``--methods learned --weights W`` runs of several files.
+
 Run: ``python bench/graphopt_ablation.py --corpus corpus --weights shipped=timerl/graphopt/data/policy.npz``
 """
 
@@ -63,17 +68,47 @@ def run_graph(
     return rec
 
 
-def merge(files: list[Path]) -> list[dict[str, Any]]:
+def from_eval(record: dict[str, Any], budget: int | None, rename: dict[str, str]) -> dict[str, Any]:
+    """One record of ``timerl graphopt eval --out`` (values per method, at one budget that the
+    file does not hold) as this script's: ``brkga`` is ``uniform``, ``portfolio`` the record's
+    portfolio, the other methods renamed as asked (e.g. ``learned=u50``)."""
+    if budget is None:
+        raise SystemExit("eval records hold no budget: give exactly one of --budgets")
+    vals = {rename.get(m, m): v for m, v in record["values"].items() if m != "program"}
+    portfolio = vals.pop("portfolio", None)
+    if "brkga" in vals:
+        vals["uniform"] = vals.pop("brkga")
+    rec = {k: record[k] for k in ("name", "kind", "nodes")}
+    rec["values"] = {str(budget): vals}
+    if portfolio is not None:
+        rec["portfolio"] = portfolio
+    return rec
+
+
+def merge(files: list[Path], budget: int | None = None) -> list[dict[str, Any]]:
     """Records of several runs over the same graphs (e.g. one policy each), values combined
-    per graph and seed (``FILE@SEED`` gives the seed of records written without one)."""
+    per graph and seed (``FILE@SEED`` gives the seed of records written without one).
+
+    A file may also hold ``timerl graphopt eval --out`` records (one budget, ``budget``; the
+    seed from ``@SEED``), with methods renamed by ``FILE@SEED:old=new;...``; the portfolio's
+    value is taken from whichever file of a graph and seed has it."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
     for f in files:
-        path, _, given = str(f).partition("@")
+        spec, _, renames = str(f).partition(":")
+        path, _, given = spec.partition("@")
+        rename = dict(r.split("=", 1) for r in renames.split(";") if r)
         for r in json.loads(Path(path).read_text()):
+            if r["values"] and not isinstance(next(iter(r["values"].values())), dict):
+                r = from_eval(r, budget, rename)
             seed = int(r.get("seed", given or 0))
             into = merged.setdefault((r["name"], seed), {**r, "seed": seed, "values": {}})
-            for budget, vals in r["values"].items():
-                into["values"].setdefault(budget, {}).update(vals)
+            if "portfolio" in r:
+                into["portfolio"] = r["portfolio"]
+            for b, vals in r["values"].items():
+                into["values"].setdefault(b, {}).update(vals)
+    for (name, seed), r in merged.items():
+        if "portfolio" not in r:
+            raise SystemExit(f"{name} (seed {seed}): no file gives the portfolio's value")
     return list(merged.values())
 
 
@@ -188,15 +223,23 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         nargs="+",
         default=None,
-        metavar="FILE[@SEED]",
-        help="summarise these records, per seed when they hold several; run nothing",
+        metavar="FILE[@SEED][:OLD=NEW;...]",
+        help="summarise these records (this script's, or `graphopt eval --out`'s at the one "
+        "--budgets), per seed when they hold several; run nothing",
+    )
+    ap.add_argument(
+        "--kind", default=None, help="with --merge: only the graphs of this kind (e.g. program)"
     )
     args = ap.parse_args(argv)
     best: dict[str, float] = {}
     if args.headroom is not None:
         best = {r["name"]: r["best"] for r in json.loads(args.headroom.read_text())}
     if args.merge is not None:
-        records = merge(args.merge)
+        records = merge(args.merge, args.budgets[0] if len(args.budgets) == 1 else None)
+        if args.kind is not None:
+            records = [r for r in records if r["kind"] == args.kind]
+            if not records:
+                raise SystemExit(f"no graphs of kind {args.kind!r} in the merged records")
         seeds = sorted({r["seed"] for r in records})
         for budget in args.budgets:
             if len(seeds) > 1:
