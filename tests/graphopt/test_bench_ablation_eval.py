@@ -2,23 +2,17 @@
 the baselines of a seed and a weights file evaluated separately give the ablation's tables,
 with eval's values as they are."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from bench_helpers import load_bench
 
 from timerl.cli import main
 from timerl.graphopt.policy import PolicyWeights
 
-BENCH = Path(__file__).parents[2] / "bench" / "graphopt_ablation.py"
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("graphopt_ablation", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("graphopt_ablation")
 
 
 def _eval(corpus, out, methods, seed, weights=None):

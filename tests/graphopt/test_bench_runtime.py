@@ -1,22 +1,16 @@
 """bench/graphopt_runtime.py: records of separate eval runs of one seed, merged, give what one
 run of all their methods gives (the searches are deterministic per seed)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from bench_helpers import load_bench
 
 from timerl.cli import main
 
-BENCH = Path(__file__).parents[2] / "bench" / "graphopt_runtime.py"
-
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("graphopt_runtime", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("graphopt_runtime")
 
 
 def _eval(corpus, out, methods, seed=1):
