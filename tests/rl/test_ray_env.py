@@ -323,3 +323,42 @@ def test_joining_another_cluster_while_ray_runs_is_an_error_naming_both():
     # the running cluster, by its address, as this machine, or "auto": used as it is
     for address in (running, f"localhost:{port}", "auto"):
         assert ray_env.ensure_ray(1, address) is False
+
+
+def test_a_restarting_worker_is_waited_for_in_time_not_in_refusals(monkeypatch):
+    # Ray refuses calls to an actor while it restarts, at once and as often as asked: on a
+    # loaded machine a restart outlasted any fixed number of tries
+    class Unavailable(Exception):
+        pass
+
+    class ActorError(Exception):
+        pass
+
+    class FakeRay:
+        class exceptions:
+            ActorUnavailableError = Unavailable
+            RayActorError = ActorError
+
+        refusals = 200
+
+        def get(self, ref):
+            if self.refusals:
+                self.refusals -= 1
+                raise Unavailable("restarting")
+            return ref
+
+    class Actor:
+        class reset:
+            @staticmethod
+            def remote():
+                return "reset done"
+
+    env = RayVectorEnv.__new__(RayVectorEnv)
+    env.env_id, env._ray, env._bounds, env._actors = "Synthetic-v0", FakeRay(), [(0, 2)], [Actor()]
+    monkeypatch.setattr(ray_env.time, "sleep", lambda s: None)
+    assert env._once_back(0, "reset") == "reset done"
+    env._ray.refusals = 10**9
+    clock = iter(range(0, 10**6, 10))  # 10 s a refusal: past RESTART_SECONDS after a few
+    monkeypatch.setattr(ray_env.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(EnvError, match=r"worker 0 \(envs 0..1\) did not come back within 60 s"):
+        env._once_back(0, "reset")

@@ -45,6 +45,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -151,6 +152,8 @@ def _slice_spec(
 _DEAD = object()  # what _gather yields for a worker whose actor died
 # What a restarted actor answers to step: its envs were never reset, the driver starts them over.
 _RESTARTED = np.empty((0, 0), dtype=np.float32)
+# how long a worker Ray is restarting may take to serve calls again
+RESTART_SECONDS = 60.0
 # The tag in front of a socket reply: 4 bytes, so the float32 payload behind it stays aligned.
 _OK, _ERR = b"OK\0\0", b"ERR\0"
 
@@ -339,7 +342,6 @@ class RayVectorEnv(VectorEnv):
         self._authkey = os.urandom(32)
         # per worker: its socket, None (connect at the next step) or False (plain calls)
         self._conns: list[Connection | None | bool] = [None] * int(workers)
-        self._max_restarts = int(max_restarts)
         self._bounds = [(lo, hi) for lo, hi, _, _ in slices]
         remote = ray.remote(_Worker).options(
             num_cpus=1, max_restarts=int(max_restarts), max_task_retries=0
@@ -550,21 +552,33 @@ class RayVectorEnv(VectorEnv):
         return self._once_back(k, "reset")
 
     def _once_back(self, k: int, method: str) -> Any:
-        """Call ``method`` of worker ``k`` once Ray has restarted it (a call to an actor still
-        restarting is refused); an EnvError when it does not come back."""
+        """Call ``method`` of worker ``k`` once Ray has restarted it; an EnvError when it does
+        not come back within ``RESTART_SECONDS``.
+
+        A call to an actor still restarting is refused at once, however many restarts are
+        left, so the wait is measured in time, not in refusals: counted, a restart that took
+        longer on a loaded machine ran out of tries while Ray was still bringing it back."""
         ray = self._ray
         lo, hi = self._bounds[k]
-        for _ in range(self._max_restarts + 1):
+        deadline = time.monotonic() + RESTART_SECONDS
+        pause = 0.01
+        while True:
             try:
                 return ray.get(getattr(self._actors[k], method).remote())
             except ray.exceptions.ActorUnavailableError:
-                continue  # still restarting
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(pause)  # still restarting
+                pause = min(2 * pause, 0.5)
             except ray.exceptions.RayActorError as err:
                 raise EnvError(
                     f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) died and could not be "
                     f"restarted (its restarts are used up): {err}"
                 ) from err
-        raise EnvError(f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) did not come back")
+        raise EnvError(
+            f"{self.env_id}: env worker {k} (envs {lo}..{hi - 1}) did not come back within "
+            f"{RESTART_SECONDS:.0f} s of its restart"
+        )
 
     # -- state -------------------------------------------------------------------------
     def _sim_state(self) -> dict[str, Any]:
