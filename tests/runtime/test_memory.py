@@ -174,6 +174,35 @@ def test_nothing_is_reserved_where_arrays_mapped_apart_hold_most_of_the_peak():
     assert compiled.executor().heap_reserve == 0
 
 
+def test_a_run_whose_peak_is_mostly_arrays_mapped_apart_keeps_no_freed_pages(monkeypatch):
+    # the holes freed arrays leave in a heap that keeps its pages stay resident, unseen by the
+    # meter, and such a heap serves little of this run: it gives them back, before the plan's
+    # peak too, while the rollout's block still keeps its rows from one iteration to the next
+    from timerl.api import program as program_module
+
+    ref, ref_metrics = _ppo(True)
+    assert ref.executor().keep_freed_pages and not ref.executor().trim_before
+    ref.run()
+    monkeypatch.setattr(program_module, "MMAP_THRESHOLD", 1 << 20)  # the obs block: 6 MiB
+    prog, metrics = _ppo(True)
+    plan = prog.planned_peak()
+    assert 0 < 2 * plan.peak_small_bytes < plan.peak_bytes
+    ex = prog.executor()
+    assert not ex.keep_freed_pages and ex.heap_reserve == 0
+    assert ex.trim_before == {plan.peak_op} and ex._spares
+    monkeypatch.setattr(heap, "_KEEPING", [None])
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(heap, "_LAST_TRIM", [0.0, 0.0])
+    prog.run()
+    assert heap._KEEPING == [False] or heap._glibc() is None
+    assert trims
+    for a, b in zip(
+        [ref.value(m) for m in ref_metrics], [prog.value(m) for m in metrics], strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_a_run_whose_pages_were_reserved_at_setup_hardly_faults():
     if heap._glibc() is None:
         pytest.skip("glibc's heap only")

@@ -100,28 +100,40 @@ class Program:
             compiled=compiled,
             storage=self.compiled.storage,
             donations=self.compiled.donations,
-            keep_freed_pages=self.memory_budget is None,
+            keep_freed_pages=self._keeps_freed_pages(),
             heap_reserve=self._heap_reserve() if compiled else 0,
             huge_page_advice=not (compiled and self._maps_arrays_apart()),
             spare_blocks=self._spare_blocks() if compiled else (),
             trim_before=self._trim_before(),
         )
 
-    def _heap_reserve(self) -> int:
-        # The heap's pages the run's arrays need, faulted in at setup (runtime/heap.reserve).
-        # Not where arrays mapped apart hold most of the peak (a rollout of images): their
-        # own faults are most of the first iteration's, and the reserve would only hold
-        # memory early (memory-e8: 30 of 405 MiB on the heap, 3-5 MiB more data memory).
-        if self.memory_budget is not None or not self.backend.heap_arrays:
-            return 0
+    def _keeps_freed_pages(self) -> bool:
+        # The heap keeps freed arrays' pages for the next iteration's (runtime/heap.py), but
+        # not under a budget, and not where arrays mapped apart hold most of the peak (a
+        # rollout of images). There the heap serves a small share of the peak and its faults
+        # a small share of an iteration, while the holes its freed arrays leave stay resident:
+        # memory-e8 reached its resident high at the update's Adam step with 13 MiB free in
+        # the heap, 7 MiB over the plan's peak (3 MiB with glibc's thresholds, at the same
+        # iteration time).
+        if self.memory_budget is not None:
+            return False
+        if not self.backend.heap_arrays:
+            return True
         plan = self.planned_peak()
-        small = plan.peak_small_bytes
-        return small if 2 * small >= (plan.peak_bytes or 0) else 0
+        return 2 * plan.peak_small_bytes >= (plan.peak_bytes or 0)
+
+    def _heap_reserve(self) -> int:
+        # The heap's pages the run's arrays need, faulted in at setup (runtime/heap.reserve),
+        # where the heap keeps them (memory-e8's rollout: 30 of 405 MiB on the heap, whose
+        # own faults are most of the first iteration's; a reserve would only hold memory early)
+        if not self.backend.heap_arrays or not self._keeps_freed_pages():
+            return 0
+        return self.planned_peak().peak_small_bytes
 
     def _trim_before(self) -> frozenset[int]:
-        # under a budget the heap keeps no freed pages, but its holes stay resident until
-        # trimmed: given back right before the statement where the plan peaks
-        if self.memory_budget is None or not self.backend.heap_arrays:
+        # a heap that keeps no freed pages still leaves its holes resident until trimmed:
+        # given back right before the statement where the plan peaks
+        if not self.backend.heap_arrays or self._keeps_freed_pages():
             return frozenset()
         op = self.planned_peak().peak_op
         return frozenset() if op is None else frozenset({op})

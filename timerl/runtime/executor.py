@@ -142,11 +142,13 @@ class Executor:
         self._ragged = schedule.ragged_lengths()
         # False: numpy's huge-page advice is off while this runs (``heap.numpy_huge_pages``)
         self.huge_page_advice = huge_page_advice
-        self.keep_freed_pages = keep_freed_pages  # runtime/heap.py; not under a memory budget
+        # runtime/heap.py; not under a memory budget, nor where arrays mapped apart hold most
+        # of the peak (``Program._keeps_freed_pages``)
+        self.keep_freed_pages = keep_freed_pages
         # bytes of heap pages to fault in at setup (``heap.reserve``): the planned peak of the
         # arrays the heap serves, where pages are kept; the bytes reserved once done
         self.heap_reserve = heap_reserve if keep_freed_pages and backend.heap_arrays else 0
-        # ops before which the heap gives its free pages back, under a memory budget: where
+        # ops before which a heap that keeps no freed pages gives its free ones back: where
         # the plan peaks (``heap.trim_before_peak``)
         self.trim_before = (
             frozenset(trim_before) if not keep_freed_pages and backend.heap_arrays else frozenset()
@@ -173,7 +175,7 @@ class Executor:
         # blocks whose freed rows are kept for their next allocation (on the CPU, where rows
         # are a numpy array's memory: ``BlockStore.keep_spare``); made and faulted in by
         # ``prepare``
-        kept = spare_blocks if keep_freed_pages and backend.heap_arrays else ()
+        kept = spare_blocks if backend.heap_arrays else ()
         self._spares = [s for i in kept if type(s := self.stores.get(i)) is BlockStore]
         self.ops = {op.id: op for op in ops}
         # merges a donation writes into: a constant they take is copied (``owned_merges``)

@@ -54,7 +54,7 @@ _USER_SETTINGS = (
     "MALLOC_MMAP_MAX_",
 )
 
-# glibc's initial thresholds, which a run under a memory budget fixes (see keep_freed_pages)
+# glibc's initial thresholds, which a run that keeps no freed pages fixes (see keep_freed_pages)
 _GLIBC_DEFAULT = 128 << 10
 
 _LIBC: list[Any] = []  # the C library, looked up once ([None] where it is not glibc)
@@ -88,12 +88,14 @@ def keep_freed_pages(keep: bool = True) -> bool:
 
     A run under a memory budget does not keep them: its resident memory counts more than the
     faults, and pages kept in a fragmented heap cost it about 6 MiB on memory-e8 (a budget of
-    33 MiB). It fixes glibc's initial thresholds, which glibc itself would raise: the first
-    freed mapping of a few MiB (memory-e8 draws its initial weights through 6 MiB
-    temporaries) moves every later array up to that size onto the heap, where freed pages
-    stay resident. Fixed, each array above 128 KiB is mapped and unmapped, and the run's
-    resident memory follows the meter (memory-e32 under its budget: 3% over it, not 13%;
-    its streamed chunks are read into the same buffers again, see ``RowFile._read_all``).
+    33 MiB). Nor does a run whose peak is mostly arrays mapped apart (a rollout of images),
+    whose faults are mostly theirs (``Program._keeps_freed_pages``). It fixes glibc's initial
+    thresholds, which glibc itself would raise: the first freed mapping of a few MiB
+    (memory-e8 draws its initial weights through 6 MiB temporaries) moves every later array
+    up to that size onto the heap, where freed pages stay resident. Fixed, each array above
+    128 KiB is mapped and unmapped, and the run's resident memory follows the meter
+    (memory-e32 under its budget: 3% over it, not 13%; its streamed chunks are read into the
+    same buffers again, see ``RowFile._read_all``).
     Process-wide, as every malloc setting is; the heap is left alone where the user set
     glibc's ``MALLOC_*_`` variables or a ``glibc.malloc`` tunable. True when it keeps them.
     """
@@ -116,7 +118,8 @@ def release_free_heap() -> None:
     at about 20 MiB of small objects that are freed before the run; glibc keeps those pages,
     so they would sit in the process's resident memory beside the program's data, which the
     meter and ``planned_peak`` cannot see; given back after compiling where the run's pages
-    are not reserved (under a memory budget). After a run, the pages its arrays were kept in.
+    are not reserved (where the heap keeps no freed pages). After a run, the pages its arrays
+    were kept in.
     """
     lib = _glibc()
     if lib is not None:
@@ -130,15 +133,15 @@ def release_free_heap() -> None:
         lib.malloc_trim(0)
 
 
-# A trim before a budgeted run's peak statement waits until this many of its own durations
-# have passed since the last one (see :func:`trim_before_peak`)
+# A trim before a peak statement waits until this many of its own durations have passed since
+# the last one (see :func:`trim_before_peak`)
 TRIM_SPACING = 50
 _LAST_TRIM = [0.0, 0.0]  # when the last trim before a peak ended, and what it took
 
 
 def trim_before_peak() -> None:
-    """:func:`release_free_heap`, called by a run under a memory budget right before the
-    statement where its plan peaks: the holes freed small arrays leave in the heap stay
+    """:func:`release_free_heap`, called by a run whose heap keeps no freed pages right before
+    the statement where its plan peaks: the holes freed small arrays leave in the heap stay
     resident until trimmed, and no meter counts them (memory-e32: 2.5 MiB at its peak).
 
     A trim walks the whole heap, about 2 ms in a process holding the compiler's objects:
