@@ -307,6 +307,30 @@ def test_strict_form_holds_values_freed_in_the_block_from_its_start(ppo):
     assert held_seen > 0
 
 
+def test_strict_form_holds_a_merge_of_carried_values_from_the_blocks_start(ppo):
+    """A merge reading only values from outside the block (a parameter, an optimiser's moment)
+    hands on a buffer live since before the block: its node shares the buffer of an input held
+    from the block's start, so an order gains nothing by placing the merge late."""
+    prog, _ = ppo
+    seen = 0
+    for block, g, op_of in _compiler_graphs(prog):
+        inside = {op.id for op in block.ops}
+        for v, nd in enumerate(g.nodes):
+            op = op_of.get(nd.id)
+            if op is None or op.prim != "merge" or any(e.src.id in inside for e in op.inputs):
+                continue
+            base = g.alias[v]
+            assert base >= 0 and g.nodes[base].op == "input" and not g.preds[base]
+            assert g.nodes[base].bytes == nd.bytes > 0
+            # wherever the merge runs, its buffer is live before the block's first op runs
+            ops = [u for u, other in enumerate(g.nodes) if other.op != "input"]
+            for order in (np.array(g.program_order), best_of_portfolio(Problem(g)).solution.order):
+                pos = np.argsort(order)
+                assert pos[base] < pos[ops].min()
+            seen += 1
+    assert seen > 0
+
+
 def test_prim_categories_follow_the_registry_traits():
     # a prim declared a view or a reduction in the registry is one to the block model too,
     # with no list of names to keep in step (sumsq is a reduction no name list had)
