@@ -115,8 +115,9 @@ class PlannedPeak:
     # next allocation (``BlockStore.keep_spare``): live bytes plus those rows stay within the
     # peak at every statement, so keeping them raises nothing
     spare_blocks: frozenset[int] = frozenset()
-    # the id of the op ``peak_at`` names (None: none): a run under a budget gives the heap's
-    # free pages back right before it (``runtime/heap.release_free_heap``)
+    # the id of the op ``peak_at`` names (None: none): a run whose heap keeps no freed pages
+    # (under a budget, or a peak mostly of arrays mapped apart) gives the heap's free pages back
+    # right before it (``runtime/heap.trim_before_peak``)
     peak_op: int | None = None
 
 
