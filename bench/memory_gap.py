@@ -21,6 +21,7 @@ of what it measures.
 
     python -m bench.memory_gap --config memory-e8
     python -m bench.memory_gap --config memory-e8 --iterations 3 --jump 1
+    python -m bench.memory_gap --config memory-e8 --memory-budget 33MiB
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Move:
     iteration: int
     line: int
     delta: int
+    gap: int  # resident minus metered after the move
     source: str = ""
 
 
@@ -144,7 +146,7 @@ class GapWatch:
         gap = over - metered
         moved = self._gap is not None and abs(gap - self._gap) > self.jump
         if moved and len(rep.moves) < MAX_MOVES:
-            rep.moves.append(Move(self.iteration, self._last, gap - self._gap))
+            rep.moves.append(Move(self.iteration, self._last, gap - self._gap, gap))
         self._gap, self._last = gap, line
 
 
@@ -159,8 +161,11 @@ def watching(jump: int = MiB) -> Iterator[GapWatch]:
         watch.stop()
 
 
-def watch_bench_run(label: str, iterations: int, from_iteration: int, jump: int) -> GapReport:
-    """Train a bench configuration's timerl PPO on numpy, watched from its compiled state."""
+def watch_bench_run(
+    label: str, iterations: int, from_iteration: int, jump: int, memory_budget: str | None = None
+) -> GapReport:
+    """Train a bench configuration's timerl program on numpy, watched from its compiled
+    state; under ``memory_budget`` where given."""
     from bench.rl import all_cases, select_cases
     from bench.timerl_runner import timerl_config
     from timerl.rl.train import train
@@ -190,6 +195,7 @@ def watch_bench_run(label: str, iterations: int, from_iteration: int, jump: int)
             iterations=cfg.iterations,
             backend="numpy",
             progress=False,
+            memory_budget=memory_budget,
             on_iteration=next_iteration,
         )
     finally:
@@ -204,17 +210,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--from-iteration", type=int, default=1, help="0 watches the first too")
     ap.add_argument("--jump", type=float, default=0.5, help="MiB a move must exceed")
+    ap.add_argument("--memory-budget", default=None, help="compile under this budget (33MiB)")
     args = ap.parse_args(argv)
-    rep = watch_bench_run(args.config, args.iterations, args.from_iteration, int(args.jump * MiB))
+    rep = watch_bench_run(
+        args.config, args.iterations, args.from_iteration, int(args.jump * MiB), args.memory_budget
+    )
     print(
         f"{args.config}: resident high {rep.high / MiB:.2f} MiB over the compiled program's, "
         f"iteration {rep.high_iteration} line {rep.high_line}, meter {rep.meter_at_high / MiB:.2f}"
         f" MiB: {rep.gap_at_high / MiB:+.2f} MiB unmetered, of it file pages "
         f"{rep.file_at_high / MiB:+.2f} MiB\n  at: {rep.high_source}"
     )
-    print(f"moves of resident minus metered over {args.jump} MiB that stayed:")
+    print(f"moves of resident minus metered over {args.jump} MiB that stayed (and to where):")
     for m in rep.moves:
-        print(f"  iteration {m.iteration} from line {m.line:5d} {m.delta / MiB:+7.2f}  {m.source}")
+        print(
+            f"  iteration {m.iteration} from line {m.line:5d} {m.delta / MiB:+7.2f} "
+            f"(to {m.gap / MiB:+7.2f})  {m.source}"
+        )
     return 0
 
 
