@@ -80,3 +80,38 @@ def test_compiling_needs_no_torch(monkeypatch):
     prog, got, want = _compile()
     assert used and all(isinstance(p, PolicyWeights) for p in used)
     np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+def test_a_block_whose_written_order_meets_the_lower_bound_is_not_searched(monkeypatch):
+    """No order beats the dependence lower bound: reaching it, the compiler keeps the
+    written order without the search's decodes."""
+    monkeypatch.setattr(order, "SEARCH_FROM", 12)
+    sizes: list[int] = []
+    real = order._reorder
+
+    def spy(graph, policy):
+        sizes.append(len(graph.nodes))
+        return real(graph, policy)
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched a block whose written order is optimal")
+
+    monkeypatch.setattr(order, "_reorder", spy)
+    monkeypatch.setattr(learned, "learned_search", no_search)
+    monkeypatch.setattr(order, "brkga", no_search)
+    u = np.random.RandomState(0).randn(4, 3000)
+    ctx = tl.Context(dims=("t",))
+    (t,), (T,) = ctx.dims, ctx.bounds
+    with ctx:
+        y = tl.from_numpy(u, domain=(t,), dtype="float64")
+        for k in range(8):  # a chain: each value's only reader is the next op
+            y = (y * float(k + 1)).tanh()
+        total = y.sum()
+    prog = ctx.compile(bounds={T: 4}, outputs=[total], backend="numpy")
+    prog.run()
+    assert sizes and max(sizes) >= 12  # a block large enough to search was looked at
+    assert not any("reordered" in n for n in prog.report.notes)
+    want = u
+    for k in range(8):
+        want = np.tanh(want * (k + 1))
+    np.testing.assert_allclose(np.asarray(prog.value(total)), want.sum(axis=1), rtol=1e-10)
