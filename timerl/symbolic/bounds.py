@@ -102,7 +102,7 @@ __all__ = ["always_eq", "always_le0", "always_lt0", "simplify"]
 
 # Conditions are immutable values and guard inference asks the same questions about them
 # thousands of times (every union around a recurrence re-simplifies and re-compares its
-# parts): memoising the three pure queries below cuts the PPO program's domain-conditions pass
+# parts): memoising the pure queries below cuts the PPO program's domain-conditions pass
 # several-fold. Bounded, so a long-lived process does not grow without limit.
 _memo = functools.lru_cache(maxsize=1 << 16)
 
@@ -246,8 +246,12 @@ def _implies(a: Condition, b: Condition) -> bool:
     return all(key in ra and r.contains(ra[key]) for key, r in rb.items())
 
 
+@_memo
 def union(a: Condition, b: Condition) -> Condition:
-    """``a | b`` of two simplified conditions, absorbing disjuncts (without re-simplifying)."""
+    """``a | b`` of two simplified conditions, absorbing disjuncts (without re-simplifying).
+
+    Memoised too: guard inference asks the same unions again at each visit of an op and in
+    each pass that infers guards (PPO on CartPole: 25 distinct among 1,859)."""
     return _absorb(Or.make([a, b]))
 
 
