@@ -12,6 +12,7 @@ conditions.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -633,7 +634,10 @@ class Not(Condition):
     part: Condition
 
     @staticmethod
+    @functools.lru_cache(maxsize=1 << 16)
     def make(part: Condition) -> Condition:
+        # memoised: ``And.make`` and ``Or.make`` negate every part they are given to find a
+        # complementary pair, and a comparison's negation is arithmetic on its expression
         if isinstance(part, Literal):
             return Literal(not part.value)
         if isinstance(part, Not):
