@@ -289,14 +289,15 @@ def _sort_key(atom: Expr) -> tuple:
 
 
 def _make(terms: Mapping[Expr, int], const: int) -> Expr:
-    items = tuple(
-        sorted(((a, c) for a, c in terms.items() if c != 0), key=lambda x: _sort_key(x[0]))
-    )
+    items = [(a, c) for a, c in terms.items() if c != 0]
     if not items:
         return Const(const)
-    if len(items) == 1 and items[0][1] == 1 and const == 0:
-        return items[0][0]
-    return Affine(items, const)
+    if len(items) == 1:  # most index expressions (``t + 1``): nothing to sort
+        if items[0][1] == 1 and const == 0:
+            return items[0][0]
+        return Affine((items[0],), const)
+    items.sort(key=lambda x: _sort_key(x[0]))
+    return Affine(tuple(items), const)
 
 
 def _add(a: Expr, b: Expr, sign: int) -> Expr:
