@@ -50,12 +50,13 @@ def test_read_of_a_point_nobody_defined():
         with ctx:
             x = tl.RecurrentTensor.placeholder((), domain=(t,), name="only_one")
             x[1] = 1.0
-            y = x[0] * 2.0
+            y = (x[0] * 2.0).named("twice")
         return ctx, [y], []
 
     msg = _compile_error(build, tl.UndefinedPointError, bounds={"T": 5})
     assert "only_one" in msg
     assert "t=0" in msg or "t in [0" in msg
+    assert "needed because twice" in msg and "reads only_one[0]" in msg  # who reads it
 
 
 def test_gap_between_branches_is_named():

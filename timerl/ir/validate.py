@@ -110,12 +110,15 @@ def check_bounds(ops: list[Op], bounds: Mapping[Bound, int]) -> None:
 def validate(ops: list[Op], bounds: Mapping[Bound, int]) -> None:
     """Raise a ProgramError subclass naming the tensor, index and points of the first fault."""
     check_bounds(ops, bounds)
-    readers: dict[int, list[str]] = {}
+    readers: dict[int, list[tuple[Op, Edge]]] = {}  # named only in an error
     for op in ops:
         for e in op.inputs:
-            readers.setdefault(e.src.id, []).append(f"{op.where()} reads {e}")
+            readers.setdefault(e.src.id, []).append((op, e))
+    grids: dict[tuple[Dim, ...], dict] = {}  # read only: the ops of one domain share its grid
     for op in ops:
-        env = _grid(op.domain, bounds)
+        env = grids.get(op.domain)
+        if env is None:
+            env = grids[op.domain] = _grid(op.domain, bounds)
         n = len(env[op.domain[0]]) if op.domain else 1
         conds = [e.cond for e in op.inputs]
         if prims.get(op.prim).traits.piecewise:
@@ -127,11 +130,11 @@ def validate(ops: list[Op], bounds: Mapping[Bound, int]) -> None:
             for c in conds:
                 covered |= _as_mask(vevaluate(c, env), n)
             if not covered.all():
-                who = readers.get(op.id, [])
+                who = [f"{r.where()} reads {e}" for r, e in readers.get(op.id, [])[:3]]
                 raise UndefinedPointError(
                     f"{op.where()} is undefined at {_where(~covered, op, env)}: no branch of its "
                     "definition applies there"
-                    + (f"; needed because {'; '.join(who[:3])}" if who else "")
+                    + (f"; needed because {'; '.join(who)}" if who else "")
                 )
             conds = exclusive_conditions(op)
         guard = _as_mask(vevaluate(op.guard, env), n)
