@@ -465,12 +465,12 @@ class Condition:
     __slots__ = ()
 
     def __and__(self, other: Condition | bool) -> Condition:
-        return And.make([self, as_condition(other)])
+        return _both(self, as_condition(other))
 
     __rand__ = __and__
 
     def __or__(self, other: Condition | bool) -> Condition:
-        return Or.make([self, as_condition(other)])
+        return _either(self, as_condition(other))
 
     __ror__ = __or__
 
@@ -635,6 +635,19 @@ class Or(Condition):
 
     def __repr__(self) -> str:
         return " | ".join(f"({p})" for p in self.parts)
+
+
+# ``a & b`` and ``a | b`` memoised: guard inference combines the same few conditions over
+# and over (compiling CartPole PPO: 4,974 conjunctions of 69 distinct pairs, 1,249
+# disjunctions of 19), and each ``make`` compares every part with every other's negation
+@_arith_memo
+def _both(a: Condition, b: Condition) -> Condition:
+    return And.make([a, b])
+
+
+@_arith_memo
+def _either(a: Condition, b: Condition) -> Condition:
+    return Or.make([a, b])
 
 
 @dataclass(frozen=True, eq=True)
