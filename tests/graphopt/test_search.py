@@ -180,3 +180,16 @@ def test_a_job_count_below_one_is_refused():
 
     with pytest.raises(GraphError, match="--jobs must be at least 1, got 0"):
         brkga(Problem(random_graph(10, seed=0)), budget=10, jobs=0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_patience_stops_after_that_many_generations_without_a_better_schedule(seed):
+    p = Problem(random_graph(80, seed=seed))
+    full = brkga(p, budget=1000, seed=seed)
+    early = brkga(p, budget=1000, seed=seed, patience=3)
+    h = early.history
+    # the same search up to where it stopped, then three generations in a row found nothing
+    assert h == full.history[: len(h)]
+    assert early.evaluations < full.evaluations
+    assert h[-1] == h[-4] and (len(h) == 4 or h[-5] > h[-4])
+    assert early.value == h[-1] and early.value >= full.value

@@ -72,8 +72,13 @@ def brkga(
     method: str = "brkga",
     jobs: int = 1,
     uniform_share: float = 0.0,
+    patience: int | None = None,
 ) -> SearchResult:
     """Run BRKGA for ``budget`` decodes; seeded schedules enter the first population.
+
+    ``patience``: stop early once that many generations in a row found nothing better (None:
+    use the whole budget). The compiler sets it: on PPO's update bodies the search improves
+    on its seeds within a few generations or not at all.
 
     Because elites survive unchanged and seeds are evaluated first, the result is never worse
     than the best seed. ``jobs`` processes score each generation (same result as one).
@@ -123,7 +128,8 @@ def brkga(
         best = int(np.argmin(fit))  # the first of equals, as scoring in order would keep
         best_val, best_sol = float(fit[best]), sols[best]
         history = [best_val]
-        while evals < budget:
+        stale = 0  # generations in a row without a better schedule
+        while evals < budget and (patience is None or stale < patience):
             rank = np.argsort(fit, kind="stable")
             keys, fit = keys[rank], fit[rank]
             sols = [sols[r] for r in rank]
@@ -136,11 +142,12 @@ def brkga(
                 take = rng.random((n_child, m)) < rho
                 new[n_mut:] = np.where(take, keys[pe], keys[pn])
             new = new[: budget - evals]
+            stale += 1
             for j, (val, sol) in enumerate(score(new)):
                 i = n_elite + j
                 keys[i], fit[i], sols[i] = new[j], val, sol
                 if val < best_val:
-                    best_val, best_sol = val, sol
+                    best_val, best_sol, stale = val, sol, 0
             evals += len(new)
             history.append(float(best_val))
         assert best_sol is not None

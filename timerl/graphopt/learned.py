@@ -78,6 +78,7 @@ def learned_search(
     seeds: dict[str, Solution] | None = None,
     jobs: int = 1,
     uniform_share: float | None = None,
+    patience: int | None = None,
 ) -> SearchResult:
     """BRKGA with the policy's proposals (``action``, when given, replaces the network's mean
     action and ``weights`` may be None); uniform proposals where ``weights`` never learned the
@@ -86,14 +87,21 @@ def learned_search(
 
     ``uniform_share`` (default: the weights file's ``uniform_share``, else 0) is the share of
     BRKGA's draws that stay uniform (see :func:`~timerl.graphopt.brkga.brkga`), so that the
-    file alone says how its proposals are used."""
+    file alone says how its proposals are used. ``patience``: as for BRKGA."""
     t0 = time.perf_counter()
     if seeds is None:
         seeds = portfolio_solutions(problem)
     if action is None and weights is not None and problem.objective not in weights.objectives:
         # weights that never learned this objective steer no better than chance (measured on
         # the runtime objective: 3% worse than uniform BRKGA on average), so they do not steer
-        res = brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed, jobs=jobs)
+        res = brkga(
+            problem,
+            budget=budget,
+            seeds=list(seeds.values()),
+            seed=seed,
+            jobs=jobs,
+            patience=patience,
+        )
         res.method = "learned (uniform: weights not trained for this objective)"
         res.seconds = time.perf_counter() - t0
         return res
@@ -116,6 +124,7 @@ def learned_search(
         method="learned",
         jobs=jobs,
         uniform_share=uniform_share,
+        patience=patience,
     )
     res.seconds = time.perf_counter() - t0
     return res
