@@ -14,7 +14,8 @@ orders; on blocks of ``SEARCH_FROM`` graph nodes or more, BRKGA steered by the s
 policy (``timerl.graphopt.learned``) searches from them for ``SEARCH_BUDGET`` decodes, unless
 one of them already meets the block's dependence lower bound (``graphopt.exact``): no order
 can beat it, and the search would only cost compile time (PPO's first update block, about 100
-nodes: 50 to 70 ms of a 0.5 s compile on CartPole-v1 and on images alike). An
+nodes: 50 to 70 ms per compile on CartPole-v1 and on images alike); and it stops early once it
+stops improving (``SEARCH_PATIENCE``). An
 order is kept only when graphopt's exact single-device model says its peak is lower than the written
 order's. Without usable policy weights (a broken install) the search runs with uniform
 proposals, as it did before the policy existed; the policy runs in numpy, so torch is never
@@ -49,8 +50,8 @@ SEARCH_FROM = 64
 SEARCH_BUDGET = 300
 # ... and stops after this many generations (16 decodes each) in a row found no lower peak: on
 # PPO's update bodies (CartPole-v1, Pendulum-v1, images) the search improves on its seeds by
-# the 8th generation or never (the 400-node backward never did: 300 decodes, 85 ms of a 0.32 s
-# compile, for nothing)
+# the 8th generation or never (the 400-node backward never did: 300 decodes, 85 ms a compile,
+# for nothing)
 SEARCH_PATIENCE = 10
 
 

@@ -300,12 +300,15 @@ def _make(terms: Mapping[Expr, int], const: int) -> Expr:
     return Affine(tuple(items), const)
 
 
-# Index arithmetic repeats itself: compiling PPO adds 21,589 pairs of expressions, 96 of them
-# distinct, and scales 9,772 (expressions are immutable values, symbols hashed by identity)
-_arith_memo = functools.lru_cache(maxsize=1 << 16)
+# Memoised operations (here and on conditions below): expressions and conditions are
+# immutable values, symbols hashed by identity, and compiling asks the same questions again
+# and again; index arithmetic, for one, adds 21,589 pairs of expressions in compiling PPO, 96
+# of them distinct, and scales 9,772. Bounded, so a long-lived process does not grow without
+# limit.
+_memo = functools.lru_cache(maxsize=1 << 16)
 
 
-@_arith_memo
+@_memo
 def _add(a: Expr, b: Expr, sign: int) -> Expr:
     ta, ca = a.linear()
     tb, cb = b.linear()
@@ -315,7 +318,7 @@ def _add(a: Expr, b: Expr, sign: int) -> Expr:
     return _make(terms, ca + sign * cb)
 
 
-@_arith_memo
+@_memo
 def _scale(a: Expr, k: int) -> Expr:
     terms, const = a.linear()
     return _make({atom: c * k for atom, c in terms.items()}, const * k)
@@ -640,12 +643,12 @@ class Or(Condition):
 # ``a & b`` and ``a | b`` memoised: guard inference combines the same few conditions over
 # and over (compiling CartPole PPO: 4,974 conjunctions of 69 distinct pairs, 1,249
 # disjunctions of 19), and each ``make`` compares every part with every other's negation
-@_arith_memo
+@_memo
 def _both(a: Condition, b: Condition) -> Condition:
     return And.make([a, b])
 
 
-@_arith_memo
+@_memo
 def _either(a: Condition, b: Condition) -> Condition:
     return Or.make([a, b])
 
@@ -655,7 +658,7 @@ class Not(Condition):
     part: Condition
 
     @staticmethod
-    @functools.lru_cache(maxsize=1 << 16)
+    @_memo
     def make(part: Condition) -> Condition:
         # memoised: ``And.make`` and ``Or.make`` negate every part they are given to find a
         # complementary pair, and a comparison's negation is arithmetic on its expression
