@@ -36,8 +36,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from timerl.runtime.codegen import GENERATED_FILE
+
 MiB = 1 << 20
-GENERATED = "<timerl schedule"  # the file name codegen gives the generated run function
 # a line that calls a kernel: the meter there counts every statement before it (the lines
 # that update it follow the kernel's), so resident minus metered is compared there only
 KERNEL_CALL = re.compile(r"= K\d+\(")
@@ -112,7 +113,7 @@ class GapWatch:
 
     def _enter(self, frame: Any, event: str, arg: Any) -> Callable | None:
         code = frame.f_code
-        if not code.co_filename.startswith(GENERATED) or "M" not in code.co_varnames:
+        if not code.co_filename.startswith(GENERATED_FILE) or "M" not in code.co_varnames:
             return None  # not the run function (its module, a kernel)
         if self._meter is None or frame.f_locals.get("M") is not self._meter:
             self._meter = frame.f_locals["M"]  # [live bytes, peak]: read, never copied

@@ -45,6 +45,8 @@ from timerl.symbolic import TRUE, Bound, Condition, Const, Dim, Expr, Slice, Sym
 
 UNBOUNDED = 2**62
 _SOURCES = itertools.count()  # numbers the generated sources registered in linecache
+# how the file name of a generated source starts (tracebacks show it; tools find it by it)
+GENERATED_FILE = "<timerl schedule"
 
 
 def _static_nbytes(op: Op) -> int | None:
@@ -827,7 +829,7 @@ class CodeGen:
         self.source = src
         # a name of its own in linecache, so that a traceback through the generated code
         # shows the line (and the tensor its comment names) where it failed
-        name = f"<timerl schedule {next(_SOURCES)}>"
+        name = f"{GENERATED_FILE} {next(_SOURCES)}>"
         code = compile(src, name, "exec")
         exec(code, self.ns)  # noqa: S102 - our own generated source
         run = self.ns["run"]
