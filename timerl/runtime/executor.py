@@ -26,7 +26,13 @@ from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call
 from timerl.runtime.codegen import CodeGen
 from timerl.runtime.heap import TRIM_PEAK, HeapTrim, release_free_heap
-from timerl.runtime.stores import BlockStore, StorePlan, StreamStore, TierMeter
+from timerl.runtime.stores import (
+    BlockStore,
+    StorePlan,
+    StreamStore,
+    SwappablePoints,
+    TierMeter,
+)
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import (
     TRUE,
@@ -533,7 +539,7 @@ class Executor:
         return sum(
             s.moved + (s.streamed_bytes if isinstance(s, StreamStore) else 0)
             for s in self.stores.values()
-            if isinstance(s, BlockStore)
+            if isinstance(s, (BlockStore, SwappablePoints))
         )
 
     def read_stats(self) -> dict[str, Any] | None:
@@ -585,8 +591,13 @@ class Executor:
         out: dict[int, dict[tuple, np.ndarray]] = {}
         for k, op in enumerate(self.ops.values()):
             store = self.stores[op.id]
-            if dim in op.domain and store:
-                out[k] = {p: self.backend.to_numpy(v).copy() for p, v in store.items()}
+            if dim not in op.domain:
+                continue
+            # a point a memory budget moved to disk between updates is state all the same
+            items = store.all_items() if isinstance(store, SwappablePoints) else store.items()
+            points = {p: self.backend.to_numpy(v).copy() for p, v in items}
+            if points:
+                out[k] = points
         return out
 
     def restore(self, snapshot: Mapping[int, Mapping[tuple, np.ndarray]]) -> None:
@@ -626,7 +637,7 @@ class Executor:
                 fn(env)
             elif isinstance(stmt, (SwapOut, SwapIn)):
                 store = self.stores[stmt.op.id]
-                if not isinstance(store, BlockStore):
+                if not isinstance(store, (BlockStore, SwappablePoints)):
                     continue  # held as points on this backend: nothing to swap
                 key = tuple(p.evaluate(env) for p in stmt.prefix)
                 if isinstance(stmt, SwapOut):

@@ -729,6 +729,62 @@ class StreamStore(BlockStore):
         return f"StreamStore({len(self.blocks)} blocks of {self.extent} x {self.elem} on disk)"
 
 
+class SwappablePoints(dict):
+    """A point store whose points a memory budget moves to disk while they are idle: an
+    optimiser's moments between two updates (``compiler/state_swap.py``).
+
+    Each swapped point is written raw to a file of its own and read back into a fresh array,
+    like a swapped block (``BlockStore.swap_out``). A point on disk is still the program's
+    state: ``snapshot`` reads it through ``all_items``, and ``clear`` deletes its file."""
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__()
+        self.backend = backend
+        self.on_disk: dict[tuple, tuple[str, np.dtype, tuple[int, ...]]] = {}
+        self.moved = 0  # bytes moved to disk and back
+        self.tier = TierMeter()  # the run's, shared by its stores (``make_stores``)
+
+    def swap_out(self, key: tuple) -> int:
+        """Write the points under ``key`` to disk and drop them; bytes released."""
+        n = 0
+        for point in [p for p in self if p[: len(key)] == key]:
+            array = np.ascontiguousarray(self.backend.to_numpy(self.pop(point)))
+            fd, path = tempfile.mkstemp(prefix="timerl-swap-", suffix=".point", dir=_swap_dir())
+            with os.fdopen(fd, "wb") as f:
+                array.tofile(f)
+            self.on_disk[point] = (path, array.dtype, array.shape)
+            n += array.nbytes
+        self.moved += n
+        self.tier.add(n)
+        return n
+
+    def swap_in(self, key: tuple) -> int:
+        """Read back the points under ``key`` that ``swap_out`` wrote; bytes taken again."""
+        n = 0
+        for point in [p for p in self.on_disk if p[: len(key)] == key]:
+            path, dtype, shape = self.on_disk.pop(point)
+            array = np.fromfile(path, dtype=dtype).reshape(shape)
+            os.unlink(path)
+            self[point] = self.backend.asarray(array)
+            n += array.nbytes
+        self.moved += n
+        self.tier.sub(n)
+        return n
+
+    def all_items(self) -> Iterator[tuple[tuple, Any]]:
+        """Every point, those on disk read back (as numpy) without moving them."""
+        yield from self.items()
+        for point, (path, dtype, shape) in self.on_disk.items():
+            yield point, np.fromfile(path, dtype=dtype).reshape(shape)
+
+    def clear(self) -> None:
+        super().clear()
+        for path, dtype, shape in self.on_disk.values():
+            self.tier.sub(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+            os.unlink(path)
+        self.on_disk.clear()
+
+
 class StorePlan:
     """The storage table as the executors need it: which ops are blocks or views of blocks,
     which loop allocates each block, and the source the code generator emits for them."""
@@ -736,6 +792,10 @@ class StorePlan:
     def __init__(self, schedule: Schedule, storage: Mapping[int, Storage]) -> None:
         self.storage = storage
         self.blocks: dict[int, Op] = {}
+        # point stores a memory budget swaps to disk (``compiler/state_swap.py``)
+        self.swapped_points = {
+            s.op.id for s in schedule.statements() if isinstance(s, (SwapOut, SwapIn)) and s.points
+        }
         self.views = {i for i, s in storage.items() if s.kind == "view"}
         self.rings = {i for i, s in storage.items() if s.kind == "ring"}
         self.aliases = {i for i, s in storage.items() if s.kind == "alias"}
@@ -791,11 +851,13 @@ class StorePlan:
                     continue
                 owns = op.id not in self.aliases
                 out[op.id] = BlockStore(extent, elem, op.dtype, backend, owns)
+            elif op.id in self.swapped_points:
+                out[op.id] = SwappablePoints(backend)
             else:
                 out[op.id] = {}
         if tier is not None:
             for store in out.values():
-                if isinstance(store, BlockStore):
+                if isinstance(store, (BlockStore, SwappablePoints)):
                     store.tier = tier
         return out
 
@@ -867,7 +929,7 @@ class StorePlan:
         return [f"if M[0] + {n} > M[1]: M[1] = M[0] + {n}"] if n else []
 
     def swap_src(self, stmt: SwapOut | SwapIn, key: str) -> list[str]:
-        if stmt.op.id not in self.blocks:
+        if stmt.op.id not in self.blocks and stmt.op.id not in self.swapped_points:
             return []  # held as points on this backend: nothing to swap
         if isinstance(stmt, SwapOut):
             # ``_b`` (the block a loop wrote last) must not keep the swapped block alive

@@ -30,18 +30,22 @@ class Free:
 @dataclass(eq=False)
 class SwapOut:
     """Write the blocks of block store ``op`` at outer point ``prefix`` to disk and release
-    them: their next reader is far (placed only under a memory budget)."""
+    them: their next reader is far (placed only under a memory budget). With ``points``, the
+    points of a point store under ``prefix`` instead (``compiler/state_swap.py``)."""
 
     op: Op
     prefix: tuple[Expr, ...] = ()
+    points: bool = False
 
 
 @dataclass(eq=False)
 class SwapIn:
-    """Read back the blocks a ``SwapOut`` wrote, before their next reader."""
+    """Read back what a ``SwapOut`` wrote under ``prefix``, before its next reader (nothing
+    where nothing under it was written)."""
 
     op: Op
     prefix: tuple[Expr, ...] = ()
+    points: bool = False
 
 
 @dataclass(eq=False)
