@@ -27,6 +27,7 @@ from timerl.compiler.incrementalize import blocks_asked
 from timerl.compiler.pipeline import Compiled
 from timerl.compiler.pipeline import compile as compile_program
 from timerl.compiler.spec import ProgramSpec, freeze
+from timerl.compiler.state_swap import plan_state_swaps
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
 from timerl.ir import prims
 from timerl.ir.autodiff import depends_differentiably
@@ -258,9 +259,10 @@ class Context(Scope):
         roots = list(self._roots) if effects else list(self._until.values())
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
         blocks = blocks_asked() if optimize else None
-        compiled = compile_program(spec, optimize=optimize, blocks=blocks)
-        planned = None
         be = make_backend(backend, device)
+        state = budget is not None and _swaps_state(be)
+        compiled = compile_program(spec, optimize=optimize, blocks=blocks, state_on_disk=state)
+        planned = None
         if budget is not None:
             compiled, planned = _fit(compiled, be, budget)
             over = planned.peak_bytes is not None and planned.peak_bytes > budget
@@ -269,7 +271,8 @@ class Context(Scope):
                 del compiled, planned  # each attempt is a whole program: hold one at a time
                 found = _fit_by_blocks(spec, whole, be, budget)
                 if found is None:  # nothing runs by blocks, or no block count plans lower
-                    found = _fit(compile_program(spec, optimize=optimize, blocks=None), be, budget)
+                    again = compile_program(spec, optimize=optimize, state_on_disk=state)
+                    found = _fit(again, be, budget)
                 compiled, planned = found
             check_budget(planned, budget)
         return Program(
@@ -282,6 +285,12 @@ class Context(Scope):
             output_ids={id(t.view): op.id for t, op in zip(outputs, asked, strict=True)},
             started=start,
         )
+
+
+def _swaps_state(be: Any) -> bool:
+    """Whether a budget swaps carried state to disk on this backend (point stores swap on
+    numpy; the compile then orders for it: ``compile_program(state_on_disk=True)``)."""
+    return be.name == "numpy"
 
 
 def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPeak]:
@@ -321,6 +330,21 @@ def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPea
             ),
         )
         compiled.report.notes.extend(notes)
+    if _swaps_state(be) and planned.peak_bytes is not None:
+        # state carried between updates goes to disk wherever that lowers the peak, within
+        # the budget or not: it costs a write and a read of the state an update
+        swapped, planned, notes = compiled.report.timed(
+            "state to disk",
+            lambda: plan_state_swaps(
+                swapped,
+                list(spec_c.ops),
+                storage,
+                spec_c.static,
+                spec_c.dynamic,
+                donations,
+            ),
+        )
+        compiled.report.notes.extend(notes)
     return dataclasses.replace(compiled, schedule=swapped, storage=storage), planned
 
 
@@ -343,7 +367,8 @@ def _fit_by_blocks(
     def attempt(blocks: int) -> int | None:
         """The plan's peak with ``blocks`` blocks (None: nothing runs by blocks)."""
         nonlocal best
-        out, plan = _fit(compile_program(spec, optimize=True, blocks=blocks), be, budget)
+        attempt_c = compile_program(spec, blocks=blocks, state_on_disk=_swaps_state(be))
+        out, plan = _fit(attempt_c, be, budget)
         if len(out.spec.dims) == len(spec.dims):  # no dim of blocks was added
             return None
         peak = plan.peak_bytes if plan.peak_bytes is not None else 2**63

@@ -56,9 +56,14 @@ SEARCH_PATIENCE = 10
 
 
 def order_blocks(
-    sched: Schedule, ops: list[Op], bounds: Mapping[Bound, int], keep: set[int]
+    sched: Schedule,
+    ops: list[Op],
+    bounds: Mapping[Bound, int],
+    keep: set[int],
+    state_on_disk: bool = False,
 ) -> tuple[Schedule, int]:
-    """The schedule with each block reordered where that lowers its peak; and how many were."""
+    """The schedule with each block reordered where that lowers its peak; and how many were.
+    ``state_on_disk``: model carried state as swapped between updates (``to_graph``)."""
     # the blocks as the memory statements will cut them: a value computed earlier and freed
     # in a block is held there from its start (``to_graph``); reordering inside blocks moves
     # no free to another block
@@ -73,7 +78,13 @@ def order_blocks(
     for b, block in enumerate(blocks):
         if len(block.ops) >= MIN_BLOCK:
             graph, op_of = block_graph(
-                block, bounds, readers, keep, strict_reads=True, resident_inputs=True
+                block,
+                bounds,
+                readers,
+                keep,
+                strict_reads=True,
+                resident_inputs=True,
+                state_on_disk=state_on_disk,
             )
             better = _reorder(graph, policy)
             if better is not None:

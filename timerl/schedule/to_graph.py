@@ -61,6 +61,13 @@ exception is a value computed before the block and freed inside it (the rollout'
 freed by the update's backward pass): it is live from the block's start until its last reader
 there, so its input node holds its bytes and comes before every other source of the graph, and
 an order that reaches its last reader early frees it early.
+
+``state_on_disk`` (the compiler's under a memory budget, ``compiler/state_swap.py``) models
+carried state as that pass will place it: a merge of values from outside the block is
+counted from its own place (the state is read back from disk right before it), and a value
+read elsewhere only by such merges (the next update's moment) is not an output (it goes to
+disk after its last reader here). The search then runs each optimiser step's moments in turn
+instead of holding all of them at once.
 """
 
 from __future__ import annotations
@@ -83,6 +90,9 @@ from timerl.symbolic import Bound, Const, Dim, Expr, Slice, vevaluate
 
 REFERENCE_FLOPS = 1e12
 MIN_OPS = 8
+# carried state of fewer bytes stays in memory under a budget (``compiler/state_swap.py``):
+# swapping it would not pay for a replay of the whole program each
+STATE_SWAP_MIN_BYTES = 1 << 16
 _ID_NUMBER = re.compile(r"#\d+")
 
 
@@ -167,13 +177,16 @@ def block_graph(
     *,
     strict_reads: bool = False,
     resident_inputs: bool = False,
+    state_on_disk: bool = False,
 ) -> tuple[Graph, dict[str, Op]]:
     """The graph of one block, and the op behind each node that is one (not the inputs).
 
     ``readers`` is ``consumers(ops)`` of the whole program, ``keep`` the ids of the values the
     user keeps; ``bounds`` gives every bound a value (a dynamic one its cap).
     """
-    return _BlockExport(block, bounds, readers, keep, strict_reads, resident_inputs).graph(name)
+    export = _BlockExport(block, bounds, readers, keep, strict_reads, resident_inputs)
+    export.state_on_disk = state_on_disk
+    return export.graph(name)
 
 
 # ---------------------------------------------------------------------- one block
@@ -189,6 +202,7 @@ class _BlockExport:
     ) -> None:
         self.strict_reads = strict_reads
         self.resident_inputs = resident_inputs
+        self.state_on_disk = False
         self.block = block
         self.bounds = bounds
         self.readers = readers
@@ -259,7 +273,19 @@ class _BlockExport:
         users = self.readers.get(op.id, [])
         if not users:
             return True
-        return any(r.id not in self.pos or self._kind(e) != "same" for r, e in users)
+        return any(
+            (r.id not in self.pos or self._kind(e) != "same") and not self._swapped_state(r)
+            for r, e in users
+        )
+
+    def _swapped_state(self, merge: Op) -> bool:
+        """Whether ``merge`` picks carried state that a budget swaps to disk between updates
+        (``state_on_disk``): read back right before the merge, sent out after its last reader."""
+        return (
+            self.state_on_disk
+            and "picks" in op_traits(merge.prim)
+            and self._out_bytes(merge) >= STATE_SWAP_MIN_BYTES
+        )
 
     def _carried(self, merge: Op, index: int) -> dict[str, Any] | None:
         """In the compiler's form, the held input a merge of values from outside the block
@@ -270,7 +296,7 @@ class _BlockExport:
         instead, a late merge looked like a late allocation: the search moved parameter
         merges past the backward pass that in fact held them (memory-e8 planned 407.6 MiB
         after 3,000 decodes, 403.7 after 300)."""
-        if not self.resident_inputs:
+        if not self.resident_inputs or self._swapped_state(merge):
             return None
         return {
             "id": f"{index}:in:{_clean(merge.label)}",

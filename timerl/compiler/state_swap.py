@@ -1,0 +1,337 @@
+"""Under a memory budget, state carried from one update to the next goes to disk between uses.
+
+An optimiser's moment is read once per update, by the Adam step at its end, yet it is live
+through everything between: the rollout and the whole forward and backward pass. In the
+schedule it is a carried merge at the top of the update's body (``m[i, u]`` is ``m[i]`` at
+``u = 0``, else the last update's ``m'[i, u - 1]``), and the step that scales it
+(``beta1 * m``) runs right after it, since holding it costs the same wherever it runs. On
+memory-e8 the four first-layer moments are 12 MiB of a 32 MiB plan.
+
+For each such merge, largest first, this pass tries one move and keeps it where the replayed
+peak (``planned_peak``) drops, until the budget is met (as ``plan_swaps`` does for blocks):
+
+* the merge, and the chain of ops that read only it and constants (``beta1 * m``), move down
+  to right before the first statement that reads the chain's end (the Adam step's sum), with
+  the frees of what they read;
+* each value the merge picks is read back from disk right before it (``SwapIn``);
+* the loop-carried value computed in the same body (``m'[i, u]``) goes to disk right after its
+  last reader at its own point; the merge of an outer body it comes through (``m[i]``, from
+  the last iteration's ``m'[i - 1, U - 1]``) goes right after it is made, with its branch read
+  back before.
+
+A move is taken only where every reader of a value sent to disk reads it back first. Nothing
+changes what is computed: the same statements run, in an order the merge's readers allow.
+The runtime side is ``runtime/stores.SwappablePoints`` (numpy backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from timerl.compiler.budget import PlannedPeak, format_bytes, planned_peak
+from timerl.compiler.storage import Storage
+from timerl.ir import prims
+from timerl.ir.graph import Edge, Op, consumers
+from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
+from timerl.schedule.to_graph import STATE_SWAP_MIN_BYTES
+from timerl.symbolic import Bound, always_eq
+
+
+@dataclass
+class _Body:
+    """A loop body and the loops enclosing it, innermost last (``loops[-1].body is stmts``)."""
+
+    loops: tuple[Loop, ...]
+
+    @property
+    def stmts(self) -> list[Stmt]:
+        return self.loops[-1].body
+
+
+def plan_state_swaps(
+    sched: Schedule,
+    ops: list[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    dynamic: Mapping[Bound, int | None],
+    donations: Mapping[int, int] | None = None,
+) -> tuple[Schedule, PlannedPeak, list[str]]:
+    """``sched`` with carried state swapped to disk between uses wherever that lowers the
+    planned peak; its plan; a note per value moved."""
+
+    def replay(s: Schedule) -> PlannedPeak:
+        return planned_peak(s, ops, storage, static, dynamic, donations)
+
+    plan = replay(sched)
+    notes: list[str] = []
+    if plan.peak_bytes is None:
+        return sched, plan, notes
+    readers = consumers(ops)
+    candidates = [
+        m
+        for m in _carried_merges(sched, storage)
+        if _static_bytes(m, static) >= STATE_SWAP_MIN_BYTES
+    ]
+    candidates.sort(key=lambda m: -_static_bytes(m, static))
+    # a swap may lower the peak only once another has (two moments live at the peak): try
+    # the rest again after each round that kept one
+    while candidates:
+        rest = []
+        for merge in candidates:
+            trial = _swapped(sched, merge, readers, storage)
+            if trial is None:
+                continue
+            tried = replay(trial)
+            if tried.peak_bytes is None or tried.peak_bytes >= (plan.peak_bytes or 0):
+                rest.append(merge)
+                continue
+            sched, plan = trial, tried
+            notes.append(
+                f"swap: {merge.label} to disk between updates "
+                f"({format_bytes(_static_bytes(merge, static))})"
+            )
+        if len(rest) == len(candidates):
+            break
+        candidates = rest
+    return sched, plan, notes
+
+
+# ---------------------------------------------------------------------- finding the state
+def _is_point(op: Op, storage: Mapping[int, Storage]) -> bool:
+    st = storage.get(op.id)
+    return st is None or st.kind == "point"
+
+
+def _picks(op: Op) -> bool:
+    return prims.get(op.prim).traits.piecewise
+
+
+def _carried_merges(sched: Schedule, storage: Mapping[int, Storage]) -> list[Op]:
+    """Merges inside a loop whose every branch reads a value from before the body's
+    iteration: an earlier point of the body's own values, or a value of an outer body."""
+    out: list[Op] = []
+
+    def visit(body: list[Stmt], inside: bool) -> None:
+        here = {s.op.id for s in body if isinstance(s, Compute)}
+        for s in body:
+            if isinstance(s, Loop):
+                visit(s.body, True)
+            elif isinstance(s, Compute) and inside and _picks(s.op) and s.op.inputs:
+                op = s.op
+                if _is_point(op, storage) and all(
+                    _is_point(e.src, storage)
+                    and (e.src.id not in here or not _at_own_point(e, e.src))
+                    for e in op.inputs
+                ):
+                    out.append(op)
+
+    visit(sched.body, False)
+    return out
+
+
+def _at_own_point(edge: Edge, src: Op) -> bool:
+    return len(edge.index) == len(src.domain) and all(
+        always_eq(i, d) for i, d in zip(edge.index, src.domain, strict=True)
+    )
+
+
+def _frees_own_point(free: Free, op: Op) -> bool:
+    return len(free.prefix) == len(op.domain) and all(
+        always_eq(p, d) for p, d in zip(free.prefix, op.domain, strict=True)
+    )
+
+
+def _static_bytes(op: Op, static: Mapping[Bound, int]) -> int:
+    n = 1
+    for s in op.shape:
+        try:
+            n *= int(s.evaluate(static))
+        except (KeyError, TypeError, ValueError):
+            return 0
+    return n * np.dtype(op.dtype).itemsize
+
+
+def _reads(stmt: Stmt, ids: set[int]) -> bool:
+    if isinstance(stmt, (Compute, Start)):
+        return any(e.src.id in ids for e in stmt.op.inputs)
+    if isinstance(stmt, Loop):
+        return any(_reads(s, ids) for s in stmt.body)
+    return False
+
+
+def _find(sched: Schedule, op: Op) -> tuple[_Body, int] | None:
+    """The loop body computing ``op``, and its statement's index there."""
+
+    def visit(body: list[Stmt], loops: tuple[Loop, ...]) -> tuple[_Body, int] | None:
+        for k, s in enumerate(body):
+            if isinstance(s, Compute) and s.op is op and loops:
+                return _Body(loops), k
+            if isinstance(s, Loop):
+                found = visit(s.body, (*loops, s))
+                if found is not None:
+                    return found
+        return None
+
+    return visit(sched.body, ())
+
+
+# ---------------------------------------------------------------------- one move
+def _swapped(
+    sched: Schedule,
+    merge: Op,
+    readers: Mapping[int, list[tuple[Op, Edge]]],
+    storage: Mapping[int, Storage],
+) -> Schedule | None:
+    """``sched`` with ``merge``'s state swapped out between uses (the module's doc), or None
+    where that cannot be done safely."""
+    found = _find(sched, merge)
+    if found is None:
+        return None
+    body, at = found
+    stmts = body.stmts
+    computed_here = {s.op.id for s in stmts if isinstance(s, Compute)}
+    sources = {e.src.id for e in merge.inputs}
+
+    # the chain: the merge, then each sole reader in this body of the chain's end that reads
+    # nothing else computed here (``beta1 * m``)
+    chain = [merge]
+    while True:
+        users = [s for s in stmts if _reads(s, {chain[-1].id})]
+        if len(users) != 1 or not isinstance(users[0], Compute):
+            break
+        nxt = users[0].op
+        if not prims.get(nxt.prim).traits.elementwise or any(
+            e.src.id in computed_here and e.src is not chain[-1] for e in nxt.inputs
+        ):
+            break
+        chain.append(nxt)
+    chain_ids = {op.id for op in chain}
+    target = next(
+        (
+            k
+            for k, s in enumerate(stmts)
+            if k > at
+            and _reads(s, {chain[-1].id})
+            and not (isinstance(s, Compute) and s.op.id in chain_ids)
+        ),
+        None,
+    )
+    if target is None:
+        return None
+    moved_ids = chain_ids | sources
+    moved = [
+        s
+        for s in stmts[at:target]
+        if (isinstance(s, Compute) and s.op.id in chain_ids)
+        or (isinstance(s, Free) and s.op.id in moved_ids)
+    ]
+    if any(_reads(s, moved_ids) for s in stmts[at:target] if not any(s is m for m in moved)):
+        return None  # something between reads what moves
+
+    swapped: dict[int, Op] = {}  # op id -> a value sent to disk
+    ins: list[Stmt] = []  # read back right before the merge
+    outer_edits: dict[int, tuple[list[Stmt], list[Stmt]]] = {}  # stmt id -> (before, after)
+    for e in merge.inputs:
+        src = e.src
+        if src.id in computed_here:
+            swapped[src.id] = src
+        elif _picks(src) and all(r is merge for r, _ in readers.get(src.id, [])):
+            outer = _find(sched, src)
+            if outer is None:
+                continue
+            swapped[src.id] = src
+            o_body, o_at = outer
+            back = [
+                SwapIn(b.src, tuple(b.index), points=True)
+                for b in src.inputs
+                if b.src.id in computed_here and b.src.id in sources
+            ]
+            # after the merge's frees: its branches are released before the merge goes
+            k = o_at + 1
+            while k < len(o_body.stmts) and isinstance(o_body.stmts[k], Free):
+                k += 1
+            outer_edits[id(o_body.stmts[o_at])] = (back, [])
+            last = o_body.stmts[k - 1]
+            before, after = outer_edits.get(id(last), ([], []))
+            outer_edits[id(last)] = (before, [*after, SwapOut(src, tuple(src.domain), points=True)])
+        else:
+            continue
+        ins.append(SwapIn(src, tuple(e.index), points=True))
+    if not swapped:
+        return None
+
+    new = [s for s in stmts[:target] if not any(s is m for m in moved)]
+    new += ins + moved + stmts[target:]
+    # the loop-carried values computed here go out after their last reader at their point
+    for src in [s for i, s in swapped.items() if i in computed_here]:
+        last = None
+        for k, s in enumerate(new):
+            if isinstance(s, Compute) and (
+                s.op is src or any(e.src is src and _at_own_point(e, src) for e in s.op.inputs)
+            ):
+                last = k
+            elif isinstance(s, Free) and s.op is src and _frees_own_point(s, src):
+                last = None  # dead at its own point: nothing carried
+                break
+        if last is None:
+            return None
+        k = last + 1
+        while k < len(new) and isinstance(new[k], Free):
+            k += 1
+        new.insert(k, SwapOut(src, tuple(src.domain), points=True))
+    if not _all_reads_covered(swapped, readers, new, body, merge):
+        return None
+    return Schedule(_rebuild(sched.body, {id(body.loops[-1]): new}, outer_edits))
+
+
+def _all_reads_covered(
+    swapped: Mapping[int, Op],
+    readers: Mapping[int, list[tuple[Op, Edge]]],
+    new: list[Stmt],
+    body: _Body,
+    merge: Op,
+) -> bool:
+    """Whether every reader of a value sent to disk is the merge or an outer merge that reads
+    it back, or reads it at its own point in this body before it goes."""
+    out_at = {
+        s.op.id: k for k, s in enumerate(new) if isinstance(s, SwapOut) and s.op.id in swapped
+    }
+    for op_id in swapped:
+        for reader, edge in readers.get(op_id, []):
+            if reader is merge or (reader.id in swapped and _picks(reader)):
+                continue
+            k = next(
+                (j for j, s in enumerate(new) if isinstance(s, Compute) and s.op is reader),
+                None,
+            )
+            if k is None or op_id not in out_at or k > out_at[op_id]:
+                return False
+            if not _at_own_point(edge, swapped[op_id]):
+                return False
+    return True
+
+
+def _rebuild(
+    body: list[Stmt],
+    bodies: Mapping[int, list[Stmt]],
+    edits: Mapping[int, tuple[list[Stmt], list[Stmt]]],
+) -> list[Stmt]:
+    """``body`` with the loop bodies of ``bodies`` (by id of their loop) replaced and the
+    statements of ``edits`` (by id of the statement: before it, after it) inserted."""
+    out: list[Stmt] = []
+    for s in body:
+        before, after = edits.get(id(s), ((), ()))
+        out.extend(before)
+        if isinstance(s, Loop):
+            inner = bodies.get(id(s), s.body)
+            out.append(Loop(s.dim, s.forward, _rebuild(inner, bodies, edits), s.until))
+        else:
+            out.append(s)
+        out.extend(after)
+    return out
+
+
+__all__ = ["plan_state_swaps"]
