@@ -116,3 +116,60 @@ def test_a_budgeted_run_resumes_with_its_moments_from_disk(tmp_path, stop_at):
         run("b", on_iteration=stop)
     resumed = run("b", config=None, resume=True)
     np.testing.assert_array_equal(resumed.returns, full.returns)
+
+
+def test_the_order_model_counts_swapped_state_from_its_merge_to_its_last_reader():
+    """With ``state_on_disk`` a large carried merge is a source of its own bytes placed where
+    the order puts it (read back from disk there), and the next update's value is no output
+    of the block (sent to disk after its last reader); without it, the merge shares an input
+    held from the block's start and the next value is held to the block's end."""
+    from timerl.api.program import VALIDATION_SIZE
+    from timerl.ir.graph import consumers
+    from timerl.schedule.to_graph import block_graph, loop_blocks
+
+    algo, bounds = _ppo()
+    prog = algo.ctx.compile(bounds=bounds, seed=1)
+    sizes = dict(prog.static)
+    sizes.update({b: c if c is not None else VALIDATION_SIZE for b, c in prog.dynamic.items()})
+    readers = consumers(prog.ops)
+    seen = 0
+    for block in loop_blocks(prog.schedule.body):
+        merge = next((op for op in block.ops if op.label == "adam_m(actor.0.weight@u)"), None)
+        if merge is None:
+            continue
+        new_m = next(r for r, _ in readers[merge.id] if r.prim == "mul").id  # beta1 * m
+        nxt = next(r for r, _ in readers[new_m] if r.prim == "add")  # m' = beta1 m + ...
+        for on_disk in (False, True):
+            g, op_of = block_graph(
+                block,
+                sizes,
+                readers,
+                set(prog.keep),
+                strict_reads=True,
+                resident_inputs=True,
+                state_on_disk=on_disk,
+            )
+            node = {op.id: v for v, op in ((g.index[n], op) for n, op in op_of.items())}
+            m, m_next = node[merge.id], node[nxt.id]
+            if on_disk:
+                assert g.alias[m] < 0 and g.nodes[m].bytes == 192 * 1024
+                assert not g.nodes[m_next].output
+            else:
+                assert g.nodes[g.alias[m]].op == "input"
+                assert g.nodes[m_next].output
+        seen += 1
+    assert seen == 1
+
+
+def test_a_budget_leaves_the_first_iteration_reuse_out():
+    """Reuse keeps the rollout's activations for the first update, held through its backward
+    pass beside the update's own: a compile for a budget recomputes them instead."""
+    kwargs = {k: v for k, v in CONFIG.items() if k != "seed"}
+    kwargs.update(epochs=1, minibatches=1)
+    free, budgeted = ppo(**kwargs), ppo(**kwargs)
+    bounds = {"I": 2, **free.bounds}
+    free_prog = free.ctx.compile(bounds=bounds, seed=1)
+    budget_prog = budgeted.ctx.compile(bounds=bounds, seed=1, memory_budget="1GiB")
+    assert "reused" in free_prog.explain()
+    assert "reused" not in budget_prog.explain()
+    assert budget_prog.planned_peak().peak_bytes < free_prog.planned_peak().peak_bytes
