@@ -7,8 +7,10 @@ schedule it is a carried merge at the top of the update's body (``m[i, u]`` is `
 (``beta1 * m``) runs right after it, since holding it costs the same wherever it runs. On
 memory-e8 the four first-layer moments are 12 MiB of a 32 MiB plan.
 
-For each such merge, largest first, this pass tries one move and keeps it where the replayed
-peak (``planned_peak``) drops, until the budget is met (as ``plan_swaps`` does for blocks):
+Under any budget (the state costs a write and a read an update, not a recomputation), for
+each such merge of at least ``STATE_SWAP_MIN_BYTES``, largest first, this pass tries one move
+and keeps it where the replayed peak (``planned_peak``) drops; a round that keeps one tries
+the rest again, since two moments live at the peak only let it drop once both go:
 
 * the merge, and the chain of ops that read only it and constants (``beta1 * m``), move down
   to right before the first statement that reads the chain's end (the Adam step's sum), with
@@ -19,9 +21,13 @@ peak (``planned_peak``) drops, until the budget is met (as ``plan_swaps`` does f
   the last iteration's ``m'[i - 1, U - 1]``) goes right after it is made, with its branch read
   back before.
 
-A move is taken only where every reader of a value sent to disk reads it back first. Nothing
-changes what is computed: the same statements run, in an order the merge's readers allow.
-The runtime side is ``runtime/stores.SwappablePoints`` (numpy backend).
+A move is taken only where every reader of a value sent to disk reads it back first. Swaps
+run unguarded: where a merge's guard skips it (the last update's, whose result nobody reads),
+its state is read back all the same and freed by the frees after it, as the plan counts.
+Nothing changes what is
+computed: the same statements run, in an order the merge's readers allow. The op order was
+chosen for this (``to_graph``'s ``state_on_disk``): each Adam step's moments in turn. The
+runtime side is ``runtime/stores.SwappablePoints`` (numpy backend).
 """
 
 from __future__ import annotations

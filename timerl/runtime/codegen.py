@@ -203,8 +203,8 @@ class CodeGen:
         for op in self.ops.values():
             if op.id in self.keep or not readers[op.id]:
                 continue
-            if op.id in self.plan.blocks:
-                continue
+            if op.id in self.plan.blocks or op.id in self.plan.swapped_points:
+                continue  # (a swapped point's store moves it to disk and back)
             same = all(
                 all(i is d for i, d in zip(e.index, op.domain, strict=True)) for e in readers[op.id]
             )
