@@ -26,8 +26,8 @@ from timerl.compiler.budget import (
 from timerl.compiler.incrementalize import blocks_asked
 from timerl.compiler.pipeline import Compiled
 from timerl.compiler.pipeline import compile as compile_program
+from timerl.compiler.point_swap import plan_point_swaps
 from timerl.compiler.spec import ProgramSpec, freeze
-from timerl.compiler.state_swap import plan_state_swaps
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
 from timerl.ir import prims
 from timerl.ir.autodiff import depends_differentiably
@@ -331,17 +331,18 @@ def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPea
         )
         compiled.report.notes.extend(notes)
     if _swaps_state(be) and planned.peak_bytes is not None:
-        # state carried between updates goes to disk wherever that lowers the peak, within
-        # the budget or not: it costs a write and a read of the state an update
+        # optimiser state between updates and values idle in a body go to disk wherever that
+        # lowers the peak, within the budget or not: each costs a write and a read
         swapped, planned, notes = compiled.report.timed(
-            "state to disk",
-            lambda: plan_state_swaps(
+            "points to disk",
+            lambda: plan_point_swaps(
                 swapped,
                 list(spec_c.ops),
                 storage,
                 spec_c.static,
                 spec_c.dynamic,
                 donations,
+                {op.id for op in spec_c.outputs} | set(spec_c.keep),
             ),
         )
         compiled.report.notes.extend(notes)

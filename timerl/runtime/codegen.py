@@ -577,7 +577,8 @@ class CodeGen:
             e = op.inputs[donate]
             key = self.key_src([self.names.src(i) for i in e.index])
             self.emit(depth, f"_d = S{e.src.id}.pop({key})")
-            args[donate] = "_d"
+            # every operand reading that same point reads it from there (``x * x``)
+            args = ["_d" if a == args[donate] else a for a in args]
         fn = self.const("K", call.fn)
         if call.pass_point:
             args.append(point)

@@ -731,7 +731,7 @@ class StreamStore(BlockStore):
 
 class SwappablePoints(dict):
     """A point store whose points a memory budget moves to disk while they are idle: an
-    optimiser's moments between two updates (``compiler/state_swap.py``).
+    optimiser's moments between two updates (``compiler/point_swap.py``).
 
     Each swapped point is written raw to a file of its own and read back into a fresh array,
     like a swapped block (``BlockStore.swap_out``). A point on disk is still the program's
@@ -792,7 +792,7 @@ class StorePlan:
     def __init__(self, schedule: Schedule, storage: Mapping[int, Storage]) -> None:
         self.storage = storage
         self.blocks: dict[int, Op] = {}
-        # point stores a memory budget swaps to disk (``compiler/state_swap.py``)
+        # point stores a memory budget swaps to disk (``compiler/point_swap.py``)
         self.swapped_points = {
             s.op.id for s in schedule.statements() if isinstance(s, (SwapOut, SwapIn)) and s.points
         }

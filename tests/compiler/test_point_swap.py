@@ -1,11 +1,12 @@
-"""Under a memory budget, optimiser moments go to disk between updates: same values, less held."""
+"""Under a memory budget, optimiser moments go to disk between updates and gradients while they
+wait for the optimiser: same values, less held."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from timerl.compiler.state_swap import plan_state_swaps
+from timerl.compiler.point_swap import plan_point_swaps
 from timerl.rl.algos import ppo
 from timerl.rl.train import train
 from timerl.schedule.program import Compute, SwapIn, SwapOut
@@ -29,7 +30,7 @@ def _ppo():
     return algo, {"I": 3, **algo.bounds}
 
 
-def test_moments_swap_to_disk_between_updates_with_the_same_values_and_a_lower_peak():
+def test_moments_and_idle_gradients_swap_to_disk_with_the_same_values_and_a_lower_peak():
     algo, bounds = _ppo()
     metrics = list(algo.metrics.values())
     free = algo.ctx.compile(bounds=bounds, outputs=metrics, seed=1)
@@ -41,6 +42,7 @@ def test_moments_swap_to_disk_between_updates_with_the_same_values_and_a_lower_p
     text = prog.explain()
     assert "swap: adam_m(actor.0.weight@u) to disk between updates" in text
     assert "swap: adam_v(critic.0.weight@u) to disk between updates" in text
+    assert "to disk while it is idle" in text  # a first layer's gradient, until the clipping
     outs = [s for s in prog.compiled.schedule.statements() if isinstance(s, SwapOut)]
     assert outs and all(s.points for s in outs)
     free.run()
@@ -78,7 +80,7 @@ def test_nothing_moves_where_no_state_is_carried():
     prog = algo.ctx.compile(bounds=bounds, seed=1)  # no budget: nothing swapped
     plan = prog.planned_peak()
     c = prog.compiled
-    same, again, notes = plan_state_swaps(
+    same, again, notes = plan_point_swaps(
         c.schedule, list(c.spec.ops), c.storage, c.spec.static, c.spec.dynamic, c.donations
     )
     # swaps are tried and kept only where they lower the peak; the plan is never higher

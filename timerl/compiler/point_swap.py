@@ -1,16 +1,13 @@
-"""Under a memory budget, state carried from one update to the next goes to disk between uses.
+"""Under a memory budget, point values go to disk while nothing reads them: optimiser state
+between updates, and values idle inside a body (a layer's gradient during the rest of the
+backward pass).
 
 An optimiser's moment is read once per update, by the Adam step at its end, yet it is live
 through everything between: the rollout and the whole forward and backward pass. In the
 schedule it is a carried merge at the top of the update's body (``m[i, u]`` is ``m[i]`` at
 ``u = 0``, else the last update's ``m'[i, u - 1]``), and the step that scales it
 (``beta1 * m``) runs right after it, since holding it costs the same wherever it runs. On
-memory-e8 the four first-layer moments are 12 MiB of a 32 MiB plan.
-
-Under any budget (the state costs a write and a read an update, not a recomputation), for
-each such merge of at least ``STATE_SWAP_MIN_BYTES``, largest first, this pass tries one move
-and keeps it where the replayed peak (``planned_peak``) drops; a round that keeps one tries
-the rest again, since two moments live at the peak only let it drop once both go:
+memory-e8 the four first-layer moments are 12 MiB of a 32 MiB plan. A move of such a merge:
 
 * the merge, and the chain of ops that read only it and constants (``beta1 * m``), move down
   to right before the first statement that reads the chain's end (the Adam step's sum), with
@@ -21,18 +18,28 @@ the rest again, since two moments live at the peak only let it drop once both go
   the last iteration's ``m'[i - 1, U - 1]``) goes right after it is made, with its branch read
   back before.
 
-A move is taken only where every reader of a value sent to disk reads it back first. Swaps
-run unguarded: where a merge's guard skips it (the last update's, whose result nobody reads),
-its state is read back all the same and freed by the frees after it, as the plan counts.
-Nothing changes what is
-computed: the same statements run, in an order the merge's readers allow. The op order was
-chosen for this (``to_graph``'s ``state_on_disk``): each Adam step's moments in turn. The
-runtime side is ``runtime/stores.SwappablePoints`` (numpy backend).
+A value read only in its own body at its own point, by ops that do not share its buffer
+(views, merges), goes to disk across the longest run of statements between two of its uses,
+and comes back right before the second: a first layer's gradient, computed early in the
+backward pass and read again only by the clipping before the Adam step.
+
+Under any budget, since a move costs a write and a read of the value, not a recomputation,
+the moves of at least ``POINT_SWAP_MIN_BYTES`` are tried largest first, carried state first;
+one is kept where the replayed peak (``planned_peak``) drops, and a round that keeps one
+tries the rest again (two moments live at the peak only let it drop once both go). A value
+idle in a body is tried only while the peak holds it: a replay of a long program costs tens
+of ms. A move is taken only where every reader of a value sent to disk reads it back first.
+Swaps run unguarded: where a merge's guard skips it (the last update's, whose result nobody
+reads), its state is read back all the same and freed by the frees after it, as the plan
+counts. Nothing changes what is computed: the same statements run, in an order the readers
+allow. The op order was chosen for the carried state (``to_graph``'s ``state_on_disk``):
+each Adam step's moments in turn. The runtime side is ``runtime/stores.SwappablePoints``
+(numpy backend); the generated code keeps such values in their stores, not in locals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +49,7 @@ from timerl.compiler.storage import Storage
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
-from timerl.schedule.to_graph import STATE_SWAP_MIN_BYTES
+from timerl.schedule.to_graph import POINT_SWAP_MIN_BYTES
 from timerl.symbolic import Bound, always_eq
 
 
@@ -57,13 +64,26 @@ class _Body:
         return self.loops[-1].body
 
 
-def plan_state_swaps(
+@dataclass(frozen=True)
+class _Move:
+    """One swap this pass may make: what it moves, how many bytes, the value it sends out
+    while idle in its body (None for carried state), and the schedule it makes (None where it
+    cannot be made safely)."""
+
+    what: str
+    nbytes: int
+    op: Op | None
+    apply: Callable[[Schedule], Schedule | None]
+
+
+def plan_point_swaps(
     sched: Schedule,
     ops: list[Op],
     storage: Mapping[int, Storage],
     static: Mapping[Bound, int],
     dynamic: Mapping[Bound, int | None],
     donations: Mapping[int, int] | None = None,
+    keep: frozenset[int] | set[int] = frozenset(),
 ) -> tuple[Schedule, PlannedPeak, list[str]]:
     """``sched`` with carried state swapped to disk between uses wherever that lowers the
     planned peak; its plan; a note per value moved."""
@@ -76,32 +96,39 @@ def plan_state_swaps(
     if plan.peak_bytes is None:
         return sched, plan, notes
     readers = consumers(ops)
-    candidates = [
-        m
-        for m in _carried_merges(sched, storage)
-        if _static_bytes(m, static) >= STATE_SWAP_MIN_BYTES
-    ]
-    candidates.sort(key=lambda m: -_static_bytes(m, static))
+    # (what moves, its bytes, the op it frees at the peak or None, the move on a schedule):
+    # carried state first, then values idle inside a body, largest first
+    moves: list[_Move] = []
+    for m in _carried_merges(sched, storage):
+        n = _static_bytes(m, static)
+        if n >= POINT_SWAP_MIN_BYTES:
+            move = _merge_move(m, readers, storage)
+            moves.append(_Move(f"{m.label} to disk between updates", n, None, move))
+    for x in _idle_points(sched, storage, readers, keep):
+        n = _static_bytes(x, static)
+        if n >= POINT_SWAP_MIN_BYTES:
+            moves.append(_Move(f"{x.label} to disk while it is idle", n, x, _idle_move(x)))
+    moves.sort(key=lambda mv: -mv.nbytes)
     # a swap may lower the peak only once another has (two moments live at the peak): try
-    # the rest again after each round that kept one
-    while candidates:
+    # the rest again after each round that kept one. A value idle in a body is tried only
+    # while it is live at the peak (a replay of a long program costs tens of ms)
+    while moves:
         rest = []
-        for merge in candidates:
-            trial = _swapped(sched, merge, readers, storage)
+        for mv in moves:
+            live = {name for name, _ in plan.holders}
+            trial = None if mv.op is not None and mv.op.label not in live else mv.apply(sched)
             if trial is None:
+                rest.append(mv)
                 continue
             tried = replay(trial)
             if tried.peak_bytes is None or tried.peak_bytes >= (plan.peak_bytes or 0):
-                rest.append(merge)
+                rest.append(mv)
                 continue
             sched, plan = trial, tried
-            notes.append(
-                f"swap: {merge.label} to disk between updates "
-                f"({format_bytes(_static_bytes(merge, static))})"
-            )
-        if len(rest) == len(candidates):
+            notes.append(f"swap: {mv.what} ({format_bytes(mv.nbytes)})")
+        if len(rest) == len(moves):
             break
-        candidates = rest
+        moves = rest
     return sched, plan, notes
 
 
@@ -184,7 +211,13 @@ def _find(sched: Schedule, op: Op) -> tuple[_Body, int] | None:
     return visit(sched.body, ())
 
 
-# ---------------------------------------------------------------------- one move
+# ---------------------------------------------------------------------- carried state
+def _merge_move(
+    merge: Op, readers: Mapping[int, list[tuple[Op, Edge]]], storage: Mapping[int, Storage]
+) -> Callable[[Schedule], Schedule | None]:
+    return lambda sched: _swapped(sched, merge, readers, storage)
+
+
 def _swapped(
     sched: Schedule,
     merge: Op,
@@ -320,6 +353,86 @@ def _all_reads_covered(
     return True
 
 
+# ---------------------------------------------------------------------- values idle in a body
+def _idle_points(
+    sched: Schedule,
+    storage: Mapping[int, Storage],
+    readers: Mapping[int, list[tuple[Op, Edge]]],
+    keep: frozenset[int] | set[int],
+) -> list[Op]:
+    """Point values of a loop body read only there, at their own point, by ops that are not
+    views or merges (which would share the buffer): a layer's gradient, kept for the
+    optimiser while the rest of the backward pass runs."""
+    out: list[Op] = []
+
+    def inside(stmt: Stmt) -> set[int]:
+        if isinstance(stmt, Loop):
+            return set().union(*(inside(x) for x in stmt.body)) if stmt.body else set()
+        return {stmt.op.id} if isinstance(stmt, (Compute, Start)) else set()
+
+    def visit(body: list[Stmt], in_loop: bool) -> None:
+        here = set().union(*(inside(x) for x in body)) if body else set()
+        for s in body:
+            if isinstance(s, Loop):
+                visit(s.body, True)
+                continue
+            if not (in_loop and isinstance(s, Compute)):
+                continue
+            x = s.op
+            users = readers.get(x.id, [])
+            traits = prims.get(x.prim).traits
+            if (
+                x.id in keep
+                or not users
+                or not _is_point(x, storage)
+                or traits.view
+                or traits.piecewise
+                or traits.host
+            ):
+                continue
+            if all(
+                r.id in here
+                and _at_own_point(e, x)
+                and not prims.get(r.prim).traits.view
+                and not prims.get(r.prim).traits.piecewise
+                for r, e in users
+            ):
+                out.append(x)
+
+    visit(sched.body, False)
+    return out
+
+
+def _idle_move(x: Op) -> Callable[[Schedule], Schedule | None]:
+    return lambda sched: _idle_swapped(sched, x)
+
+
+def _idle_swapped(sched: Schedule, x: Op) -> Schedule | None:
+    """``sched`` with ``x`` on disk across the longest run of statements between two of its
+    uses in its body (computed or read there), or None where it has no such run."""
+    found = _find(sched, x)
+    if found is None:
+        return None
+    body, at = found
+    stmts = body.stmts
+    if any(isinstance(s, (SwapOut, SwapIn)) and s.op is x for s in stmts):
+        return None  # already moved
+    uses = [at] + [k for k in range(at + 1, len(stmts)) if _reads(stmts[k], {x.id})]
+    gaps = [(b - a, a, b) for a, b in zip(uses, uses[1:], strict=False) if b - a > 1]
+    if not gaps:
+        return None
+    _, a, b = max(gaps)
+    point = tuple(x.domain)
+    new = [
+        *stmts[: a + 1],
+        SwapOut(x, point, points=True),
+        *stmts[a + 1 : b],
+        SwapIn(x, point, points=True),
+        *stmts[b:],
+    ]
+    return Schedule(_rebuild(sched.body, {id(body.loops[-1]): new}, {}))
+
+
 def _rebuild(
     body: list[Stmt],
     bodies: Mapping[int, list[Stmt]],
@@ -340,4 +453,4 @@ def _rebuild(
     return out
 
 
-__all__ = ["plan_state_swaps"]
+__all__ = ["plan_point_swaps"]
