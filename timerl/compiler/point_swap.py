@@ -85,8 +85,9 @@ def plan_point_swaps(
     donations: Mapping[int, int] | None = None,
     keep: frozenset[int] | set[int] = frozenset(),
 ) -> tuple[Schedule, PlannedPeak, list[str]]:
-    """``sched`` with carried state swapped to disk between uses wherever that lowers the
-    planned peak; its plan; a note per value moved."""
+    """``sched`` with carried state and values idle in a body swapped to disk between uses
+    wherever that lowers the planned peak; its plan; a note per value moved. ``keep``: the
+    values the user keeps (never moved)."""
 
     def replay(s: Schedule) -> PlannedPeak:
         return planned_peak(s, ops, storage, static, dynamic, donations)
@@ -96,8 +97,7 @@ def plan_point_swaps(
     if plan.peak_bytes is None:
         return sched, plan, notes
     readers = consumers(ops)
-    # (what moves, its bytes, the op it frees at the peak or None, the move on a schedule):
-    # carried state first, then values idle inside a body, largest first
+    # largest first; among equals, carried state before values idle in a body
     moves: list[_Move] = []
     for m in _carried_merges(sched, storage):
         n = _static_bytes(m, static)

@@ -599,6 +599,8 @@ class CodeGen:
         where = op.where().replace("\n", " ")
         target = "" if row is not None else f"{var} = "
         self.emit(depth, f"{target}{fn}({', '.join(args + kwargs)})  # {where}")
+        if "_d" in args:
+            self.emit(depth, "_d = None")  # the result holds the buffer; this name must not
 
     def _inline(self, op: Op, depth: int, var: str) -> bool:
         """``var = expression``, where the backend writes ``op`` inline (a subscript): no
@@ -670,8 +672,13 @@ class CodeGen:
             self.emit(depth, f"if {self.names.src(stmt.prefix[-1])} not in {pins}:")
             depth += 1
         if len(stmt.prefix) == len(op.domain):
-            self.emit(depth, f"_x = S{op.id}.pop({key}, None)")
-            self.emit(depth, f"if _x is not None: M[0] -= {n if n is not None else 'NB(_x)'}")
+            # no name of the generated code may hold the freed value after this line
+            if n is not None:
+                self.emit(depth, f"if S{op.id}.pop({key}, None) is not None: M[0] -= {n}")
+            else:
+                self.emit(depth, f"_x = S{op.id}.pop({key}, None)")
+                self.emit(depth, "if _x is not None: M[0] -= NB(_x)")
+                self.emit(depth, "_x = None")
         else:
             self.emit(depth, f"FREE_PREFIX{view}(S{op.id}, {key}, M{tail})")
 
