@@ -326,3 +326,30 @@ def test_a_part_of_another_dtype_than_declared_is_still_cast_on_torch():
     np.testing.assert_array_equal(c.value(x), [[0, 0], [1, 1], [2, 2]])
     line = next(line for line in c._executor().source.splitlines() if "# tuple_get" in line)
     assert re.match(r"\s*v\d+ = K\d+\(v\d+\)", line), line
+
+
+def test_a_value_read_at_another_point_is_released_at_its_free():
+    """A value read at a later point lives in its store; its free takes it out of there: no
+    name of the generated code may keep it alive after that, or it would outlive its free
+    unseen by the meter until the next free."""
+    import weakref
+
+    ctx = tl.Context(dims=("i", "t"))
+    (i, t), (I, T) = ctx.dims, ctx.bounds
+    refs: list[tuple[int, weakref.ref]] = []
+    stale: list[int] = []
+    with ctx:
+        # nothing else is freed from a store here: a later free would drop a lingering name
+        big = (tl.zeros((10_000,), dtype="float64") + tl.full((), i)).named("big")
+        tl.sink(big, lambda v, p: refs.append((p["i"], weakref.ref(v))))
+        s = tl.RecurrentTensor.placeholder((), dtype="float64", domain=(i,), name="s")
+        s[0] = 0.0
+        s[True] = big[i - 1].sum()  # big's last reader, one point later
+        h = (s + tl.full((), t)).named("h")  # after big[i - 1]'s free
+
+        def check(v, p):
+            stale.extend(j for j, r in refs if j < p["i"] and r() is not None)
+
+        tl.sink(h, check)
+    ctx.compile(bounds={I: 4, T: 3}).run()
+    assert len(refs) == 4 and stale == []
