@@ -260,8 +260,8 @@ class Context(Scope):
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
         blocks = blocks_asked() if optimize else None
         be = make_backend(backend, device)
-        state = budget is not None and _swaps_state(be)
-        compiled = compile_program(spec, optimize=optimize, blocks=blocks, state_on_disk=state)
+        on_disk = budget is not None and _swaps_points(be)
+        compiled = compile_program(spec, optimize=optimize, blocks=blocks, state_on_disk=on_disk)
         planned = None
         if budget is not None:
             compiled, planned = _fit(compiled, be, budget)
@@ -271,7 +271,7 @@ class Context(Scope):
                 del compiled, planned  # each attempt is a whole program: hold one at a time
                 found = _fit_by_blocks(spec, whole, be, budget)
                 if found is None:  # nothing runs by blocks, or no block count plans lower
-                    again = compile_program(spec, optimize=optimize, state_on_disk=state)
+                    again = compile_program(spec, optimize=optimize, state_on_disk=on_disk)
                     found = _fit(again, be, budget)
                 compiled, planned = found
             check_budget(planned, budget)
@@ -287,9 +287,10 @@ class Context(Scope):
         )
 
 
-def _swaps_state(be: Any) -> bool:
-    """Whether a budget swaps carried state to disk on this backend (point stores swap on
-    numpy; the compile then orders for it: ``compile_program(state_on_disk=True)``)."""
+def _swaps_points(be: Any) -> bool:
+    """Whether a budget swaps point values (optimiser state, idle gradients) to disk on this
+    backend: point stores swap on numpy, and the compile then orders the update for it
+    (``compile_program(state_on_disk=True)``)."""
     return be.name == "numpy"
 
 
@@ -330,7 +331,7 @@ def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPea
             ),
         )
         compiled.report.notes.extend(notes)
-    if _swaps_state(be) and planned.peak_bytes is not None:
+    if _swaps_points(be) and planned.peak_bytes is not None:
         # optimiser state between updates and values idle in a body go to disk wherever that
         # lowers the peak, within the budget or not: each costs a write and a read
         swapped, planned, notes = compiled.report.timed(
@@ -368,8 +369,8 @@ def _fit_by_blocks(
     def attempt(blocks: int) -> int | None:
         """The plan's peak with ``blocks`` blocks (None: nothing runs by blocks)."""
         nonlocal best
-        attempt_c = compile_program(spec, blocks=blocks, state_on_disk=_swaps_state(be))
-        out, plan = _fit(attempt_c, be, budget)
+        program = compile_program(spec, blocks=blocks, state_on_disk=_swaps_points(be))
+        out, plan = _fit(program, be, budget)
         if len(out.spec.dims) == len(spec.dims):  # no dim of blocks was added
             return None
         peak = plan.peak_bytes if plan.peak_bytes is not None else 2**63

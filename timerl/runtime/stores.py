@@ -731,7 +731,8 @@ class StreamStore(BlockStore):
 
 class SwappablePoints(dict):
     """A point store whose points a memory budget moves to disk while they are idle: an
-    optimiser's moments between two updates (``compiler/point_swap.py``).
+    optimiser's moments between two updates, a gradient waiting for the optimiser
+    (``compiler/point_swap.py``).
 
     Each swapped point is written raw to a file of its own and read back into a fresh array,
     like a swapped block (``BlockStore.swap_out``). A point on disk is still the program's
@@ -929,7 +930,11 @@ class StorePlan:
         return [f"if M[0] + {n} > M[1]: M[1] = M[0] + {n}"] if n else []
 
     def swap_src(self, stmt: SwapOut | SwapIn, key: str) -> list[str]:
-        if stmt.op.id not in self.blocks and stmt.op.id not in self.swapped_points:
+        if stmt.op.id in self.swapped_points:
+            if isinstance(stmt, SwapOut):
+                return [f"M[0] -= S{stmt.op.id}.swap_out({key})"]
+            return [f"M[0] += S{stmt.op.id}.swap_in({key})", "if M[0] > M[1]: M[1] = M[0]"]
+        if stmt.op.id not in self.blocks:
             return []  # held as points on this backend: nothing to swap
         if isinstance(stmt, SwapOut):
             # ``_b`` (the block a loop wrote last) must not keep the swapped block alive

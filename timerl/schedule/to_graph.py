@@ -184,9 +184,9 @@ def block_graph(
     ``readers`` is ``consumers(ops)`` of the whole program, ``keep`` the ids of the values the
     user keeps; ``bounds`` gives every bound a value (a dynamic one its cap).
     """
-    export = _BlockExport(block, bounds, readers, keep, strict_reads, resident_inputs)
-    export.state_on_disk = state_on_disk
-    return export.graph(name)
+    return _BlockExport(
+        block, bounds, readers, keep, strict_reads, resident_inputs, state_on_disk
+    ).graph(name)
 
 
 # ---------------------------------------------------------------------- one block
@@ -199,10 +199,11 @@ class _BlockExport:
         keep: set[int],
         strict_reads: bool = False,
         resident_inputs: bool = False,
+        state_on_disk: bool = False,
     ) -> None:
         self.strict_reads = strict_reads
         self.resident_inputs = resident_inputs
-        self.state_on_disk = False
+        self.state_on_disk = state_on_disk
         self.block = block
         self.bounds = bounds
         self.readers = readers
