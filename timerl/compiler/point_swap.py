@@ -321,7 +321,7 @@ def _swapped(
         while k < len(new) and isinstance(new[k], Free):
             k += 1
         new.insert(k, SwapOut(src, tuple(src.domain), points=True))
-    if not _all_reads_covered(swapped, readers, new, body, merge):
+    if not _all_reads_covered(swapped, readers, new, merge):
         return None
     return Schedule(_rebuild(sched.body, {id(body.loops[-1]): new}, outer_edits))
 
@@ -330,7 +330,6 @@ def _all_reads_covered(
     swapped: Mapping[int, Op],
     readers: Mapping[int, list[tuple[Op, Edge]]],
     new: list[Stmt],
-    body: _Body,
     merge: Op,
 ) -> bool:
     """Whether every reader of a value sent to disk is the merge or an outer merge that reads
