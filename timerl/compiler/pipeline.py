@@ -77,8 +77,8 @@ def compile(
     ``state_on_disk`` (a memory budget on numpy): order loop bodies for carried state that the
     budget swaps to disk between updates (``compiler/point_swap.py``); reuse is left out too,
     since the rollout's activations it keeps are held through the update's backward pass
-    next to the update's own (memory-e8 under eager PyTorch's data / 16: a plan of 22.9 MiB
-    with it, 19.0 without)."""
+    next to the update's own (memory-e8 under eager PyTorch's data / 16: a plan of 20.9 MiB
+    with it, 16.0 without)."""
     report = CompileReport()
     given = len(spec.ops)
 
