@@ -263,27 +263,15 @@ class Context(Scope):
         on_disk = budget is not None and _swaps_points(be)
         compiled = compile_program(spec, optimize=optimize, blocks=blocks, state_on_disk=on_disk)
         planned = None
-        reuse = True
         if budget is not None:
             compiled, planned = _fit(compiled, be, budget)
-            tight = (planned.peak_bytes or 0) > budget * LEAN_FROM
-            if optimize and on_disk and blocks is None and tight:
-                # a tight budget: the first update recomputes what the rollout computed
-                lean, lean_plan = _fit(
-                    compile_program(spec, blocks=blocks, state_on_disk=True, reuse=False),
-                    be,
-                    budget,
-                )
-                if (lean_plan.peak_bytes or 0) < (planned.peak_bytes or 0):
-                    compiled, planned, reuse = lean, lean_plan, False
-                del lean, lean_plan
             over = planned.peak_bytes is not None and planned.peak_bytes > budget
             if optimize and blocks is None and over:
                 whole = planned.peak_bytes
                 del compiled, planned  # each attempt is a whole program: hold one at a time
                 found = _fit_by_blocks(spec, whole, be, budget)
                 if found is None:  # nothing runs by blocks, or no block count plans lower
-                    again = compile_program(spec, state_on_disk=on_disk, reuse=reuse)
+                    again = compile_program(spec, optimize=optimize, state_on_disk=on_disk)
                     found = _fit(again, be, budget)
                 compiled, planned = found
             check_budget(planned, budget)
@@ -419,13 +407,6 @@ def _fit_by_blocks(
 
 
 BLOCK_COUNTS = (4, 16, 64)  # block counts a budget tries, fewest first
-# A plan above this share of its budget is compiled again without first-iteration reuse
-# (kept where that plans lower). The budget bounds the process's data, and beyond its plan the
-# process holds what building and compiling left and pages of the libraries it ran: about
-# 11 MiB on memory-e8, a third of that budget. Recomputing costs time (memory-e32, whose plan
-# is under half its budget, ran 0.67x eager PyTorch's iteration with reuse, 0.90x without),
-# so a loose budget keeps reuse.
-LEAN_FROM = 0.5
 
 
 def _check_tensors(what: str, tensors: Sequence[Any], ctx: Any = None) -> Any:
