@@ -75,11 +75,12 @@ def test_every_reader_of_a_swapped_value_reads_it_back_first():
                 assert not any(e.src.id in gone for e in s.op.inputs), s.op.label
 
 
-def test_nothing_moves_where_no_state_is_carried():
+def test_without_a_budget_nothing_is_swapped_and_the_pass_never_raises_the_plan():
     algo, bounds = _ppo()
-    prog = algo.ctx.compile(bounds=bounds, seed=1)  # no budget: nothing swapped
+    prog = algo.ctx.compile(bounds=bounds, seed=1)
     plan = prog.planned_peak()
     c = prog.compiled
+    assert not any(isinstance(s, SwapOut) for s in c.schedule.statements())
     same, again, notes = plan_point_swaps(
         c.schedule, list(c.spec.ops), c.storage, c.spec.static, c.spec.dynamic, c.donations
     )
