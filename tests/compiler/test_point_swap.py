@@ -89,9 +89,9 @@ def test_without_a_budget_nothing_is_swapped_and_the_pass_never_raises_the_plan(
     assert bool(notes) == (same is not c.schedule)
 
 
-@pytest.mark.parametrize("stop_at", [2])
-def test_a_budgeted_run_resumes_with_its_moments_from_disk(tmp_path, stop_at):
+def test_a_budgeted_run_resumes_with_its_moments_from_disk(tmp_path):
     """The checkpoint after an iteration holds the moments that are on disk then."""
+    stop_at = 2
 
     class _Stop(Exception):
         pass

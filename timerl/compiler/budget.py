@@ -42,7 +42,16 @@ from timerl.compiler.storage import Storage
 from timerl.errors import MemoryBudgetError
 from timerl.ir import rowwise
 from timerl.ir.graph import Op
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
+from timerl.schedule.program import (
+    Compute,
+    Free,
+    Loop,
+    Schedule,
+    Stmt,
+    SwapIn,
+    SwapOut,
+    reads,
+)
 from timerl.symbolic import TRUE, Bound, Slice, Symbol
 
 MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
@@ -553,13 +562,6 @@ def plan_swaps(
     by_id = {op.id: op for op in ops}
     candidates: list[tuple[int, tuple, int, int]] = []  # (op id, body path, after, before)
 
-    def reads(stmt: Stmt, op_id: int) -> bool:
-        if isinstance(stmt, (Compute, Start)):
-            return any(e.src.id == op_id for e in stmt.op.inputs)
-        if isinstance(stmt, Loop):
-            return any(reads(x, op_id) for x in stmt.body)
-        return False
-
     def visit(body: list[Stmt], path: tuple) -> None:
         for k, s in enumerate(body):
             if not isinstance(s, Loop):
@@ -567,7 +569,7 @@ def plan_swaps(
             visit(s.body, path + (k,))
             for x in s.body:
                 if isinstance(x, Compute) and x.op.id in blocks:
-                    uses = [k] + [j for j in range(k + 1, len(body)) if reads(body[j], x.op.id)]
+                    uses = [k] + [j for j in range(k + 1, len(body)) if reads(body[j], {x.op.id})]
                     for a, b in zip(uses, uses[1:], strict=False):
                         if b - a > 1:
                             candidates.append((x.op.id, path, a, b))

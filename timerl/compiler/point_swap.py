@@ -48,7 +48,17 @@ from timerl.compiler.budget import PlannedPeak, format_bytes, planned_peak
 from timerl.compiler.storage import Storage
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
+from timerl.schedule.program import (
+    Compute,
+    Free,
+    Loop,
+    Schedule,
+    Start,
+    Stmt,
+    SwapIn,
+    SwapOut,
+    reads,
+)
 from timerl.schedule.to_graph import POINT_SWAP_MIN_BYTES
 from timerl.symbolic import Bound, always_eq
 
@@ -156,7 +166,7 @@ def _carried_merges(sched: Schedule, storage: Mapping[int, Storage]) -> list[Op]
                 op = s.op
                 if _is_point(op, storage) and all(
                     _is_point(e.src, storage)
-                    and (e.src.id not in here or not _at_own_point(e, e.src))
+                    and (e.src.id not in here or not _own_point(e.index, e.src))
                     for e in op.inputs
                 ):
                     out.append(op)
@@ -165,16 +175,18 @@ def _carried_merges(sched: Schedule, storage: Mapping[int, Storage]) -> list[Op]
     return out
 
 
-def _at_own_point(edge: Edge, src: Op) -> bool:
-    return len(edge.index) == len(src.domain) and all(
-        always_eq(i, d) for i, d in zip(edge.index, src.domain, strict=True)
+def _own_point(index: tuple, op: Op) -> bool:
+    """Whether ``index`` (a read's, a free's prefix) is ``op``'s own point: its domain."""
+    return len(index) == len(op.domain) and all(
+        always_eq(i, d) for i, d in zip(index, op.domain, strict=True)
     )
 
 
-def _frees_own_point(free: Free, op: Op) -> bool:
-    return len(free.prefix) == len(op.domain) and all(
-        always_eq(p, d) for p, d in zip(free.prefix, op.domain, strict=True)
-    )
+def _after_frees(stmts: list[Stmt], k: int) -> int:
+    """The first index from ``k`` on that is not a free: after a statement's frees."""
+    while k < len(stmts) and isinstance(stmts[k], Free):
+        k += 1
+    return k
 
 
 def _static_bytes(op: Op, static: Mapping[Bound, int]) -> int:
@@ -185,14 +197,6 @@ def _static_bytes(op: Op, static: Mapping[Bound, int]) -> int:
         except (KeyError, TypeError, ValueError):
             return 0
     return n * np.dtype(op.dtype).itemsize
-
-
-def _reads(stmt: Stmt, ids: set[int]) -> bool:
-    if isinstance(stmt, (Compute, Start)):
-        return any(e.src.id in ids for e in stmt.op.inputs)
-    if isinstance(stmt, Loop):
-        return any(_reads(s, ids) for s in stmt.body)
-    return False
 
 
 def _find(sched: Schedule, op: Op) -> tuple[_Body, int] | None:
@@ -238,7 +242,7 @@ def _swapped(
     # nothing else computed here (``beta1 * m``)
     chain = [merge]
     while True:
-        users = [s for s in stmts if _reads(s, {chain[-1].id})]
+        users = [s for s in stmts if reads(s, {chain[-1].id})]
         if len(users) != 1 or not isinstance(users[0], Compute):
             break
         nxt = users[0].op
@@ -253,7 +257,7 @@ def _swapped(
             k
             for k, s in enumerate(stmts)
             if k > at
-            and _reads(s, {chain[-1].id})
+            and reads(s, {chain[-1].id})
             and not (isinstance(s, Compute) and s.op.id in chain_ids)
         ),
         None,
@@ -267,7 +271,7 @@ def _swapped(
         if (isinstance(s, Compute) and s.op.id in chain_ids)
         or (isinstance(s, Free) and s.op.id in moved_ids)
     ]
-    if any(_reads(s, moved_ids) for s in stmts[at:target] if not any(s is m for m in moved)):
+    if any(reads(s, moved_ids) for s in stmts[at:target] if not any(s is m for m in moved)):
         return None  # something between reads what moves
 
     swapped: dict[int, Op] = {}  # op id -> a value sent to disk
@@ -289,9 +293,7 @@ def _swapped(
                 if b.src.id in computed_here and b.src.id in sources
             ]
             # after the merge's frees: its branches are released before the merge goes
-            k = o_at + 1
-            while k < len(o_body.stmts) and isinstance(o_body.stmts[k], Free):
-                k += 1
+            k = _after_frees(o_body.stmts, o_at + 1)
             outer_edits[id(o_body.stmts[o_at])] = (back, [])
             last = o_body.stmts[k - 1]
             before, after = outer_edits.get(id(last), ([], []))
@@ -309,18 +311,15 @@ def _swapped(
         last = None
         for k, s in enumerate(new):
             if isinstance(s, Compute) and (
-                s.op is src or any(e.src is src and _at_own_point(e, src) for e in s.op.inputs)
+                s.op is src or any(e.src is src and _own_point(e.index, src) for e in s.op.inputs)
             ):
                 last = k
-            elif isinstance(s, Free) and s.op is src and _frees_own_point(s, src):
+            elif isinstance(s, Free) and s.op is src and _own_point(s.prefix, src):
                 last = None  # dead at its own point: nothing carried
                 break
         if last is None:
             return None
-        k = last + 1
-        while k < len(new) and isinstance(new[k], Free):
-            k += 1
-        new.insert(k, SwapOut(src, tuple(src.domain), points=True))
+        new.insert(_after_frees(new, last + 1), SwapOut(src, tuple(src.domain), points=True))
     if not _all_reads_covered(swapped, readers, new, merge):
         return None
     return Schedule(_rebuild(sched.body, {id(body.loops[-1]): new}, outer_edits))
@@ -347,7 +346,7 @@ def _all_reads_covered(
             )
             if k is None or op_id not in out_at or k > out_at[op_id]:
                 return False
-            if not _at_own_point(edge, swapped[op_id]):
+            if not _own_point(edge.index, swapped[op_id]):
                 return False
     return True
 
@@ -391,7 +390,7 @@ def _idle_points(
                 continue
             if all(
                 r.id in here
-                and _at_own_point(e, x)
+                and _own_point(e.index, x)
                 and not prims.get(r.prim).traits.view
                 and not prims.get(r.prim).traits.piecewise
                 for r, e in users
@@ -416,7 +415,7 @@ def _idle_swapped(sched: Schedule, x: Op) -> Schedule | None:
     stmts = body.stmts
     if any(isinstance(s, (SwapOut, SwapIn)) and s.op is x for s in stmts):
         return None  # already moved
-    uses = [at] + [k for k in range(at + 1, len(stmts)) if _reads(stmts[k], {x.id})]
+    uses = [at] + [k for k in range(at + 1, len(stmts)) if reads(stmts[k], {x.id})]
     gaps = [(b - a, a, b) for a, b in zip(uses, uses[1:], strict=False) if b - a > 1]
     if not gaps:
         return None

@@ -63,6 +63,21 @@ def _swap_dir() -> str:
 _RESTING_REFS = 2
 
 
+def _write_swap_file(array: np.ndarray, suffix: str) -> str:
+    """``array``'s bytes, raw, in a new file of the swap directory (never mapped): its path."""
+    fd, path = tempfile.mkstemp(prefix="timerl-swap-", suffix=suffix, dir=_swap_dir())
+    with os.fdopen(fd, "wb") as f:
+        array.tofile(f)
+    return path
+
+
+def _read_swap_file(path: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """What ``_write_swap_file`` wrote, in a fresh array; the file is removed."""
+    array = np.fromfile(path, dtype=dtype).reshape(shape)
+    os.unlink(path)
+    return array
+
+
 def _block_size(extent: int, elem: tuple[int, ...], dtype: Any) -> int:
     """Bytes of a block of ``extent`` rows of shape ``elem``."""
     return int(np.prod((extent, *elem), dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -218,10 +233,7 @@ class BlockStore:
                 self.on_host[outer] = (self.backend.to_host(rows), written)
                 continue
             array = np.ascontiguousarray(self.backend.to_numpy(rows))
-            fd, path = tempfile.mkstemp(prefix="timerl-swap-", suffix=".rows", dir=_swap_dir())
-            with os.fdopen(fd, "wb") as f:
-                array.tofile(f)
-            self.on_disk[outer] = (path, array.dtype, written)
+            self.on_disk[outer] = (_write_swap_file(array, ".rows"), array.dtype, written)
         self.moved += n
         self.tier.add(n)
         return n
@@ -236,8 +248,7 @@ class BlockStore:
             n += self.block_bytes
         for outer in [o for o in self.on_disk if o[:k] == key]:
             path, dtype, written = self.on_disk.pop(outer)
-            rows = np.fromfile(path, dtype=dtype).reshape((self.extent, *self.elem))
-            os.unlink(path)
+            rows = _read_swap_file(path, dtype, (self.extent, *self.elem))
             self.blocks[outer] = (self.backend.asarray(rows), written)
             n += self.block_bytes
         self.moved += n
@@ -750,10 +761,7 @@ class SwappablePoints(dict):
         n = 0
         for point in [p for p in self if p[: len(key)] == key]:
             array = np.ascontiguousarray(self.backend.to_numpy(self.pop(point)))
-            fd, path = tempfile.mkstemp(prefix="timerl-swap-", suffix=".point", dir=_swap_dir())
-            with os.fdopen(fd, "wb") as f:
-                array.tofile(f)
-            self.on_disk[point] = (path, array.dtype, array.shape)
+            self.on_disk[point] = (_write_swap_file(array, ".point"), array.dtype, array.shape)
             n += array.nbytes
         self.moved += n
         self.tier.add(n)
@@ -763,9 +771,7 @@ class SwappablePoints(dict):
         """Read back the points under ``key`` that ``swap_out`` wrote; bytes taken again."""
         n = 0
         for point in [p for p in self.on_disk if p[: len(key)] == key]:
-            path, dtype, shape = self.on_disk.pop(point)
-            array = np.fromfile(path, dtype=dtype).reshape(shape)
-            os.unlink(path)
+            array = _read_swap_file(*self.on_disk.pop(point))
             self[point] = self.backend.asarray(array)
             n += array.nbytes
         self.moved += n

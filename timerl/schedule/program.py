@@ -68,6 +68,16 @@ class Loop:
 Stmt = Union[Compute, Free, Loop, SwapOut, SwapIn, Start]
 
 
+def reads(stmt: Stmt, ids: set[int]) -> bool:
+    """Whether ``stmt`` (a loop: any statement of its body) computes an op reading one of
+    ``ids``; memory statements read nothing."""
+    if isinstance(stmt, (Compute, Start)):
+        return any(e.src.id in ids for e in stmt.op.inputs)
+    if isinstance(stmt, Loop):
+        return any(reads(x, ids) for x in stmt.body)
+    return False
+
+
 @dataclass(eq=False)
 class Schedule:
     body: list[Stmt]
