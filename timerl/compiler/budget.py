@@ -46,11 +46,13 @@ from timerl.schedule.program import (
     Compute,
     Free,
     Loop,
+    Position,
     Schedule,
     Stmt,
     SwapIn,
     SwapOut,
     reads,
+    rewrite,
 )
 from timerl.symbolic import TRUE, Bound, Slice, Symbol
 
@@ -579,15 +581,7 @@ def plan_swaps(
     candidates.sort(key=lambda c: -nbytes[c[0]] * (c[3] - c[2]))
     for op_id, path, after, before in candidates:
         op = by_id[op_id]
-        prefix = tuple(op.domain[:-1])
-        trial = Schedule(
-            _insert(
-                sched.body,
-                (),
-                {(path, after): SwapOut(op, prefix)},
-                {(path, before): SwapIn(op, prefix)},
-            )
-        )
+        trial = _swapped_between(sched, op, (*path, after), (*path, before))
         tried = planned_peak(trial, ops, storage, static, dynamic, donations)
         if tried.peak_bytes is not None and tried.peak_bytes < (plan.peak_bytes or 0):
             sched, plan = trial, tried
@@ -928,19 +922,19 @@ def _fit_reads(
     return trial, tried, [f"stream: read in chunks of {format_bytes(size)}, {how}"]
 
 
-def _insert(
-    body: list[Stmt], path: tuple, after: Mapping[tuple, Stmt], before: Mapping[tuple, Stmt]
-) -> list[Stmt]:
-    out: list[Stmt] = []
-    for k, s in enumerate(body):
-        if (path, k) in before:
-            out.append(before[(path, k)])
-        if isinstance(s, Loop):
-            s = Loop(s.dim, s.forward, _insert(s.body, path + (k,), after, before), s.until)
-        out.append(s)
-        if (path, k) in after:
-            out.append(after[(path, k)])
-    return out
+def _swapped_between(sched: Schedule, op: Op, out_at: Position, in_at: Position) -> Schedule:
+    """``sched`` with block store ``op`` written to disk after the statement at ``out_at`` and
+    read back before the one at ``in_at``."""
+    prefix = tuple(op.domain[:-1])
+
+    def edit(s: Stmt, at: Position) -> list[Stmt] | None:
+        if at == out_at:
+            return [s, SwapOut(op, prefix)]
+        if at == in_at:
+            return [SwapIn(op, prefix), s]
+        return None
+
+    return Schedule(rewrite(sched.body, edit))
 
 
 def _row_bytes(op: Op) -> int:

@@ -40,7 +40,7 @@ each Adam step's moments in turn. The runtime side is ``runtime/stores.Swappable
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,12 +52,14 @@ from timerl.schedule.program import (
     Compute,
     Free,
     Loop,
+    Position,
     Schedule,
     Start,
     Stmt,
     SwapIn,
     SwapOut,
     reads,
+    rewrite,
 )
 from timerl.schedule.to_graph import POINT_SWAP_MIN_BYTES
 from timerl.symbolic import Bound, always_eq
@@ -322,7 +324,7 @@ def _swapped(
         new.insert(_after_frees(new, last + 1), SwapOut(src, tuple(src.domain), points=True))
     if not _all_reads_covered(swapped, readers, new, merge):
         return None
-    return Schedule(_rebuild(sched.body, {id(body.loops[-1]): new}, outer_edits))
+    return _rebuilt(sched, body.loops[-1], new, outer_edits)
 
 
 def _all_reads_covered(
@@ -428,27 +430,28 @@ def _idle_swapped(sched: Schedule, x: Op) -> Schedule | None:
         SwapIn(x, point, points=True),
         *stmts[b:],
     ]
-    return Schedule(_rebuild(sched.body, {id(body.loops[-1]): new}, {}))
+    return _rebuilt(sched, body.loops[-1], new)
 
 
-def _rebuild(
+def _rebuilt(
+    sched: Schedule,
+    loop: Loop,
     body: list[Stmt],
-    bodies: Mapping[int, list[Stmt]],
-    edits: Mapping[int, tuple[list[Stmt], list[Stmt]]],
-) -> list[Stmt]:
-    """``body`` with the loop bodies of ``bodies`` (by id of their loop) replaced and the
-    statements of ``edits`` (by id of the statement: before it, after it) inserted."""
-    out: list[Stmt] = []
-    for s in body:
+    edits: Mapping[int, tuple[list[Stmt], list[Stmt]]] | None = None,
+) -> Schedule:
+    """``sched`` with ``loop``'s body replaced by ``body`` and the statements of ``edits`` (by
+    id of the statement: before it, after it) inserted."""
+    edits = edits or {}
+
+    def edit(s: Stmt, _at: Position) -> list[Stmt] | None:
         before, after = edits.get(id(s), ((), ()))
-        out.extend(before)
-        if isinstance(s, Loop):
-            inner = bodies.get(id(s), s.body)
-            out.append(Loop(s.dim, s.forward, _rebuild(inner, bodies, edits), s.until))
-        else:
-            out.append(s)
-        out.extend(after)
-    return out
+        if s is loop:
+            s = replace(loop, body=body)
+        elif not before and not after:
+            return None
+        return [*before, s, *after]
+
+    return Schedule(rewrite(sched.body, edit))
 
 
 __all__ = ["plan_point_swaps"]

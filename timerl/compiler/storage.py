@@ -38,7 +38,7 @@ from timerl.compiler.donation import computes_into
 from timerl.ir import prims
 from timerl.ir.graph import Op, View
 from timerl.schedule.liveness import add_frees, window_lag
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.schedule.program import Compute, Free, Loop, Position, Schedule, Stmt, rewrite
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice, always_eq
 from timerl.symbolic.expr import Condition
 
@@ -417,17 +417,11 @@ def free_aliases_with_base(
         return sched
     moved = {op.id for group in aliases.values() for op in group}
 
-    def rebuild(body: list[Stmt]) -> list[Stmt]:
-        out: list[Stmt] = []
-        for s in body:
-            if isinstance(s, Loop):
-                out.append(Loop(s.dim, s.forward, rebuild(s.body), s.until))
-            elif isinstance(s, Free) and s.op.id in moved:
-                continue
-            else:
-                out.append(s)
-                if isinstance(s, Free):
-                    out.extend(Free(a, s.prefix, s.pinned) for a in aliases.get(s.op.id, ()))
-        return out
+    def edit(s: Stmt, _at: Position) -> list[Stmt] | None:
+        if not isinstance(s, Free):
+            return None
+        if s.op.id in moved:
+            return []
+        return [s, *(Free(a, s.prefix, s.pinned) for a in aliases.get(s.op.id, ()))]
 
-    return Schedule(rebuild(sched.body))
+    return Schedule(rewrite(sched.body, edit))

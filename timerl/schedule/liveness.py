@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from timerl.ir.graph import Op
-from timerl.schedule.program import Compute, Free, Loop, Schedule, Stmt
+from timerl.schedule.program import Compute, Free, Loop, Position, Schedule, Stmt, rewrite
 from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, Symbol, always_eq, always_le0
 from timerl.symbolic.expr import And, Cmp, Condition
 
@@ -104,7 +104,7 @@ def add_frees(
             readers.setdefault(e.src.id, []).append((op, e))
     for src, extra in (alias_reads or {}).items():
         readers.setdefault(src, []).extend((r, _Read(index, cond)) for r, index, cond in extra)
-    inserts: dict[tuple, list[Free]] = {}  # (body path, index after which) -> frees
+    inserts: dict[Position, list[Free]] = {}  # the statement they follow -> frees
 
     def node_at(path: tuple) -> Loop | None:
         body, node = sched.body, None
@@ -115,7 +115,7 @@ def add_frees(
 
     def add(path: tuple, after: int, free: Free) -> None:
         path, after = _into_first_iteration(free.op, path, after, pos, readers, node_at)
-        inserts.setdefault((path, after), []).append(free)
+        inserts.setdefault((*path, after), []).append(free)
 
     for op in ops:
         if op.id in keep or op.id not in pos:
@@ -134,7 +134,7 @@ def add_frees(
         else:
             last = max(pos[r.id][0] for r, _ in reads)
             add((), max(last, here[0]), Free(op, ()))
-    return Schedule(_rebuild(sched.body, (), inserts))
+    return Schedule(rewrite(sched.body, lambda s, at: [s, *inserts[at]] if at in inserts else None))
 
 
 def _into_first_iteration(op: Op, path: tuple, after: int, pos, readers, node_at) -> tuple:
@@ -232,13 +232,3 @@ def _free_in_loop(op: Op, reads, pos, here: tuple, depth: int, node_at, add) -> 
         after = here[depth - 1] if outside_last is None else max(outside_last, here[depth - 1])
         add(here[: depth - 1], after, Free(op, outer))
     return True
-
-
-def _rebuild(body: list[Stmt], path: tuple, inserts: dict[tuple, list[Free]]) -> list[Stmt]:
-    out: list[Stmt] = []
-    for k, s in enumerate(body):
-        if isinstance(s, Loop):
-            s = Loop(s.dim, s.forward, _rebuild(s.body, path + (k,), inserts), s.until)
-        out.append(s)
-        out.extend(inserts.get((path, k), []))
-    return out

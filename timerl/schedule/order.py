@@ -37,7 +37,7 @@ from timerl.graphopt.graph import Graph
 from timerl.graphopt.policy import PolicyWeights
 from timerl.ir.graph import Op, consumers
 from timerl.schedule.liveness import add_frees
-from timerl.schedule.program import Compute, Loop, Schedule, Stmt
+from timerl.schedule.program import Compute, Position, Schedule, Stmt, rewrite
 from timerl.schedule.to_graph import block_graph, loop_blocks
 from timerl.symbolic import Bound
 
@@ -92,8 +92,14 @@ def order_blocks(
                 new_order[b] = [op_of[ids[v]] for v in better.tolist() if ids[v] in op_of]
     if not new_order:
         return sched, 0
-    body = _rebuild(sched.body, where, new_order)
-    return Schedule(body), len(new_order)
+
+    def place(s: Stmt, _at: Position) -> list[Stmt] | None:
+        # a block's compute statements take its new order, each in the next slot it had
+        if isinstance(s, Compute) and where.get(s.op.id) in new_order:
+            return [Compute(new_order[where[s.op.id]].pop(0))]
+        return None
+
+    return Schedule(rewrite(sched.body, place)), len(new_order)
 
 
 def _policy() -> PolicyWeights | None:
@@ -130,18 +136,6 @@ def _search(problem: Problem, policy: PolicyWeights | None, seeds: dict) -> Solu
     from timerl.graphopt.learned import learned_search
 
     return learned_search(problem, policy, budget=budget, seeds=seeds, patience=patience).solution
-
-
-def _rebuild(body: list[Stmt], where: Mapping[int, int], queue: dict[int, list[Op]]) -> list[Stmt]:
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, Compute) and where.get(s.op.id) in queue:
-            out.append(Compute(queue[where[s.op.id]].pop(0)))
-        elif isinstance(s, Loop):
-            out.append(Loop(s.dim, s.forward, _rebuild(s.body, where, queue), s.until))
-        else:
-            out.append(s)
-    return out
 
 
 __all__ = ["order_blocks"]

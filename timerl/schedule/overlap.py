@@ -22,6 +22,8 @@ update from a replay buffer inside the acting loop, statistics of earlier points
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from timerl.ir import prims
 from timerl.ir.graph import Op
 from timerl.schedule.program import Compute, Loop, Schedule, Start, Stmt
@@ -41,10 +43,7 @@ def _startable(s: Stmt) -> bool:
 
 
 def _rewrite(body: list[Stmt], notes: list[str]) -> list[Stmt]:
-    out = [
-        Loop(s.dim, s.forward, _rewrite(s.body, notes), s.until) if isinstance(s, Loop) else s
-        for s in body
-    ]
+    out = [replace(s, body=_rewrite(s.body, notes)) if isinstance(s, Loop) else s for s in body]
     k = 0
     while k < len(out):
         s = out[k]

@@ -5,7 +5,8 @@ It is plain data, printed by ``prog.explain()`` and run by the executor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from timerl.ir.graph import Op
@@ -76,6 +77,25 @@ def reads(stmt: Stmt, ids: set[int]) -> bool:
     if isinstance(stmt, Loop):
         return any(reads(x, ids) for x in stmt.body)
     return False
+
+
+Position = tuple[int, ...]  # a statement's index in each body from the top level down
+
+
+def rewrite(
+    body: list[Stmt], edit: Callable[[Stmt, Position], Sequence[Stmt] | None], at: Position = ()
+) -> list[Stmt]:
+    """A new body in which each statement stands replaced by ``edit(stmt, position)`` (None:
+    kept). Loops among what stands are rebuilt around their bodies rewritten the same way, at
+    the position of the statement they replace. Every pass that edits the tree goes through
+    this: the schedule is a value, and a pass builds a new one rather than mutate a shared one."""
+    out: list[Stmt] = []
+    for k, s in enumerate(body):
+        here = (*at, k)
+        edited = edit(s, here)
+        for t in (s,) if edited is None else edited:
+            out.append(replace(t, body=rewrite(t.body, edit, here)) if isinstance(t, Loop) else t)
+    return out
 
 
 @dataclass(eq=False)
