@@ -130,7 +130,10 @@ class GapWatch:
 
     def _see(self, line: int) -> None:
         rss, file_pages = self._statm()
-        over, metered = rss - self._base, self._meter[0]
+        # a merge that hands on its branch's array is counted before the branch's free takes
+        # it off, with no peak test between (nothing is allocated): the meter's peak bounds
+        # what is really live
+        over, metered = rss - self._base, min(self._meter[0], self._meter[1])
         rep = self.report
         if over > rep.high:
             # reached by the line that just ran; its array is metered by the lines after it

@@ -227,3 +227,54 @@ def test_trims_before_a_peak_in_a_long_loop_are_spaced(monkeypatch):
     heap.trim_before_peak()  # 48 ms after: skipped
     heap.trim_before_peak()  # 198 ms after: trims
     assert trims == [1, 1]
+
+
+_MAIN_ARENA_GROWTH = """
+import ctypes, os, re, sys, tempfile
+from timerl.runtime import heap
+
+def main_arena():
+    libc = ctypes.CDLL(None)
+    libc.fdopen.restype = ctypes.c_void_p
+    libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    fd, path = tempfile.mkstemp()
+    fp = libc.fdopen(fd, b"w")
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    xml = open(path).read()
+    os.unlink(path)
+    heap0 = xml.split('<heap nr="1">')[0]
+    return int(re.findall(r'<system type="current" size="(\\d+)"/>', heap0)[0])
+
+src = "def run(x):\\n" + "".join(f"    v{i} = x + {i}  # add#{i}\\n" for i in range(6000))
+before = main_arena()
+code = heap.compile_apart(src, "<run>") if sys.argv[1] == "apart" else compile(src, "<run>", "exec")
+grown = main_arena() - before
+ns = {}
+exec(code, ns)
+assert ns["run"](1) is None
+print(grown)
+"""
+
+
+@pytest.mark.skipif(heap._glibc() is None, reason="glibc's arenas only")
+def test_a_run_function_compiled_apart_leaves_the_runs_heap_as_it_was():
+    # a fresh process each, so that no earlier test's free space absorbs the compiler's
+    import subprocess
+    import sys
+
+    def grown(how: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", _MAIN_ARENA_GROWTH, how],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return int(out.stdout.split()[-1])
+
+    # compiled here, the compiler's freed blocks stay in the heap as holes the run's arrays
+    # fill; compiled apart, they are another arena's
+    assert grown("here") > 4 << 20
+    assert grown("apart") < 1 << 20

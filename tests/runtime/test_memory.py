@@ -223,6 +223,29 @@ def test_a_run_whose_pages_were_reserved_at_setup_hardly_faults():
     assert faults[0] * 2 < faults[1] and faults[1] > pages // 4
 
 
+def test_a_run_that_reserves_no_pages_compiles_its_code_apart(monkeypatch):
+    # apart, Python's compiler leaves its freed blocks out of the heap the run allocates
+    # from; a run whose pages are reserved fills those holes instead (heap.compile_apart)
+    from timerl.runtime import codegen
+
+    apart: list[str] = []
+
+    def spy(source: str, filename: str):
+        apart.append(filename)
+        return compile(source, filename, "exec")
+
+    monkeypatch.setattr(codegen, "compile_apart", spy)
+    prog, _ = _ppo(True)
+    reserved = prog.executor()
+    reserved.prepare()
+    assert bool(apart) == (not reserved._reserved)
+    prog.memory_budget = prog.planned_peak().peak_bytes  # under a budget nothing is reserved
+    lean = prog.executor()
+    before = len(apart)
+    lean.prepare()
+    assert lean.heap_reserve == 0 and len(apart) == before + 1
+
+
 def test_a_budget_below_the_peak_is_refused_at_compile_time():
     prog = _synthetic_ppo(4, STEPS, (3, 32, 32))
     bounds = {"I": 2, **prog.bounds}

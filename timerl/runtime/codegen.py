@@ -36,7 +36,7 @@ from timerl.runtime.calls import (
     host_call,
     prepare_call,
 )
-from timerl.runtime.heap import trim_before_peak
+from timerl.runtime.heap import compile_apart, trim_before_peak
 from timerl.runtime.loop_regions import LoopFusion
 from timerl.runtime.regions import Fusion
 from timerl.runtime.stores import RowStore, StorePlan
@@ -787,7 +787,12 @@ class CodeGen:
         self._counts.pop()
         self._conds.pop()
 
-    def generate(self, static_bounds: dict[Bound, int], outer: Loop | None) -> Callable:
+    def generate(
+        self, static_bounds: dict[Bound, int], outer: Loop | None, apart: bool = False
+    ) -> Callable:
+        """The run function. ``apart``: Python compiles it on a thread of its own, so that
+        what its compiler frees stays out of the heap the run allocates from
+        (``heap.compile_apart``)."""
         self.ns.update(
             NB=self.backend.nbytes,
             TRUTH=self.backend.truth,
@@ -838,7 +843,7 @@ class CodeGen:
         # a name of its own in linecache, so that a traceback through the generated code
         # shows the line (and the tensor its comment names) where it failed
         name = f"{GENERATED_FILE} {next(_SOURCES)}>"
-        code = compile(src, name, "exec")
+        code = compile_apart(src, name) if apart else compile(src, name, "exec")
         exec(code, self.ns)  # noqa: S102 - our own generated source
         run = self.ns["run"]
         linecache.cache[name] = (len(src), None, src.splitlines(keepends=True), name)

@@ -513,12 +513,14 @@ class Executor:
                 self.donations,
                 self.trim_before,
             )
-            self._generated[hooked] = gen.generate(self.bounds, outer)
-            self.source = gen.source
-            del gen
-            # What compiling freed goes back to the system, unless the run's pages are
+            # What compiling frees goes back to the system, unless the run's pages are
             # reserved: its first iteration fills those holes in the heap too (torch's
             # arrays, about 9 MiB on synthetic-e16), and would fault each page in again.
+            # Where they are not, holes that the run's arrays fill stay resident after their
+            # free, counted by no meter: the run function is compiled apart from that heap.
+            self._generated[hooked] = gen.generate(self.bounds, outer, apart=not reserving)
+            self.source = gen.source
+            del gen
             if not reserving:
                 release_free_heap()
         self.reserve_memory(reserving)
