@@ -278,3 +278,15 @@ def test_a_run_function_compiled_apart_leaves_the_runs_heap_as_it_was():
     # fill; compiled apart, they are another arena's
     assert grown("here") > 4 << 20
     assert grown("apart") < 1 << 20
+
+
+def test_code_is_compiled_here_where_no_thread_can_be_started(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", refuse)
+    ns: dict = {}
+    exec(heap.compile_apart("def f(x):\n    return x + 1\n", "<f>"), ns)
+    assert ns["f"](1) == 2

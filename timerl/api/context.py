@@ -298,55 +298,40 @@ def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPea
     """``compiled`` with idle blocks swapped out and, on numpy, blocks read only by rows
     streamed from files, where that brings its planned peak under ``budget``."""
     spec_c = compiled.spec
-    # jax keeps point stores (its arrays are immutable): plan with those
-    storage = compiled.storage if be.name != "jax" else {}
+    ops, static, dynamic = list(spec_c.ops), spec_c.static, spec_c.dynamic
     donations = be.donations(compiled.donations, spec_c.ops)
-    swapped, planned, notes = compiled.report.timed(
+
+    def timed(label: str, plan: Callable[[], tuple[Any, PlannedPeak, list[str]]]) -> tuple:
+        # each pass is timed for explain() and leaves its notes there
+        made, planned, notes = compiled.report.timed(label, plan)
+        compiled.report.notes.extend(notes)
+        return made, planned
+
+    # jax keeps point stores (its arrays are immutable): plan with those
+    planned_storage = compiled.storage if be.name != "jax" else {}
+    swapped, planned = timed(
         "memory budget",
         lambda: plan_swaps(
-            compiled.schedule,
-            list(spec_c.ops),
-            storage,
-            spec_c.static,
-            spec_c.dynamic,
-            budget,
-            donations,
+            compiled.schedule, ops, planned_storage, static, dynamic, budget, donations
         ),
     )
-    compiled.report.notes.extend(notes)
     storage = compiled.storage
     if be.name == "numpy" and planned.peak_bytes is not None and planned.peak_bytes > budget:
         # blocks read only by rows go to files (the numpy kernels read row sources)
-        storage, planned, notes = compiled.report.timed(
+        storage, planned = timed(
             "streaming to disk",
             lambda: plan_streams(
-                swapped,
-                list(spec_c.ops),
-                compiled.storage,
-                spec_c.static,
-                spec_c.dynamic,
-                budget,
-                donations,
-                spec_c.keep,
+                swapped, ops, storage, static, dynamic, budget, donations, spec_c.keep
             ),
         )
-        compiled.report.notes.extend(notes)
     if _swaps_points(be) and planned.peak_bytes is not None:
         # optimiser state between updates and values idle in a body go to disk wherever that
         # lowers the peak, within the budget or not: each costs a write and a read
-        swapped, planned, notes = compiled.report.timed(
+        kept = {op.id for op in spec_c.outputs} | set(spec_c.keep)
+        swapped, planned = timed(
             "points to disk",
-            lambda: plan_point_swaps(
-                swapped,
-                list(spec_c.ops),
-                storage,
-                spec_c.static,
-                spec_c.dynamic,
-                donations,
-                {op.id for op in spec_c.outputs} | set(spec_c.keep),
-            ),
+            lambda: plan_point_swaps(swapped, ops, storage, static, dynamic, donations, kept),
         )
-        compiled.report.notes.extend(notes)
     return dataclasses.replace(compiled, schedule=swapped, storage=storage), planned
 
 
