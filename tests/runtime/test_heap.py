@@ -38,6 +38,7 @@ def fake_libc(monkeypatch):
     libc = _FakeLibc()
     monkeypatch.setattr(heap, "_LIBC", [libc])
     monkeypatch.setattr(heap, "_KEEPING", [None])
+    monkeypatch.setattr(heap, "_MMAP", [0])
     monkeypatch.setattr(heap, "_ADVISED", [])
     for name in heap._USER_SETTINGS:
         monkeypatch.delenv(name, raising=False)
@@ -59,6 +60,23 @@ def test_a_run_under_a_budget_fixes_glibcs_first_thresholds(fake_libc):
     assert not heap.keep_freed_pages(False)
     assert not heap.keep_freed_pages(False)  # already fixed: nothing to set
     assert fake_libc.calls == [(-3, 128 << 10), (-1, 128 << 10)]
+
+
+def test_arrays_a_loop_allocates_at_every_point_still_reuse_the_heaps_pages(fake_libc):
+    # 375 KiB observations: mapped apart at every step, each was faulted in again
+    step = 8 * 3 * 64 * 64 * 4
+    assert not heap.keep_freed_pages(False, reuse_up_to=step)
+    mmap = fake_libc.calls[0][1]
+    assert fake_libc.calls[0][0] == -3 and step < mmap <= step + 8192 and mmap % 4096 == 0
+    # and the heap's free top holds a few of them: trimmed at every free, each step faulted
+    # its pages in again
+    assert fake_libc.calls[1] == (-1, heap.REUSED_ARRAYS * mmap)
+    assert not heap.keep_freed_pages(False, reuse_up_to=step)  # as set: nothing to set
+    assert len(fake_libc.calls) == 2
+    assert not heap.keep_freed_pages(False)  # and back to glibc's first thresholds
+    assert fake_libc.calls[2:] == [(-3, 128 << 10), (-1, 128 << 10)]
+    heap.keep_freed_pages(False, reuse_up_to=1 << 40)  # never above what glibc accepts
+    assert fake_libc.calls[4] == (-3, heap.MMAP_THRESHOLD)
 
 
 @pytest.mark.parametrize(

@@ -174,6 +174,53 @@ def test_nothing_is_reserved_where_arrays_mapped_apart_hold_most_of_the_peak():
     assert compiled.executor().heap_reserve == 0
 
 
+def test_a_run_mapping_its_arrays_apart_still_reuses_pages_for_each_steps_arrays():
+    # the env's observations (4 envs x 3x64x64 floats) come anew at each of the 1,000 steps:
+    # their size still comes from the heap's pages, the rollout's block and the update's
+    # arrays (over 4,000 rows) are mapped apart
+    prog = _synthetic_ppo(4, 1000, (3, 64, 64), minibatches=1)
+    compiled = prog.ctx.compile(bounds={"I": 2, **prog.bounds})
+    ex = compiled.executor()
+    assert not ex.keep_freed_pages
+    assert ex.reuse_up_to == budget_pass.repeated_array_bytes(compiled.schedule, compiled.static)
+    assert ex.reuse_up_to == 4 * 3 * 64 * 64 * 4
+    # a heap that keeps its pages needs no such size; under a budget the steps' arrays are
+    # mapped apart too (faults, not memory)
+    assert _ppo(True)[0].executor().reuse_up_to == 0
+    compiled.memory_budget = compiled.planned_peak().peak_bytes
+    assert compiled.executor().reuse_up_to == 0
+
+
+def test_repeated_arrays_are_those_of_loops_run_many_times_an_iteration():
+    from timerl.ir.graph import Op
+    from timerl.schedule.program import Compute, Loop, Schedule
+    from timerl.symbolic import Const, Dim
+
+    def op(shape):
+        return Op("const", (), tuple(Const(n) for n in shape), np.dtype(np.float32))
+
+    i, t, u = Dim("i"), Dim("t"), Dim("u")
+    step, update, once = op((8, 100)), op((4000, 64)), op((1 << 20,))
+    sched = Schedule(
+        [
+            Loop(
+                i,
+                True,
+                [
+                    Compute(once),
+                    Loop(t, True, [Compute(step)]),
+                    Loop(u, True, [Compute(update)]),
+                ],
+            )
+        ]
+    )
+    static = {i.bound: 3, t.bound: 1000, u.bound: 4}
+    assert budget_pass.repeated_array_bytes(sched, static) == 8 * 100 * 4
+    static[u.bound] = 16  # a minibatch loop of 16 points repeats its arrays too
+    assert budget_pass.repeated_array_bytes(sched, static) == 4000 * 64 * 4
+    assert budget_pass.repeated_array_bytes(Schedule([Compute(once)]), static) == 0
+
+
 def test_a_run_whose_peak_is_mostly_arrays_mapped_apart_keeps_no_freed_pages(monkeypatch):
     # the holes freed arrays leave in a heap that keeps its pages stay resident, unseen by the
     # meter, and such a heap serves little of this run: it gives them back, before the plan's
@@ -190,7 +237,9 @@ def test_a_run_whose_peak_is_mostly_arrays_mapped_apart_keeps_no_freed_pages(mon
     ex = prog.executor()
     assert not ex.keep_freed_pages and ex.heap_reserve == 0
     assert ex.trim_before == {plan.peak_op} and ex._spares
-    monkeypatch.setattr(heap, "_KEEPING", [None])
+    # set again by the run, not restored after it: restored, the state would say what glibc's
+    # heap was before the run, not what it is (a later test would then skip setting it)
+    heap._KEEPING[0] = None
     trims: list[int] = []
     monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(1))
     monkeypatch.setattr(heap, "_LAST_TRIM", [0.0, 0.0])

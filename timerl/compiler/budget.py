@@ -54,7 +54,7 @@ from timerl.schedule.program import (
     reads,
     rewrite,
 )
-from timerl.symbolic import TRUE, Bound, Slice, Symbol
+from timerl.symbolic import TRUE, Bound, Const, Slice, Symbol
 
 MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
 # A loop of at least this many iterations is watched for iterations that repeat each other
@@ -518,6 +518,39 @@ class _Steady:
             for op_id, a, c, z, b, n in self.changes
         ]
         return found, net
+
+
+# a loop run at least this many times an iteration of the outermost loop allocates its arrays
+# over and over (``repeated_array_bytes``)
+REPEATED_POINTS = 16
+
+
+def repeated_array_bytes(sched: Schedule, static: Mapping[Bound, int]) -> int:
+    """The largest array of static shape computed at every point of a loop that runs at least
+    ``REPEATED_POINTS`` times an iteration of the outermost loop (a loop of unknown length
+    counts as such): an environment's step and its observations, a minibatch's activations.
+    Views count, as the arrays they show (a step's observations are views of what the
+    environment returned). 0 where there is none."""
+    best = 0
+
+    def visit(body: list[Stmt], points: int) -> None:
+        nonlocal best
+        for s in body:
+            if isinstance(s, Loop):
+                trips = static.get(s.dim.bound)
+                visit(s.body, points * (REPEATED_POINTS if trips is None else trips))
+            elif (
+                isinstance(s, Compute)
+                and points >= REPEATED_POINTS
+                and all(isinstance(d, Const) for d in s.op.shape)
+            ):
+                size = int(np.prod([int(d.value) for d in s.op.shape], dtype=np.int64))
+                best = max(best, size * np.dtype(s.op.dtype).itemsize)
+
+    for s in sched.body:  # the outermost loop's own iterations are not repeats within one
+        if isinstance(s, Loop):
+            visit(s.body, 1)
+    return best
 
 
 def check_budget(plan: PlannedPeak, budget: int) -> None:

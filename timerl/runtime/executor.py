@@ -139,6 +139,7 @@ class Executor:
         storage: Mapping[int, Any] | None = None,
         donations: Mapping[int, int] | None = None,
         keep_freed_pages: bool = True,
+        reuse_up_to: int = 0,
         heap_reserve: int = 0,
         huge_page_advice: bool = True,
         spare_blocks: Iterable[int] = (),
@@ -151,6 +152,8 @@ class Executor:
         # runtime/heap.py; not under a memory budget, nor where arrays mapped apart hold most
         # of the peak (``Program._keeps_freed_pages``)
         self.keep_freed_pages = keep_freed_pages
+        # ... while arrays up to this many bytes still reuse the heap's pages
+        self.reuse_up_to = reuse_up_to
         # bytes of heap pages to fault in at setup (``heap.reserve``): the planned peak of the
         # arrays the heap serves, where pages are kept; the bytes reserved once done
         self.heap_reserve = heap_reserve if keep_freed_pages and backend.heap_arrays else 0
@@ -473,7 +476,8 @@ class Executor:
         self._outer = self.outer_loop() if hooked else None
         self._start, self._on_iteration, self._before_outer = start, on_iteration, before_outer
         self.backend.reset_device_peak()  # stats() reports this run's peak
-        heap.keep_freed_pages(self.keep_freed_pages)  # iterations reuse each other's arrays
+        # iterations reuse each other's arrays
+        heap.keep_freed_pages(self.keep_freed_pages, self.reuse_up_to)
         try:
             with heap.numpy_huge_pages_off(not self.huge_page_advice), self.backend.active():
                 if self.compiled:

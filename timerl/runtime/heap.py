@@ -62,6 +62,11 @@ _GLIBC_DEFAULT = 128 << 10
 _LIBC: list[Any] = []  # the C library, looked up once ([None] where it is not glibc)
 # whether the heap is set to keep freed pages now (None: as glibc set it, never changed)
 _KEEPING: list[bool | None] = [None]
+_MMAP = [0]  # the mmap threshold set with it
+# arrays of a repeated loop's size whose pages a heap that keeps no other freed pages holds at
+# its top (``keep_freed_pages``): an env's observations and its own temporaries of that size
+REUSED_ARRAYS = 4
+_PAGE = 4096
 
 
 def _glibc() -> Any:
@@ -85,7 +90,7 @@ def _glibc() -> Any:
     return _LIBC[0]
 
 
-def keep_freed_pages(keep: bool = True) -> bool:
+def keep_freed_pages(keep: bool = True, reuse_up_to: int = 0) -> bool:
     """Make the heap keep freed arrays' pages for the next allocations, or stop keeping them.
 
     A run under a memory budget does not keep them: its resident memory counts more than the
@@ -98,6 +103,12 @@ def keep_freed_pages(keep: bool = True) -> bool:
     128 KiB is mapped and unmapped, and the run's resident memory follows the meter
     (memory-e32 under its budget: 3% over it, not 13%; its streamed chunks are read into the
     same buffers again, see ``RowFile._read_all``).
+    Not keeping them, arrays up to ``reuse_up_to`` bytes still come from the heap and reuse
+    its pages: those a loop allocates at every one of its points, an environment's step its
+    observations among them (``Program._step_bytes``). Mapped apart, each such array was
+    faulted in at every step: memory-e8's 375 KiB observations and the env's own temporaries
+    of that size, 247,000 faults an iteration against 9,000-14,000, 1.0-1.25 s of system time.
+    Their holes hold about one step's arrays.
     Process-wide, as every malloc setting is; the heap is left alone where the user set
     glibc's ``MALLOC_*_`` variables or a ``glibc.malloc`` tunable. True when it keeps them.
     """
@@ -105,11 +116,19 @@ def keep_freed_pages(keep: bool = True) -> bool:
     user = any(os.environ.get(v) for v in _USER_SETTINGS) or "glibc.malloc." in os.environ.get(
         "GLIBC_TUNABLES", ""
     )
-    if lib is None or user or keep is _KEEPING[0]:
+    if keep:
+        mmap, trim = MMAP_THRESHOLD, TRIM_THRESHOLD
+    else:
+        # a chunk's header beside the array, rounded up to whole pages
+        fits = -(-(reuse_up_to + 64) // _PAGE) * _PAGE if reuse_up_to > 0 else 0
+        mmap = min(max(_GLIBC_DEFAULT, fits), MMAP_THRESHOLD)
+        # and a free top of the heap that holds a step's arrays stays: trimmed at every free,
+        # the next step faulted it in again (memory-e32: 200,000 faults every other iteration)
+        trim = REUSED_ARRAYS * mmap if fits else _GLIBC_DEFAULT
+    if lib is None or user or (keep is _KEEPING[0] and mmap == _MMAP[0]):
         return bool(_KEEPING[0])
-    mmap, trim = (MMAP_THRESHOLD, TRIM_THRESHOLD) if keep else (_GLIBC_DEFAULT, _GLIBC_DEFAULT)
     if lib.mallopt(_M_MMAP_THRESHOLD, mmap) and lib.mallopt(_M_TRIM_THRESHOLD, trim):
-        _KEEPING[0] = keep
+        _KEEPING[0], _MMAP[0] = keep, mmap
     return bool(_KEEPING[0])
 
 
