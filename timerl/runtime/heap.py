@@ -105,10 +105,10 @@ def keep_freed_pages(keep: bool = True, reuse_up_to: int = 0) -> bool:
     same buffers again, see ``RowFile._read_all``).
     Not keeping them, arrays up to ``reuse_up_to`` bytes still come from the heap and reuse
     its pages: those a loop allocates at every one of its points, an environment's step its
-    observations among them (``Program._step_bytes``). Mapped apart, each such array was
-    faulted in at every step: memory-e8's 375 KiB observations and the env's own temporaries
-    of that size, 247,000 faults an iteration against 9,000-14,000, 1.0-1.25 s of system time.
-    Their holes hold about one step's arrays.
+    observations among them (``budget.repeated_array_bytes``). Mapped apart, each such array
+    was faulted in at every step: memory-e8's 375 KiB observations and the env's own
+    temporaries of that size, 247,000 faults an iteration against 9,000-14,000, 1.0-1.25 s of
+    system time. The heap then holds up to ``REUSED_ARRAYS`` of them free at its top.
     Process-wide, as every malloc setting is; the heap is left alone where the user set
     glibc's ``MALLOC_*_`` variables or a ``glibc.malloc`` tunable. True when it keeps them.
     """
