@@ -238,3 +238,38 @@ def test_a_shorter_last_chunk_is_read_into_a_spare_not_a_new_array(made, ahead):
         np.testing.assert_array_equal(chunk, data[ids[a : a + 3]])
         del chunk
     assert len(made) == (2 if ahead else 1)
+
+
+def test_the_row_just_written_is_read_without_the_file_once():
+    # a rollout's step reads the observation it has just written: the array written, shown in
+    # the reader's row shape, with no read of the file and no new array
+    rows, data = _rows(ahead=False)
+    moved = rows.counter[0]
+    flat = rows.reshape((12, 6))
+    again = flat[11]
+    assert again.shape == (6,) and np.shares_memory(again, data[11])
+    np.testing.assert_array_equal(again, data[11].reshape(6))
+    assert rows.counter[0] == moved
+    # kept for that one read: the next comes from the file, into an array of its own
+    back = rows[11]
+    assert rows.counter[0] == moved + 24 and not np.shares_memory(back, data[11])
+    np.testing.assert_array_equal(back, data[11])
+
+
+def test_a_read_or_write_between_drops_the_row_written_last():
+    rows, data = _rows(ahead=False)
+    rows[3] = data[0]  # written last now: row 3
+    moved = rows.counter[0]
+    np.testing.assert_array_equal(rows[11], data[11])  # another row: from the file
+    assert rows.counter[0] == moved + 24
+    np.testing.assert_array_equal(rows[3], data[0])  # dropped by that read: from the file too
+    assert rows.counter[0] == moved + 48
+    rows[5] = data[1]
+    whole = np.concatenate([c for _, _, c in rows.chunks(4)])  # a chunked read drops it
+    np.testing.assert_array_equal(whole[5], data[1])
+    assert not np.shares_memory(rows[5], data[1])
+    # through a view of rows 1.. the written row 2 is that view's row 1, and only that one
+    rows[2] = data[2]
+    assert not np.shares_memory(rows[1:][0], data[2])
+    rows[2] = data[2]
+    assert np.shares_memory(rows[1:][1], data[2])

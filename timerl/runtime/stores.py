@@ -430,9 +430,25 @@ class RowFile(RowSource):
     this one (``preadv`` and numpy's products release the GIL): two chunks held, not one.
 
     ``counter`` is shared with the store: [bytes moved, seconds a kernel waited on a read,
-    chunks that were read ahead in time, chunks waited for]."""
+    chunks that were read ahead in time, chunks waited for].
 
-    __slots__ = ("owner", "fd", "offset", "stride", "counter", "ahead", "name", "__weakref__")
+    The row written last is kept until it is read once, or another read or write comes: a
+    rollout's step reads the observation it has just written (the policy's first layer), and
+    reading it back from the file took a fresh array and its page faults at every step
+    (memory-e8 under its budget: 97,000 of its 247,000 faults an iteration). Read so, the
+    row is the array that was written, shown in the reader's row shape."""
+
+    __slots__ = (
+        "owner",
+        "fd",
+        "offset",
+        "stride",
+        "counter",
+        "ahead",
+        "name",
+        "written",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -448,6 +464,7 @@ class RowFile(RowSource):
         os.unlink(path)
         self.owner = self  # the file whose descriptor a view reads (closed with its store)
         self.fd = fd
+        self.written: tuple[int, np.ndarray] | None = None  # (row, array) written last
         self.offset = 0
         self.stride = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         while len(counter) < 4:
@@ -467,6 +484,7 @@ class RowFile(RowSource):
         view = object.__new__(RowFile)
         view.owner = self.owner
         view.fd = -1
+        view.written = None  # (the owner's is the one kept)
         view.offset = offset
         view.stride = int(np.prod(row_shape, dtype=np.int64)) * self.dtype.itemsize
         view.counter = self.counter
@@ -533,6 +551,7 @@ class RowFile(RowSource):
     def _read_now(
         self, request: tuple[int, int] | np.ndarray, out: np.ndarray | None = None
     ) -> np.ndarray:
+        self.owner.written = None
         try:
             rows = self._load(request, self._empty(request) if out is None else out)
         except OSError as err:
@@ -571,6 +590,7 @@ class RowFile(RowSource):
         have, and no thread outlives the kernel, even one interrupted mid-way. A failed read
         is raised here, on the caller's thread, naming the block."""
         counter = self.counter
+        self.owner.written = None
         # chunks the caller let go of, read into again: a new array per chunk would be mapped
         # and its pages faulted in under a memory budget, where the heap keeps no freed pages
         # (memory-e32 reads its 1.5 GiB of observations four times an iteration)
@@ -638,6 +658,10 @@ class RowFile(RowSource):
         while done < len(data):
             done += os.pwrite(fd, data[done:], self.offset + k * self.stride + done)
         self.counter[0] += done
+        # the row's number in the owner's rows: a view of whole rows at a row's offset
+        at, rest = divmod(self.offset - self.owner.offset, self.owner.stride)
+        same_rows = self.stride == self.owner.stride and not rest and not self.transposed
+        self.owner.written = (at + k, row) if same_rows else None
 
     # --- views that keep whole rows ---------------------------------------------------------
     def reshape(self, shape: tuple[int, ...]) -> RowSource:
@@ -656,9 +680,28 @@ class RowFile(RowSource):
             if step == 1:
                 n = max(stop - start, 0)
                 return self._view(n, self.row_shape, self.offset + start * self.stride, False)
+        written = self._written_row(k)
+        if written is not None:
+            return written
         return RowSource.__getitem__(self, key)
 
+    def _written_row(self, k: Any) -> np.ndarray | None:
+        """Row ``k`` as the array written last, where that is the row asked for (then no
+        longer kept), else None."""
+        owner = self.owner
+        if owner.written is None or self.transposed or not isinstance(k, (int, np.integer)):
+            return None
+        if self.stride != owner.stride or not -self.nrows <= k < self.nrows:
+            return None
+        at, rest = divmod(self.offset - owner.offset, owner.stride)
+        row, array = owner.written
+        if rest or at + int(k) % self.nrows != row:
+            return None
+        owner.written = None
+        return array.reshape(self.row_shape)
+
     def close(self) -> None:
+        self.written = None
         if self.owner is self and self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
