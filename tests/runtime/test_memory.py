@@ -174,7 +174,7 @@ def test_nothing_is_reserved_where_arrays_mapped_apart_hold_most_of_the_peak():
     assert compiled.executor().heap_reserve == 0
 
 
-def test_a_run_mapping_its_arrays_apart_still_reuses_pages_for_each_steps_arrays():
+def test_a_run_mapping_its_arrays_apart_still_reuses_pages_for_each_steps_arrays(monkeypatch):
     # the env's observations (4 envs x 3x64x64 floats) come anew at each of the 1,000 steps:
     # their size still comes from the heap's pages, the rollout's block and the update's
     # arrays (over 4,000 rows) are mapped apart
@@ -184,6 +184,13 @@ def test_a_run_mapping_its_arrays_apart_still_reuses_pages_for_each_steps_arrays
     assert not ex.keep_freed_pages
     assert ex.reuse_up_to == budget_pass.repeated_array_bytes(compiled.schedule, compiled.static)
     assert ex.reuse_up_to == 4 * 3 * 64 * 64 * 4
+    # not where the heap would keep more than a sixteenth of the peak for them
+    from timerl.api import program as program_module
+
+    peak = compiled.planned_peak().peak_bytes
+    monkeypatch.setattr(program_module, "REUSE_SHARE", peak // (4 * ex.reuse_up_to) + 1)
+    assert compiled.executor().reuse_up_to == 0
+    monkeypatch.undo()
     # a heap that keeps its pages needs no such size; under a budget the steps' arrays are
     # mapped apart too (faults, not memory)
     assert _ppo(True)[0].executor().reuse_up_to == 0

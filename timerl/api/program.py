@@ -23,8 +23,11 @@ from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
 from timerl.runtime.backend import Backend
 from timerl.runtime.executor import Executor, RunStats
-from timerl.runtime.heap import MMAP_THRESHOLD
+from timerl.runtime.heap import MMAP_THRESHOLD, REUSED_ARRAYS
 from timerl.schedule.program import Schedule
+
+# the most of a planned peak a run lets the heap keep for a loop's repeated arrays: 1 / this
+REUSE_SHARE = 16
 
 
 class Program:
@@ -137,7 +140,12 @@ class Program:
         # 18.2 MiB, not 17.2-17.3, for a 16 MiB meter; memory-e32 37.8, not 34.0, for 32.6).
         if self.memory_budget is not None or self._keeps_freed_pages():
             return 0
-        return repeated_array_bytes(self.schedule, self.static)
+        size = repeated_array_bytes(self.schedule, self.static)
+        # the heap keeps up to ``REUSED_ARRAYS`` of them: not where that is more than a
+        # sixteenth of the peak (a loop of large arrays, as a budget would have it: faulted)
+        if REUSED_ARRAYS * size * REUSE_SHARE > (self.planned_peak().peak_bytes or 0):
+            return 0
+        return size
 
     def _heap_reserve(self) -> int:
         # The heap's pages the run's arrays need, faulted in at setup (runtime/heap.reserve),
