@@ -51,10 +51,10 @@ from timerl.schedule.program import (
     Stmt,
     SwapIn,
     SwapOut,
-    reads,
+    idle_gaps,
     rewrite,
 )
-from timerl.symbolic import TRUE, Bound, Const, Slice, Symbol
+from timerl.symbolic import TRUE, Bound, Slice, Symbol
 
 MAX_OUTER = 3  # equal ends of a training loop's iterations after which it is not replayed
 # A loop of at least this many iterations is watched for iterations that repeat each other
@@ -539,18 +539,25 @@ def repeated_array_bytes(sched: Schedule, static: Mapping[Bound, int]) -> int:
             if isinstance(s, Loop):
                 trips = static.get(s.dim.bound)
                 visit(s.body, points * (REPEATED_POINTS if trips is None else trips))
-            elif (
-                isinstance(s, Compute)
-                and points >= REPEATED_POINTS
-                and all(isinstance(d, Const) for d in s.op.shape)
-            ):
-                size = int(np.prod([int(d.value) for d in s.op.shape], dtype=np.int64))
-                best = max(best, size * np.dtype(s.op.dtype).itemsize)
+            elif isinstance(s, Compute) and points >= REPEATED_POINTS:
+                best = max(best, static_bytes(s.op, {}))  # (no bound: constant shapes only)
 
     for s in sched.body:  # the outermost loop's own iterations are not repeats within one
         if isinstance(s, Loop):
             visit(s.body, 1)
     return best
+
+
+def static_bytes(op: Op, static: Mapping[Bound, int]) -> int:
+    """Bytes of ``op``'s value with its shape's bounds at ``static``; 0 where its shape needs
+    anything else (a loop's dim, a dynamic bound)."""
+    n = 1
+    for s in op.shape:
+        try:
+            n *= int(s.evaluate(static))
+        except (KeyError, TypeError, ValueError):
+            return 0
+    return n * np.dtype(op.dtype).itemsize
 
 
 def check_budget(plan: PlannedPeak, budget: int) -> None:
@@ -604,10 +611,8 @@ def plan_swaps(
             visit(s.body, path + (k,))
             for x in s.body:
                 if isinstance(x, Compute) and x.op.id in blocks:
-                    uses = [k] + [j for j in range(k + 1, len(body)) if reads(body[j], {x.op.id})]
-                    for a, b in zip(uses, uses[1:], strict=False):
-                        if b - a > 1:
-                            candidates.append((x.op.id, path, a, b))
+                    for a, b in idle_gaps(body, k, x.op.id):
+                        candidates.append((x.op.id, path, a, b))
 
     visit(sched.body, ())
     nbytes = {i: int(storage[i].extent or 0) * _row_bytes(by_id[i]) for i in blocks}

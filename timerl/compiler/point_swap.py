@@ -42,9 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-import numpy as np
-
-from timerl.compiler.budget import PlannedPeak, format_bytes, planned_peak
+from timerl.compiler.budget import PlannedPeak, format_bytes, planned_peak, static_bytes
 from timerl.compiler.storage import Storage
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers
@@ -58,6 +56,7 @@ from timerl.schedule.program import (
     Stmt,
     SwapIn,
     SwapOut,
+    idle_gaps,
     reads,
     rewrite,
 )
@@ -112,12 +111,12 @@ def plan_point_swaps(
     # largest first; among equals, carried state before values idle in a body
     moves: list[_Move] = []
     for m in _carried_merges(sched, storage):
-        n = _static_bytes(m, static)
+        n = static_bytes(m, static)
         if n >= POINT_SWAP_MIN_BYTES:
             move = _merge_move(m, readers, storage)
             moves.append(_Move(f"{m.label} to disk between updates", n, None, move))
     for x in _idle_points(sched, storage, readers, keep):
-        n = _static_bytes(x, static)
+        n = static_bytes(x, static)
         if n >= POINT_SWAP_MIN_BYTES:
             moves.append(_Move(f"{x.label} to disk while it is idle", n, x, _idle_move(x)))
     moves.sort(key=lambda mv: -mv.nbytes)
@@ -189,16 +188,6 @@ def _after_frees(stmts: list[Stmt], k: int) -> int:
     while k < len(stmts) and isinstance(stmts[k], Free):
         k += 1
     return k
-
-
-def _static_bytes(op: Op, static: Mapping[Bound, int]) -> int:
-    n = 1
-    for s in op.shape:
-        try:
-            n *= int(s.evaluate(static))
-        except (KeyError, TypeError, ValueError):
-            return 0
-    return n * np.dtype(op.dtype).itemsize
 
 
 def _find(sched: Schedule, op: Op) -> tuple[_Body, int] | None:
@@ -417,11 +406,10 @@ def _idle_swapped(sched: Schedule, x: Op) -> Schedule | None:
     stmts = body.stmts
     if any(isinstance(s, (SwapOut, SwapIn)) and s.op is x for s in stmts):
         return None  # already moved
-    uses = [at] + [k for k in range(at + 1, len(stmts)) if reads(stmts[k], {x.id})]
-    gaps = [(b - a, a, b) for a, b in zip(uses, uses[1:], strict=False) if b - a > 1]
+    gaps = idle_gaps(stmts, at, x.id)
     if not gaps:
         return None
-    _, a, b = max(gaps)
+    a, b = max(gaps, key=lambda g: (g[1] - g[0], g[0]))  # the longest, the last of equals
     point = tuple(x.domain)
     new = [
         *stmts[: a + 1],

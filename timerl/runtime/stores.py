@@ -658,10 +658,8 @@ class RowFile(RowSource):
         while done < len(data):
             done += os.pwrite(fd, data[done:], self.offset + k * self.stride + done)
         self.counter[0] += done
-        # the row's number in the owner's rows: a view of whole rows at a row's offset
-        at, rest = divmod(self.offset - self.owner.offset, self.owner.stride)
-        same_rows = self.stride == self.owner.stride and not rest and not self.transposed
-        self.owner.written = (at + k, row) if same_rows else None
+        at = self._owner_row(k)
+        self.owner.written = None if at is None else (at, row)
 
     # --- views that keep whole rows ---------------------------------------------------------
     def reshape(self, shape: tuple[int, ...]) -> RowSource:
@@ -685,17 +683,22 @@ class RowFile(RowSource):
             return written
         return RowSource.__getitem__(self, key)
 
+    def _owner_row(self, k: int) -> int | None:
+        """The owner's number of this view's row ``k``, where the view keeps the owner's rows
+        whole from a row's offset (else None)."""
+        at, rest = divmod(self.offset - self.owner.offset, self.owner.stride)
+        if rest or self.transposed or self.stride != self.owner.stride:
+            return None
+        return at + k
+
     def _written_row(self, k: Any) -> np.ndarray | None:
         """Row ``k`` as the array written last, where that is the row asked for (then no
         longer kept), else None."""
         owner = self.owner
-        if owner.written is None or self.transposed or not isinstance(k, (int, np.integer)):
+        if owner.written is None or not isinstance(k, (int, np.integer)):
             return None
-        if self.stride != owner.stride or not -self.nrows <= k < self.nrows:
-            return None
-        at, rest = divmod(self.offset - owner.offset, owner.stride)
         row, array = owner.written
-        if rest or at + int(k) % self.nrows != row:
+        if not -self.nrows <= k < self.nrows or self._owner_row(int(k) % self.nrows) != row:
             return None
         owner.written = None
         return array.reshape(self.row_shape)

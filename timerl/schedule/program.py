@@ -79,6 +79,14 @@ def reads(stmt: Stmt, ids: set[int]) -> bool:
     return False
 
 
+def idle_gaps(body: list[Stmt], at: int, op_id: int) -> list[tuple[int, int]]:
+    """Where the value of ``op_id``, made by the statement at ``at`` of ``body`` (a loop
+    computing it, or its own), waits unread: each ``(a, b)`` of consecutive uses there (that
+    statement, then the statements reading it) with statements between them."""
+    uses = [at] + [k for k in range(at + 1, len(body)) if reads(body[k], {op_id})]
+    return [(a, b) for a, b in zip(uses, uses[1:], strict=False) if b - a > 1]
+
+
 Position = tuple[int, ...]  # a statement's index in each body from the top level down
 
 
