@@ -129,3 +129,32 @@ def test_eval_cli_runtime_under_memory_limit(tmp_path, capsys):
         assert not any(rec["feasible"].values())
     assert rec["values"]["brkga"] <= rec["values"]["portfolio"] <= rec["values"]["program"]
     assert "runtime, 2 device(s) + host, limit 0.5 x program peak" in capsys.readouterr().out
+
+
+def test_unseeded_searches_start_from_no_portfolio_schedule(tmp_path, capsys):
+    from timerl.graphopt.brkga import brkga
+    from timerl.graphopt.decoders import Problem
+    from timerl.graphopt.graph import Graph
+    from timerl.graphopt.learned import learned_search, load_policy
+
+    write_corpus(tmp_path)
+    methods = ["portfolio", "brkga", "learned"]
+    seeded = evaluate_corpus(tmp_path, "test", methods=methods, budget=40, seed=3)
+    unseeded = evaluate_corpus(tmp_path, "test", methods=methods, budget=40, seed=3, seeded=False)
+    entries = json.loads((tmp_path / "index.json").read_text())["graphs"]
+    tested = [e for e in entries if e["split"] == "test"]
+    for entry, a, b in zip(tested, seeded, unseeded, strict=True):
+        problem = Problem(Graph.load(tmp_path / entry["path"]))
+        # seeded, never worse than the portfolio; unseeded, exactly the searches from nothing
+        assert a.values["brkga"] <= a.values["portfolio"]
+        assert a.values["learned"] <= a.values["portfolio"]
+        assert b.values["brkga"] == brkga(problem, budget=40, seeds=[], seed=3).value
+        alone = learned_search(problem, load_policy(), budget=40, seed=3, seeds={})
+        assert b.values["learned"] == alone.value
+    # at 40 evaluations a search from nothing misses what the portfolio finds somewhere
+    assert any(b.values["brkga"] > a.values["brkga"] for a, b in zip(seeded, unseeded, strict=True))
+    rc = main(
+        ["graphopt", "eval", "--corpus", str(tmp_path), "--budget", "40", "--unseeded"]
+        + ["--methods", "brkga", "--no-progress"]
+    )
+    assert rc == 0 and "searches unseeded" in capsys.readouterr().out

@@ -121,6 +121,11 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         help="per-device memory limit as a fraction of the graph's program-order peak",
     )
     e.add_argument("--seed", type=int, default=0, help="every search's random seed")
+    e.add_argument(
+        "--unseeded",
+        action="store_true",
+        help="start BRKGA and the learned search from no portfolio schedule (REGAL's setting)",
+    )
     e.add_argument("--out", type=Path, default=None, help="write per-graph results JSON")
     e.add_argument("--markdown", type=Path, default=None, help="write the table as markdown")
     e.add_argument("--no-progress", action="store_true")
@@ -334,6 +339,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             weights=args.weights,
             workers=args.workers,
             ray_address=args.ray_address,
+            seeded=not args.unseeded,
         )
     rows = summarise(records, methods)
     table = Table(
@@ -387,6 +393,8 @@ def _setting(args: argparse.Namespace) -> str:
         text += " + host"
     if args.memory_fraction is not None:
         text += f", limit {args.memory_fraction:g} x program peak"
+    if args.unseeded:
+        text += ", searches unseeded"
     return text
 
 

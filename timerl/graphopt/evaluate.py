@@ -44,13 +44,16 @@ def run_method(
     start: Solution | None = None,
     weights: str | Path | None = None,
     jobs: int = 1,
+    seeded: bool = True,
 ) -> SearchResult:
     """Run one method; ``start`` (a known good schedule) seeds the exact solver's bound;
     ``jobs`` processes score the schedules of a BRKGA search (the same result as one).
 
     ``learned`` reads the policy weights at ``weights`` (default: the shipped file for the
     problem's objective); ``untrained`` is the same network with random parameters (an
-    ablation)."""
+    ablation). ``seeded=False`` starts the BRKGA searches from no portfolio schedule (the
+    learned ones keep the policy's mean schedule): REGAL's setting, where what is compared is
+    the proposals alone."""
     t0 = time.perf_counter()
     if name == "program":
         res = program_baseline(problem)
@@ -61,7 +64,7 @@ def run_method(
         res = local_search(problem, pf.solution, budget=max(budget - pf.evaluations, 1), seed=seed)
         res.evaluations += pf.evaluations
     elif name == "brkga":
-        seeds = list(portfolio_solutions(problem).values())
+        seeds = list(portfolio_solutions(problem).values()) if seeded else []
         res = brkga(problem, budget=budget, seeds=seeds, seed=seed, jobs=jobs)
     elif name in ("learned", "untrained"):
         from timerl.graphopt.learned import learned_search, load_policy
@@ -70,7 +73,9 @@ def run_method(
         policy = load_policy(weights, problem.objective)
         if name == "untrained":
             policy = PolicyWeights.random(policy.hidden, policy.rounds, seed=seed)
-        res = learned_search(problem, policy, budget=budget, seed=seed, jobs=jobs)
+        res = learned_search(
+            problem, policy, budget=budget, seed=seed, jobs=jobs, seeds=None if seeded else {}
+        )
         if name == "untrained":
             res.method = name
     elif name == "exact":
@@ -163,11 +168,13 @@ def evaluate_corpus(
     weights: str | Path | None = None,
     workers: int = 1,
     ray_address: str | None = None,
+    seeded: bool = True,
 ) -> list[GraphRecord]:
     """Run every method on every graph of the split.
 
     ``make_problem`` sets the objective and cluster per graph (default: peak memory on one
     device); the exact solver and the lower bound apply to single-device peak memory only.
+    ``seeded``: as for :func:`run_method`.
     ``workers > 1`` evaluates that many graphs at a time, in local processes or as Ray tasks
     on the cluster at ``ray_address`` (:class:`~timerl.graphopt.parallel.TaskPool`); the
     records are the same, in the same order (only the
@@ -200,6 +207,7 @@ def evaluate_corpus(
         exact_time,
         make_problem,
         weights,
+        seeded,
     )
 
     def done(i: int, rec: GraphRecord) -> None:
@@ -214,7 +222,7 @@ def evaluate_corpus(
 
 def evaluate_graph(entry: dict[str, Any], settings: tuple[Any, ...]) -> GraphRecord:
     """Every method on the graph of one index entry (one task of :func:`evaluate_corpus`)."""
-    corpus, methods, budget, seed, exact_nodes, exact_time, make_problem, weights = settings
+    corpus, methods, budget, seed, exact_nodes, exact_time, make_problem, weights, seeded = settings
     e = entry
     graph = Graph.load(Path(corpus) / e["path"])
     rec = GraphRecord(
@@ -234,6 +242,7 @@ def evaluate_graph(entry: dict[str, Any], settings: tuple[Any, ...]) -> GraphRec
             time_limit=exact_time,
             start=start,
             weights=weights,
+            seeded=seeded,
         )
         rec.values[m] = res.value
         rec.seconds[m] = res.seconds
