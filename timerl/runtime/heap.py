@@ -66,7 +66,7 @@ _MMAP = [0]  # the mmap threshold set with it
 # arrays of a repeated loop's size whose pages a heap that keeps no other freed pages holds at
 # its top (``keep_freed_pages``): an env's observations and its own temporaries of that size
 REUSED_ARRAYS = 4
-_PAGE = 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _glibc() -> Any:
@@ -308,9 +308,6 @@ def anonymous_bytes() -> int | None:
     """
     pages = _statm()
     return None if pages is None else (pages[0] - pages[1]) * _PAGE
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class HeapTrim:
