@@ -1,5 +1,5 @@
-"""Under a memory budget, optimiser moments go to disk between updates and gradients while they
-wait for the optimiser: same values, less held."""
+"""Optimiser moments go to disk between updates and gradients while they wait for the optimiser,
+under a memory budget and, from 1 MiB up, without one: same values, less held."""
 
 from __future__ import annotations
 
@@ -24,8 +24,17 @@ CONFIG = {
 }
 
 
-def _ppo():
-    kwargs = {k: v for k, v in CONFIG.items() if k != "seed"}
+# first-layer weights of 3,072 x 96 float32: 1.1 MiB a moment, as large as a run without a
+# budget moves
+LARGE = {
+    **CONFIG,
+    "env_kwargs": {"obs_shape": (3, 32, 32), "episode_length": 40, "action_dim": 2},
+    "hidden": (96,),
+}
+
+
+def _ppo(config=CONFIG):
+    kwargs = {k: v for k, v in config.items() if k != "seed"}
     algo = ppo(**kwargs)
     return algo, {"I": 3, **algo.bounds}
 
@@ -75,7 +84,7 @@ def test_every_reader_of_a_swapped_value_reads_it_back_first():
                 assert not any(e.src.id in gone for e in s.op.inputs), s.op.label
 
 
-def test_without_a_budget_nothing_is_swapped_and_the_pass_never_raises_the_plan():
+def test_without_a_budget_values_under_a_mebibyte_stay_and_the_pass_never_raises_the_plan():
     algo, bounds = _ppo()
     prog = algo.ctx.compile(bounds=bounds, seed=1)
     plan = prog.planned_peak()
@@ -87,6 +96,35 @@ def test_without_a_budget_nothing_is_swapped_and_the_pass_never_raises_the_plan(
     # swaps are tried and kept only where they lower the peak; the plan is never higher
     assert again.peak_bytes <= plan.peak_bytes
     assert bool(notes) == (same is not c.schedule)
+
+
+def test_without_a_budget_moments_of_a_mebibyte_go_to_disk_where_that_lowers_the_peak(
+    monkeypatch,
+):
+    """The unoptimised program is the reference, value for value; the same compile without
+    the moves (their smallest size out of reach) plans a higher peak."""
+    import timerl.api.context as context
+
+    algo, bounds = _ppo(LARGE)
+    prog = algo.ctx.compile(bounds=bounds, seed=1, outputs=list(algo.metrics.values()))
+    assert "0.weight@u) to disk between updates (1.1 MiB)" in prog.explain()  # a moment
+    ref, _ = _ppo(LARGE)
+    reference = ref.ctx.compile(
+        bounds=bounds, seed=1, outputs=list(ref.metrics.values()), optimize=False
+    )
+    monkeypatch.setattr(context, "UNBUDGETED_SWAP_MIN_BYTES", 1 << 62)
+    held, _ = _ppo(LARGE)
+    kept = held.ctx.compile(bounds=bounds, seed=1, outputs=list(held.metrics.values()))
+    assert not any(isinstance(s, SwapOut) for s in kept.compiled.schedule.statements())
+    assert prog.planned_peak().peak_bytes < kept.planned_peak().peak_bytes
+    prog.run()
+    reference.run()
+    stats = prog.stats()
+    assert stats["swapped_bytes"] > 0 and stats["swap_tier"] == "disk"
+    assert stats["peak_bytes"] == prog.planned_peak().peak_bytes  # the run's meter agrees
+    for name, t in algo.metrics.items():
+        want = reference.value(ref.metrics[name])
+        np.testing.assert_allclose(prog.value(t), want, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_a_budgeted_run_resumes_with_its_moments_from_disk(tmp_path):

@@ -1,6 +1,6 @@
-"""Under a memory budget, point values go to disk while nothing reads them: optimiser state
-between updates, and values idle inside a body (a layer's gradient during the rest of the
-backward pass).
+"""Point values go to disk while nothing reads them: optimiser state between updates, and
+values idle inside a body (a layer's gradient during the rest of the backward pass). Under a
+memory budget from 64 KiB up; without one too, on numpy, from 1 MiB up.
 
 An optimiser's moment is read once per update, by the Adam step at its end, yet it is live
 through everything between: the rollout and the whole forward and backward pass. In the
@@ -35,6 +35,13 @@ counts. Nothing changes what is computed: the same statements run, in an order t
 allow. The op order was chosen for the carried state (``to_graph``'s ``state_on_disk``):
 each Adam step's moments in turn. The runtime side is ``runtime/stores.SwappablePoints``
 (numpy backend); the generated code keeps such values in their stores, not in locals.
+
+Without a budget (``api/context._swap_idle_state``) the same moves are tried with the
+compile's own op order (not ordered for the state, and with the rollout's activations reused)
+and only where they are likely to lower the peak (``quick``): a value idle in a body only
+where the peak's statement runs while it is out, carried state only where its value or its
+source is live at the peak. That replays memory-e8 9 times rather than 13 (0.1 s each), and
+passes up a few moves that would lower the peak by a few hundred bytes.
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ from timerl.schedule.program import (
     rewrite,
 )
 from timerl.schedule.to_graph import POINT_SWAP_MIN_BYTES
-from timerl.symbolic import Bound, always_eq
+from timerl.symbolic import Bound, Slice, always_eq
 
 
 @dataclass
@@ -77,14 +84,47 @@ class _Body:
 
 @dataclass(frozen=True)
 class _Move:
-    """One swap this pass may make: what it moves, how many bytes, the value it sends out
-    while idle in its body (None for carried state), and the schedule it makes (None where it
-    cannot be made safely)."""
+    """One swap this pass may make: what it moves, how many bytes, whether a replay of it is
+    worth its time (the tests below; a replay is not cheap), and the schedule it makes (None
+    where it cannot be made safely)."""
 
     what: str
     nbytes: int
-    op: Op | None
+    # whether the value it sends out is live at the plan's peak (carried state: always tried)
+    worth: Callable[[Schedule, PlannedPeak], bool]
+    # a quicker test that passes fewer moves that would not lower the peak, and a few that
+    # would by very little: a value idle in a body sent out across the peak's statement,
+    # carried state whose value or whose source is live at the peak
+    likely: Callable[[Schedule, PlannedPeak], bool]
     apply: Callable[[Schedule], Schedule | None]
+
+
+def point_swap_moves(
+    sched: Schedule,
+    ops: list[Op],
+    storage: Mapping[int, Storage],
+    static: Mapping[Bound, int],
+    keep: frozenset[int] | set[int] = frozenset(),
+    min_bytes: int = POINT_SWAP_MIN_BYTES,
+) -> list[_Move]:
+    """The moves ``plan_point_swaps`` may try, largest first; among equals, carried state
+    before values idle in a body. Found without a replay: none found, none is needed."""
+    readers = consumers(ops)
+    moves: list[_Move] = []
+    for m in _carried_merges(sched, storage):
+        n = static_bytes(m, static)
+        if n >= min_bytes:
+            held = _holds(_carried_values(m, readers))
+            move = _merge_move(m, readers, storage)
+            moves.append(_Move(f"{m.label} to disk between updates", n, _always, held, move))
+    for x in _idle_points(sched, storage, readers, keep):
+        n = static_bytes(x, static)
+        if n >= min_bytes:
+            live, likely = _holds(frozenset({x.label})), _idle_at_peak(x)
+            what = f"{x.label} to disk while it is idle"
+            moves.append(_Move(what, n, live, likely, _idle_move(x)))
+    moves.sort(key=lambda mv: -mv.nbytes)
+    return moves
 
 
 def plan_point_swaps(
@@ -95,10 +135,14 @@ def plan_point_swaps(
     dynamic: Mapping[Bound, int | None],
     donations: Mapping[int, int] | None = None,
     keep: frozenset[int] | set[int] = frozenset(),
+    min_bytes: int = POINT_SWAP_MIN_BYTES,
+    quick: bool = False,
 ) -> tuple[Schedule, PlannedPeak, list[str]]:
     """``sched`` with carried state and values idle in a body swapped to disk between uses
     wherever that lowers the planned peak; its plan; a note per value moved. ``keep``: the
-    values the user keeps (never moved)."""
+    values the user keeps (never moved); ``min_bytes``: the smallest value worth a move;
+    ``quick``: replay only the moves likely to lower the peak (``_Move.likely``), where
+    compile time counts for more than the last bytes (no budget to meet)."""
 
     def replay(s: Schedule) -> PlannedPeak:
         return planned_peak(s, ops, storage, static, dynamic, donations)
@@ -107,27 +151,16 @@ def plan_point_swaps(
     notes: list[str] = []
     if plan.peak_bytes is None:
         return sched, plan, notes
-    readers = consumers(ops)
-    # largest first; among equals, carried state before values idle in a body
-    moves: list[_Move] = []
-    for m in _carried_merges(sched, storage):
-        n = static_bytes(m, static)
-        if n >= POINT_SWAP_MIN_BYTES:
-            move = _merge_move(m, readers, storage)
-            moves.append(_Move(f"{m.label} to disk between updates", n, None, move))
-    for x in _idle_points(sched, storage, readers, keep):
-        n = static_bytes(x, static)
-        if n >= POINT_SWAP_MIN_BYTES:
-            moves.append(_Move(f"{x.label} to disk while it is idle", n, x, _idle_move(x)))
-    moves.sort(key=lambda mv: -mv.nbytes)
+    moves = point_swap_moves(sched, ops, storage, static, keep, min_bytes)
     # a swap may lower the peak only once another has (two moments live at the peak): try
     # the rest again after each round that kept one. A value idle in a body is tried only
-    # while it is live at the peak (a replay of a long program costs tens of ms)
+    # while it is live at the peak (a replay of a long program costs about 0.1 s: memory-e8
+    # has 12 carried values and 20 idle ones of at least 1 MiB)
     while moves:
         rest = []
         for mv in moves:
-            live = {name for name, _ in plan.holders}
-            trial = None if mv.op is not None and mv.op.label not in live else mv.apply(sched)
+            worth = mv.likely if quick else mv.worth
+            trial = mv.apply(sched) if worth(sched, plan) else None
             if trial is None:
                 rest.append(mv)
                 continue
@@ -177,9 +210,10 @@ def _carried_merges(sched: Schedule, storage: Mapping[int, Storage]) -> list[Op]
 
 
 def _own_point(index: tuple, op: Op) -> bool:
-    """Whether ``index`` (a read's, a free's prefix) is ``op``'s own point: its domain."""
+    """Whether ``index`` (a read's, a free's prefix) is ``op``'s own point: its domain (a
+    slice, ``x[0:t]``, never is)."""
     return len(index) == len(op.domain) and all(
-        always_eq(i, d) for i, d in zip(index, op.domain, strict=True)
+        not isinstance(i, Slice) and always_eq(i, d) for i, d in zip(index, op.domain, strict=True)
     )
 
 
@@ -207,6 +241,29 @@ def _find(sched: Schedule, op: Op) -> tuple[_Body, int] | None:
 
 
 # ---------------------------------------------------------------------- carried state
+def _carried_values(merge: Op, readers: Mapping[int, list[tuple[Op, Edge]]]) -> frozenset[str]:
+    """The values whose bytes moving ``merge`` takes out: what it picks from (the state of the
+    last update or of the outer body, whose buffer it may share), the merge, and the chain of
+    sole elementwise readers after it (``beta1 * m``). A superset of the chain ``_swapped``
+    moves, which also stops at a reader of another value computed in the body."""
+    chain = [merge]
+    while len(users := readers.get(chain[-1].id, [])) == 1:
+        nxt = users[0][0]
+        if not prims.get(nxt.prim).traits.elementwise or any(nxt is op for op in chain):
+            break
+        chain.append(nxt)
+    return frozenset(op.label for op in (*chain, *(e.src for e in merge.inputs)))
+
+
+def _holds(labels: frozenset[str]) -> Callable[[Schedule, PlannedPeak], bool]:
+    """Whether one of ``labels`` is live at a plan's peak."""
+    return lambda _sched, plan: any(name in labels for name, _ in plan.holders)
+
+
+def _always(_sched: Schedule, _plan: PlannedPeak) -> bool:
+    return True
+
+
 def _merge_move(
     merge: Op, readers: Mapping[int, list[tuple[Op, Edge]]], storage: Mapping[int, Storage]
 ) -> Callable[[Schedule], Schedule | None]:
@@ -392,6 +449,44 @@ def _idle_points(
     return out
 
 
+def _idle_at_peak(x: Op) -> Callable[[Schedule, PlannedPeak], bool]:
+    """Whether the statement reaching a plan's peak runs while ``x`` is out: between the two
+    uses ``_idle_swapped`` sends it out across."""
+
+    def may_lower(sched: Schedule, plan: PlannedPeak) -> bool:
+        if plan.peak_op is None or all(name != x.label for name, _ in plan.holders):
+            return False
+        gap = _longest_idle_gap(sched, x)
+        if gap is None:
+            return False
+        body, (a, b) = gap
+        return any(_runs(s, plan.peak_op) for s in body.stmts[a + 1 : b])
+
+    return may_lower
+
+
+def _runs(s: Stmt, op_id: int) -> bool:
+    """Whether statement ``s`` computes ``op_id``, itself or in a loop it holds."""
+    if isinstance(s, Loop):
+        return any(_runs(t, op_id) for t in s.body)
+    return isinstance(s, Compute) and s.op.id == op_id
+
+
+def _longest_idle_gap(sched: Schedule, x: Op) -> tuple[_Body, tuple[int, int]] | None:
+    """``x``'s body and the longest run of its statements between two uses of ``x`` there
+    (the last of equals), or None where it has none or is already moved."""
+    found = _find(sched, x)
+    if found is None:
+        return None
+    body, at = found
+    if any(isinstance(s, (SwapOut, SwapIn)) and s.op is x for s in body.stmts):
+        return None  # already moved
+    gaps = idle_gaps(body.stmts, at, x.id)
+    if not gaps:
+        return None
+    return body, max(gaps, key=lambda g: (g[1] - g[0], g[0]))
+
+
 def _idle_move(x: Op) -> Callable[[Schedule], Schedule | None]:
     return lambda sched: _idle_swapped(sched, x)
 
@@ -399,17 +494,11 @@ def _idle_move(x: Op) -> Callable[[Schedule], Schedule | None]:
 def _idle_swapped(sched: Schedule, x: Op) -> Schedule | None:
     """``sched`` with ``x`` on disk across the longest run of statements between two of its
     uses in its body (computed or read there), or None where it has no such run."""
-    found = _find(sched, x)
-    if found is None:
+    gap = _longest_idle_gap(sched, x)
+    if gap is None:
         return None
-    body, at = found
+    body, (a, b) = gap
     stmts = body.stmts
-    if any(isinstance(s, (SwapOut, SwapIn)) and s.op is x for s in stmts):
-        return None  # already moved
-    gaps = idle_gaps(stmts, at, x.id)
-    if not gaps:
-        return None
-    a, b = max(gaps, key=lambda g: (g[1] - g[0], g[0]))  # the longest, the last of equals
     point = tuple(x.domain)
     new = [
         *stmts[: a + 1],
@@ -442,4 +531,4 @@ def _rebuilt(
     return Schedule(rewrite(sched.body, edit))
 
 
-__all__ = ["plan_point_swaps"]
+__all__ = ["plan_point_swaps", "point_swap_moves"]
