@@ -40,8 +40,8 @@ Without a budget (``api/context._swap_idle_state``) the same moves are tried wit
 compile's own op order (not ordered for the state, and with the rollout's activations reused)
 and only where they are likely to lower the peak (``quick``): a value idle in a body only
 where the peak's statement runs while it is out, carried state only where its value or its
-source is live at the peak. That replays memory-e8 9 times rather than 13 (0.1 s each), and
-passes up a few moves that would lower the peak by a few hundred bytes.
+source is live at the peak, and in one round. That replays memory-e8 6 times rather than 13
+(0.1 s each), and passes up a few moves that would lower the peak by a few hundred bytes.
 """
 
 from __future__ import annotations
@@ -141,8 +141,8 @@ def plan_point_swaps(
     """``sched`` with carried state and values idle in a body swapped to disk between uses
     wherever that lowers the planned peak; its plan; a note per value moved. ``keep``: the
     values the user keeps (never moved); ``min_bytes``: the smallest value worth a move;
-    ``quick``: replay only the moves likely to lower the peak (``_Move.likely``), where
-    compile time counts for more than the last bytes (no budget to meet)."""
+    ``quick``: replay only the moves likely to lower the peak (``_Move.likely``), in one
+    round, where compile time counts for more than the last bytes (no budget to meet)."""
 
     def replay(s: Schedule) -> PlannedPeak:
         return planned_peak(s, ops, storage, static, dynamic, donations)
@@ -170,8 +170,8 @@ def plan_point_swaps(
                 continue
             sched, plan = trial, tried
             notes.append(f"swap: {mv.what} ({format_bytes(mv.nbytes)})")
-        if len(rest) == len(moves):
-            break
+        if quick or len(rest) == len(moves):
+            break  # quick: one round (memory-e8's second rounds never lowered the peak)
         moves = rest
     return sched, plan, notes
 
