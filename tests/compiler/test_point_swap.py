@@ -127,6 +127,34 @@ def test_without_a_budget_moments_of_a_mebibyte_go_to_disk_where_that_lowers_the
         np.testing.assert_allclose(prog.value(t), want, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_without_a_budget_the_moves_of_a_long_run_are_those_of_its_first_iterations(
+    monkeypatch,
+):
+    """The search replays the first iterations of the training loop only (a replay walks
+    every iteration of a loop that holds a swap), and a run of 200 iterations moves what a
+    run of 3 moves."""
+    import timerl.compiler.point_swap as point_swap
+
+    replayed = []
+    replay = point_swap.planned_peak
+
+    def counting(sched, ops, storage, static, *args, **kwargs):
+        replayed.extend(n for b, n in static.items() if b.name == "I")
+        return replay(sched, ops, storage, static, *args, **kwargs)
+
+    monkeypatch.setattr(point_swap, "planned_peak", counting)
+
+    def swaps(iterations):
+        algo, bounds = _ppo(LARGE)
+        bounds["I"] = iterations
+        prog = algo.ctx.compile(bounds=bounds, seed=1, outputs=list(algo.metrics.values()))
+        return [n for n in prog.report.notes if n.startswith("swap:")]
+
+    short = swaps(3)
+    assert short and swaps(200) == short
+    assert replayed and set(replayed) == {3}
+
+
 def test_a_budgeted_run_resumes_with_its_moments_from_disk(tmp_path):
     """The checkpoint after an iteration holds the moments that are on disk then."""
     stop_at = 2

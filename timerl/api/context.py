@@ -36,6 +36,7 @@ from timerl.ir.graph import Edge, Op, View
 from timerl.ir.retime import retime
 from timerl.ir.shapes import broadcast
 from timerl.runtime.backend import make_backend
+from timerl.schedule.program import Loop
 from timerl.symbolic import Bound, Dim, Expr, Slice
 
 
@@ -299,6 +300,7 @@ def _swaps_points(be: Any) -> bool:
 # Without a budget, a value moves to disk only from this size up: a move costs a write and a
 # read of the value at every update, which a smaller one would not repay in memory.
 UNBUDGETED_SWAP_MIN_BYTES = 1 << 20
+SEARCH_ITERATIONS = 3  # of an outermost loop, where the moves without a budget are chosen
 
 
 def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
@@ -317,13 +319,22 @@ def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
     )
     if not moves:  # most programs: their state is small (CartPole's PPO: no value of 1 MiB)
         return compiled
+    # Each move tried is a replay of the plan, and a replay walks every iteration of a loop
+    # holding a swap (compiler/steady.py does not apply those): memory-e8 trained for 200
+    # iterations took 68 s to search. The moves are chosen on the first SEARCH_ITERATIONS of
+    # each outermost loop (the first, one in the middle, the last: the iterations of a
+    # training loop differ in no other way), and the program plans its whole run itself.
+    static = dict(spec_c.static)
+    for s in compiled.schedule.body:
+        if isinstance(s, Loop) and static.get(s.dim.bound, 0) > SEARCH_ITERATIONS:
+            static[s.dim.bound] = SEARCH_ITERATIONS
     swapped, _, notes = compiled.report.timed(
         "points to disk",
         lambda: plan_point_swaps(
             compiled.schedule,
             ops,
             compiled.storage,
-            spec_c.static,
+            static,
             spec_c.dynamic,
             be.donations(compiled.donations, spec_c.ops),
             kept,
