@@ -155,7 +155,10 @@ def test_without_a_budget_the_moves_of_a_long_run_are_those_of_its_first_iterati
     assert replayed and set(replayed) == {3}
 
 
-def test_a_budgeted_run_resumes_with_its_moments_from_disk(tmp_path):
+@pytest.mark.parametrize(
+    ("config", "budget"), [(CONFIG, "1GiB"), (LARGE, None)], ids=["budget", "no-budget"]
+)
+def test_a_run_resumes_with_its_moments_from_disk(tmp_path, config, budget):
     """The checkpoint after an iteration holds the moments that are on disk then."""
     stop_at = 2
 
@@ -169,9 +172,9 @@ def test_a_budgeted_run_resumes_with_its_moments_from_disk(tmp_path):
     def run(name, **kw):
         return train(
             "ppo",
-            kw.pop("config", dict(CONFIG)),
+            kw.pop("config", dict(config)),
             iterations=4,
-            memory_budget="1GiB",
+            memory_budget=budget,
             log_dir=tmp_path / name,
             checkpoint_every=1,
             progress=False,

@@ -320,10 +320,10 @@ def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
     if not moves:  # most programs: their state is small (CartPole's PPO: no value of 1 MiB)
         return compiled
     # Each move tried is a replay of the plan, and a replay walks every iteration of a loop
-    # holding a swap (compiler/steady.py does not apply those): memory-e8 trained for 200
+    # holding a swap (compiler/steady.py does not apply those): memory-e8 compiled for 201
     # iterations took 68 s to search. The moves are chosen on the first SEARCH_ITERATIONS of
-    # each outermost loop (the first, one in the middle, the last: the iterations of a
-    # training loop differ in no other way), and the program plans its whole run itself.
+    # each outermost loop (a training loop's first iteration, one in the middle and its last,
+    # which its other iterations repeat), and the program then plans its whole run itself.
     static = dict(spec_c.static)
     for s in compiled.schedule.body:
         if isinstance(s, Loop) and static.get(s.dim.bound, 0) > SEARCH_ITERATIONS:
