@@ -314,11 +314,6 @@ def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
     spec_c = compiled.spec
     kept = {op.id for op in spec_c.outputs} | set(spec_c.keep)
     ops = list(spec_c.ops)
-    moves = point_swap_moves(
-        compiled.schedule, ops, compiled.storage, spec_c.static, kept, UNBUDGETED_SWAP_MIN_BYTES
-    )
-    if not moves:  # most programs: their state is small (CartPole's PPO: no value of 1 MiB)
-        return compiled
     # Each move tried is a replay of the plan, and a replay walks every iteration of a loop
     # holding a swap (compiler/steady.py does not apply those): memory-e8 compiled for 201
     # iterations took 68 s to search. The moves are chosen on the first SEARCH_ITERATIONS of
@@ -328,6 +323,11 @@ def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
     for s in compiled.schedule.body:
         if isinstance(s, Loop) and static.get(s.dim.bound, 0) > SEARCH_ITERATIONS:
             static[s.dim.bound] = SEARCH_ITERATIONS
+    moves = point_swap_moves(
+        compiled.schedule, ops, compiled.storage, static, kept, UNBUDGETED_SWAP_MIN_BYTES
+    )
+    if not moves:  # most programs: their state is small (CartPole's PPO: no value of 1 MiB)
+        return compiled
     swapped, _, notes = compiled.report.timed(
         "points to disk",
         lambda: plan_point_swaps(
@@ -338,7 +338,7 @@ def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
             spec_c.dynamic,
             be.donations(compiled.donations, spec_c.ops),
             kept,
-            min_bytes=UNBUDGETED_SWAP_MIN_BYTES,
+            moves=moves,
             quick=True,
         ),
     )

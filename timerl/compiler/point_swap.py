@@ -135,14 +135,15 @@ def plan_point_swaps(
     dynamic: Mapping[Bound, int | None],
     donations: Mapping[int, int] | None = None,
     keep: frozenset[int] | set[int] = frozenset(),
-    min_bytes: int = POINT_SWAP_MIN_BYTES,
+    moves: list[_Move] | None = None,
     quick: bool = False,
 ) -> tuple[Schedule, PlannedPeak, list[str]]:
     """``sched`` with carried state and values idle in a body swapped to disk between uses
     wherever that lowers the planned peak; its plan; a note per value moved. ``keep``: the
-    values the user keeps (never moved); ``min_bytes``: the smallest value worth a move;
-    ``quick``: replay only the moves likely to lower the peak (``_Move.likely``), in one
-    round, where compile time counts for more than the last bytes (no budget to meet)."""
+    values the user keeps (never moved); ``moves``: those to try, as ``point_swap_moves``
+    found them (None: every one of at least ``POINT_SWAP_MIN_BYTES``); ``quick``: replay
+    only the moves likely to lower the peak (``_Move.likely``), in one round, where compile
+    time counts for more than the last bytes (no budget to meet)."""
 
     def replay(s: Schedule) -> PlannedPeak:
         return planned_peak(s, ops, storage, static, dynamic, donations)
@@ -151,7 +152,8 @@ def plan_point_swaps(
     notes: list[str] = []
     if plan.peak_bytes is None:
         return sched, plan, notes
-    moves = point_swap_moves(sched, ops, storage, static, keep, min_bytes)
+    if moves is None:
+        moves = point_swap_moves(sched, ops, storage, static, keep)
     # a swap may lower the peak only once another has (two moments live at the peak): try
     # the rest again after each round that kept one. A value idle in a body is tried only
     # while it is live at the peak (a replay of a long program costs about 0.1 s: memory-e8
