@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from timerl.compiler.branches import drop_empty_branches
 from timerl.compiler.cse import merge_duplicates
 from timerl.compiler.dce import eliminate_dead_code
 from timerl.compiler.donation import plan_donations
@@ -169,6 +170,7 @@ def _rewritten(
     rewrite("ragged lengths", spread_ragged_bounds)
     # before any pass sizes a dim: a bound left out is the user's error, named as such
     check_bounds(list(spec.ops), spec.check_bounds)
+    rewrite("empty branches", drop_empty_branches, "ops read only by branches that apply nowhere")
     if optimize:
         rewrite("duplicate code", merge_duplicates, "duplicate ops merged")
         # hoisting first: what it moves out of every loop is often constant, and then folds
