@@ -39,9 +39,8 @@ def test_a_recurrence_one_row_short_warns_naming_the_input_and_explain_says_it()
         prog = ctx.compile(outputs=[h])
     assert len(caught) == 1
     text = str(caught[0].message)
-    assert (
-        text.startswith("x (defined at ") and "last row along t (t = 19, of the 20 given)" in text
-    )
+    assert text.startswith("input x (from_numpy at ") and "test_unread.py:" in text
+    assert "its last row along t (t = 19, of the 20 given) is never read" in text
     assert "makes 19 steps" in text
     assert caught[0].filename == __file__  # the user's compile line, not timerl's
     assert "its last row along t" in prog.explain()

@@ -47,8 +47,10 @@ def unread_last_rows(spec: ProgramSpec) -> list[str]:
             last = _read_anywhere(guard, op.domain, dim, size - 1, spec.static)
             before = _read_anywhere(guard, op.domain, dim, size - 2, spec.static)
             if last is False and before is True:
+                what = f"input {op.name}" if op.name else "an input"
+                site = f" (from_numpy at {op.site})" if op.site else " (from_numpy)"
                 lines.append(
-                    f"{op.where()}: its last row along {dim.name} ({dim.name} = {size - 1}, "
+                    f"{what}{site}: its last row along {dim.name} ({dim.name} = {size - 1}, "
                     f"of the {size} given) is never read; a recurrence "
                     f"h[{dim.name} + 1] = f(h[{dim.name}], x[{dim.name}]) over {size} rows "
                     f"makes {size - 1} steps: to read every row, define h[0] from x[0] and "
