@@ -254,3 +254,21 @@ def test_definition_peak_of_a_hand_made_graph():
     assert definition_peak(doc, ["a", "b", "v", "c"]) == 14
     doc["nodes"][3]["bytes"] = 0  # then the peak is while b runs, with a alive
     assert definition_peak(doc, ["a", "b", "v", "c"]) == 12
+
+
+def test_the_documented_example_prints_what_the_docs_show(monkeypatch, capsys, tmp_path):
+    """docs/graphopt.md's "Your own model" quotes these commands' output on
+    examples/my_model.py: the figures there are the ones the code gives."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "graphopt.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(root / "examples"))
+    assert (
+        main(["graphopt", "import", "my_model:mlp", "--training", "--out", "mlp-train.json"]) == 0
+    )
+    assert main(["graphopt", "optimize", "mlp-train.json"]) == 0
+    for line in capsys.readouterr().out.splitlines():
+        line = line.split(" in ")[0] if line.startswith("mlp: peak") else line
+        assert line in docs, line

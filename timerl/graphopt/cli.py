@@ -334,7 +334,7 @@ def _resident(meta: dict[str, Any]) -> str:
     if not parts:
         return "the peak is the largest sum of node outputs resident at once (the bytes the file gives)"
     return (
-        "the peak counts the nodes' outputs (activations, gradients, temporaries); the "
+        "the peak counts the nodes' outputs (inputs, activations, gradients, temporaries); the "
         f"{' and '.join(parts)}, resident under every order, are not included"
     )
 
