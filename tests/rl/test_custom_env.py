@@ -89,22 +89,31 @@ def walk_module(tmp_path, monkeypatch):
     gym.registry.pop("Walk-v0", None)
 
 
-def test_a_shell_user_trains_evaluates_exports_and_resumes_on_their_own_env(walk_module):
-    project = walk_module
-    elsewhere = project.parent / "elsewhere"
+def _documented_env_module() -> str:
+    """The env module docs/training.md's "Your own environment" shows."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    section = text[text.index("## Your own environment") :]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_a_shell_user_trains_evaluates_exports_and_resumes_on_their_own_env(tmp_path):
+    """With the module exactly as the docs show it, in a folder of its own."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
     elsewhere.mkdir()
-    train_cmd = ["train", "ppo", "--env", "walk_env:Walk-v0", *SMALL, "--log-dir", "run"]
+    (project / "walk_env.py").write_text(_documented_env_module())
+    train_cmd = ["train", "ppo", "--env", "walk_env:RandomWalk-v0", *SMALL, "--log-dir", "run"]
     done = _timerl(*train_cmd, "--steps", "640", "--checkpoint-every", "5", cwd=project)
     assert done.returncode == 0, done.stderr
-    assert "ppo on walk_env:Walk-v0: 10 iterations" in done.stdout
+    assert "ppo on walk_env:RandomWalk-v0: 10 iterations" in done.stdout
     run = project / "run"
     record = json.loads((run / "config.json").read_text())["env"]
-    assert record == {"id": "walk_env:Walk-v0", "path": str(project.resolve())}
+    assert record == {"id": "walk_env:RandomWalk-v0", "path": str(project.resolve())}
 
     # eval and export from another folder: the module is found where the run found it
     shown = _timerl("eval", str(run), "--episodes", "3", "--deterministic", cwd=elsewhere)
     assert shown.returncode == 0, shown.stderr
-    assert "walk_env:Walk-v0: return" in shown.stdout and "after iteration 9" in shown.stdout
+    assert "walk_env:RandomWalk-v0: return" in shown.stdout and "after iteration 9" in shown.stdout
     policy = elsewhere / "policy.pt2"
     made = _timerl("export", str(run), "--out", str(policy), cwd=elsewhere)
     assert made.returncode == 0 and policy.exists(), made.stderr
