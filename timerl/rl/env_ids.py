@@ -134,6 +134,7 @@ def _spec_for(env_id: str, factory: Callable[..., Any]) -> Any:
 def import_user_module(module_name: str, what: str, path: str | None = None) -> Any:
     """Import a module of the user's, as ``python`` would from the current folder: the
     ``timerl`` command's own folder is first on ``sys.path``, not the one it runs in."""
+    importlib.invalidate_caches()  # a module written since the folder was last listed
     tried = []
     for extra in (None, os.getcwd(), path):
         if extra is not None:
@@ -144,7 +145,8 @@ def import_user_module(module_name: str, what: str, path: str | None = None) -> 
         try:
             return importlib.import_module(module_name)
         except ModuleNotFoundError as err:
-            if err.name is None or not module_name.startswith(err.name):
+            missing = err.name or ""
+            if not (module_name == missing or module_name.startswith(missing + ".")):
                 raise EnvError(f"{what}: importing {module_name} failed: {err}") from err
             if extra is not None:
                 sys.path.remove(extra)

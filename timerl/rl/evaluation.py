@@ -352,9 +352,7 @@ def evaluate_run(
     env.close()
     written = None
     if video is not None:
-        written = str(
-            _record(header, spec, deterministic, seed, Path(video), max_steps, env_given)
-        )
+        written = str(_record(header, spec, deterministic, seed, Path(video), max_steps, env_given))
     return EvalReport(
         env.env_id,
         str(ckpt.path),
