@@ -28,6 +28,7 @@ from timerl.compiler.pipeline import Compiled
 from timerl.compiler.pipeline import compile as compile_program
 from timerl.compiler.point_swap import plan_point_swaps, point_swap_moves
 from timerl.compiler.spec import ProgramSpec, freeze
+from timerl.compiler.unread import warn_unread_last_rows
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
 from timerl.ir import prims
 from timerl.ir.autodiff import depends_differentiably
@@ -278,6 +279,7 @@ class Context(Scope):
             check_budget(planned, budget)
         elif optimize and _swaps_points(be):
             compiled = _swap_idle_state(compiled, be)
+        compiled.report.notes.extend(warn_unread_last_rows(spec))  # x's last row unread
         return Program(
             compiled,
             be,
