@@ -93,7 +93,7 @@ for _name, _fn in [
 register_lowering("cast", lambda x, dtype: x.to(torch_dtype(dtype), copy=True))
 
 # the same elementwise primitives written into ``out=`` (an input that dies at the op, of the
-# op's shape and dtype: compiler/donation.py)
+# op's shape and dtype: memory/donation.py)
 DONATING: dict[str, Callable[..., Any]] = {
     "neg": torch.neg,
     "exp": torch.exp,

@@ -49,10 +49,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from timerl.compiler.budget import PlannedPeak, format_bytes, planned_peak, static_bytes
-from timerl.compiler.storage import Storage
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers
+from timerl.memory.budget import PlannedPeak, format_bytes, planned_peak, static_bytes
+from timerl.memory.storage import Storage
 from timerl.schedule.program import (
     Compute,
     Free,
