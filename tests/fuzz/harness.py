@@ -148,7 +148,9 @@ def run_config(program: Program, cfg: Config, sunk: dict | None = None) -> list:
     wanted = [b.tensors[t.name] for t in program.outputs]
     if program.grad:
         wanted += [b.tensors[t.name].grad for t in program.inputs]
-    kwargs = {} if cfg.optimize else {"optimize": False}
+    kwargs: dict = {} if cfg.optimize else {"optimize": False}
+    if cfg.blocks is not None:
+        kwargs["options"] = tl.CompileOptions(blocks=cfg.blocks)
     try:
         with _blocks(cfg.blocks):
             if cfg.compiled:
@@ -168,21 +170,17 @@ def run_config(program: Program, cfg: Config, sunk: dict | None = None) -> list:
 
 @contextlib.contextmanager
 def _blocks(count: int | None):
-    """Run computations over rows in ``count`` blocks, even the smallest (None: as usual)."""
+    """With ``count`` blocks asked for, even the smallest computation over rows runs by
+    blocks (None: as usual)."""
     if count is None:
         yield
         return
-    old = os.environ.get(incrementalize.BLOCKS_ENV), incrementalize.MIN_OP_BYTES
-    os.environ[incrementalize.BLOCKS_ENV] = str(count)
+    old = incrementalize.MIN_OP_BYTES
     incrementalize.MIN_OP_BYTES = 0
     try:
         yield
     finally:
-        if old[0] is None:
-            os.environ.pop(incrementalize.BLOCKS_ENV, None)
-        else:
-            os.environ[incrementalize.BLOCKS_ENV] = old[0]
-        incrementalize.MIN_OP_BYTES = old[1]
+        incrementalize.MIN_OP_BYTES = old
 
 
 def check(

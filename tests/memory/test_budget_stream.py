@@ -9,7 +9,7 @@ import pytest
 
 import timerl as tl
 from timerl.ir import rowwise
-from timerl.memory.budget import streamable
+from timerl.memory.streams import streamable
 from timerl.rl.algos import ppo
 from timerl.runtime import stores
 

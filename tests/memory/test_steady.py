@@ -13,7 +13,7 @@ import pytest
 
 import timerl as tl
 from timerl.ir import rowwise
-from timerl.memory import budget
+from timerl.memory import replay as budget
 from timerl.memory.steady import turning_points
 from timerl.rl.algos import ppo, reinforce
 from timerl.runtime.heap import MMAP_THRESHOLD

@@ -12,7 +12,7 @@ import pytest
 
 import timerl as tl
 from timerl.ir import rowwise
-from timerl.memory import budget as budget_pass
+from timerl.memory import streams as budget_pass
 from timerl.rl.algos import ppo
 from timerl.runtime import stores
 

@@ -32,7 +32,7 @@ compare them value for value). The rest of the compiler schedules the new loop l
 other: the rewrite only introduces a dim.
 
 It runs where a memory budget needs it (``api/context.py`` derives the number of blocks from
-the budget) or where ``TIMERL_BLOCKS`` asks for it (testing). ``B`` is the largest divisor of
+the budget) or where ``CompileOptions.blocks`` asks for it. ``B`` is the largest divisor of
 ``N`` at most ``N`` over the blocks asked for, so every block has one static shape. One region
 per row count and domain, the domain's regions taken by the bytes they save, most first (PPO's
 update has two: the batch's 8,000 rows, and the 12,288 rows of the first layer's weights that
@@ -41,33 +41,20 @@ Adam updates elementwise).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from timerl.compiler.spec import ProgramSpec
-from timerl.errors import ProgramError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, consumers
 from timerl.ir.reads import computable_points
 from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
 
-BLOCKS_ENV = "TIMERL_BLOCKS"  # blocks to ask for without a budget (testing)
 MIN_BLOCKS = 2  # fewer blocks than this is no incrementalisation
 # a region whose largest op holds less than this over all rows is not worth its loop: a
 # loop over the blocks of many small ops (Adam's update of a 256 x 256 weight) costs more
 # calls than its memory is worth
 MIN_OP_BYTES = 1 << 20
-
-
-def blocks_asked() -> int | None:
-    """Blocks asked for by ``TIMERL_BLOCKS`` (None: not asked)."""
-    value = os.environ.get(BLOCKS_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ProgramError(f"{BLOCKS_ENV}={value!r}: give a whole number of blocks, 1 or more")
-    return int(value)
 
 
 class Decline(Exception):

@@ -35,7 +35,6 @@ update ``T * B``, which BLAS may sum in another order (vectorisation does the sa
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,14 +43,6 @@ from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, consumers, copy_graph, walk
 from timerl.symbolic import TRUE, Bound, Const, Dim, Expr, Slice, as_expr
 from timerl.symbolic.bounds import simplify as simplify_cond
-
-DISABLE_ENV = "TIMERL_NO_REUSE"  # set to 1 to measure the program without this pass
-
-
-def enabled() -> bool:
-    """Whether the pass runs (``TIMERL_NO_REUSE=1`` turns it off, for measuring)."""
-    return os.environ.get(DISABLE_ENV, "") in ("", "0")
-
 
 # identity on values (gradients were built before the compiler runs)
 _TRANSPARENT = frozenset({"detach", "identity"})

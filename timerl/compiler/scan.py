@@ -40,7 +40,6 @@ An ``x`` is rewritten only when all of this holds (else it is left as written):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -50,13 +49,6 @@ from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, carried, consumers, copy_graph, walk
 from timerl.ir.reads import computable_points
 from timerl.symbolic import TRUE, Condition, Const, Dim, Expr, Slice
-
-DISABLE_ENV = "TIMERL_NO_SCAN"  # set to 1 to compare against the loop as written
-
-
-def enabled() -> bool:
-    """Whether the pass runs (``TIMERL_NO_SCAN=1`` turns it off, for measuring)."""
-    return os.environ.get(DISABLE_ENV, "") in ("", "0")
 
 
 class _Decline(Exception):

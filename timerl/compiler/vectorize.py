@@ -46,7 +46,6 @@ vectorised op and each op over a dim that was not vectorised, with the reason.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,12 +63,6 @@ from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, as_expr, vevaluate
 
 MAX_BATCH_BYTES = 64 << 20  # T x bytes of one point of an op: larger batches stay in the loop
 MAX_RUNS = 8  # runs of one branch a batched piecewise definition may have
-DISABLE_ENV = "TIMERL_NO_VECTORIZE"  # set to 1 to compare against the point-by-point schedule
-
-
-def enabled() -> bool:
-    """Whether the pass runs (``TIMERL_NO_VECTORIZE=1`` turns it off, for measuring)."""
-    return os.environ.get(DISABLE_ENV, "") in ("", "0")
 
 
 class Decline(Exception):

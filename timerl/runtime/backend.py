@@ -21,6 +21,7 @@ import numpy as np
 from timerl.errors import BackendError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
+from timerl.memory.plan import Capabilities
 from timerl.symbolic import Const, Slice
 
 
@@ -85,9 +86,28 @@ class Backend:
     # indexing the block at each step costs no more (numpy: 60 ns a row either way).
     row_views: Callable[[Any], Sequence[Any]] | None = None
 
+    # Point values written to disk between uses (optimiser state, idle gradients), and
+    # kernels that read a block's rows from a file by chunks: memory planning's moves that
+    # this backend's stores and kernels carry out (numpy's).
+    swaps_points = False
+    streams_rows = False
+    # Arrays written in place (block rows, donated results); jax's are immutable.
+    mutable_arrays = True
+
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         self.device = device
         self.threads = threads
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the compiler may plan for this backend (``memory/plan.py``)."""
+        return Capabilities(
+            swaps_points=self.swaps_points,
+            streams_rows=self.streams_rows,
+            mutable_arrays=self.mutable_arrays,
+            donating=frozenset(self.donating_lowerings),
+            heap_arrays=self.heap_arrays,
+        )
 
     @property
     def heap_arrays(self) -> bool:

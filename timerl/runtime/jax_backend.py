@@ -52,6 +52,7 @@ class JaxBackend(Backend):
     kernels: XLA sizes its CPU thread pool when jax starts."""
 
     name = "jax"
+    mutable_arrays = False  # a run keeps point stores: its arrays are never written in place
     lowerings = LOWERINGS
     promotes_like_numpy = False  # jax's own lattice: int64 + float32 -> float32
     fuses = True
