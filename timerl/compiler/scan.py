@@ -79,12 +79,13 @@ def _depends_on(starts: Iterable[Op], x: Op, dim: Dim) -> bool:
 
 
 def _reads(op: Op, x: Op) -> bool:
-    return op.prim == "mul" and any(e.src.id == x.id for e in op.inputs)
+    return prims.get(op.prim).traits.algebra == "mul" and any(e.src.id == x.id for e in op.inputs)
 
 
 def _split(op: Op, kind: str, x: Op | None = None) -> tuple[Edge, Edge]:
-    """The two operands of a ``kind`` op, the one reading ``x`` (if given) second."""
-    if op.prim != kind or len(op.inputs) != 2:
+    """The two operands of an op computing ``kind`` (``Traits.algebra``: ``"add"``,
+    ``"mul"``), the one reading ``x`` (if given) second."""
+    if prims.get(op.prim).traits.algebra != kind or len(op.inputs) != 2:
         raise _NotLinear
     first, second = op.inputs
     if x is not None and first.src.id == x.id:

@@ -17,7 +17,7 @@ from timerl.ir.prims import (  # noqa: F401 - each family registers its primitiv
     reductions,
     sources,
 )
-from timerl.ir.prims.core import REGISTRY, Infer, Prim, Shape, Traits, get, register, table_rule
+from timerl.ir.prims.core import REGISTRY, Infer, Prim, Shape, Traits, get, register
 from timerl.ir.prims.sources import CHOLESKY_QR_ASPECT, orthogonal_array
 
 __all__ = [
@@ -30,5 +30,4 @@ __all__ = [
     "get",
     "orthogonal_array",
     "register",
-    "table_rule",
 ]

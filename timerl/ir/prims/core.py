@@ -10,12 +10,13 @@ them tests a name). Backward rules build new ops through the ``ap`` callback
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from timerl.ir.prims.cost import Counts, estimate
 from timerl.ir.shapes import ONE, broadcast, promote
 from timerl.symbolic import Expr, as_expr
 
@@ -61,25 +62,21 @@ class Traits:
     # is always a view but may be strided, so a reshape of it may copy (permute, expand);
     # storage lets a block's rows be read through such views without a copy
     whole_view: str | None = None
+    # its value is its one input's, unchanged (identity, detach: gradients are built before
+    # compiling, so a detach computes nothing)
+    same_value: bool = False
+    # it lays its input's elements out in the shape of its ``shape`` attribute, row-major: a
+    # view of a contiguous input, a copy of a strided one
+    reshapes: bool = False
+    # it takes one part (attribute ``item``) of the tuple a host or multi-output op returns
+    tuple_part: bool = False
+    # an elementwise binary op's ring operation, ``"add"`` or ``"mul"``: passes that match an
+    # algebraic form (a linear recurrence ``a + c * x``) ask it, not the primitive's name
+    algebra: str | None = None
 
     @property
     def mergeable(self) -> bool:
         return not (self.random or self.piecewise or self.host)
-
-
-def per_output(out_size: int, in_sizes: list[int], attrs: dict[str, Any]) -> float:
-    """Default cost: one operation per output element."""
-    return float(out_size)
-
-
-def per_input(out_size: int, in_sizes: list[int], attrs: dict[str, Any]) -> float:
-    """One operation per element of the first input (a reduction)."""
-    return float(in_sizes[0])
-
-
-def free(out_size: int, in_sizes: list[int], attrs: dict[str, Any]) -> float:
-    """A view computes nothing."""
-    return 0.0
 
 
 @dataclass(frozen=True)
@@ -95,28 +92,29 @@ class Prim:
     differentiable: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     traits: Traits = Traits()
-    # cost estimate in elementary operations, from element counts (used to order and place)
-    cost: Callable[[int, list[int], dict[str, Any]], float] = per_output
+    # for an op that returns a view of its input for some attributes only (``getitem`` with a
+    # basic key): whether these attributes make it one
+    view_when: Callable[[Mapping[str, Any]], bool] | None = None
+
+    def returns_view(self, attrs: Mapping[str, Any]) -> bool:
+        """Whether an op of this primitive with ``attrs`` hands back (a view of) its one
+        input's buffer: every view, and a primitive that is one for these attributes."""
+        return self.traits.view or (self.view_when is not None and self.view_when(attrs))
+
+    def cost(self, out: int, ins: Sequence[int], attrs: Mapping[str, Any]) -> float:
+        """Elementary operations from element counts (``ir/prims/cost.py``: the one model)."""
+        return estimate(self.name, Counts(int(out), tuple(int(n) for n in ins)), attrs)
 
 
 REGISTRY: dict[str, Prim] = {}
+# attributes that say how an op is run (its random stream, where its domain comes from, whether
+# a host call is given its point), not what it computes
+HIDDEN_ATTRS = frozenset({"stream", "adopt_domain", "pass_point"})
 
 
 def register(prim: Prim) -> Prim:
     REGISTRY[prim.name] = prim
     return prim
-
-
-def table_rule(table: dict[str, Any], prim: str, elementwise: Any, *unless: str) -> Any:
-    """A transformation's rule for ``prim`` (JAX's model: each transformation keeps its own
-    table): the table's entry, else ``elementwise`` for an elementwise primitive that has
-    none of the ``unless`` traits, else None."""
-    if prim in table:
-        return table[prim]
-    traits = get(prim).traits
-    if traits.elementwise and not any(getattr(traits, t) for t in unless):
-        return elementwise
-    return None
 
 
 def get(name: str) -> Prim:

@@ -7,6 +7,9 @@ from dataclasses import replace
 
 import numpy as np
 
+import timerl.ir.prims.batching as batching
+import timerl.ir.prims.cost as cost
+import timerl.ir.prims.rows as rows
 from timerl.errors import ProgramError, ShapeError
 from timerl.ir import special
 from timerl.ir.prims.core import (
@@ -15,29 +18,46 @@ from timerl.ir.prims.core import (
     bool_same,
     compare,
     float_same,
-    free,
     same,
     scalar,
     unbroadcast,
 )
 from timerl.ir.prims.define import define
+from timerl.ir.prims.simplify import involution, no_op_cast, unit_rule
 from timerl.ir.shapes import broadcast, promote
 
 # an elementwise kernel returns a new array of its own
 ELEMENTWISE = Traits(elementwise=True, fresh=True)
 
 
-def _unary(name, np_fn, vjp=None, infer=float_same):
-    define(name, infer, np_fn, vjp, traits=ELEMENTWISE)
+def _elementwise(name, infer, np_fn, vjp, simplify=(), **kw):
+    """An elementwise primitive: batched, blocked and stacked elementwise."""
+    define(
+        name,
+        infer,
+        np_fn,
+        vjp,
+        traits=kw.pop("traits", ELEMENTWISE),
+        cost=kw.pop("cost", cost.per_output),
+        batching=batching.ELEMENTWISE,
+        rows=kw.pop("rows", rows.ELEMENTWISE),
+        simplify=simplify,
+        **kw,
+    )
 
 
-def _binary(name, np_fn, vjp=None, infer=binary):
-    define(name, infer, np_fn, vjp, traits=ELEMENTWISE)
+def _unary(name, np_fn, vjp=None, infer=float_same, simplify=()):
+    _elementwise(name, infer, np_fn, vjp, simplify)
+
+
+def _binary(name, np_fn, vjp=None, infer=binary, simplify=(), algebra=None):
+    traits = replace(ELEMENTWISE, algebra=algebra)
+    _elementwise(name, infer, np_fn, vjp, simplify, traits=traits)
 
 
 # --- unary -------------------------------------------------------------------------------------
 
-_unary("neg", np.negative, lambda ap, op, i, o, g: [ap("neg", g)], same)
+_unary("neg", np.negative, lambda ap, op, i, o, g: [ap("neg", g)], same, (involution("neg"),))
 _unary("exp", np.exp, lambda ap, op, i, o, g: [ap("mul", g, o)])
 _unary("log", np.log, lambda ap, op, i, o, g: [ap("div", g, i[0])])
 _unary(
@@ -138,16 +158,18 @@ def _np_div(a, b):
     )
 
 
-_binary("add", np.add, _vjp_add)
-_binary("sub", np.subtract, _vjp_sub)
-_binary("mul", np.multiply, _vjp_mul)
+# identities: x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 and x ** 1 are x
+_binary("add", np.add, _vjp_add, simplify=(unit_rule("add", 0.0, (0, 1)),), algebra="add")
+_binary("sub", np.subtract, _vjp_sub, simplify=(unit_rule("sub", 0.0, (0,)),))
+_binary("mul", np.multiply, _vjp_mul, simplify=(unit_rule("mul", 1.0, (0, 1)),), algebra="mul")
 _binary(
     "div",
     _np_div,
     _vjp_div,
     lambda s, d, a: (broadcast(*s), np.result_type(promote(*d), np.float32)),
+    (unit_rule("div", 1.0, (0,)),),
 )
-_binary("pow", np.power, _vjp_pow)
+_binary("pow", np.power, _vjp_pow, simplify=(unit_rule("pow", 1.0, (0,)),))
 _binary("floordiv", np.floor_divide)
 _binary("mod", np.mod)
 _binary("maximum", np.maximum, _vjp_extremum("ge"))
@@ -182,12 +204,11 @@ def _vjp_where(ap, op, i, o, g):
     ]
 
 
-define(
+_elementwise(
     "where",
     _infer_where,
     lambda c, a, b: np.where(c, a, b).astype(np.result_type(a, b), copy=False),
     _vjp_where,
-    traits=ELEMENTWISE,
 )
 
 
@@ -195,25 +216,40 @@ def _infer_cast(shapes, dtypes, attrs):
     return shapes[0], np.dtype(attrs["dtype"])
 
 
-define(
+_elementwise(
     "cast",
     _infer_cast,
     lambda x, dtype: np.asarray(x).astype(dtype),
     lambda ap, op, i, o, g: (
         [ap("cast", g, dtype=i[0].dtype)] if np.issubdtype(i[0].dtype, np.floating) else [None]
     ),
-    traits=ELEMENTWISE,
+    (no_op_cast,),  # a cast to the dtype it has
 )
 
-# the input itself: a view of its whole buffer that costs nothing
-_SAME_BUFFER = Traits(elementwise=True, view=True, shares_input=True, whole_view="contiguous")
-define("identity", same, lambda x: x, lambda ap, op, i, o, g: [g], traits=_SAME_BUFFER, cost=free)
-define(
+# the input itself: a view of its whole buffer that costs nothing, that keeps rows read on
+# demand such rows
+_SAME_BUFFER = Traits(
+    elementwise=True, view=True, shares_input=True, whole_view="contiguous", same_value=True
+)
+_SAME_ROWS = replace(rows.ELEMENTWISE, row_view=rows.keeps_rows)
+_elementwise(
+    "identity",
+    same,
+    lambda x: x,
+    lambda ap, op, i, o, g: [g],
+    (no_op_cast,),
+    traits=_SAME_BUFFER,
+    rows=_SAME_ROWS,
+    cost=cost.free,
+)
+_elementwise(
     "detach",
     same,
     lambda x: x,
     None,
+    (no_op_cast,),  # gradients are built before compiling: a detach is its input
     traits=replace(_SAME_BUFFER, stops_gradient=True),
+    rows=_SAME_ROWS,
+    cost=cost.free,
     differentiable=False,
-    cost=free,
 )

@@ -3,13 +3,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
-from timerl.errors import ShapeError
-from timerl.ir.prims.core import Traits, attr_shape, declared, free
+import timerl.ir.prims.batching as batching
+import timerl.ir.prims.cost as cost
+import timerl.ir.prims.rows as rows
+from timerl.errors import ShapeError, TimerlError
+from timerl.ir.graph import Op, View
+from timerl.ir.grid import domain_grid
+from timerl.ir.prims.batching import Batch, Batched, Batching, Decline
+from timerl.ir.prims.core import Traits, attr_shape, declared
 from timerl.ir.prims.define import define
+from timerl.ir.prims.rows import Rows
+from timerl.ir.prims.table import Declined
 from timerl.ir.shapes import norm_axis
-from timerl.symbolic import as_expr
+from timerl.symbolic import Bound, Const, Expr, as_expr, vevaluate
 
 # --- along an axis, by an index tensor ---------------------------------------------------------
 
@@ -48,12 +58,20 @@ define(
         ap("scatter_add", g, i[1], axis=op.attrs["axis"], shape=i[0].shape),
         None,
     ],
+    cost=cost.per_output,
+    batching=Batching(batching.one_axis_all_batched),
+    rows=Rows(blocks=rows.along_other_axis),
+    simplify=(),
 )
 define(
     "scatter_add",
     attr_shape,
     _np_scatter_add,
     lambda ap, op, i, o, g: [ap("gather", g, i[1], axis=op.attrs["axis"]), None],
+    cost=cost.per_output,
+    batching=Declined("it declares its result's shape per point: no batching rule written"),
+    rows=Rows(blocks=rows.along_other_axis),
+    simplify=(),
     point_attrs=("shape",),
 )
 
@@ -74,6 +92,12 @@ def _np_index_add(src, idx, axis, size):
     return out
 
 
+def _batch_take(b: Batch) -> Batched:
+    if b.batched[1]:
+        raise Decline("its index tensor changes along the dim")
+    return batching.one_axis(b)
+
+
 define(
     "take",
     _infer_take,
@@ -82,6 +106,10 @@ define(
         ap("index_add", g, i[1], axis=op.attrs["axis"], size=i[0].shape[op.attrs["axis"]]),
         None,
     ],
+    cost=cost.per_output,
+    batching=Batching(_batch_take),
+    rows=Declined("rows picked by an index tensor: no row rule written"),
+    simplify=(),
 )
 
 
@@ -99,6 +127,10 @@ define(
     _infer_index_add,
     _np_index_add,
     lambda ap, op, i, o, g: [ap("take", g, i[1], axis=op.attrs["axis"]), None],
+    cost=cost.per_output,
+    batching=Declined("its size is an attribute per point: no batching rule written"),
+    rows=Declined("adds rows picked by an index tensor: no row rule written"),
+    simplify=(),
     point_attrs=("size",),
 )
 
@@ -109,13 +141,41 @@ def _infer_select_at(shapes, dtypes, attrs):
     return shapes[0][1:], dtypes[0]
 
 
+def _batch_select_at(b: Batch) -> Batched:
+    """``g[t]`` for every ``t`` of a value over ``0:T`` is the value itself (the transpose of
+    a whole-range read, as autodiff builds it)."""
+    index = b.op.attrs["index"]
+    if b.batched[0] or not (isinstance(index, Expr) and index is b.dim):
+        raise Decline("it selects a point other than its own along the dim")
+    lead = b.shapes[0][0]
+    if not (lead == Const(b.size) or lead is b.dim.bound):
+        raise Decline(f"it selects from an axis of size {lead}, not {b.dim.bound.name}")
+    return Batched("identity", {}, from_unbatched=True)
+
+
+def _selects_in_range(op: Op, bounds: Mapping[Bound, int]) -> bool:
+    """A select_at's point is an attribute, which validation does not see (autodiff's
+    ``g[t]`` of a gradient over ``0:1`` exists only at ``t = 0``)."""
+    index = op.attrs["index"]
+    size = View(op.inputs[0].src, op.inputs[0].index).shape[0]
+    try:
+        at = np.asarray(vevaluate(as_expr(index), domain_grid(op.domain, bounds)))
+        n = int(size.evaluate(bounds))
+    except (KeyError, TimerlError):
+        return False
+    return bool(np.all((at >= 0) & (at < n)))
+
+
 define(
     "select_at",
     _infer_select_at,
     lambda x, index: x[index],
     lambda ap, op, i, o, g: [ap("place_at", g, index=op.attrs["index"], size=i[0].shape[0])],
     traits=Traits(view=True, shares_input=True),
-    cost=free,
+    cost=cost.free,
+    batching=Batching(_batch_select_at, dim_attrs=("index",), defined=_selects_in_range),
+    rows=Declined("one point of a leading axis: no row rule written"),
+    simplify=(),
     point_attrs=("index",),
 )
 
@@ -131,6 +191,10 @@ define(
     lambda s, d, a: ((as_expr(a["size"]),) + s[0], d[0]),
     _np_place_at,
     lambda ap, op, i, o, g: [ap("select_at", g, index=op.attrs["index"])],
+    cost=cost.per_output,
+    batching=Declined("it places its value at a point attribute: no batching rule written"),
+    rows=Declined("one point of a leading axis: no row rule written"),
+    simplify=(),
     point_attrs=("index", "size"),
 )
 
@@ -159,6 +223,10 @@ define(
     declared,
     _np_diag_gather,
     None,
+    cost=cost.per_output,
+    batching=Declined("ragged: its operands' shapes differ from point to point"),
+    rows=Declined("ragged: its operands' shapes differ from point to point"),
+    simplify=(),
     point_attrs=("first", "shape", "valid"),
     extra={"ragged": True},
 )

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 
+import timerl.ir.prims.batching as batching
+import timerl.ir.prims.cost as cost
+import timerl.ir.prims.rows as rows
 from timerl.errors import ShapeError
 from timerl.ir import rowwise
-from timerl.ir.prims.core import Traits, per_input
+from timerl.ir.prims.batching import Batching
+from timerl.ir.prims.core import Traits
 from timerl.ir.prims.define import define
+from timerl.ir.prims.rows import Rows, const_size, reduced_axes
+from timerl.ir.prims.table import Declined
 from timerl.ir.shapes import ONE, norm_axis
 
 REDUCTION = Traits(reduction=True)
@@ -65,8 +71,36 @@ def _np_sum(x, axes=None, keepdims=False, _sum=False):
     return rowwise.leading_sum(x, axes, keepdims)
 
 
-define("sum", _infer_reduce, _np_sum, _vjp_sum, traits=REDUCTION, cost=per_input)
-define("max", _infer_reduce, _np_max, _vjp_max, traits=REDUCTION, cost=per_input)
+def _sum_rows(op, shapes):
+    """A sum over the leading axis, by blocks of rows: the sum of the blocks' sums."""
+    if not shapes[0] or 0 not in reduced_axes(op, len(shapes[0])):
+        return {}
+    n = const_size(shapes[0][0])
+    return {n: (0,)} if n else {}
+
+
+define(
+    "sum",
+    _infer_reduce,
+    _np_sum,
+    _vjp_sum,
+    traits=REDUCTION,
+    cost=cost.per_input,
+    batching=Batching(batching.reduce_axes),
+    rows=Rows(blocks=rows.reduce_other, accumulates=_sum_rows, stacks=rows.reduce_key),
+    simplify=(),
+)
+define(
+    "max",
+    _infer_reduce,
+    _np_max,
+    _vjp_max,
+    traits=REDUCTION,
+    cost=cost.per_input,
+    batching=Batching(batching.reduce_axes),
+    rows=Rows(blocks=rows.reduce_other, stacks=rows.reduce_key),
+    simplify=(),
+)
 
 
 def _infer_sumsq(shapes, dtypes, attrs):
@@ -79,6 +113,11 @@ def _vjp_sumsq(ap, op, i, o, g):
     return [ap("mul", ap("add", i[0], i[0]), g)]
 
 
+def _sumsq_rows(op, shapes):
+    n = const_size(shapes[0][0]) if shapes[0] else None
+    return {n: (0,)} if n else {}
+
+
 # the sum of all squares without the squares as an array (a gradient's norm: one dot product,
 # not a temporary the size of the weights)
 define(
@@ -87,7 +126,10 @@ define(
     lambda x: np.asarray(np.vdot(x, x)),
     _vjp_sumsq,
     traits=REDUCTION,
-    cost=lambda o, i, a: 2.0 * float(i[0]),
+    cost=cost.per_input,
+    batching=Declined("it sums every axis: batched, it would need a sum per point"),
+    rows=Rows(accumulates=_sumsq_rows),
+    simplify=(),
 )
 
 
@@ -104,7 +146,10 @@ define(
     _infer_argmax,
     lambda x, axis, keepdims=False: np.argmax(x, axis=axis, keepdims=keepdims),
     traits=REDUCTION,
-    cost=per_input,
+    cost=cost.per_input,
+    batching=Batching(batching.one_axis),
+    rows=Declined("an index along one axis: no row rule written"),
+    simplify=(),
     differentiable=False,
 )
 
@@ -124,7 +169,10 @@ define(
     lambda ap, op, i, o, g: [
         ap("cumsum", g, axis=op.attrs["axis"], reverse=not op.attrs.get("reverse", False))
     ],
-    cost=per_input,
+    cost=cost.per_output,
+    batching=Batching(batching.one_axis),
+    rows=Declined("a scan along an axis: no row rule written (along the rows it mixes them)"),
+    simplify=(),
 )
 
 
@@ -152,13 +200,19 @@ define(
     lambda s, d, a: ((s[0][0], *s[2]), d[0]),
     _np_linear_scan,
     traits=Traits(fresh=True),
-    cost=lambda o, i, a: 2.0 * o,
+    cost=cost.per_output,
+    batching=Declined("a recurrence along its leading axis: no batching rule written"),
+    rows=Declined("a recurrence along its rows mixes them"),
+    simplify=(),
     differentiable=False,  # made by the compiler (compiler/scan.py), after autodiff
 )
 define(
     "argsort",
     lambda s, d, a: (s[0], np.dtype("int64")),
     lambda x, axis: np.argsort(x, axis=axis, kind="stable"),
-    cost=lambda o, i, a: float(i[0]) * max(np.log2(max(i[0], 2)), 1.0),
+    cost=cost.sort,
+    batching=Batching(batching.one_axis),
+    rows=Declined("a sort along an axis: no row rule written"),
+    simplify=(),
     differentiable=False,
 )

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 
+import timerl.ir.prims.cost as cost
 from timerl.ir import counter_rng
+from timerl.ir.prims.batching import Batch, Batched, Batching, Decline
 from timerl.ir.prims.core import Traits, declared
 from timerl.ir.prims.define import define
-from timerl.symbolic import Const, as_expr
+from timerl.ir.prims.table import Declined
+from timerl.symbolic import Const, Expr, as_expr
 
 CONSTANT = Traits(constant=True)
+# a source has no operands whose rows it could follow
+_NO_ROWS = Declined("a source: it reads no rows")
+_CONSTANT_BATCH = Declined("a constant is the same at every point: it is not batched")
 
 
 def _np_full(shape, value, dtype):
@@ -22,6 +28,10 @@ define(
     declared,
     _np_full,
     traits=CONSTANT,
+    cost=cost.per_output,
+    batching=_CONSTANT_BATCH,
+    rows=_NO_ROWS,
+    simplify=(),
     point_attrs=("shape", "value"),
     differentiable=False,
 )
@@ -30,6 +40,10 @@ define(
     lambda s, d, a: (tuple(Const(int(n)) for n in a["value"].shape), a["value"].dtype),
     lambda value: value,
     traits=CONSTANT,
+    cost=cost.per_output,
+    batching=_CONSTANT_BATCH,
+    rows=_NO_ROWS,
+    simplify=(),
     array_attrs=("value",),
     differentiable=False,
 )
@@ -38,6 +52,10 @@ define(
     lambda s, d, a: ((as_expr(a["length"]),), np.dtype(a.get("dtype", "int64"))),
     lambda length, dtype="int64": np.arange(length, dtype=dtype),
     traits=CONSTANT,
+    cost=cost.per_output,
+    batching=_CONSTANT_BATCH,
+    rows=_NO_ROWS,
+    simplify=(),
     point_attrs=("length",),
     differentiable=False,
 )
@@ -87,7 +105,17 @@ def _np_orthogonal(shape, dtype, gain, seed):
 
 # a weight's initial value drawn when the program runs, from its seed: unlike a ``const`` it
 # holds no array, so once read (at i == 0) its memory goes back
-define("orthogonal", declared, _np_orthogonal, traits=Traits(fresh=True), differentiable=False)
+define(
+    "orthogonal",
+    declared,
+    _np_orthogonal,
+    traits=Traits(fresh=True),
+    cost=cost.per_output,
+    batching=Declined("a weight's initial value, drawn once: no batching rule written"),
+    rows=_NO_ROWS,
+    simplify=(),
+    differentiable=False,
+)
 
 
 def _np_uniform(shape, dtype, key, batch=()):
@@ -98,6 +126,30 @@ def _np_normal(shape, dtype, key, batch=()):
     return counter_rng.normal(np, key, tuple(shape), dtype, batch)
 
 
+def _batch_random(b: Batch) -> Batched:
+    """A random op's numbers are a function of its key ``(seed, stream, *coords)``: batched,
+    the coordinates that move with the dim become ``coord at 0 + coef * arange(size)`` along
+    a new leading axis (the ``batch`` attribute), so the one draw equals the points' draws."""
+    attrs = dict(b.op.attrs)
+    coords = attrs.get("key_at") or tuple(b.op.domain)
+    moved: list[tuple[int, int]] = []
+    fixed: list[Expr] = []
+    for pos, coord in enumerate(coords):
+        if not (isinstance(coord, Expr) and b.dim in coord.symbols()):
+            fixed.append(coord)
+            continue
+        terms, _ = coord.linear()
+        coef = terms.get(b.dim)
+        if coef is None or any(b.dim in a.symbols() for a in terms if a is not b.dim):
+            raise Decline(f"its key coordinate {coord} is not affine in {b.dim.name}")
+        moved.append((pos, coef))
+        fixed.append(coord.substitute({b.dim: Const(0)}))
+    attrs["key_at"] = tuple(fixed)
+    attrs["batch"] = (*attrs.get("batch", ()), (b.size, tuple(moved)))
+    attrs["stream"] = attrs.get("stream", b.op.id)
+    return Batched(b.op.prim, attrs, from_unbatched=True)
+
+
 # Random values are a pure function of (seed, op, point): the same on every backend and in any
 # execution order, so random ops can be reordered, vectorised or recomputed like any other.
 for _name, _fn in (("uniform", _np_uniform), ("normal", _np_normal)):
@@ -106,6 +158,11 @@ for _name, _fn in (("uniform", _np_uniform), ("normal", _np_normal)):
         declared,
         _fn,
         traits=Traits(random=True),
+        # its key's coordinates are read per point and may mention the dim
+        cost=cost.per_output,
+        batching=Batching(_batch_random, dim_attrs=("key_at",)),
+        rows=_NO_ROWS,
+        simplify=(),
         point_attrs=("shape", "key_at"),
         differentiable=False,
     )
