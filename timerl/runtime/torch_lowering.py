@@ -22,6 +22,11 @@ from timerl.ir.prims import REGISTRY
 from timerl.runtime.backend import plain_reads, static_shape
 
 LOWERINGS: dict[str, Callable[..., Any]] = {}
+# primitives this backend does not lower, and why (tests/ir/test_prim_tables.py: every
+# primitive is lowered or named here)
+NOT_LOWERED: dict[str, str] = {
+    "udf": "a host call: the executor calls its Python function on numpy arrays itself",
+}
 # primitive -> f(op): a lowering for the op's static shapes, or None (``Backend.kernel``)
 SPECIALISED: dict[str, Callable[[Op], Callable[..., Any] | None]] = {}
 
@@ -30,8 +35,8 @@ def register_lowering(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Declare torch's computation of primitive ``name``; one lowering per primitive."""
     if name not in REGISTRY:
         raise KeyError(f"no primitive {name!r} to lower")
-    if name in LOWERINGS:
-        raise KeyError(f"primitive {name!r} already has a torch lowering")
+    if name in LOWERINGS or name in NOT_LOWERED:
+        raise KeyError(f"primitive {name!r} already has a torch lowering (or declines one)")
     LOWERINGS[name] = fn
     return fn
 
