@@ -5,7 +5,8 @@ An entry holds what the primitive *means*: shape/dtype inference, ``impl`` (the 
 reference semantics, which constant folding evaluates and the numpy backend runs), the
 backward (VJP) rule and typed traits (what passes and executors may rely on, so that none of
 them tests a name). Backward rules build new ops through the ``ap`` callback
-(``ir.build.apply``), so the registry needs nothing from the rest of the IR.
+(``ir.build.apply``), so an entry needs nothing from the rest of the IR (the rule tables
+beside it read ops, ``ir.graph``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ call beside its definition (docs/architecture.md, "Adding a primitive")."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from timerl.ir.prims.batching import TABLE as BATCHING
@@ -35,12 +35,13 @@ def define(
     array_attrs: tuple[str, ...] = (),
     differentiable: bool = True,
     extra: dict[str, Any] | None = None,
-    view_when: Callable[[Any], bool] | None = None,
+    view_when: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> Prim:
     """Register primitive ``name``: its inference, numpy reference semantics (``impl``),
     backward rule and traits, and its entry in each transformation's table: ``cost`` (the
     cost model), ``batching`` (vectorisation), ``rows`` (row semantics), ``simplify`` (its own
-    identities; ``()`` for none). Each entry is a rule or ``Declined(why)``."""
+    identities; ``()`` for none). Each entry is a rule or ``Declined(why)``. ``view_when``:
+    for a primitive that is a view of its input for some attributes only, which."""
     prim = register(
         Prim(
             name,
