@@ -7,7 +7,7 @@ asks.
   is the sum of its values over blocks of them (a sum over the rows, ``x.T @ g``).
 * ``stacks`` (``compiler/reuse.py``): stacking rows commutes with the op, so the op applied
   to stacked rows equals the stack of its rows: the value-number key of its result.
-* ``row_view``, ``row_reader``, ``transposes`` (``compiler/budget.py``, streaming a block to
+* ``row_view``, ``row_reader``, ``transposes`` (``memory/streams.py``, streaming a block to
   disk): a view that keeps rows read on demand (``ir/rowwise.RowSource``) such rows, a kernel
   that reads its first operand a chunk of rows at a time, and a view that is the 2-D transpose
   of its input.
