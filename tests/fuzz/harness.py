@@ -10,7 +10,8 @@ import traceback
 from dataclasses import dataclass
 
 import numpy as np
-from programs import Program, use_noise
+from exprs import use_noise
+from programs import Program
 
 import timerl as tl
 from timerl.ir import counter_rng

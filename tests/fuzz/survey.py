@@ -22,8 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # this checkout's timerl
 
+from generator import FLAGS, RandomChooser, generate  # noqa: E402
 from harness import HAS_OPTIMIZE_FLAG, Finding, check, signature  # noqa: E402
-from programs import FLAGS, Program, RandomChooser, generate  # noqa: E402
+from programs import Program  # noqa: E402
 from shrink import shrink  # noqa: E402
 
 
