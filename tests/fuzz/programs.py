@@ -144,6 +144,15 @@ class TensorDef:
         return "derived" if self.expr is not None else "placeholder"
 
 
+def _forward(t: TensorDef) -> bool:
+    """Whether ``t`` is a forward recurrence of more than one step or tensor (two-step,
+    coupled, or written at ``t + k``)."""
+    if t.construct in ("two_step", "coupled"):
+        return True
+    shifts = [s for w, _ in t.branches if isinstance(w, Write) for s in w.specs]
+    return t.construct == "frame" and any(s.kind == "shift" and s.k > 0 for s in shifts)
+
+
 # --------------------------------------------------------------------------- program
 
 
@@ -323,8 +332,15 @@ class Program:
 
     def _branch_flags(self, t: TensorDef, where: Write | Cond, e: Expr) -> set[str]:
         """What a branch shows: a point past the bound, reads of a pinned dim, a whole-range
-        reduction in a base case, a scalar written to a spatial tensor."""
+        reduction in a base case, a scalar written to a spatial tensor, a backward step
+        reading a forward recurrence."""
         out = {"broadcast"} if e.shape != t.shape else set()
+        reads = [node for node in nodes(e) if isinstance(node, Read)]
+        back = t.construct in ("bwd_cond", "overlap") or (
+            isinstance(where, Write) and any(s.kind == "shift" and s.k < 0 for s in where.specs)
+        )
+        if back and any(_forward(r.src) for r in reads if r.src is not t):
+            out.add("chain")
         if not isinstance(where, Write):
             return out
         pinned = {}
@@ -336,7 +352,6 @@ class Program:
                 point = s.k if s.kind == "const" else self.n[d] - 1 - s.k
                 if not 0 <= point < self.n[d]:
                     out.add("empty_branch")
-        reads = [node for node in nodes(e) if isinstance(node, Read)]
         for r in reads:
             for d, s in zip(r.src.domain, r.specs, strict=True):
                 if d in pinned and not s.constant:
