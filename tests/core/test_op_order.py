@@ -8,7 +8,7 @@ import pytest
 from core_helpers import ctx_t
 
 import timerl as tl
-import timerl.schedule.order as order
+import timerl.compiler.order as order
 
 
 @pytest.fixture(autouse=True)

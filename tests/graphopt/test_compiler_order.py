@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import timerl as tl
+import timerl.compiler.order as order
 import timerl.graphopt.learned as learned
-import timerl.schedule.order as order
 from timerl.graphopt.policy import PolicyWeights
 
 

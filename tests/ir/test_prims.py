@@ -61,7 +61,11 @@ CASES: dict[str, list[tuple[list, dict]]] = {
     "logical_and": [([bools(3, 4), bools(4)], {})],
     "logical_or": [([bools(3, 4), bools(3, 4)], {})],
     "where": [([bools(3, 4), f32(3, 4), f32(4)], {})],
-    "cast": [([f32(3, 4)], {"dtype": "int64"}), ([i64(3)], {"dtype": np.dtype("float32")})],
+    "cast": [
+        ([f32(3, 4)], {"dtype": "int64"}),
+        ([i64(3)], {"dtype": np.dtype("float32")}),
+        ([f32(3)], {"dtype": "float32"}),  # to its own dtype: still a new array
+    ],
     "identity": [([f32(2, 3)], {})],
     "detach": [([f32(2, 3)], {})],
     "sum": [
@@ -71,7 +75,11 @@ CASES: dict[str, list[tuple[list, dict]]] = {
         ([bools(3, 4)], {"axes": (1,), "_sum": True}),
     ],
     "sumsq": [([f32(3, 4, 2)], {}), ([f32()], {})],
-    "max": [([f32(3, 4, 2)], {"axes": (1,)}), ([f32(3, 4)], {"axes": None, "keepdims": True})],
+    "max": [
+        ([f32(3, 4, 2)], {"axes": (1,)}),
+        ([f32(3, 4)], {"axes": None, "keepdims": True}),
+        ([f32(3, 4)], {"axes": ()}),
+    ],
     "argmax": [([f32(3, 4)], {"axis": 1}), ([f32(3, 4)], {"axis": 0, "keepdims": True})],
     "reshape": [([f32(3, 4)], {"shape": (2, 6)}), ([f32(1)], {"shape": ()})],
     "permute": [([f32(2, 3, 4)], {"perm": (2, 0, 1)})],
@@ -225,6 +233,60 @@ def test_torch_lowering_matches_numpy_reference(name, k):
     t_attrs = {a: _to_torch(v) if a == "value" else v for a, v in attrs.items()}
     got = _to_numpy(LOWERINGS[name](*[_to_torch(x) for x in inputs], **t_attrs))
     _matches_reference(name, got, ref, inputs)
+
+
+def _arrays(x):
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _arrays(v)
+    elif isinstance(x, (np.ndarray, np.generic)) or type(x).__module__.startswith("torch"):
+        yield x
+
+
+def _shares(out, inputs) -> bool:
+    """Whether any array of ``out`` shares memory with any array of ``inputs``."""
+    outs, ins = list(_arrays(out)), list(_arrays(inputs))
+    if any(isinstance(o, np.ndarray) for o in outs):
+        return any(
+            np.shares_memory(o, i)
+            for o in outs
+            for i in ins
+            if isinstance(o, np.ndarray) and isinstance(i, np.ndarray)
+        )
+    held = {i.untyped_storage().data_ptr() for i in ins if hasattr(i, "untyped_storage")}
+    return any(
+        hasattr(o, "untyped_storage") and o.untyped_storage().data_ptr() in held for o in outs
+    )
+
+
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("torch", marks=needs_torch)])
+def test_a_result_that_shares_an_input_buffer_is_declared_so(backend):
+    """Donation and circular buffers write into a buffer once its last reader has run; a
+    reader whose value is (part of) that buffer must say so (``Traits.shares_input``), or the
+    write changes a value still in use. Each lowering is run on every case and its result
+    compared with its inputs' memory."""
+    undeclared = []
+    for name, cases in CASES.items():
+        traits = prims.get(name).traits
+        for inputs, attrs in cases:
+            if backend == "numpy":
+                out = prims.REGISTRY[name].impl(*inputs, **attrs)
+                ins = inputs
+            else:
+                ins = [_to_torch(x) for x in inputs]
+                t_attrs = {a: _to_torch(v) if a == "value" else v for a, v in attrs.items()}
+                out = LOWERINGS[name](*ins, **t_attrs)
+            if _shares(out, ins) and not traits.shares_input:
+                undeclared.append((name, attrs))
+            if traits.fresh and traits.shares_input:
+                undeclared.append((name, "fresh and sharing"))
+    assert not undeclared
+
+
+def test_every_view_and_merge_may_share_its_input():
+    for prim in prims.REGISTRY.values():
+        if prim.traits.view or prim.traits.piecewise or prim.traits.host:
+            assert prim.traits.shares_input, prim.name
 
 
 @needs_torch

@@ -12,9 +12,9 @@ import pytest
 from core_helpers import counting
 
 import timerl as tl
-from timerl.compiler import budget as budget_pass
-from timerl.compiler.budget import parse_bytes
 from timerl.ir import rowwise
+from timerl.memory import budget as budget_pass
+from timerl.memory.budget import parse_bytes
 from timerl.rl.algos import ppo
 from timerl.runtime import heap
 

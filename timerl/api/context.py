@@ -16,18 +16,11 @@ import numpy as np
 from timerl.api.program import Program
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
-from timerl.compiler.budget import (
-    PlannedPeak,
-    check_budget,
-    parse_bytes,
-    plan_streams,
-    plan_swaps,
-)
 from timerl.compiler.incrementalize import blocks_asked
 from timerl.compiler.pipeline import Compiled
 from timerl.compiler.pipeline import compile as compile_program
-from timerl.compiler.point_swap import plan_point_swaps, point_swap_moves
 from timerl.compiler.spec import ProgramSpec, freeze
+from timerl.compiler.unread import warn_unread_last_rows
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
 from timerl.ir import prims
 from timerl.ir.autodiff import depends_differentiably
@@ -35,6 +28,14 @@ from timerl.ir.build import apply, ordered, user_site
 from timerl.ir.graph import Edge, Op, View
 from timerl.ir.retime import retime
 from timerl.ir.shapes import broadcast
+from timerl.memory.budget import (
+    PlannedPeak,
+    check_budget,
+    parse_bytes,
+    plan_streams,
+    plan_swaps,
+)
+from timerl.memory.point_swap import plan_point_swaps, point_swap_moves
 from timerl.runtime.backend import make_backend
 from timerl.schedule.program import Loop
 from timerl.symbolic import Bound, Dim, Expr, Slice
@@ -278,6 +279,7 @@ class Context(Scope):
             check_budget(planned, budget)
         elif optimize and _swaps_points(be):
             compiled = _swap_idle_state(compiled, be)
+        compiled.report.notes.extend(warn_unread_last_rows(spec))  # x's last row unread
         return Program(
             compiled,
             be,
@@ -306,7 +308,7 @@ SEARCH_ITERATIONS = 3  # of an outermost loop, where the moves without a budget 
 def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
     """Without a budget: optimiser state idle across the program's peak, and gradients idle
     inside the backward pass, go to disk between their uses where that lowers the planned
-    peak (``compiler/point_swap.py``), as under a budget; nothing else of a budget's plan
+    peak (``memory/point_swap.py``), as under a budget; nothing else of a budget's plan
     (no reuse left out, no streaming, the heap kept for speed). On memory-e8 the first
     layers' Adam moments are 12 MiB held through the rollout and the backward pass, where the
     peak is; each is read once per update. Moved: 3 moments and 1 gradient, a write and a
@@ -315,7 +317,7 @@ def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
     kept = {op.id for op in spec_c.outputs} | set(spec_c.keep)
     ops = list(spec_c.ops)
     # Each move tried is a replay of the plan, and a replay walks every iteration of a loop
-    # holding a swap (compiler/steady.py does not apply those): memory-e8 compiled for 201
+    # holding a swap (memory/steady.py does not apply those): memory-e8 compiled for 201
     # iterations took 68 s to search. The moves are chosen on the first SEARCH_ITERATIONS of
     # each outermost loop (a training loop's first iteration, one in the middle and its last,
     # which its other iterations repeat), and the program then plans its whole run itself.

@@ -9,18 +9,18 @@ from typing import Any
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
-from timerl.compiler.budget import (
-    PlannedPeak,
-    format_bytes,
-    planned_peak,
-    repeated_array_bytes,
-)
-from timerl.compiler.donation import describe as describe_donations
 from timerl.compiler.pipeline import Compiled, CompileReport
 from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
 from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
+from timerl.memory.budget import (
+    PlannedPeak,
+    format_bytes,
+    planned_peak,
+    repeated_array_bytes,
+)
+from timerl.memory.donation import describe as describe_donations
 from timerl.runtime.backend import Backend
 from timerl.runtime.executor import Executor, RunStats
 from timerl.runtime.heap import MMAP_THRESHOLD, REUSED_ARRAYS
@@ -182,7 +182,7 @@ class Program:
 
     def planned_peak(self) -> PlannedPeak:
         """The peak of live bytes the schedule reaches, known before running (see
-        ``compiler/budget.py``), and the tensors holding the most bytes then."""
+        ``memory/budget.py``), and the tensors holding the most bytes then."""
         if self._planned is None:
             spec = self.compiled.spec
             storage = self.compiled.storage if self.backend.name != "jax" else {}

@@ -405,7 +405,7 @@ class _Analysis:
         """A product whose rows come from an outside input much wider than its own rows
         (the first layer over image observations) runs whole: by blocks it would hold a
         block of the input's rows, read from disk where the input is streamed
-        (``compiler/budget.py``); whole, it reads them by chunks and holds only its value."""
+        (``memory/budget.py``); whole, it reads them by chunks and holds only its value."""
         out = self.out(op)
         own = max(_prod(out) // max(_size(out[0]) or 1, 1), 1)
         for e, shape, ax in zip(op.inputs, self.ins(op), axes, strict=True):

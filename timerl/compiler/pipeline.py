@@ -15,12 +15,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from timerl.compiler.branches import drop_empty_branches
 from timerl.compiler.cse import merge_duplicates
 from timerl.compiler.dce import eliminate_dead_code
-from timerl.compiler.donation import plan_donations
 from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
 from timerl.compiler.incrementalize import incrementalize
+from timerl.compiler.order import order_blocks
 from timerl.compiler.ragged import spread_ragged_bounds
 from timerl.compiler.reuse import enabled as reuse_enabled
 from timerl.compiler.reuse import reuse_first_iteration
@@ -28,12 +29,12 @@ from timerl.compiler.scan import enabled as scan_enabled
 from timerl.compiler.scan import scan_recurrences
 from timerl.compiler.simplify import simplify
 from timerl.compiler.spec import ProgramSpec
-from timerl.compiler.storage import Storage, plan_storage
 from timerl.compiler.vectorize import enabled as vectorize_enabled
 from timerl.compiler.vectorize import vectorize
 from timerl.ir.validate import check_bounds, check_not_empty, validate
-from timerl.schedule.liveness import add_frees
-from timerl.schedule.order import order_blocks
+from timerl.memory.donation import plan_donations
+from timerl.memory.liveness import add_frees
+from timerl.memory.storage import Storage, plan_storage
 from timerl.schedule.overlap import overlap_host_calls
 from timerl.schedule.program import Schedule
 from timerl.schedule.scheduler import schedule_program
@@ -61,7 +62,7 @@ class Compiled:
     schedule: Schedule
     report: CompileReport
     storage: Mapping[int, Storage] = field(default_factory=dict)  # op id -> storage (else point)
-    # op id -> the input position whose dead buffer it writes into (compiler/donation.py)
+    # op id -> the input position whose dead buffer it writes into (memory/donation.py)
     donations: Mapping[int, int] = field(default_factory=dict)
 
 
@@ -75,7 +76,7 @@ def compile(
     (``compiler/incrementalize.py``; a memory budget asks for it). First-iteration reuse,
     which keeps the rollout's activations for the update, is then left out.
     ``state_on_disk`` (a memory budget on numpy): order loop bodies for carried state that the
-    budget swaps to disk between updates (``compiler/point_swap.py``); reuse is left out too,
+    budget swaps to disk between updates (``memory/point_swap.py``); reuse is left out too,
     since the rollout's activations it keeps are held through the update's backward pass
     next to the update's own (memory-e8 under eager PyTorch's data / 16: a plan of 20.9 MiB
     with it, 16.0 without). Under any budget, even a loose one that would run faster with it
@@ -169,6 +170,7 @@ def _rewritten(
     rewrite("ragged lengths", spread_ragged_bounds)
     # before any pass sizes a dim: a bound left out is the user's error, named as such
     check_bounds(list(spec.ops), spec.check_bounds)
+    rewrite("empty branches", drop_empty_branches, "ops read only by branches that apply nowhere")
     if optimize:
         rewrite("duplicate code", merge_duplicates, "duplicate ops merged")
         # hoisting first: what it moves out of every loop is often constant, and then folds

@@ -636,6 +636,10 @@ def plan(spec: ProgramSpec) -> tuple[dict[int, tuple[Batched, tuple[bool, ...]]]
         try:
             if op.id in cyclic[dim]:
                 raise Decline(f"it is on a recurrence over {dim.name}")
+            if spec.static.get(dim.bound) == 1:
+                # a loop of one iteration: batching adds an axis and saves no call (and a
+                # recurrence whose steps the bounds leave out is not one to batch over)
+                raise Decline(f"{dim.name} has one point")
             chosen[op.id] = _local(op, spec, roots)
         except Decline as e:
             why[op.id] = str(e)

@@ -102,8 +102,9 @@ def gradients(loss: View, wrt: Sequence[Op]) -> dict[int, View]:
 
     # A VJP contributes only where its op's value is read: the branch value of
     # ``x[t + 1] = f(x, u[t + 1])`` exists at every t but is read only for t < T - 1, and at
-    # t = T - 1 its VJP would read u[T].
-    needed = needed_points(ops, [loss.op])
+    # t = T - 1 its VJP would read u[T]. A value read only by a branch at a point the bounds
+    # may not have (``x[1] = u[1] * w`` under ``T = 1``) contributes where they have it.
+    needed = needed_points(ops, [loss.op], exists=True)
     grad_ops: dict[int, Op] = {}
     for i in sorted(relevant):
         x = by_id[i]

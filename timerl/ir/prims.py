@@ -55,6 +55,12 @@ class Traits:
     # its kernel always returns a new array of its own, never an input's buffer, so a later op
     # may write into it (donation)
     fresh: bool = False
+    # its kernel may return (part of) an input's buffer on some backend (numpy's and torch's
+    # basic indexing, a view, a merge handing on its branch, user Python returning what it was
+    # given): while its value lives, a write into that input's buffer (a donation, a circular
+    # buffer's row) would change it too. Every view has it; tests/ir/test_prims.py checks each
+    # lowering that returns shared memory declares it
+    shares_input: bool = False
     # a view of its whole input: ``"contiguous"`` when it is the input's buffer or a
     # contiguous view of a contiguous input (identity, detach, reshape), ``"strided"`` when it
     # is always a view but may be strided, so a reshape of it may copy (permute, expand);
@@ -1145,12 +1151,17 @@ _declare(
     ("reshape", "permute", "expand", "identity", "detach", "select_at", "narrow", "tuple_get"),
     view=True,
     fresh=False,
+    shares_input=True,
     cost=lambda o, i, a: 0.0,
 )
 _declare(("identity", "detach", "reshape"), whole_view="contiguous")
+# basic indexing (ints, slices, None, Ellipsis) is a view on numpy and torch, advanced indexing
+# a copy: a view where it may be one, though it is no view of its own (it may allocate)
+_declare(("getitem",), shares_input=True)
+_declare(("udf", "pure_call"), shares_input=True)  # user code may return what it was given
 _declare(("permute", "expand"), whole_view="strided")
 _declare(("detach",), stops_gradient=True)
-_declare(("merge",), piecewise=True)
+_declare(("merge",), piecewise=True, shares_input=True)
 _declare(("udf",), host=True)
 _declare(("pure_call",), multi_output=True)
 _declare(("const", "full", "iota"), constant=True)

@@ -149,7 +149,13 @@ def _conjuncts(cond: Condition) -> list[Condition]:
     return [cond]
 
 
-def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Condition:
+def read_points(
+    reader: Op,
+    edge_index: tuple,
+    src: Op,
+    cond: Condition,
+    exists: bool = False,
+) -> Condition:
     """The points of ``src`` that ``reader`` reads where ``cond`` holds at its own point.
 
     Exact for shifts (``t``, ``t - 1``: move the condition by the shift) and fixed points
@@ -174,20 +180,54 @@ def read_points(reader: Op, edge_index: tuple, src: Op, cond: Condition) -> Cond
             return TRUE
         moved[d] = d - diff.value
     out = cond.substitute(moved) if moved else cond
-    if any(isinstance(s, Dim) and s not in moved for s in out.symbols()):
+    unmapped = {s for s in out.symbols() if isinstance(s, Dim) and s not in moved}
+    if unmapped:
         # The reader's condition is also about dims the read does not map: keep the parts
-        # of it that are not (a superset of the points read, so still sound).
+        # of it that are not (a superset of the points read, so still sound), and with
+        # ``exists``, of each unmapped dim the condition that a point of it meets the rest
+        # (a branch at ``t == 1`` reads nothing where ``T == 1``).
         parts = _conjuncts(out)
         out = TRUE
         for part in parts:
-            if all(not isinstance(s, Dim) or s in moved for s in part.symbols()):
+            if not any(s in unmapped for s in part.symbols()):
                 out = out & part
+        if exists:
+            for d in unmapped:
+                out = out & _some_point(d, parts, unmapped)
     for d, back in moved.items():
         if back is not d:
             out = out & (back >= 0) & (back < d.bound)
     for p in pins:
         out = out & p
     return simplify(out)
+
+
+def _some_point(d: Dim, parts: list[Condition], unmapped: set[Dim]) -> Condition:
+    """Where some point of ``d`` in ``[0, D)`` meets the parts that bound it: those of
+    ``parts`` that compare ``d`` alone, linearly, with an expression free of unmapped dims
+    (``t == 1``, ``t + 2 <= T``). The other parts are left out, so the condition may hold
+    where no point meets them all (a superset, as a guard may be)."""
+    lows: list[Expr] = [Const(0)]
+    highs: list[Expr] = [d.bound - 1]
+    for part in parts:
+        if not isinstance(part, Cmp) or part.op == "!=" or d not in part.symbols():
+            continue
+        terms, _ = part.diff.linear()
+        coef = terms.get(d)
+        rest = part.diff - d * coef if coef in (1, -1) else None
+        if rest is None or any(s in unmapped for s in rest.symbols()):
+            continue
+        edge = -rest if coef == 1 else rest  # d OP edge (coef 1) or edge OP d (coef -1)
+        strict = 1 if part.op == "<" else 0
+        if part.op == "==" or coef == 1:
+            highs.append(edge - strict)
+        if part.op == "==" or coef == -1:
+            lows.append(edge + strict)
+    out: Condition = TRUE
+    for lo in lows:
+        for hi in highs:
+            out = out & (lo <= hi)
+    return out
 
 
 @dataclass(frozen=True)
@@ -202,8 +242,20 @@ class NeededPoints:
         return self.guards[op_id]
 
 
-def needed_points(ops: list[Op], roots: Iterable[Op], cap: bool = True) -> NeededPoints:
+def needed_points(
+    ops: list[Op],
+    roots: Iterable[Op],
+    cap: bool = True,
+    exists: bool = False,
+) -> NeededPoints:
     """The points of each op that ``roots`` (read everywhere) need, transitively.
+
+    ``exists``: a point read only by readers whose condition fixes a dim it lacks (a branch
+    at ``t == 1``) is needed only where that dim has such a point (``T >= 2``), a condition on
+    the bounds; without it, at every point. Autodiff asks for it, so that a branch with no
+    point contributes no gradient: the compiler drops it once the bounds are known
+    (``compiler/branches.py``), with what only it reads. Guards do not: the compiler's
+    storage and fusion decisions are made for unguarded ops.
 
     ``cap=False`` makes a guard that outgrows its size every point instead of the op's
     computable points: the reading the compiler falls back to when a cap does not hold.
@@ -244,7 +296,9 @@ def needed_points(ops: list[Op], roots: Iterable[Op], cap: bool = True) -> Neede
             key = (id(edge), guard[reader.id])
             part = seen.get(key)
             if part is None:
-                part = seen[key] = read_points(reader, edge.index, op, guard[reader.id] & cond)
+                part = seen[key] = read_points(
+                    reader, edge.index, op, guard[reader.id] & cond, exists
+                )
             g = union(g, part)  # absorbs disjuncts one another implies
             if _atoms(g) > MAX_ATOMS:
                 g = _compact(g)  # rather than every point, where it is about one form

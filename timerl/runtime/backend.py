@@ -66,7 +66,7 @@ class Backend:
     # The backend's lowering table (its own module's), primitive name -> function.
     lowerings: Mapping[str, Callable[..., Any]] = {}
     # Lowerings that write the result into a given array, ``fn(*inputs, out=array)``: what
-    # lets an op reuse the buffer of an input that dies at it (``compiler/donation.py``).
+    # lets an op reuse the buffer of an input that dies at it (``memory/donation.py``).
     donating_lowerings: Mapping[str, Callable[..., Any]] = {}
     # Lowerings chosen per op, primitive name -> ``f(op)``: a function for the op's static
     # shapes and dtypes, or None for the general lowering (which tests them at each call).

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from timerl.compiler.donation import aliasing_merges, copies_branch, owned_merges
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
+from timerl.memory.donation import aliasing_merges, copies_branch, owned_merges
 from timerl.runtime.body_regions import BodyFusion
 from timerl.runtime.calls import (
     META_ATTRS,

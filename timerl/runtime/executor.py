@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from timerl.compiler.donation import aliasing_merges, copies_branch, owned_merges
 from timerl.errors import BoundError, TimerlError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.ir.validate import exclusive_conditions
+from timerl.memory.donation import aliasing_merges, copies_branch, owned_merges
 from timerl.runtime import heap
 from timerl.runtime.backend import Backend
 from timerl.runtime.calls import element_shape, gather_points, host_call, prepare_call

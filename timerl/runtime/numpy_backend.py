@@ -25,7 +25,7 @@ from timerl.runtime.backend import (
 )
 
 # ufuncs that write into ``out=``: the reference semantics of these primitives, computed in
-# the buffer of an input that dies at the op (same shape and dtype, see compiler/donation.py)
+# the buffer of an input that dies at the op (same shape and dtype, see memory/donation.py)
 DONATING: dict[str, Callable[..., Any]] = {
     "neg": np.negative,
     "exp": np.exp,

@@ -1,7 +1,7 @@
 """Block stores and circular buffers: an op's points along its last dim held in one
 preallocated array per outer point.
 
-``compiler/storage.py`` decides which ops get one. A block is allocated when the loop over its
+``memory/storage.py`` decides which ops get one. A block is allocated when the loop over its
 dim starts (``allocate``), each point is written in place into its row, and a slice read along
 the dim is a view of the block (``rows``). It is freed whole (``free_all``/``free_prefix``).
 
@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from timerl.compiler.storage import Storage
 from timerl.ir.graph import Edge, Op
 from timerl.ir.rowwise import RowSource
+from timerl.memory.storage import Storage
 from timerl.schedule.program import Compute, Free, Loop, Schedule, SwapIn, SwapOut
 from timerl.symbolic import Dim, Slice
 
@@ -342,7 +342,7 @@ class BlockStore:
 
 class RingStore(BlockStore):
     """A circular buffer: ``extent`` rows per outer point, point ``p`` along the dim in row
-    ``p % extent`` (``compiler/storage.py`` chose the window). Each row records which point it
+    ``p % extent`` (``memory/storage.py`` chose the window). Each row records which point it
     holds, so reading a point that was overwritten or freed is a ``KeyError``, as on a dict."""
 
     __slots__ = ("outer_len",)
@@ -714,7 +714,7 @@ class RowFile(RowSource):
 
 
 class StreamStore(BlockStore):
-    """A block store whose blocks live in files (``compiler/budget.py`` chose it under a
+    """A block store whose blocks live in files (``memory/budget.py`` chose it under a
     memory budget): a block takes no memory, each point's row is written to the file right
     after it is computed, and readers read the rows they need (``RowFile``), ``chunk_bytes``
     at a time and, with ``ahead``, the next chunk read while this one is computed on."""
@@ -789,7 +789,7 @@ class StreamStore(BlockStore):
 class SwappablePoints(dict):
     """A point store whose points a memory budget moves to disk while they are idle: an
     optimiser's moments between two updates, a gradient waiting for the optimiser
-    (``compiler/point_swap.py``).
+    (``memory/point_swap.py``).
 
     Each swapped point is written raw to a file of its own and read back into a fresh array,
     like a swapped block (``BlockStore.swap_out``). A point on disk is still the program's
@@ -845,7 +845,7 @@ class StorePlan:
     def __init__(self, schedule: Schedule, storage: Mapping[int, Storage]) -> None:
         self.storage = storage
         self.blocks: dict[int, Op] = {}
-        # point stores a memory budget swaps to disk (``compiler/point_swap.py``)
+        # point stores a memory budget swaps to disk (``memory/point_swap.py``)
         self.swapped_points = {
             s.op.id for s in schedule.statements() if isinstance(s, (SwapOut, SwapIn)) and s.points
         }
@@ -864,7 +864,7 @@ class StorePlan:
         self.entry_src: Callable[[int, str, frozenset], str] = lambda i, key, _dims: f"BL{i}[{key}]"
         # the source of one row of a block's entry (entry source, row source)
         self.row_of_entry: Callable[[str, str], str] = lambda entry, row: f"{entry}[0][{row}]"
-        # op id -> bytes of streamed rows its kernel holds while it runs (compiler/budget.py)
+        # op id -> bytes of streamed rows its kernel holds while it runs (memory/budget.py)
         self.read_bytes = {i: s.read_bytes for i, s in storage.items() if s.read_bytes}
 
         def visit(body: list, loop: Loop | None) -> None:

@@ -89,10 +89,11 @@ for _name, _fn in [
 ]:
     register_lowering(_name, _fn)
 
-register_lowering("cast", lambda x, dtype: x.to(torch_dtype(dtype)))
+# ``to`` hands back the tensor itself for its own dtype; a cast's value is its own (``fresh``)
+register_lowering("cast", lambda x, dtype: x.to(torch_dtype(dtype), copy=True))
 
 # the same elementwise primitives written into ``out=`` (an input that dies at the op, of the
-# op's shape and dtype: compiler/donation.py)
+# op's shape and dtype: memory/donation.py)
 DONATING: dict[str, Callable[..., Any]] = {
     "neg": torch.neg,
     "exp": torch.exp,
@@ -118,7 +119,7 @@ def _reduce(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(x: Any, axes: Any = None, keepdims: bool = False, _sum: bool = False) -> Any:
         axes = tuple(range(x.dim())) if axes is None else tuple(axes)
         if not axes:
-            return x
+            return x.clone()  # a reduction's value is its own (``Traits.shares_input``)
         return fn(x, dim=axes, keepdim=keepdims)
 
     return run

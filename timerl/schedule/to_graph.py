@@ -62,7 +62,7 @@ freed by the update's backward pass): it is live from the block's start until it
 there, so its input node holds its bytes and comes before every other source of the graph, and
 an order that reaches its last reader early frees it early.
 
-``state_on_disk`` (the compiler's under a memory budget, ``compiler/point_swap.py``) models
+``state_on_disk`` (the compiler's under a memory budget, ``memory/point_swap.py``) models
 carried state as that pass will place it: a merge of values from outside the block is
 counted from its own place (the state is read back from disk right before it), and a value
 read elsewhere only by such merges (the next update's moment) is not an output (it goes to
@@ -90,7 +90,7 @@ from timerl.symbolic import Bound, Const, Dim, Expr, Slice, vevaluate
 
 REFERENCE_FLOPS = 1e12
 MIN_OPS = 8
-# carried state of fewer bytes stays in memory under a budget (``compiler/point_swap.py``):
+# carried state of fewer bytes stays in memory under a budget (``memory/point_swap.py``):
 # swapping it would not pay for a replay of the whole program each
 POINT_SWAP_MIN_BYTES = 1 << 16
 _ID_NUMBER = re.compile(r"#\d+")

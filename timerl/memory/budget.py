@@ -3,13 +3,13 @@
 ``planned_peak`` replays the schedule's compute and memory statements with the program's
 static bounds, counting what the run's meter counts: each point's bytes from its static
 shape, a block's rows once when its loop starts, views and aliases of blocks nothing, and a
-donated result (``compiler/donation.py``) the bytes its dead input hands over, nothing new. A
+donated result (``memory/donation.py``) the bytes its dead input hands over, nothing new. A
 training program's outer loop repeats the same work: a top-level loop around other loops
 stops being replayed once its live bytes are equal after ``MAX_OUTER`` consecutive
 iterations (a heuristic: an iteration whose guards pick other branches later is not seen). A
 long loop's iterations that repeat the one before (a rollout's steps) are applied by their net
 effect instead of replayed, up to where its guards or kept points turn (``_Steady``,
-``compiler/steady.py``): exactly the full replay's plan, at a cost that no longer grows with
+``memory/steady.py``): exactly the full replay's plan, at a cost that no longer grows with
 the loop's length. A dynamic dim is replayed to its cap; one without a cap makes the peak
 unknown (``None``).
 
@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from timerl.compiler.donation import aliasing_merges, owned_merges
-from timerl.compiler.steady import turning_points
-from timerl.compiler.storage import Storage
 from timerl.errors import MemoryBudgetError
 from timerl.ir import rowwise
 from timerl.ir.graph import Op
+from timerl.memory.donation import aliasing_merges, owned_merges
+from timerl.memory.steady import turning_points
+from timerl.memory.storage import Storage
 from timerl.schedule.program import (
     Compute,
     Free,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from timerl.compiler.point_swap import plan_point_swaps
+from timerl.memory.point_swap import plan_point_swaps
 from timerl.rl.algos import ppo
 from timerl.rl.train import train
 from timerl.schedule.program import Compute, SwapIn, SwapOut
@@ -133,7 +133,7 @@ def test_without_a_budget_the_moves_of_a_long_run_are_those_of_its_first_iterati
     """The search replays the first iterations of the training loop only (a replay walks
     every iteration of a loop that holds a swap), and a run of 200 iterations moves what a
     run of 3 moves."""
-    import timerl.compiler.point_swap as point_swap
+    import timerl.memory.point_swap as point_swap
 
     replayed = []
     replay = point_swap.planned_peak

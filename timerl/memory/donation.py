@@ -8,7 +8,8 @@ be ``X``'s alone, written by nothing else:
 
 * ``X`` computes a fresh array (an elementwise op that is not a view, or a matmul): not a view
   of another tensor, not a constant the program holds, not a host call's value;
-* no view or merge reads ``X`` (its value would share the buffer and outlive the free);
+* no op that may share its input's buffer reads ``X`` (``Traits.shares_input``: a view, a
+  merge, basic indexing, a host call): its value would share the buffer and outlive the free;
 * ``X`` is a point store (not a block's row), not a kept output, computed exactly where ``Y``
   runs (both unguarded, or the same guard and ``Y`` reads ``X`` at its own point);
 * same static shape and dtype as ``Y`` (no broadcast into it), every input of ``Y`` of that
@@ -71,10 +72,9 @@ def plan_donations(
 ) -> dict[int, int]:
     """Op id -> the input position whose buffer it writes its result into."""
     ops = list(ops)
-    aliased_by: dict[int, set[int]] = {}  # op -> the views and merges reading it (sharing it)
+    aliased_by: dict[int, set[int]] = {}  # op -> the readers that may share its buffer
     for op in ops:
-        t = prims.get(op.prim).traits
-        if t.view or t.piecewise:
+        if prims.get(op.prim).traits.shares_input:
             for e in op.inputs:
                 aliased_by.setdefault(e.src.id, set()).add(op.id)
     aliased = set(aliased_by)

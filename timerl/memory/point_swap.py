@@ -49,10 +49,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from timerl.compiler.budget import PlannedPeak, format_bytes, planned_peak, static_bytes
-from timerl.compiler.storage import Storage
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers
+from timerl.memory.budget import PlannedPeak, format_bytes, planned_peak, static_bytes
+from timerl.memory.storage import Storage
 from timerl.schedule.program import (
     Compute,
     Free,
@@ -408,9 +408,9 @@ def _idle_points(
     readers: Mapping[int, list[tuple[Op, Edge]]],
     keep: frozenset[int] | set[int],
 ) -> list[Op]:
-    """Point values of a loop body read only there, at their own point, by ops that are not
-    views or merges (which would share the buffer): a layer's gradient, kept for the
-    optimiser while the rest of the backward pass runs."""
+    """Point values of a loop body read only there, at their own point, by ops that share no
+    buffer with them (``Traits.shares_input``): a layer's gradient, kept for the optimiser
+    while the rest of the backward pass runs."""
     out: list[Op] = []
 
     def inside(stmt: Stmt) -> set[int]:
@@ -441,8 +441,7 @@ def _idle_points(
             if all(
                 r.id in here
                 and _own_point(e.index, x)
-                and not prims.get(r.prim).traits.view
-                and not prims.get(r.prim).traits.piecewise
+                and not prims.get(r.prim).traits.shares_input
                 for r, e in users
             ):
                 out.append(x)

@@ -265,7 +265,7 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
     counted without a peak now; both executors' meters say the same as the plan. (The op order
     is the one the block model chose when it counted a merge of carried values from the
     merge's place, which runs such merges late: any order must be counted right.)"""
-    from timerl.compiler import budget
+    from timerl.memory import budget
     from timerl.runtime import codegen, executor
     from timerl.schedule.to_graph import _BlockExport
 
@@ -291,7 +291,7 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
 
 
 def test_a_merge_that_broadcasts_or_copies_allocates():
-    from timerl.compiler.donation import aliasing_merges, owned_merges
+    from timerl.memory.donation import aliasing_merges, owned_merges
 
     prog, _ = _nested(True)
     owned = owned_merges(prog.compiled.donations, {op.id: op for op in prog.ops})
