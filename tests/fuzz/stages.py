@@ -154,8 +154,10 @@ class Stages:
         share = 0.5 / len(reads)
         for r in reads:
             if ch.chance(50):
+                # a coefficient for all elements, or one per element
+                size = ch.pick([(), shape])
                 coef = Affine(
-                    Unary("tanh", self.base(where, pool, 1, (), number=False)), share, 0.0
+                    Unary("tanh", self.base(where, pool, 1, size, number=False)), share, 0.0
                 )
                 step = Binary("add", step, Binary("mul", coef, r))
             else:
