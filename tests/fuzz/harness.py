@@ -10,9 +10,11 @@ import traceback
 from dataclasses import dataclass
 
 import numpy as np
-from programs import Program, use_noise
+from exprs import use_noise
+from programs import Program
 
 import timerl as tl
+import timerl.api.functional  # noqa: F401 (the builder's host functions reach it as tl.api)
 from timerl.ir import counter_rng
 
 # `optimize=False` (the unoptimised numpy reference) where this timerl offers it
@@ -254,8 +256,9 @@ _SIGNATURE_RULES = [
 
 def signature(f: Finding) -> str:
     """The kind of failure: the error with names, numbers and places taken out."""
-    if f.kind.endswith("mismatch"):
-        return f.kind
+    if f.kind.endswith("mismatch"):  # which configuration: a wrong value on torch alone
+        on = re.search(r" on (.+?)(?: at \(| got points|: |$)", f.detail)
+        return f"{f.kind} on {on.group(1)}" if on else f.kind
     text = f.detail
     for pattern, repl in _SIGNATURE_RULES:
         text = re.sub(pattern, repl, text)
