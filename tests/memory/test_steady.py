@@ -202,7 +202,7 @@ def test_random_programs_over_forty_points_plan_as_replayed(monkeypatch):
     piecewise branches, gradients), drawn with 40 points along ``t`` instead of 2 to 6 so
     that their loops are watched and repeated."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
-    from programs import FLAGS, RandomChooser, generate
+    from generator import FLAGS, RandomChooser, generate
 
     class Long(RandomChooser):
         """The generator's first draw of a size along ``t`` made 40."""
@@ -211,11 +211,12 @@ def test_random_programs_over_forty_points_plan_as_replayed(monkeypatch):
             super().__init__(seed)
             self.sized = False
 
-        def int(self, lo: int, hi: int) -> int:
-            if (lo, hi) == (2, 6) and not self.sized:
+        def pick(self, options):
+            if not self.sized and list(options[2:6]) == [3, 4, 5, 6]:
                 self.sized = True
+                super().pick(options)  # the draw it replaces, so the rest is drawn alike
                 return 40
-            return super().int(lo, hi)
+            return super().pick(options)
 
     repeated = 0
     for seed in range(60):
