@@ -53,6 +53,7 @@ TESTS = {
 assert abs(sum(share for share, *_ in TESTS.values()) - 1.0) < 1e-9
 # each test runs in this many parts of its own seed, so two workers share the work evenly
 PARTS = 2
+CLEAR_EVERY = 50  # programs between clearing jax's caches of compiled functions
 
 
 def examples(name: str) -> int:
@@ -75,6 +76,7 @@ def fuzz(name: str, part: int) -> None:
     _, grad, two, max_stages = TESTS[name]
     findings: list[Finding] = []
     count = examples(name)
+    checked = [0]
 
     @seed(zlib.crc32((name + (f"/{part}" if part else "") + SEED).encode()))
     @settings(
@@ -89,6 +91,13 @@ def fuzz(name: str, part: int) -> None:
     def each(case: tuple[Program, bool, bool]) -> None:
         program, blocked, compiled = case
         note(program.source())
+        checked[0] += 1
+        if HAS_JAX and checked[0] % CLEAR_EVERY == 0:
+            # jax keeps every program's compiled regions; thousands of programs would fill
+            # the machine's memory (about 5 GiB a worker at 2,000)
+            import jax
+
+            jax.clear_caches()
         try:
             check(
                 program,
