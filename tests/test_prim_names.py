@@ -21,9 +21,6 @@ ALLOWED = (
 # files that still compare names, each with the name-free form that replaces the comparison;
 # their owners are rewriting them (a file that no longer compares names must leave this list)
 PENDING = {
-    # the RL layer moves onto the public API (parameters and activations by role)
-    "timerl/rl/checkpoint.py": "a program's parameters by role, from api",
-    "timerl/rl/evaluation.py": "a program's activations by role, from api",
     # fusion moves into a compiler pass: ``traits.tuple_part``
     "timerl/runtime/regions.py": "prims.get(op.prim).traits.tuple_part",
 }
