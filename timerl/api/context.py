@@ -23,6 +23,7 @@ from timerl.compiler.budget import (
     plan_streams,
     plan_swaps,
 )
+from timerl.compiler.fusion import FusionCapabilities, fuse
 from timerl.compiler.incrementalize import blocks_asked
 from timerl.compiler.pipeline import Compiled
 from timerl.compiler.pipeline import compile as compile_program
@@ -278,6 +279,7 @@ class Context(Scope):
             check_budget(planned, budget)
         elif optimize and _swaps_points(be):
             compiled = _swap_idle_state(compiled, be)
+        compiled = fuse(compiled, FusionCapabilities.of(be))
         return Program(
             compiled,
             be,

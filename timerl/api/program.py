@@ -114,6 +114,7 @@ class Program:
             huge_page_advice=not (compiled and self._maps_arrays_apart()),
             spare_blocks=self._spare_blocks() if compiled else (),
             trim_before=self._trim_before(),
+            fused=self.compiled.fused,
         )
 
     def _keeps_freed_pages(self) -> bool:
@@ -277,8 +278,9 @@ class Program:
                 f"{regions['jit_regions']} jitted, {regions['jit_traces']} traces, "
                 f"{regions['jit_trace_compile_seconds']:.2f} s tracing and compiling"
             )
-        if getattr(self.backend, "fuses_loops", False):
-            lines += self._loop_lines()
+        fused = self.compiled.fused
+        if fused is not None and fused.fuses_loops:
+            lines += self._loop_lines(full)
         if full:
             lines += ["schedule:", self.schedule.dump()]
         else:
@@ -286,24 +288,26 @@ class Program:
             lines += ["  " + line for line in self.schedule.summary().splitlines()]
         return "\n".join(lines)
 
-    def _loop_lines(self) -> list[str]:
-        """Which loops run as one compiled loop and why the others do not; decided when code
-        is generated (static bounds known), so generated now if the program has not run."""
-        notes = self.backend.loop_notes
-        if not notes and self.optimize:
-            self._new_executor(compiled=True).prepare(hooked=False)
-        if not notes:
+    def _loop_lines(self, full: bool) -> list[str]:
+        """Which loops run as one compiled loop and why the others do not, as the fusion pass
+        decided (``compiler/fusion.py``); with ``full``, where a run with iteration hooks
+        (training, resuming) runs the outer loop otherwise."""
+        fused = self.compiled.fused
+        assert fused is not None
+        if not fused.loops or not self.optimize:
             return ["loops: all run in Python (the interpreter does not fuse them)"]
         lines = ["loops (one XLA loop each, or why not):"]
-        lines += [f"  {loop} -> {what}" for loop, what in notes.items()]
-        kernels = getattr(self.backend, "kernel_notes", {})
-        if kernels:
+        lines += [f"  {loop} -> {what}" for loop, what in fused.loops.items()]
+        if fused.kernels:
             lines.append("regions run as numpy kernels (a jitted call would cost more):")
-            lines += [f"  {region}: {why}" for region, why in kernels.items()]
-        draws = getattr(self.backend, "draw_notes", {})
+            lines += [f"  {region}: {why}" for region, why in fused.kernels.items()]
+        draws = fused.draws
         if draws:
             lines.append("random draws made by numpy's generator (a jax draw is a dozen calls):")
             lines += [f"  {draw}: {why}" for draw, why in draws.items()]
+        if full and fused.hooked_loops:
+            lines.append("with iteration hooks (training, resuming), the outer loop instead:")
+            lines += [f"  {loop} -> {what}" for loop, what in fused.hooked_loops.items()]
         return lines
 
     def _storage_lines(self, full: bool) -> list[str]:

@@ -33,6 +33,7 @@ from timerl.compiler.storage import Storage, plan_storage
 from timerl.compiler.vectorize import enabled as vectorize_enabled
 from timerl.compiler.vectorize import vectorize
 from timerl.ir.validate import check_bounds, check_not_empty, validate
+from timerl.schedule.fused import FusedSchedule
 from timerl.schedule.liveness import add_frees
 from timerl.schedule.order import order_blocks
 from timerl.schedule.overlap import overlap_host_calls
@@ -64,6 +65,9 @@ class Compiled:
     storage: Mapping[int, Storage] = field(default_factory=dict)  # op id -> storage (else point)
     # op id -> the input position whose dead buffer it writes into (compiler/donation.py)
     donations: Mapping[int, int] = field(default_factory=dict)
+    # the statements as the backend runs them: regions, fused loops and iterations
+    # (compiler/fusion.py, given the backend's capabilities); None: not fused yet
+    fused: FusedSchedule | None = None
 
 
 def compile(

@@ -18,6 +18,7 @@ import numpy as np
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.backend import Backend
+from timerl.schedule.point_attrs import key_coordinates, key_stream, point_attrs
 from timerl.symbolic import Expr, Slice
 
 # Attributes that describe the op to the compiler, never passed to a kernel.
@@ -99,19 +100,9 @@ def prepare_call(
             raise ValueError(f"{op.where()}: the {backend.name} backend cannot write into inputs")
         kernel = writer
     fn = functools.partial(kernel, **static) if static else kernel
-    point_attrs = tuple(
-        (name, op.attrs[name])
-        for name in rule.point_attrs
-        if name in op.attrs and not (traits.random and name == "key_at")
-    )
-    key = None
-    if traits.random:
-        # the stream number is fixed when the op is built, so rebuilding a program (to resume
-        # from a checkpoint) draws the same numbers at the same points
-        stream = op.attrs.get("stream", op.id)
-        coords = op.attrs.get("key_at")
-        key = ((seed, stream), tuple(op.domain) if coords is None else tuple(coords))
-    return OpCall(fn, point_attrs, key, False, donate, row)
+    coords = key_coordinates(op)
+    key = None if coords is None else ((seed, key_stream(op)), coords)
+    return OpCall(fn, point_attrs(op), key, False, donate, row)
 
 
 def gather_points(

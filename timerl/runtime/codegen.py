@@ -28,7 +28,7 @@ from timerl.compiler.donation import aliasing_merges, copies_branch, owned_merge
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
-from timerl.runtime.body_regions import BodyFusion
+from timerl.runtime.body_regions import BodyEmitter
 from timerl.runtime.calls import (
     META_ATTRS,
     element_shape,
@@ -37,9 +37,10 @@ from timerl.runtime.calls import (
     prepare_call,
 )
 from timerl.runtime.heap import compile_apart, trim_before_peak
-from timerl.runtime.loop_regions import LoopFusion
-from timerl.runtime.regions import Fusion
+from timerl.runtime.loop_regions import LoopEmitter
+from timerl.runtime.regions import RegionEmitter
 from timerl.runtime.stores import RowStore, StorePlan
+from timerl.schedule.fused import FusedBody, FusedLoop, FusedStmt, Region
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import TRUE, Bound, Condition, Const, Dim, Expr, Slice, Symbol
 
@@ -105,7 +106,10 @@ class _Hoist:
 
 
 class CodeGen:
-    """Generates ``run(stores, meter, ctl)`` for one schedule on one backend."""
+    """Generates ``run(stores, meter, ctl)`` for one schedule on one backend.
+
+    ``body``: the statements run, the fusion pass's included (``schedule/fused.py``; by
+    default the schedule's own), each emitted as it says."""
 
     def __init__(
         self,
@@ -117,10 +121,12 @@ class CodeGen:
         storage: Mapping[int, Any] | None = None,
         donations: Mapping[int, int] | None = None,
         trim_before: frozenset[int] = frozenset(),
+        body: list[FusedStmt] | None = None,
     ) -> None:
         self.schedule = schedule
+        self.stmts = list(schedule.body if body is None else body)
         self._ragged = schedule.ragged_lengths()
-        self.plan = StorePlan(schedule, storage or {})
+        self.plan = StorePlan(schedule, storage or {}, self.stmts)
         self.trim_before = trim_before  # ops before which ``heap.trim_before_peak`` runs
         # op id -> input position it writes into; a donor's point leaves its store there
         self.donations = dict(donations or {})
@@ -133,6 +139,7 @@ class CodeGen:
         self.seed = seed
         self.keep = keep
         self.names = _Names()
+        self.bounds: dict[Bound, Const] = {}  # the static bounds, as constants
         self.ns: dict[str, Any] = {
             "MISSING": UndefinedPointError,
             "BoundError": BoundError,
@@ -157,13 +164,11 @@ class CodeGen:
         self._deltas: list[tuple[int, bool]] = []  # (bytes, whether a peak may be there)
         self._deltas_depth = 0
         self._counts: list[int] = []  # per loop body being emitted: its statements so far
-        # runs of pure statements compiled as one function, on backends that can (jax)
-        self.fusion = Fusion(self) if backend.fuses else None
-        # whole loops as one compiled call, on backends that can trace a loop (jax)
-        fuses_loops = self.fusion is not None and getattr(backend, "fuses_loops", False)
-        self.loops = LoopFusion(self.fusion) if fuses_loops else None
-        # a top-level loop's iteration, inner loops included, as one compiled call (jax)
-        self.bodies = BodyFusion(self.loops) if self.loops is not None else None
+        # the fusion pass's statements, on a backend that compiles them (jax): runs of pure
+        # statements, whole loops and whole iterations as one compiled call each
+        self.regions = RegionEmitter(self) if backend.fuses else None
+        self.loops = LoopEmitter(self) if self.regions is not None else None
+        self.bodies = BodyEmitter(self.loops) if self.loops is not None else None
         # host calls whose results only host calls read (a metrics sink, an episode tally):
         # they stay numpy arrays
         host_readers: dict[int, bool] = {}
@@ -283,7 +288,7 @@ class CodeGen:
         """One source per distinct read: a slice read twice (a rollout's rows read by two
         ops of one region) is one gather, which a region passes once. Without regions a
         source may be a local read before the loop being emitted, valid in that loop only."""
-        if self.fusion is None:
+        if self.regions is None:
             return self._new_read_src(edge)
         key = (
             edge.src.id,
@@ -663,7 +668,7 @@ class CodeGen:
         if not stmt.prefix:
             # inside a loop it runs at every iteration, most often with nothing left to free
             # (tested on the plain dicts of numpy and torch; fused loops' stores are left be)
-            test = f"if S{op.id}: " if self.fusion is None else ""
+            test = f"if S{op.id}: " if self.regions is None else ""
             self.emit(depth, f"{test}FREE_ALL{view}(S{op.id}, M{tail})")
             return
         key = self.key_src([self.names.src(p) for p in stmt.prefix])
@@ -682,19 +687,9 @@ class CodeGen:
         else:
             self.emit(depth, f"FREE_PREFIX{view}(S{op.id}, {key}, M{tail})")
 
-    def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
-        if self.loops is not None:
-            if loop is not outer:
-                region = self.loops.region(loop, outer)
-                if region is not None:  # the whole loop as one compiled call
-                    self.loops.emit(region, depth)
-                    return
-            nests = any(isinstance(s, Loop) for s in loop.body)
-            if loop is outer or (depth == 1 and nests):
-                body = self.bodies.region(loop)
-                if body is not None:  # each iteration as one compiled call
-                    self._fused_iterations(loop, body, depth, outer)
-                    return
+    def loop(self, loop: Loop, depth: int, outer: FusedStmt | None) -> None:
+        """A loop run in Python; ``outer``: the loop iteration hooks run between the
+        iterations of (``CTL``), None without hooks."""
         for line in self.plan.allocate_src(loop, self.names.of):
             self.emit(depth, line)
         d = self.names.of(loop.dim)
@@ -703,15 +698,15 @@ class CodeGen:
             self.emit(depth, "CTL.before()")
             self.emit(depth, f"for {d} in range(CTL.start, {b}):")
             self._recorded_lengths(loop.dim, depth + 1)
-            self.body(loop.body, depth + 1, outer, loop)
+            self.body(loop.body, depth + 1, outer)
             self.emit(depth + 1, f"CTL.after({d})")
             return
         if loop.until is None:
             rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
-            frame = self._enter(loop) if self.fusion is None else None
+            frame = self._enter(loop) if self.regions is None else None
             self.emit(depth, f"for {d} in {rng}:")
             self._recorded_lengths(loop.dim, depth + 1)
-            self.body(loop.body, depth + 1, outer, loop)
+            self.body(loop.body, depth + 1, outer)
             if frame is not None:
                 self._leave(frame, depth)
             return
@@ -720,7 +715,7 @@ class CodeGen:
         self.emit(depth, f"{b} = {UNBOUNDED} if _cap is None else _cap")
         self.emit(depth, f"{d} = 0")
         self.emit(depth, "while True:")
-        self.body(loop.body, depth + 1, outer, loop)
+        self.body(loop.body, depth + 1, outer)
         point = self.key_src([self.names.of(x) for x in done.domain])
         read = f"v{done.id}" if done.id in self.locals else f"S{done.id}[{point}]"
         self.emit(depth + 1, f"if TRUTH({read}):")
@@ -742,10 +737,12 @@ class CodeGen:
             point = self.key_src([self.names.of(x) for x in dims])
             self.emit(depth, f"{b} = {lengths}.get({point}, {b})")
 
-    def _fused_iterations(self, loop: Loop, body: Any, depth: int, outer: Loop | None) -> None:
+    def _fused_iterations(self, body: FusedBody, depth: int, outer: FusedStmt | None) -> None:
+        """A loop run in Python whose every iteration is one compiled call."""
+        loop = body.loop
         d = self.names.of(loop.dim)
         b = self.names.of(loop.dim.bound)
-        if loop is outer:
+        if body is outer:
             self.emit(depth, "CTL.before()")
             self.emit(depth, f"for {d} in range(CTL.start, {b}):")
         else:
@@ -753,19 +750,17 @@ class CodeGen:
             self.emit(depth, f"for {d} in {rng}:")
         self._recorded_lengths(loop.dim, depth + 1)
         self.bodies.emit(body, depth + 1)
-        if loop is outer:
+        if body is outer:
             self.emit(depth + 1, f"CTL.after({d})")
 
-    def body(
-        self, stmts: list[Stmt], depth: int, outer: Loop | None, loop: Loop | None = None
-    ) -> None:
-        """``stmts`` emitted at ``depth``; ``loop``: the loop (run in Python) they are the
-        body of, None at the top level."""
+    def body(self, stmts: list[FusedStmt], depth: int, outer: FusedStmt | None) -> None:
+        """``stmts`` emitted at ``depth``; ``outer``: the statement of the loop iteration
+        hooks run between the iterations of (None: no hooks)."""
         if not stmts:
             self.emit(depth, "pass")
         self._conds.append((depth, {}))
         self._counts.append(0)
-        for s in self.fusion.group(stmts, loop) if self.fusion is not None else stmts:
+        for s in stmts:
             if isinstance(s, Compute):
                 self.compute(s.op, depth)
             elif isinstance(s, Free):
@@ -778,8 +773,12 @@ class CodeGen:
                     self.emit(depth, line)
             elif isinstance(s, Loop):
                 self.loop(s, depth, outer)
+            elif isinstance(s, Region):
+                self.regions.emit(s, depth)
+            elif isinstance(s, FusedLoop):
+                self.loops.emit(s, depth)
             else:
-                self.fusion.emit(s, depth)
+                self._fused_iterations(s, depth, outer)
         if self._counts[-1]:
             self.emit(depth, f"C[0] += {self._counts[-1]}")
         if self._deltas:
@@ -788,11 +787,12 @@ class CodeGen:
         self._conds.pop()
 
     def generate(
-        self, static_bounds: dict[Bound, int], outer: Loop | None, apart: bool = False
+        self, static_bounds: dict[Bound, int], outer: FusedStmt | None, apart: bool = False
     ) -> Callable:
-        """The run function. ``apart``: Python compiles it on a thread of its own, so that
-        what its compiler frees stays out of the heap the run allocates from
-        (``heap.compile_apart``)."""
+        """The run function; ``outer``: the statement of the loop iteration hooks run
+        between the iterations of (None: no hooks). ``apart``: Python compiles it on a thread
+        of its own, so that what its compiler frees stays out of the heap the run allocates
+        from (``heap.compile_apart``)."""
         self.ns.update(
             NB=self.backend.nbytes,
             TRUTH=self.backend.truth,
@@ -804,13 +804,12 @@ class CodeGen:
             FREE_PREFIX_N=_free_prefix_n,
             ROWSTORE=RowStore.adopt,
         )
-        if self.fusion is not None:
-            self.fusion.set_bounds(static_bounds)
+        self.bounds = {b: Const(int(v)) for b, v in static_bounds.items()}
         self._static = set(static_bounds)
         head = []
         for b, v in static_bounds.items():
             head.append(f"    {self.names.of(b)} = {int(v)}")
-        self.body(self.schedule.body, 1, outer)
+        self.body(self.stmts, 1, outer)
         rows = self.loops.row_stores if self.loops is not None else set()
         stores = "".join(
             f"    S{i} = ROWSTORE(STORES, {i})\n" if i in rows else f"    S{i} = STORES[{i}]\n"

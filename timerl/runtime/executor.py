@@ -33,6 +33,7 @@ from timerl.runtime.stores import (
     SwappablePoints,
     TierMeter,
 )
+from timerl.schedule.fused import FusedSchedule, FusedStmt
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
 from timerl.symbolic import (
     TRUE,
@@ -144,8 +145,12 @@ class Executor:
         huge_page_advice: bool = True,
         spare_blocks: Iterable[int] = (),
         trim_before: Iterable[int] = (),
+        fused: FusedSchedule | None = None,
     ) -> None:
         self.schedule = schedule
+        # the statements as the backend runs them (``compiler/fusion.py``): the generated
+        # code's; None: the schedule's own
+        self.fused = fused
         self._ragged = schedule.ragged_lengths()
         # False: numpy's huge-page advice is off while this runs (``heap.numpy_huge_pages``)
         self.huge_page_advice = huge_page_advice
@@ -506,7 +511,11 @@ class Executor:
         # not where the user configured glibc's heap themselves (heap.keep_freed_pages)
         reserving = bool(self.heap_reserve) and heap.keep_freed_pages(True)
         if self.compiled and hooked not in self._generated:
-            outer = self.outer_loop() if hooked else None
+            outer: FusedStmt | None = self.outer_loop() if hooked else None
+            body = None
+            if self.fused is not None:
+                body = self.fused.hooked if hooked else self.fused.body
+                outer = self.fused.outer if hooked else None
             gen = CodeGen(
                 self.schedule,
                 list(self.ops.values()),
@@ -516,6 +525,7 @@ class Executor:
                 self.storage,
                 self.donations,
                 self.trim_before,
+                body,
             )
             # What compiling frees goes back to the system, unless the run's pages are
             # reserved: its first iteration fills those holes in the heap too (torch's

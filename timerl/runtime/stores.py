@@ -29,6 +29,7 @@ import numpy as np
 from timerl.compiler.storage import Storage
 from timerl.ir.graph import Edge, Op
 from timerl.ir.rowwise import RowSource
+from timerl.schedule.fused import FusedBody, FusedLoop, Region
 from timerl.schedule.program import Compute, Free, Loop, Schedule, SwapIn, SwapOut
 from timerl.symbolic import Dim, Slice
 
@@ -840,9 +841,13 @@ class SwappablePoints(dict):
 
 class StorePlan:
     """The storage table as the executors need it: which ops are blocks or views of blocks,
-    which loop allocates each block, and the source the code generator emits for them."""
+    which loop allocates each block, and the source the code generator emits for them.
+    ``body``: the statements run (the fusion pass's included), whose loops allocate the
+    blocks; by default the schedule's own."""
 
-    def __init__(self, schedule: Schedule, storage: Mapping[int, Storage]) -> None:
+    def __init__(
+        self, schedule: Schedule, storage: Mapping[int, Storage], body: list | None = None
+    ) -> None:
         self.storage = storage
         self.blocks: dict[int, Op] = {}
         # point stores a memory budget swaps to disk (``compiler/point_swap.py``)
@@ -871,6 +876,10 @@ class StorePlan:
             for s in body:
                 if isinstance(s, Loop):
                     visit(s.body, s)
+                elif isinstance(s, Region):
+                    visit(s.stmts, loop)
+                elif isinstance(s, (FusedLoop, FusedBody)):
+                    visit([s.loop], loop)
                 elif isinstance(s, Compute) and loop is not None:
                     st = storage.get(s.op.id)
                     kind = st.kind if st is not None else "point"
@@ -878,7 +887,7 @@ class StorePlan:
                         self.blocks[s.op.id] = s.op
                         self.allocations.setdefault(id(loop), []).append(s.op)
 
-        visit(schedule.body, None)
+        visit(schedule.body if body is None else body, None)
 
     def make_stores(
         self, ops: Iterable[Op], backend: Any, tier: TierMeter | None = None
