@@ -51,6 +51,10 @@ def test_a_loop_whose_body_traces_is_one_fused_loop_and_one_call_per_iteration_w
     assert fused.outer in fused.hooked and loop not in fused.hooked
     assert list(fused.loops.values()) == ["one XLA loop"]
     assert list(fused.hooked_loops.values()) == ["one XLA program per iteration"]
+    assert fused.dump().splitlines() == [
+        line for line in fused.dump().splitlines() if not line.startswith("  ")
+    ]  # nothing nested: the loop is one statement
+    assert "for t in 0 .. T-1: one XLA loop (" in fused.dump()
     # each decision means the statements it wraps: the schedule is unchanged under them
     for body in (fused.body, fused.hooked):
         assert Schedule(unfused(body)).dump() == sched.dump()
@@ -119,6 +123,7 @@ def test_a_program_carries_its_fused_schedule_and_explain_reads_it():
     # decided at compile time: explain() says so before the program ever ran
     assert "-> one XLA loop" in prog.explain()
     assert "with iteration hooks" in prog.explain(full=True)
+    assert "as the backend runs it" in prog.explain(full=True)
     assert prog.stats()["jit_loops"] == 0  # nothing was traced to say it
 
 

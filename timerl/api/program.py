@@ -283,6 +283,8 @@ class Program:
             lines += self._loop_lines(full)
         if full:
             lines += ["schedule:", self.schedule.dump()]
+            if self.optimize and fused is not None and fused.body != self.schedule.body:
+                lines += ["as the backend runs it (compiler/fusion.py):", fused.dump()]
         else:
             lines += ["schedule (summary; explain(full=True) lists every statement):"]
             lines += ["  " + line for line in self.schedule.summary().splitlines()]
@@ -295,7 +297,7 @@ class Program:
         fused = self.compiled.fused
         assert fused is not None
         if not fused.loops or not self.optimize:
-            return ["loops: all run in Python (the interpreter does not fuse them)"]
+            return ["loops: all run in Python (the reference fuses none)"]
         lines = ["loops (one XLA loop each, or why not):"]
         lines += [f"  {loop} -> {what}" for loop, what in fused.loops.items()]
         if fused.kernels:

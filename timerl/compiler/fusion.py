@@ -87,7 +87,7 @@ def plan_fusion(
     """The schedule's statements as a backend with ``caps`` runs them; ``static``: the
     bounds known at compile time; ``storage``: the op id -> ``Storage`` table the runtime
     keeps."""
-    outer = outer_loop(schedule)
+    outer = schedule.outer_loop()
     if not caps.regions:
         return FusedSchedule(list(schedule.body), list(schedule.body), outer)
     walk = _Walk(schedule, static, storage, caps)
@@ -98,17 +98,6 @@ def plan_fusion(
     hooked_outer = walk.hooked(outer, plain)
     hooked = [hooked_outer if s is plain else s for s in body]
     return walk.result(body, hooked, hooked_outer)
-
-
-def outer_loop(schedule: Schedule) -> Loop | None:
-    """The one forward top-level loop over the outermost dim, which iteration hooks and
-    resuming drive (None where there is not exactly one)."""
-    loops = [s for s in schedule.body if isinstance(s, Loop)]
-    if not loops:
-        return None
-    dim = min((s.dim for s in loops), key=lambda d: d.uid)
-    loops = [s for s in loops if s.dim is dim]
-    return loops[0] if len(loops) == 1 and loops[0].forward else None
 
 
 class _Walk:

@@ -25,7 +25,7 @@ from typing import Any, Union
 import numpy as np
 
 from timerl.ir.graph import Edge, Op
-from timerl.schedule.program import Free, Loop, Stmt
+from timerl.schedule.program import Free, Loop, Schedule, Stmt
 from timerl.symbolic import Bound, Condition, Const, Dim, Expr, Symbol
 
 
@@ -199,6 +199,38 @@ class FusedSchedule:
     hooked_loops: dict[str, str] = field(default_factory=dict)
     kernels: dict[str, str] = field(default_factory=dict)
     draws: dict[str, str] = field(default_factory=dict)
+
+    def dump(self) -> str:
+        """``body`` as indented pseudo-code: each fused statement as one line saying what it
+        runs as one call, the rest as ``Schedule.dump`` writes it."""
+        lines: list[str] = []
+
+        def names(ops: list[Op]) -> str:
+            shown = [o.label for o in ops[:3]]
+            return ", ".join(shown) + (", ..." if len(ops) > 3 else "")
+
+        def visit(body: list[FusedStmt], depth: int) -> None:
+            pad = "  " * depth
+            for s in body:
+                if isinstance(s, Region):
+                    how = "numpy kernels" if s.kernels is not None else "one call"
+                    ops = s.drawn + s.ops
+                    lines.append(f"{pad}region of {len(ops)} ops ({names(ops)}): {how}")
+                elif isinstance(s, FusedLoop):
+                    head = Schedule([s.loop]).dump().splitlines()[0]
+                    lines.append(f"{pad}{head} {s.plan.note()} ({len(s.ops)} ops)")
+                elif isinstance(s, FusedBody):
+                    head = Schedule([s.loop]).dump().splitlines()[0]
+                    inner = f", {len(s.loops)} inner loops" if s.loops else ""
+                    lines.append(f"{pad}{head} one call per iteration ({len(s.top)} ops{inner})")
+                elif isinstance(s, Loop):
+                    lines.append(f"{pad}{Schedule([replace(s, body=[])]).dump()}")
+                    visit(s.body, depth + 1)
+                else:
+                    lines.append(f"{pad}{Schedule([s]).dump()}")
+
+        visit(self.body, 0)
+        return "\n".join(lines)
 
 
 def unfused(body: list[FusedStmt]) -> list[Stmt]:
