@@ -89,9 +89,10 @@ class Program:
     def executor(self, compiled: bool | None = None) -> Executor:
         """A fresh executor for this program (for iteration hooks, snapshots and resuming).
 
-        ``compiled=False`` interprets the schedule statement by statement: the reference the
-        generated code is tested against. By default an optimised program runs generated code
-        and an unoptimised one (``optimize=False``) is interpreted.
+        ``compiled=False`` runs the schedule's own statements each on its own (no fused call,
+        no value kept in a local; ``runtime/statements.py``): the reference the optimised
+        code is tested against. By default an optimised program runs the optimised code and
+        an unoptimised one (``optimize=False``) the reference.
         """
         self._last = self._new_executor(self.optimize if compiled is None else compiled)
         return self._last

@@ -67,11 +67,7 @@ class BodyEmitter:
                     inner += 1
                 if op.id in body.needed:
                     gen.emit(inner, f"v{op.id} = _v[{op.id}]")
-                    if op.id not in gen.locals:
-                        point = gen.key_src([gen.names.of(x) for x in op.domain])
-                        gen.emit(inner, f"S{op.id}[{point}] = v{op.id}")
-                    gen.alloc(op, inner, f"v{op.id}")
-                    gen.drop_stored(op, inner, f"v{op.id}")
+                    gen.store(op, f"v{op.id}", inner)
                 gen.emit(inner, "C[0] += 1")
             elif isinstance(s, Loop):
                 region = body.loops[position]

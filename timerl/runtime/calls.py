@@ -1,9 +1,8 @@
-"""How an op is called at a point, decided once for both executors.
+"""How an op is called at a point, decided once for every way a statement runs.
 
-The interpreter (``executor.py``) and the code generator (``codegen.py``) differ only in how
-they evaluate index expressions (compiled lambdas over an environment vs inlined source). What
-they call, with which attributes bound up front, which attributes are evaluated per point, and
-the key a random op draws from, is decided here, so the two cannot drift apart.
+What the generated code calls (``statements.py``, and the fused calls of ``regions.py`` and
+``loop_regions.py``), with which attributes bound up front, which attributes are evaluated per
+point, and the key a random op draws from, is decided here, so they cannot drift apart.
 """
 
 from __future__ import annotations

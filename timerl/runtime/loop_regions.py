@@ -244,8 +244,6 @@ class LoopEmitter:
         if conds:
             gen.emit(depth, f"if {' and '.join(conds)}:")
             depth += 1
-        point = gen.key_src([gen.names.of(x) for x in op.domain])
         gen.emit(depth, f"v{op.id} = {value}")
-        gen.emit(depth, f"S{op.id}[{point}] = v{op.id}")
-        gen.alloc(op, depth, f"v{op.id}")
-        gen.drop_stored(op, depth, f"v{op.id}")
+        # (a value kept in a local never outlives its iteration: here it is always stored)
+        gen.store(op, f"v{op.id}", depth)

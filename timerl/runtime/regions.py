@@ -102,8 +102,8 @@ def _same_point(edge: Edge) -> bool:
 class RegionEmitter:
     """Emits regions through a ``CodeGen`` (duck-typed here, so this module does not import
     it): its ``ops``, ``locals``, ``backend``, ``seed``, ``schedule``, ``names``, ``bounds``
-    and its ``emit``, ``read_src``, ``const``, ``key_src``, ``alloc``, ``compute`` and
-    ``free`` methods."""
+    and its ``emit``, ``read_src``, ``const``, ``key_src``, ``store``, ``compute`` and
+    ``free`` methods (``statements.py``)."""
 
     def __init__(self, gen: Any) -> None:
         self.gen = gen
@@ -290,11 +290,7 @@ class RegionEmitter:
                 body += 1
             if op.id in outs:
                 gen.emit(body, f"v{op.id} = _r[{op.id}]")
-            if op.id not in gen.locals:
-                point = gen.key_src([gen.names.of(d) for d in op.domain])
-                gen.emit(body, f"S{op.id}[{point}] = v{op.id}")
-            gen.alloc(op, body, f"v{op.id}")
-            gen.drop_stored(op, body, f"v{op.id}")
+            gen.store(op, f"v{op.id}", body)
             gen.emit(body, "C[0] += 1")
         gen.emit(depth, "_r = None")
         for stmt in region.frees:
