@@ -11,7 +11,18 @@ import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1] / "timerl"
 # a module may import from its own layer and the layers before it
-LAYERS = ["errors", "symbolic", "ir", "schedule", "compiler", "runtime", "api", "rl", "cli"]
+LAYERS = [
+    "errors",
+    "symbolic",
+    "ir",
+    "schedule",
+    "memory",
+    "compiler",
+    "runtime",
+    "api",
+    "rl",
+    "cli",
+]
 TOP = {"bench_cli": "cli", "cli": "cli", "__init__": "cli", "version": "errors"}
 
 

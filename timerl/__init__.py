@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
     )
     from timerl.api.program import Program
     from timerl.api.tensor import RecurrentTensor
+    from timerl.compiler.options import CompileOptions
     from timerl.symbolic import Slice
 
 _FUNCTIONAL = (
@@ -59,6 +60,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "optim": ("timerl.api.optim", None),
     "rl": ("timerl.rl", None),
     "Context": ("timerl.api.context", "Context"),
+    "CompileOptions": ("timerl.compiler.options", "CompileOptions"),
     "evaluate": ("timerl.api.context", "evaluate"),
     "from_numpy": ("timerl.api.context", "from_numpy"),
     "Program": ("timerl.api.program", "Program"),
@@ -76,6 +78,7 @@ __all__ = [
     "ShapeError",
     "TimerlError",
     "UndefinedPointError",
+    "CompileOptions",
     "Context",
     "Program",
     "RecurrentTensor",

@@ -4,18 +4,22 @@ schedule, made from the backend's capabilities, and mean exactly the statements 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import timerl as tl
-from timerl.compiler.fusion import FusionCapabilities, plan_fusion
+from timerl.compiler.fusion import plan_fusion
 from timerl.ir.build import apply
+from timerl.memory.plan import Capabilities
 from timerl.schedule.fused import FusedBody, FusedLoop, Region, unfused
 from timerl.schedule.program import Loop, Schedule
 
-JAX_LIKE = FusionCapabilities(regions=True, loops=True, bodies=True, block_stores=False)
+JAX_LIKE = Capabilities(
+    mutable_arrays=False, fuses_regions=True, fuses_loops=True, fuses_bodies=True
+)
 
 
 def _recurrence(host: bool = False):
@@ -64,12 +68,12 @@ def test_without_the_capabilities_nothing_is_fused():
     ctx, x, T = _recurrence()
     sched = ctx.compile(bounds={T: 8}, outputs=[x]).compiled.schedule
     static = {T: 8}
-    plain = plan_fusion(sched, static, {}, FusionCapabilities())
+    plain = plan_fusion(sched, static, {}, Capabilities())
     assert plain.body == sched.body and plain.hooked == sched.body
     assert plain.outer is sched.body[[type(s) for s in sched.body].index(Loop)]
     assert not plain.loops and not plain.fuses_loops
     # regions only: the loop runs in Python, its body's pure statements one region
-    regions = plan_fusion(sched, static, {}, FusionCapabilities(regions=True))
+    regions = plan_fusion(sched, static, {}, Capabilities(fuses_regions=True))
     (loop,) = [s for s in regions.body if isinstance(s, Loop)]
     assert "Region" in _kinds(loop.body) and not regions.loops
     assert Schedule(unfused(regions.body)).dump() == sched.dump()
@@ -90,7 +94,7 @@ def test_a_loop_calling_the_host_keeps_its_iterations_in_python_around_regions()
     assert why.startswith("runs in Python") and "is a host call" in why
     # where the backend offers numpy kernels, a small region in such a loop runs as them
     kernels = plan_fusion(
-        sched, {T: 5}, {}, FusionCapabilities(True, True, True, numpy_kernels=True)
+        sched, {T: 5}, {}, dataclasses.replace(JAX_LIKE, mutable_arrays=True, numpy_regions=True)
     )
     (loop,) = [s for s in kernels.body if isinstance(s, Loop)]
     small = [s for s in loop.body if isinstance(s, Region) and s.kernels is not None]
@@ -98,19 +102,24 @@ def test_a_loop_calling_the_host_keeps_its_iterations_in_python_around_regions()
 
 
 def test_capabilities_are_asked_of_the_backend_object():
-    class Fuses:
+    from timerl.runtime.backend import Backend
+    from timerl.runtime.numpy_backend import NumpyBackend
+
+    class Fuses(NumpyBackend):
+        name = "fuses"
         fuses = True
         fuses_loops = True
-        fuses_bodies = False
         traced_attrs = {"select_at": ("index",)}
         numpy_regions = True
-        block_stores = False
+        mutable_arrays = False
 
-    caps = FusionCapabilities.of(Fuses())
-    assert caps == FusionCapabilities(
-        True, True, False, {"select_at": ("index",)}, numpy_kernels=True, block_stores=False
-    )
-    assert FusionCapabilities.of(object()) == FusionCapabilities()
+    caps = Fuses().capabilities
+    assert (caps.fuses_regions, caps.fuses_loops, caps.fuses_bodies) == (True, True, False)
+    assert caps.traced_attrs == {"select_at": ("index",)} and caps.numpy_regions
+    assert caps.planned_storage({1: "block"}) == {}  # immutable arrays keep point stores
+    plain = NumpyBackend().capabilities
+    assert not (plain.fuses_regions or plain.fuses_loops or plain.fuses_bodies)
+    assert Backend.traced_attrs == {} and not Backend.numpy_regions
 
 
 def test_a_program_carries_its_fused_schedule_and_explain_reads_it():

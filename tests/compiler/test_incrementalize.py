@@ -11,7 +11,6 @@ import pytest
 
 import timerl as tl
 from timerl.compiler.incrementalize import (
-    BLOCKS_ENV,
     Decline,
     block_rows,
     find_region,
@@ -44,6 +43,10 @@ def _regression(rows: int = 4096, width: int = 32, hidden: int = 64, extra=None)
     return ctx, {I: 3}, [loss, *mlp.parameters()]
 
 
+def _blocks(count: int) -> tl.CompileOptions:
+    return tl.CompileOptions(blocks=count)
+
+
 def _compare(ctx, bounds, outs, backend: str, **kw):
     prog = ctx.compile(bounds=bounds, backend=backend, outputs=outs, **kw)
     prog.run()
@@ -67,14 +70,11 @@ def _loops_over_blocks(body, found=None) -> list[Loop]:
 
 
 @pytest.mark.parametrize("backend", [*BACKENDS, "jax"])
-def test_a_training_step_over_many_rows_runs_by_blocks_and_equals_the_reference(
-    backend, monkeypatch
-):
+def test_a_training_step_over_many_rows_runs_by_blocks_and_equals_the_reference(backend):
     if backend == "jax":
         pytest.importorskip("jax")
-    monkeypatch.setenv(BLOCKS_ENV, "4")
     ctx, bounds, outs = _regression()
-    prog = _compare(ctx, bounds, outs, backend)
+    prog = _compare(ctx, bounds, outs, backend, options=_blocks(4))
     text = prog.explain()
     assert "incrementalised" in text and "1,024 rows at a time" in text and "(4 blocks)" in text
     loops = _loops_over_blocks(prog.schedule.body)
@@ -87,23 +87,21 @@ def test_a_training_step_over_many_rows_runs_by_blocks_and_equals_the_reference(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_blocks_hold_less_than_the_whole_range(backend, monkeypatch):
+def test_blocks_hold_less_than_the_whole_range(backend):
     ctx, bounds, outs = _regression(rows=2048, hidden=128)
     whole = ctx.compile(bounds=bounds, backend=backend, outputs=outs).planned_peak()
-    monkeypatch.setenv(BLOCKS_ENV, "8")
-    blocked = ctx.compile(bounds=bounds, backend=backend, outputs=outs)
+    blocked = ctx.compile(bounds=bounds, backend=backend, outputs=outs, options=_blocks(8))
     # the activations (2048 x 128 floats, 1 MiB each) are held 256 rows at a time
     assert blocked.planned_peak().peak_bytes < whole.peak_bytes / 2
     blocked.run()
     assert blocked.stats()["peak_bytes"] <= blocked.planned_peak().peak_bytes
 
 
-def test_a_value_also_read_whole_keeps_its_blocks(monkeypatch):
+def test_a_value_also_read_whole_keeps_its_blocks():
     """``pred`` is also read by a cumulative sum over the rows (which mixes them): its blocks
     are kept and read as one array after the loop; the rest still runs by blocks."""
-    monkeypatch.setenv(BLOCKS_ENV, "4")
     ctx, bounds, outs = _regression(extra=lambda p: p.cumsum(0).sum() * 1e-3)
-    prog = _compare(ctx, bounds, outs, "numpy")
+    prog = _compare(ctx, bounds, outs, "numpy", options=_blocks(4))
     assert any("[all blocks]" in op.label for op in prog.ops)
 
 
@@ -118,14 +116,15 @@ def test_a_budget_the_whole_range_exceeds_is_met_by_blocks():
         ctx.compile(bounds=bounds, outputs=outs, memory_budget=whole // 100)
 
 
-def test_no_region_below_two_blocks_or_without_rows(monkeypatch):
-    monkeypatch.setenv(BLOCKS_ENV, "1")
+def test_no_region_below_two_blocks_or_without_rows():
     ctx, bounds, outs = _regression()
-    prog = ctx.compile(bounds=bounds, outputs=outs)
+    prog = ctx.compile(bounds=bounds, outputs=outs, options=_blocks(1))
     assert "incrementalised" not in prog.explain()
     ctx, bounds, outs = _regression(rows=512)  # 128 KiB activations: not worth a loop
-    monkeypatch.setenv(BLOCKS_ENV, "4")
-    assert "incrementalised" not in ctx.compile(bounds=bounds, outputs=outs).explain()
+    assert (
+        "incrementalised"
+        not in ctx.compile(bounds=bounds, outputs=outs, options=_blocks(4)).explain()
+    )
 
 
 def test_a_wide_outside_input_is_multiplied_whole():
@@ -184,13 +183,12 @@ def test_row_rules_follow_the_rows_through_each_primitive():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_categorical_likelihood_runs_by_blocks(backend, monkeypatch):
+def test_a_categorical_likelihood_runs_by_blocks(backend):
     """A classifier's log-likelihood picks each row's label (``gather``, along the other
     axis): it runs by blocks, in one loop with the rest (its gradient's ``scatter_add`` is
     a constant here, folded before the loop)."""
     rng = np.random.default_rng(1)
     labels = rng.integers(0, 4, size=(4096, 1))
-    monkeypatch.setenv(BLOCKS_ENV, "4")
 
     ctx = tl.Context(dims=("i",))
     (i,), (I,) = ctx.dims, ctx.bounds
@@ -203,7 +201,7 @@ def test_a_categorical_likelihood_runs_by_blocks(backend, monkeypatch):
         loss.backward()
         tl.optim.Adam(mlp.parameters(), lr=1e-2).step()
     outs = [loss, *mlp.parameters()]
-    prog = _compare(ctx, {I: 3}, outs, backend)
+    prog = _compare(ctx, {I: 3}, outs, backend, options=_blocks(4))
     assert len(_loops_over_blocks(prog.schedule.body)) == 1
     assert "gather" in {op.prim for op in prog.ops if len(op.domain) == 2}
 
@@ -217,9 +215,7 @@ def test_gather_and_scatter_add_follow_the_rows_along_another_axis():
         row_rule("gather")(_op("gather", (2, 4), axis=0), 0, _s(2, 4), [_s(8, 4), _s(2, 4)])
 
 
-@pytest.mark.parametrize("value", ["four", "0", "-2", "1.5"])
-def test_a_block_count_that_is_not_a_positive_whole_number_is_refused_by_name(value, monkeypatch):
-    monkeypatch.setenv(BLOCKS_ENV, value)
-    ctx, bounds, outs = _regression(rows=512)
-    with pytest.raises(tl.ProgramError, match=f"TIMERL_BLOCKS='{value}'"):
-        ctx.compile(bounds=bounds, outputs=outs)
+@pytest.mark.parametrize("value", ["four", 0, -2, 1.5, True])
+def test_a_block_count_that_is_not_a_positive_whole_number_is_refused_by_name(value):
+    with pytest.raises(tl.ProgramError, match=rf"CompileOptions\(blocks={value!r}\)"):
+        tl.CompileOptions(blocks=value)

@@ -181,7 +181,9 @@ def test_compile_reports_every_pass():
     for name in ("dead code", "duplicate code", "simplification", "loop-invariant hoisting"):
         assert name in names
     assert names[-3:] == ["memory statements", "storage", "donation"]
-    unoptimised = [n for n, _ in compile_program(spec, optimize=False).report.timings]
+    unoptimised = [
+        n for n, _ in compile_program(spec, tl.CompileOptions(optimize=False)).report.timings
+    ]
     assert "simplification" not in unoptimised and "validation" in unoptimised
     assert unoptimised[-1] == "memory statements"  # the reference keeps point stores
 

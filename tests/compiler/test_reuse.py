@@ -8,7 +8,6 @@ from core_helpers import BACKENDS, against_reference, close
 
 import timerl as tl
 from timerl.api.tensor import RecurrentTensor
-from timerl.compiler import reuse
 
 
 def _rand(*shape, seed=0):
@@ -72,9 +71,12 @@ def test_switched_off_without_optimisation():
     assert _reused(prog) == []
 
 
-def test_switch_turns_the_pass_off(monkeypatch):
-    monkeypatch.setenv(reuse.DISABLE_ENV, "1")
-    assert _reused(_compiled(_program(), "numpy", {"U": 1})) == []
+def test_switch_turns_the_pass_off():
+    outputs = _program()
+    prog = outputs[0].ctx.compile(
+        outputs=outputs, bounds={"U": 1}, options=tl.CompileOptions(reuse=False)
+    )
+    assert _reused(prog) == []
 
 
 def _algo_metrics(name, backend, optimize):

@@ -148,10 +148,11 @@ def test_a_base_over_two_points_keeps_the_loop():
     assert "scanned x" not in prog.explain(full=True)  # not a linear recurrence: no note
 
 
-def test_the_pass_can_be_turned_off(monkeypatch):
+def test_the_pass_can_be_turned_off():
     ctx, bounds, outs, _ = _returns_program("gae")
-    monkeypatch.setenv("TIMERL_NO_SCAN", "1")
-    assert not _scans(ctx.compile(bounds=bounds, outputs=outs))
+    assert not _scans(
+        ctx.compile(bounds=bounds, outputs=outs, options=tl.CompileOptions(scan=False))
+    )
 
 
 def test_terms_defined_only_where_the_step_applies_keep_the_loop():

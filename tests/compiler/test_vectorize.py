@@ -405,15 +405,13 @@ def test_outputs_keep_their_layout():
     assert "output" in _reason(prog, "y")
 
 
-def test_switch_turns_the_pass_off(monkeypatch):
+def test_switch_turns_the_pass_off():
     ctx, i, t, big_i, big_t = ctx_it()
     with ctx:
         x = tl.from_numpy(_rand(2, 3, 2, seed=18), domain=(i, t))
         total = (x * 2.0)[i, 0:big_t].sum()
-    monkeypatch.setenv(vec.DISABLE_ENV, "1")
-    prog = ctx.compile(outputs=[total])
+    prog = ctx.compile(outputs=[total], options=tl.CompileOptions(vectorize=False))
     assert not _notes(prog) and not _notes(prog, "not vectorised")
-    monkeypatch.delenv(vec.DISABLE_ENV)
     assert _notes(ctx.compile(outputs=[total]))
 
 
@@ -424,7 +422,10 @@ def test_pipeline_without_optimisation_does_not_vectorise():
         total = (x * 2.0)[i, 0:big_t].sum()
     static, dynamic = ctx.resolve_bounds({})
     spec = freeze([], [total.op], ctx.dims, ctx._until, static, dynamic)
-    assert not any(n.startswith("vectorised") for n in compile_program(spec, False).report.notes)
+    assert not any(
+        n.startswith("vectorised")
+        for n in compile_program(spec, tl.CompileOptions(optimize=False)).report.notes
+    )
     assert any(n.startswith("vectorised") for n in compile_program(spec).report.notes)
 
 
@@ -439,25 +440,26 @@ def test_ppo_batches_the_critic_and_log_probabilities():
     assert _vectorised(prog, "value") and _vectorised(prog, "logp")
 
 
-def _ppo_metrics(algo_name, backend):
+def _ppo_metrics(algo_name, backend, options=None):
     from timerl.rl import algos
 
     build = getattr(algos, algo_name)
     extra = {"epochs": 2, "minibatches": 2} if algo_name == "ppo" else {}
     algo = build(num_envs=2, num_steps=8, hidden=(8,), **extra)
     outputs = list(algo.metrics.values())
-    prog = algo.ctx.compile(bounds={"I": 3, **algo.bounds}, outputs=outputs, backend=backend)
+    prog = algo.ctx.compile(
+        bounds={"I": 3, **algo.bounds}, outputs=outputs, backend=backend, options=options
+    )
     prog.run()
     return prog, [prog.value(m) for m in outputs]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algo", ["ppo", "reinforce"])
-def test_training_programs_match_the_point_by_point_schedule(algo, backend, monkeypatch):
+def test_training_programs_match_the_point_by_point_schedule(algo, backend):
     prog, got = _ppo_metrics(algo, backend)
     assert _notes(prog)
-    monkeypatch.setenv(vec.DISABLE_ENV, "1")
-    plain, want = _ppo_metrics(algo, backend)
+    plain, want = _ppo_metrics(algo, backend, tl.CompileOptions(vectorize=False))
     assert not _notes(plain)
     for g, w in zip(got, want, strict=True):
         close(g, w, rtol=1e-4, atol=1e-5)

@@ -4,18 +4,14 @@ their peak memory, and the values do not change."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from core_helpers import ctx_t
 
 import timerl as tl
-import timerl.schedule.order as order
+import timerl.compiler.order as order
 
-
-@pytest.fixture(autouse=True)
-def _point_by_point(monkeypatch):
-    # These programs are small loop bodies over t that vectorisation would batch into one op
-    # each (no loop left to order): keep them point by point to test the op order itself.
-    monkeypatch.setenv("TIMERL_NO_VECTORIZE", "1")
+# These programs are small loop bodies over t that vectorisation would batch into one op each
+# (no loop left to order): keep them point by point to test the op order itself.
+POINT_BY_POINT = tl.CompileOptions(vectorize=False)
 
 
 def _program():
@@ -30,7 +26,7 @@ def _program():
 
 def _run(backend):
     ctx, T, total, u = _program()
-    prog = ctx.compile(bounds={T: 6}, outputs=[total], backend=backend)
+    prog = ctx.compile(bounds={T: 6}, outputs=[total], backend=backend, options=POINT_BY_POINT)
     prog.run()
     return prog, np.asarray(prog.value(total)), u
 

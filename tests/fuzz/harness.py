@@ -10,9 +10,11 @@ import traceback
 from dataclasses import dataclass
 
 import numpy as np
-from programs import Program, use_noise
+from exprs import use_noise
+from programs import Program
 
 import timerl as tl
+import timerl.api.functional  # noqa: F401 (the builder's host functions reach it as tl.api)
 from timerl.ir import counter_rng
 
 # `optimize=False` (the unoptimised numpy reference) where this timerl offers it
@@ -148,7 +150,9 @@ def run_config(program: Program, cfg: Config, sunk: dict | None = None) -> list:
     wanted = [b.tensors[t.name] for t in program.outputs]
     if program.grad:
         wanted += [b.tensors[t.name].grad for t in program.inputs]
-    kwargs = {} if cfg.optimize else {"optimize": False}
+    kwargs: dict = {} if cfg.optimize else {"optimize": False}
+    if cfg.blocks is not None:
+        kwargs["options"] = tl.CompileOptions(blocks=cfg.blocks)
     try:
         with _blocks(cfg.blocks):
             if cfg.compiled:
@@ -168,21 +172,17 @@ def run_config(program: Program, cfg: Config, sunk: dict | None = None) -> list:
 
 @contextlib.contextmanager
 def _blocks(count: int | None):
-    """Run computations over rows in ``count`` blocks, even the smallest (None: as usual)."""
+    """With ``count`` blocks asked for, even the smallest computation over rows runs by
+    blocks (None: as usual)."""
     if count is None:
         yield
         return
-    old = os.environ.get(incrementalize.BLOCKS_ENV), incrementalize.MIN_OP_BYTES
-    os.environ[incrementalize.BLOCKS_ENV] = str(count)
+    old = incrementalize.MIN_OP_BYTES
     incrementalize.MIN_OP_BYTES = 0
     try:
         yield
     finally:
-        if old[0] is None:
-            os.environ.pop(incrementalize.BLOCKS_ENV, None)
-        else:
-            os.environ[incrementalize.BLOCKS_ENV] = old[0]
-        incrementalize.MIN_OP_BYTES = old[1]
+        incrementalize.MIN_OP_BYTES = old
 
 
 def check(
@@ -256,8 +256,9 @@ _SIGNATURE_RULES = [
 
 def signature(f: Finding) -> str:
     """The kind of failure: the error with names, numbers and places taken out."""
-    if f.kind.endswith("mismatch"):
-        return f.kind
+    if f.kind.endswith("mismatch"):  # which configuration: a wrong value on torch alone
+        on = re.search(r" on (.+?)(?: at \(| got points|: |$)", f.detail)
+        return f"{f.kind} on {on.group(1)}" if on else f.kind
     text = f.detail
     for pattern, repl in _SIGNATURE_RULES:
         text = re.sub(pattern, repl, text)

@@ -1,7 +1,7 @@
 """Shrink a failing generated program to a small one that fails the same way.
 
 Greedy and structural: drop tensors nothing reads, replace an expression by one of its
-operands, turn max/min/mean reductions into sums, drop piecewise branches, lower the bounds and
+operands or a number, turn max/min/mean reductions into sums, drop branches, lower the bounds and
 drop gradients, keeping each step only if the program is still valid (the reference evaluates
 it) and still fails with the same signature. Used by ``survey.py`` for the reproducers it writes.
 """
@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 import numpy as np
-from programs import Expr, Program, Read
+from exprs import Const, Expr, Read
+from programs import Program
 
 Step = Callable[[Program], Program | None]
 
@@ -110,13 +111,20 @@ def candidates(p: Program) -> Iterator[Program]:
         yield dataclasses.replace(copy.deepcopy(p), until=None, lengths=None)
     if p.lengths is not None:
         yield dataclasses.replace(copy.deepcopy(p), lengths=None)
-    # drop a non-final branch of a piecewise definition
+    # drop a non-final branch (of a recurrence too: the reference says whether that is valid)
     for k, t in enumerate(p.tensors):
-        if t.construct == "piecewise":
+        if t.branches:
             for b in range(len(t.branches) - 1):
                 q = copy.deepcopy(p)
                 del q.tensors[k].branches[b]
                 yield q
+    # a branch's value replaced by a number (the write broadcasts it)
+    for k, t in enumerate(p.tensors):
+        for b, (where, e) in enumerate(t.branches):
+            if not isinstance(e, Const):
+                q = copy.deepcopy(p)
+                q.tensors[k].branches[b] = (where, Const(0.5))
+                yield _relink(q)
     # replace an expression node by an operand of the same shape; sums for other reductions
     for slot in _slots(p):
         for path, node in _nodes(_get(p, slot)):
@@ -134,7 +142,7 @@ def candidates(p: Program) -> Iterator[Program]:
                     yield _relink(q)
     # lower a bound
     for d in p.dims:
-        if p.n[d] > 2:
+        if p.n[d] > 1 and not (d == "t" and p.lengths is not None and min(p.lengths) < 2):
             q = copy.deepcopy(p)
             q.n = dict(p.n)
             q.n[d] -= 1

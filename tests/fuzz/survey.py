@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import os
 import sys
 import time
@@ -22,14 +23,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # this checkout's timerl
 
+from generator import FLAGS, RandomChooser, generate  # noqa: E402
 from harness import HAS_OPTIMIZE_FLAG, Finding, check, signature  # noqa: E402
-from programs import FLAGS, Program, RandomChooser, generate  # noqa: E402
+from programs import Program  # noqa: E402
 from shrink import shrink  # noqa: E402
 
+# where jax is installed, programs run on it too (``--no-jax``: not, a quicker survey)
+JAX = importlib.util.find_spec("jax") is not None
 
-def failure(program: Program, torch_too: bool) -> Finding | None:
+
+def failure(program: Program) -> Finding | None:
+    """The first disagreement of timerl with the reference, on numpy (optimised and not),
+    torch and jax."""
     try:
-        check(program, torch_too=torch_too)
+        check(program, torch_too=True, jax_too=JAX)
     except Finding as f:
         return f
     return None
@@ -45,6 +52,17 @@ COMPANIONS = {
     "derived_slice": {"prefix", "suffix"},
     "reduce_max": {"prefix", "full"},
     "alias": {"clamp", "mod", "prefix", "derived_slice"},
+    "before": {"at_point", "two_step"},
+    "chain": {"two_step", "coupled", "frame", "bwd_cond", "overlap"},
+    "at_point": {"two_step", "overlap", "prefix"},
+    "empty_branch": {"piecewise", "bound_one"},
+    "whole_base": {"fwd", "overlap", "full"},
+    "constant": {"fwd", "two_step"},
+    "bare": {"frame"},
+    "scalar_input": {"spread", "spatial_index"},
+    "spread": {"scalar_input", "spatial_index"},
+    "broadcast": {"spread", "constant", "fwd"},
+    "bound_one": {"two_step", "frame", "piecewise"},
 }
 
 
@@ -66,7 +84,7 @@ def per_flag_table(n: int, seed: int) -> list[str]:
                 ch = RandomChooser(seed * 1_000_003 + k + (10_000 if grad else 0))
                 needs_two = flag in ("carry", "outer_rec", "cross_read")
                 program = generate(ch, flags, grad=grad, max_stages=2, two=needs_two or None)
-                f = failure(program, torch_too=False)
+                f = failure(program)
                 if f is not None:
                     failed[grad] += 1
                     first = first or signature(f).replace("|", "/")
@@ -82,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shrink-budget", type=int, default=120)
     parser.add_argument("--per-flag", type=int, default=0, help="programs per construct alone")
     parser.add_argument("--out", default="")
+    parser.add_argument("--no-jax", action="store_true", help="numpy and torch only (quicker)")
     args = parser.parse_args(argv)
+    global JAX
+    JAX = JAX and not args.no_jax
     per_flag = per_flag_table(args.per_flag, args.seed) if args.per_flag else []
 
     found: dict[str, tuple[Finding, int, int]] = {}
@@ -101,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         program = generate(ch, frozenset(FLAGS), grad=grad, max_stages=1 if k % 3 == 0 else 3)
         uses.update(program.used)
         try:
-            check(program, torch_too=ch.chance(30))
+            check(program, torch_too=True, jax_too=JAX)
             n_ok += 1
         except Finding as f:
             sig = signature(f)
@@ -112,14 +133,13 @@ def main(argv: list[str] | None = None) -> int:
                 found[sig] = (f, size, seed)
     seconds = time.perf_counter() - start
     for sig, (f, _size, seed) in list(found.items()):
-        torch_too = "torch" in f.kind
 
-        def same(q: Program, sig: str = sig, torch_too: bool = torch_too) -> bool:
-            g = failure(q, torch_too)
+        def same(q: Program, sig: str = sig) -> bool:
+            g = failure(q)
             return g is not None and signature(g) == sig
 
         small = shrink(f.program, same, budget=args.shrink_budget)
-        found[sig] = (failure(small, torch_too) or f, _size, seed)
+        found[sig] = (failure(small) or f, _size, seed)
     shrink_seconds = time.perf_counter() - start - seconds
 
     lines = [

@@ -9,16 +9,13 @@ import numpy as np
 import pytest
 
 import timerl as tl
+import timerl.compiler.order as order
 import timerl.graphopt.learned as learned
-import timerl.schedule.order as order
 from timerl.graphopt.policy import PolicyWeights
 
-
-@pytest.fixture(autouse=True)
-def _point_by_point(monkeypatch):
-    # These programs are small loop bodies over t that vectorisation would batch into one op
-    # each (no loop left to order): keep them point by point to test the op order itself.
-    monkeypatch.setenv("TIMERL_NO_VECTORIZE", "1")
+# These programs are small loop bodies over t that vectorisation would batch into one op each
+# (no loop left to order): keep them point by point to test the op order itself.
+POINT_BY_POINT = tl.CompileOptions(vectorize=False)
 
 
 def _compile():
@@ -29,7 +26,7 @@ def _compile():
         x = tl.from_numpy(u, domain=(t,), dtype="float64")
         big = [(x * float(k + 1)).tanh() for k in range(5)]  # all written before any sum
         total = big[0].sum() + big[1].sum() + big[2].sum() + big[3].sum() + big[4].sum()
-    prog = ctx.compile(bounds={T: 4}, outputs=[total], backend="numpy")
+    prog = ctx.compile(bounds={T: 4}, outputs=[total], backend="numpy", options=POINT_BY_POINT)
     prog.run()
     want = sum(np.tanh(u * (k + 1)).sum(axis=1) for k in range(5))
     return prog, np.asarray(prog.value(total)), want
@@ -107,7 +104,7 @@ def test_a_block_whose_written_order_meets_the_lower_bound_is_not_searched(monke
         for k in range(8):  # a chain: each value's only reader is the next op
             y = (y * float(k + 1)).tanh()
         total = y.sum()
-    prog = ctx.compile(bounds={T: 4}, outputs=[total], backend="numpy")
+    prog = ctx.compile(bounds={T: 4}, outputs=[total], backend="numpy", options=POINT_BY_POINT)
     prog.run()
     assert sizes and max(sizes) >= 12  # a block large enough to search was looked at
     assert not any("reordered" in n for n in prog.report.notes)

@@ -58,6 +58,7 @@ def test_broken_weights_are_named_and_brkga_still_works(graph_file, broken_weigh
             "100",
             "--weights",
             str(broken_weights),
+            "--json",
         ]
     )
     assert rc == 0

@@ -90,7 +90,8 @@ def test_without_a_terminal_lines_come_during_the_run_and_the_summary_says_where
     log, out = first_run
     lines = out.splitlines()
     progress = [line for line in lines if line.startswith("iteration ")]
-    assert [p.split()[1] for p in progress] == ["2/4", "4/4"]
+    # numbered from 0, as in metrics.csv and the checkpoints' names, with the count beside
+    assert [p.split("  ")[0] for p in progress] == ["iteration 1 (2 of 4)", "iteration 3 (4 of 4)"]
     assert lines.index(progress[0]) < lines.index(next(x for x in lines if "mean return" in x))
     assert f"metrics: {log / 'metrics.csv'}" in out
     assert f"checkpoint: {log / 'checkpoints' / 'ckpt-0000003.npz'}" in out
@@ -101,7 +102,7 @@ def test_lines_are_printed_while_a_subprocess_trains(tmp_path):
     proc = _subprocess(*_argv(tmp_path, 10**7, "--log-every", "1"))
     try:
         line = proc.stdout.readline()
-        assert line.startswith("iteration 1/"), line + proc.stderr.read()
+        assert line.startswith("iteration 0 (1 of "), line  # (stderr: still being written)
         assert proc.poll() is None  # still training
     finally:
         proc.kill()
@@ -266,7 +267,7 @@ def test_a_time_limit_stops_with_a_checkpoint_and_resume_finishes(tmp_path, caps
     # 6e-8 s: past before the first iteration ends, however fast it runs
     assert main([*argv, "--minutes", "1e-9"]) == 0
     out = capsys.readouterr().out
-    assert "stopping at the time limit" in out and "after iteration 1" in out
+    assert "stopping at the time limit" in out and "after iteration 0\n" in out
     assert len((run / "metrics.csv").read_text().splitlines()) == 2
     assert latest_checkpoint(run).name.endswith("0000000.npz")
     assert main([*argv[:2], "--log-dir", str(run), "--no-progress", "--resume"]) == 0

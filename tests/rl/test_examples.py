@@ -31,3 +31,18 @@ def test_example_trains_cartpole(name, iterations, capsys):
     assert len(returns) >= 3
     assert returns[0] < 40  # a random policy
     assert max(returns[-2:]) > 2 * returns[0] + 50, returns
+
+
+def test_custom_env_example_trains_evaluates_exports_and_resumes(tmp_path, monkeypatch):
+    """examples/custom_env.py on examples/random_walk.py, run from another folder: the
+    env's module is found on the path (python puts the script's folder there)."""
+    pytest.importorskip("torch")  # for the export
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.chdir(tmp_path)
+    mod = _load("custom_env")
+    figures = mod.main(tmp_path / "walk", steps=4096)
+    # a random walk wanders (0.7 or so); the best policy walks right, 3 steps: 0.98
+    assert figures["first_return"] < 0.85
+    assert figures["trained_return"] > 0.95 and figures["eval_return"] == pytest.approx(0.98)
+    assert figures["resumed_iterations"] == 24  # 16 iterations of 256 steps, then 8 more
+    assert (tmp_path / "walk" / "policy.pt2").exists()

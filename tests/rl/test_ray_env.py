@@ -280,7 +280,7 @@ def test_training_continues_when_a_worker_dies_mid_rollout(tmp_path, monkeypatch
     # the checkpoints hold the split envs' state: the run resumes on two workers
     more = _ppo(iterations=5, workers=2, log_dir=tmp_path, resume=True)
     assert more.first_iteration == 4 and len(more.returns) == 5
-    with pytest.raises(CheckpointError, match="--workers 2"):
+    with pytest.raises(CheckpointError, match="resume with workers=2"):
         _ppo(iterations=6, log_dir=tmp_path, resume=True)
 
 

@@ -221,7 +221,7 @@ def test_ctrl_c_checkpoints_and_resume_is_bit_for_bit(full_run, tmp_path):
 def test_resume_without_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint"):
         train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
-    with pytest.raises(CheckpointError, match="log-dir"):
+    with pytest.raises(CheckpointError, match="resume=True needs log_dir"):
         train("ppo", None, resume=True, progress=False)
 
 
@@ -229,13 +229,22 @@ def _first_checkpoint_path(log_dir):
     return log_dir / "checkpoints" / "ckpt-0000000.npz"
 
 
-@pytest.mark.parametrize("garbage", [b"", b"not a checkpoint at all", b"PK\x03\x04garbage"])
-def test_corrupt_checkpoint(tmp_path, garbage):
+@pytest.mark.parametrize(
+    ("garbage", "why"),
+    [
+        (b"", "is damaged: the file is empty"),
+        (b"PK\x03\x04garbage", "is damaged \\(truncated or corrupt\\)"),
+        (b"not a checkpoint at all", "is not a timerl checkpoint: .*a text file starting with"),
+        (b"\x80\x04K\x01.", "is not a timerl checkpoint: .*looks like a pickle"),
+    ],
+)
+def test_a_file_that_cannot_be_resumed_from_says_what_it_is(tmp_path, garbage, why):
     path = _first_checkpoint_path(tmp_path)
     path.parent.mkdir()
     path.write_bytes(garbage)
-    with pytest.raises(CheckpointError, match=f"{path.name} is corrupt"):
+    with pytest.raises(CheckpointError, match=f"no intact checkpoint.*{path.name} {why}") as info:
         train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
+    assert "allow_pickle" not in str(info.value)
 
 
 def test_truncated_checkpoint(full_run, tmp_path):
@@ -243,7 +252,7 @@ def test_truncated_checkpoint(full_run, tmp_path):
     path = _first_checkpoint_path(tmp_path)
     path.parent.mkdir()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="corrupt"):
+    with pytest.raises(CheckpointError, match="is damaged"):
         train("ppo", None, log_dir=tmp_path, resume=True, progress=False)
 
 
@@ -331,9 +340,9 @@ def test_an_overflowing_lr_raises_at_the_first_iteration(tmp_path):
 @pytest.mark.parametrize(
     ("algo", "setting", "why"),
     [
-        ("ppo", {"lr": float("inf")}, "lr must be a number >= 0, got inf (--lr)"),
+        ("ppo", {"lr": float("inf")}, "lr must be a number >= 0, got inf (config['lr'])"),
         ("ppo", {"gamma": 1.5}, "gamma must be a number in [0, 1]"),
-        ("ppo", {"num_steps": 0}, "num_steps must be an integer >= 1, got 0 (--num-steps)"),
+        ("ppo", {"num_steps": 0}, "num_steps must be an integer >= 1, got 0 (config['num_steps'])"),
         ("ppo", {"num_envs": 2.5}, "num_envs must be an integer >= 1"),
         ("ppo", {"epochs": True}, "epochs must be an integer >= 1"),
         ("ppo", {"hidden": (64, 0)}, "hidden must be a sequence of positive integers"),
@@ -353,15 +362,17 @@ def test_a_bad_hyper_parameter_is_refused_by_name_before_anything_runs(algo, set
     with pytest.raises(ProgramError) as info:
         make_config(algo, setting)
     assert why in str(info.value)
+    assert "--" not in str(info.value)  # a Python caller is told its parameters, not flags
 
 
 @pytest.mark.parametrize(
     ("kwargs", "why"),
     [
-        ({"total_steps": -5}, "--steps must be at least 1, got -5"),
+        ({"total_steps": -5}, "total_steps must be at least 1, got -5"),
         ({"iterations": 0}, "iterations must be at least 1"),
-        ({"keep_checkpoints": 0}, "--keep-checkpoints must be at least 1"),
-        ({"log_every": -1}, "--log-every and --workers must not be negative"),
+        ({"keep_checkpoints": 0}, "keep_checkpoints must be at least 1"),
+        ({"log_every": -1}, "log_every and workers must not be negative"),
+        ({"minutes": 0}, "minutes must be positive"),
         ({"iterations": 2, "total_steps": 64}, "iterations=2 or total_steps=64, not both"),
         ({"config": "CartPole-v1"}, "config must be a dict of hyper-parameters"),
     ],
@@ -373,6 +384,7 @@ def test_a_bad_run_length_or_log_setting_is_refused(kwargs, why):
     with pytest.raises(TimerlError) as info:
         train("ppo", progress=False, **kwargs)
     assert why in str(info.value)
+    assert "--" not in str(info.value)  # a Python caller is told its parameters, not flags
 
 
 def test_unknown_hyper_parameter():

@@ -12,9 +12,10 @@ import pytest
 from core_helpers import counting
 
 import timerl as tl
-from timerl.compiler import budget as budget_pass
-from timerl.compiler.budget import parse_bytes
 from timerl.ir import rowwise
+from timerl.memory import replay as budget_pass
+from timerl.memory import streams
+from timerl.memory.replay import parse_bytes
 from timerl.rl.algos import ppo
 from timerl.runtime import heap
 
@@ -185,10 +186,10 @@ def test_a_run_mapping_its_arrays_apart_still_reuses_pages_for_each_steps_arrays
     assert ex.reuse_up_to == budget_pass.repeated_array_bytes(compiled.schedule, compiled.static)
     assert ex.reuse_up_to == 4 * 3 * 64 * 64 * 4
     # not where the heap would keep more than a sixteenth of the peak for them
-    from timerl.api import program as program_module
+    from timerl.memory import heap_policy
 
     peak = compiled.planned_peak().peak_bytes
-    monkeypatch.setattr(program_module, "REUSE_SHARE", peak // (4 * ex.reuse_up_to) + 1)
+    monkeypatch.setattr(heap_policy, "REUSE_SHARE", peak // (4 * ex.reuse_up_to) + 1)
     assert compiled.executor().reuse_up_to == 0
     monkeypatch.undo()
     # a heap that keeps its pages needs no such size; under a budget the steps' arrays are
@@ -313,7 +314,7 @@ def test_a_budget_below_the_peak_is_refused_at_compile_time():
     smallest = int(msg.split("memory_budget=")[1].split(".")[0])
     # the rollout streamed to disk (its readers read it by rows) lowers the smallest budget, by
     # the rollout less the chunk its readers read it into (at the smallest, 1 MiB)
-    chunk = rowwise.CHUNK_BYTES >> budget_pass.SHRINK
+    chunk = rowwise.CHUNK_BYTES >> streams.SHRINK
     assert smallest <= need - 4 * STEPS * 3 * 32 * 32 * 4 + chunk
     fits = prog.ctx.compile(bounds=bounds, memory_budget=smallest)
     assert fits.stats()["planned_peak_bytes"] == smallest

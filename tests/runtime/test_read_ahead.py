@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import timerl as tl
-from timerl.compiler import budget as budget_pass
 from timerl.ir import rowwise
+from timerl.memory import streams as budget_pass
 from timerl.rl.algos import ppo
 from timerl.runtime import streams as stores
 

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import gc
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -16,19 +15,9 @@ import numpy as np
 from timerl.api.program import Program
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
-from timerl.compiler.budget import (
-    PlannedPeak,
-    check_budget,
-    parse_bytes,
-    plan_streams,
-    plan_swaps,
-)
-from timerl.compiler.fusion import FusionCapabilities, fuse
-from timerl.compiler.incrementalize import blocks_asked
-from timerl.compiler.pipeline import Compiled
+from timerl.compiler.options import CompileOptions
 from timerl.compiler.pipeline import compile as compile_program
-from timerl.compiler.point_swap import plan_point_swaps, point_swap_moves
-from timerl.compiler.spec import ProgramSpec, freeze
+from timerl.compiler.spec import freeze
 from timerl.errors import BoundError, CycleError, ProgramError, ShapeError
 from timerl.ir import prims
 from timerl.ir.autodiff import depends_differentiably
@@ -36,8 +25,8 @@ from timerl.ir.build import apply, ordered, user_site
 from timerl.ir.graph import Edge, Op, View
 from timerl.ir.retime import retime
 from timerl.ir.shapes import broadcast
+from timerl.memory.replay import parse_bytes
 from timerl.runtime.backend import make_backend
-from timerl.schedule.program import Loop
 from timerl.symbolic import Bound, Dim, Expr, Slice
 
 
@@ -232,14 +221,19 @@ class Context(Scope):
         outputs: Sequence[RecurrentTensor] = (),
         memory_budget: int | str | None = None,
         optimize: bool = True,
+        options: CompileOptions | None = None,
     ) -> Any:
         """Compile the program (its sinks, side effects and ``outputs``) for these bounds.
 
         ``optimize=False`` keeps only the passes correctness needs and runs each statement of
         the schedule on its own: the reference that optimised programs are tested against. ``memory_budget`` (bytes,
         or a string such as ``"256MiB"``): a program whose planned peak memory exceeds it is
-        refused here with ``MemoryBudgetError``, naming the smallest budget that fits."""
-        return self._compile(bounds, backend, device, seed, outputs, memory_budget, optimize)
+        refused here with ``MemoryBudgetError``, naming the smallest budget that fits.
+        ``options`` (``tl.CompileOptions``) switches single passes off or runs computations
+        over many rows in blocks; its ``optimize`` and ``memory_budget`` are this call's."""
+        return self._compile(
+            bounds, backend, device, seed, outputs, memory_budget, optimize, options
+        )
 
     @collector_paused()
     def _compile(
@@ -251,203 +245,28 @@ class Context(Scope):
         outputs: Sequence[RecurrentTensor],
         memory_budget: int | str | None,
         optimize: bool,
+        options: CompileOptions | None = None,
         effects: bool = True,
     ) -> Program:
         start = time.perf_counter()
         budget = None if memory_budget is None else parse_bytes(memory_budget)
+        options = dataclasses.replace(
+            options or CompileOptions(), optimize=optimize, memory_budget=budget
+        )
         static, dynamic = self.resolve_bounds(bounds)
         _check_tensors("compile: outputs", outputs, self)
         asked = [materialize(t) for t in outputs]
         roots = list(self._roots) if effects else list(self._until.values())
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
-        blocks = blocks_asked() if optimize else None
         be = make_backend(backend, device)
-        on_disk = budget is not None and _swaps_points(be)
-        compiled = compile_program(spec, optimize=optimize, blocks=blocks, state_on_disk=on_disk)
-        planned = None
-        if budget is not None:
-            compiled, planned = _fit(compiled, be, budget)
-            over = planned.peak_bytes is not None and planned.peak_bytes > budget
-            if optimize and blocks is None and over:
-                whole = planned.peak_bytes
-                del compiled, planned  # each attempt is a whole program: hold one at a time
-                found = _fit_by_blocks(spec, whole, be, budget)
-                if found is None:  # nothing runs by blocks, or no block count plans lower
-                    again = compile_program(spec, optimize=optimize, state_on_disk=on_disk)
-                    found = _fit(again, be, budget)
-                compiled, planned = found
-            check_budget(planned, budget)
-        elif optimize and _swaps_points(be):
-            compiled = _swap_idle_state(compiled, be)
-        compiled = fuse(compiled, FusionCapabilities.of(be))
+        compiled = compile_program(spec, options, be.capabilities)
         return Program(
             compiled,
             be,
             seed=seed,
-            memory_budget=budget,
-            planned=planned,
-            optimize=optimize,
             output_ids={id(t.view): op.id for t, op in zip(outputs, asked, strict=True)},
             started=start,
         )
-
-
-def _swaps_points(be: Any) -> bool:
-    """Whether a budget swaps point values (optimiser state, idle gradients) to disk on this
-    backend: point stores swap on numpy, and the compile then orders the update for it
-    (``compile_program(state_on_disk=True)``)."""
-    return be.name == "numpy"
-
-
-# Without a budget, a value moves to disk only from this size up: a move costs a write and a
-# read of the value at every update, which a smaller one would not repay in memory.
-UNBUDGETED_SWAP_MIN_BYTES = 1 << 20
-SEARCH_ITERATIONS = 3  # of an outermost loop, where the moves without a budget are chosen
-
-
-def _swap_idle_state(compiled: Compiled, be: Any) -> Compiled:
-    """Without a budget: optimiser state idle across the program's peak, and gradients idle
-    inside the backward pass, go to disk between their uses where that lowers the planned
-    peak (``compiler/point_swap.py``), as under a budget; nothing else of a budget's plan
-    (no reuse left out, no streaming, the heap kept for speed). On memory-e8 the first
-    layers' Adam moments are 12 MiB held through the rollout and the backward pass, where the
-    peak is; each is read once per update. Moved: 3 moments and 1 gradient, a write and a
-    read of 12 MiB per update, for a planned peak of 396.8 MiB instead of 403.7."""
-    spec_c = compiled.spec
-    kept = {op.id for op in spec_c.outputs} | set(spec_c.keep)
-    ops = list(spec_c.ops)
-    # Each move tried is a replay of the plan, and a replay walks every iteration of a loop
-    # holding a swap (compiler/steady.py does not apply those): memory-e8 compiled for 201
-    # iterations took 68 s to search. The moves are chosen on the first SEARCH_ITERATIONS of
-    # each outermost loop (a training loop's first iteration, one in the middle and its last,
-    # which its other iterations repeat), and the program then plans its whole run itself.
-    static = dict(spec_c.static)
-    for s in compiled.schedule.body:
-        if isinstance(s, Loop) and static.get(s.dim.bound, 0) > SEARCH_ITERATIONS:
-            static[s.dim.bound] = SEARCH_ITERATIONS
-    moves = point_swap_moves(
-        compiled.schedule, ops, compiled.storage, static, kept, UNBUDGETED_SWAP_MIN_BYTES
-    )
-    if not moves:  # most programs: their state is small (CartPole's PPO: no value of 1 MiB)
-        return compiled
-    swapped, _, notes = compiled.report.timed(
-        "points to disk",
-        lambda: plan_point_swaps(
-            compiled.schedule,
-            ops,
-            compiled.storage,
-            static,
-            spec_c.dynamic,
-            be.donations(compiled.donations, spec_c.ops),
-            kept,
-            moves=moves,
-            quick=True,
-        ),
-    )
-    compiled.report.notes.extend(notes)
-    # the plan is left to the program: without a budget it is replayed with the heap's view
-    # (arrays it serves, blocks whose rows a run keeps), which a budget's plan leaves out
-    return dataclasses.replace(compiled, schedule=swapped)
-
-
-def _fit(compiled: Compiled, be: Any, budget: int) -> tuple[Compiled, PlannedPeak]:
-    """``compiled`` with idle blocks swapped out and, on numpy, blocks read only by rows
-    streamed from files, where that brings its planned peak under ``budget``."""
-    spec_c = compiled.spec
-    ops, static, dynamic = list(spec_c.ops), spec_c.static, spec_c.dynamic
-    donations = be.donations(compiled.donations, spec_c.ops)
-
-    def timed(label: str, plan: Callable[[], tuple[Any, PlannedPeak, list[str]]]) -> tuple:
-        # each pass is timed for explain() and leaves its notes there
-        made, planned, notes = compiled.report.timed(label, plan)
-        compiled.report.notes.extend(notes)
-        return made, planned
-
-    # jax keeps point stores (its arrays are immutable): plan with those
-    planned_storage = compiled.storage if be.name != "jax" else {}
-    swapped, planned = timed(
-        "memory budget",
-        lambda: plan_swaps(
-            compiled.schedule, ops, planned_storage, static, dynamic, budget, donations
-        ),
-    )
-    storage = compiled.storage
-    if be.name == "numpy" and planned.peak_bytes is not None and planned.peak_bytes > budget:
-        # blocks read only by rows go to files (the numpy kernels read row sources)
-        storage, planned = timed(
-            "streaming to disk",
-            lambda: plan_streams(
-                swapped, ops, storage, static, dynamic, budget, donations, spec_c.keep
-            ),
-        )
-    if _swaps_points(be) and planned.peak_bytes is not None:
-        # optimiser state between updates and values idle in a body go to disk wherever that
-        # lowers the peak, within the budget or not: each costs a write and a read
-        kept = {op.id for op in spec_c.outputs} | set(spec_c.keep)
-        swapped, planned = timed(
-            "points to disk",
-            lambda: plan_point_swaps(swapped, ops, storage, static, dynamic, donations, kept),
-        )
-    return dataclasses.replace(compiled, schedule=swapped, storage=storage), planned
-
-
-def _fit_by_blocks(
-    spec: ProgramSpec, whole: int | None, be: Any, budget: int
-) -> tuple[Compiled, PlannedPeak] | None:
-    """Over the budget: computations over many rows run in blocks of rows
-    (``compiler/incrementalize.py``). More blocks hold fewer rows at once but cost more
-    calls (and keep more parts of a sum where it cannot run as it goes), so the counts of
-    ``BLOCK_COUNTS`` are tried in turn, fewest first; between the last that did not fit and
-    the first that does, their geometric mean is tried too. The fewest blocks that fit are
-    kept, else the lowest plan if it is lower than the whole program's ``whole`` (None:
-    the whole program is kept). Only the plan kept so far is held: each attempt is a whole
-    compiled program, and the heap a run under a budget starts from keeps what compiling's
-    peak spread over it."""
-    if whole is None:
-        return None
-    best: tuple[Compiled, PlannedPeak, int, int] | None = None  # program, plan, peak, blocks
-
-    def attempt(blocks: int) -> int | None:
-        """The plan's peak with ``blocks`` blocks (None: nothing runs by blocks)."""
-        nonlocal best
-        program = compile_program(spec, blocks=blocks, state_on_disk=_swaps_points(be))
-        out, plan = _fit(program, be, budget)
-        if len(out.spec.dims) == len(spec.dims):  # no dim of blocks was added
-            return None
-        peak = plan.peak_bytes if plan.peak_bytes is not None else 2**63
-        if best is None:
-            better = peak <= budget or peak < whole
-        elif best[2] <= budget:
-            better = peak <= budget and blocks < best[3]
-        else:
-            better = peak <= budget or peak < best[2]
-        if better:
-            best = (out, plan, peak, blocks)
-        del out, plan
-        gc.collect()
-        return peak
-
-    previous = None
-    for blocks in BLOCK_COUNTS:
-        peak = attempt(blocks)
-        if peak is None:
-            return None
-        if peak <= budget:
-            if previous is not None:
-                between = round(math.sqrt(previous * blocks))
-                if previous < between < blocks:
-                    attempt(between)
-            break
-        previous = blocks
-    if best is None:
-        return None
-    best[0].report.notes.append(
-        f"memory budget: computations over many rows run in blocks; planned peak {best[2]:,} bytes"
-    )
-    return best[0], best[1]
-
-
-BLOCK_COUNTS = (4, 16, 64)  # block counts a budget tries, fewest first
 
 
 def _check_tensors(what: str, tensors: Sequence[Any], ctx: Any = None) -> Any:
@@ -523,11 +342,12 @@ def evaluate(
     device: str = "cpu",
     seed: int = 0,
     optimize: bool = True,
+    options: CompileOptions | None = None,
 ) -> list[Any] | Any:
     """Compile and run just what ``tensors`` need; return their values as numpy.
 
     ``optimize=False`` runs the unoptimised reference (only the passes correctness needs,
-    each statement run on its own)."""
+    each statement run on its own); ``options`` as for ``Context.compile``."""
     single = isinstance(tensors, RecurrentTensor)
     items = [tensors] if single else list(tensors)
     if not items:
@@ -535,7 +355,9 @@ def evaluate(
     ctx = _check_tensors("evaluate: tensors", items)
     if not isinstance(ctx, Context):
         raise ProgramError("evaluate: tensors must belong to a tl.Context")
-    prog = ctx._compile(bounds, backend, device, seed, items, None, optimize, effects=False)
+    prog = ctx._compile(
+        bounds, backend, device, seed, items, None, optimize, options, effects=False
+    )
     prog.run()
     values = [prog.value(t) for t in items]
     return values[0] if single else values

@@ -9,25 +9,21 @@ from typing import Any
 import numpy as np
 
 from timerl.api.tensor import RecurrentTensor
-from timerl.compiler.budget import (
-    PlannedPeak,
-    format_bytes,
-    planned_peak,
-    repeated_array_bytes,
-)
-from timerl.compiler.donation import describe as describe_donations
 from timerl.compiler.pipeline import Compiled, CompileReport
 from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
 from timerl.errors import ProgramError
 from timerl.ir.graph import Op
 from timerl.ir.render import to_dot
+from timerl.memory.donation import describe as describe_donations
+from timerl.memory.heap_policy import MMAP_THRESHOLD, HeapPolicy, heap_policy
+from timerl.memory.replay import (
+    PlannedPeak,
+    format_bytes,
+    planned_peak,
+)
 from timerl.runtime.backend import Backend
 from timerl.runtime.executor import Executor, RunStats
-from timerl.runtime.heap import MMAP_THRESHOLD, REUSED_ARRAYS
 from timerl.schedule.program import Schedule
-
-# the most of a planned peak a run lets the heap keep for a loop's repeated arrays: 1 / this
-REUSE_SHARE = 16
 
 
 class Program:
@@ -41,18 +37,15 @@ class Program:
         compiled: Compiled,
         backend: Backend,
         seed: int = 0,
-        memory_budget: int | None = None,
-        optimize: bool = True,
         output_ids: Mapping[int, int] | None = None,
         started: float | None = None,
-        planned: PlannedPeak | None = None,
     ) -> None:
         self.compiled = compiled
         self.backend = backend
         self.seed = seed
-        self.memory_budget = memory_budget
-        self._planned = planned
-        self.optimize = optimize
+        self.memory_budget = compiled.options.memory_budget
+        self._planned = compiled.planned
+        self.optimize = compiled.options.optimize
         self.static = dict(compiled.spec.static)
         self.dynamic = dict(compiled.spec.dynamic)
         self._out_by_view = dict(output_ids or {})
@@ -98,6 +91,7 @@ class Program:
         return self._last
 
     def _new_executor(self, compiled: bool) -> Executor:
+        heap = self.heap_policy(compiled)
         return Executor(
             self.schedule,
             self.ops,
@@ -109,86 +103,35 @@ class Program:
             compiled=compiled,
             storage=self.compiled.storage,
             donations=self.compiled.donations,
-            keep_freed_pages=self._keeps_freed_pages(),
-            reuse_up_to=self._reuse_up_to(),
-            heap_reserve=self._heap_reserve() if compiled else 0,
-            huge_page_advice=not (compiled and self._maps_arrays_apart()),
-            spare_blocks=self._spare_blocks() if compiled else (),
-            trim_before=self._trim_before(),
+            keep_freed_pages=heap.keep_freed_pages,
+            reuse_up_to=heap.reuse_up_to,
+            heap_reserve=heap.reserve,
+            huge_page_advice=heap.huge_page_advice,
+            spare_blocks=heap.spare_blocks,
+            trim_before=heap.trim_before,
             fused=self.compiled.fused,
         )
 
-    def _keeps_freed_pages(self) -> bool:
-        # The heap keeps freed arrays' pages for the next iteration's (runtime/heap.py), but
-        # not under a budget, and not where arrays mapped apart hold most of the peak (a
-        # rollout of images). There the heap serves a small share of the peak and its faults
-        # a small share of an iteration, while the holes its freed arrays leave stay resident:
-        # memory-e8 reached its resident high at the update's Adam step with 13 MiB free in
-        # the heap, 7 MiB over the plan's peak (3 MiB with glibc's thresholds, at the same
-        # iteration time).
-        if self.memory_budget is not None:
-            return False
-        if not self.backend.heap_arrays:
-            return True
-        plan = self.planned_peak()
-        return 2 * plan.peak_small_bytes >= (plan.peak_bytes or 0)
-
-    def _reuse_up_to(self) -> int:
-        # A heap that keeps no freed pages still reuses them for the arrays a loop allocates
-        # at every point (an env's step: its observations and the env's own temporaries of
-        # that size), without a budget. Under one they are mapped apart too, which costs
-        # faults, not memory: reused, their pages stay resident beside the meter (memory-e8
-        # under its budget: 1.64-1.69 s an iteration instead of 2.28-2.85, but run data
-        # 18.2 MiB, not 17.2-17.3, for a 16 MiB meter; memory-e32 37.8, not 34.0, for 32.6).
-        if self.memory_budget is not None or self._keeps_freed_pages():
-            return 0
-        size = repeated_array_bytes(self.schedule, self.static)
-        # the heap keeps up to ``REUSED_ARRAYS`` of them: not where that is more than a
-        # sixteenth of the peak (a loop of large arrays, as a budget would have it: faulted)
-        if REUSED_ARRAYS * size * REUSE_SHARE > (self.planned_peak().peak_bytes or 0):
-            return 0
-        return size
-
-    def _heap_reserve(self) -> int:
-        # The heap's pages the run's arrays need, faulted in at setup (runtime/heap.reserve),
-        # where the heap keeps them (memory-e8's rollout: 30 of 405 MiB on the heap, whose
-        # own faults are most of the first iteration's; a reserve would only hold memory early)
-        if not self.backend.heap_arrays or not self._keeps_freed_pages():
-            return 0
-        return self.planned_peak().peak_small_bytes
-
-    def _trim_before(self) -> frozenset[int]:
-        # a heap that keeps no freed pages still leaves its holes resident until trimmed:
-        # given back right before the statement where the plan peaks
-        if not self.backend.heap_arrays or self._keeps_freed_pages():
-            return frozenset()
-        op = self.planned_peak().peak_op
-        return frozenset() if op is None else frozenset({op})
-
-    def _spare_blocks(self) -> frozenset[int]:
-        # blocks mapped apart whose rows the run keeps from one allocation to the next
-        # (runtime/stores.BlockStore.keep_spare): not under a budget, whose plan counts on
-        # freed memory going back
-        if self.memory_budget is not None or not self.backend.heap_arrays:
-            return frozenset()
-        return self.planned_peak().spare_blocks
-
-    def _maps_arrays_apart(self) -> bool:
-        # arrays above glibc's mmap threshold are mapped afresh at each allocation: numpy's
-        # huge-page advice would make their first touch wait for the kernel to compact memory
-        # (runtime/heap.numpy_huge_pages)
-        if not self.backend.heap_arrays:
-            return False
-        plan = self.planned_peak()
-        return (plan.peak_bytes or 0) > plan.peak_small_bytes
+    def heap_policy(self, compiled: bool = True) -> HeapPolicy:
+        """How a run (of generated code, or interpreted) uses the C heap its arrays come
+        from: decided from the memory plan (``memory/heap_policy.py``)."""
+        return heap_policy(
+            self.planned_peak,
+            self.schedule,
+            self.static,
+            self.memory_budget,
+            self.backend.heap_arrays,
+            compiled,
+        )
 
     def planned_peak(self) -> PlannedPeak:
         """The peak of live bytes the schedule reaches, known before running (see
-        ``compiler/budget.py``), and the tensors holding the most bytes then."""
+        ``memory/budget.py``), and the tensors holding the most bytes then."""
         if self._planned is None:
             spec = self.compiled.spec
-            storage = self.compiled.storage if self.backend.name != "jax" else {}
-            donations = self.backend.donations(self.compiled.donations, self.ops)
+            caps = self.backend.capabilities
+            storage = caps.planned_storage(self.compiled.storage)
+            donations = caps.donations(self.compiled.donations, self.ops)
             self._planned = planned_peak(
                 self.schedule,
                 self.ops,
@@ -342,7 +285,7 @@ class Program:
         where = f", reached computing {plan.peak_at}" if plan.peak_at else ""
         lines = [f"planned peak: {format_bytes(plan.peak_bytes)}{where}; largest live then:"]
         lines += [f"  {name}: {format_bytes(n)}" for name, n in plan.holders[:shown]]
-        spares = self._spare_blocks()
+        spares = self.heap_policy(compiled=True).spare_blocks
         kept = sorted(op.label for op in self.ops if op.id in spares)
         if kept:
             lines.append(

@@ -2,8 +2,8 @@
 
 A backend that compiles several statements into one call (jax) runs a program in fewer,
 larger calls; which ones is decided here, once, at compile time, from the compiled schedule,
-the static bounds and what the backend can do (``FusionCapabilities``, asked of the backend
-object, never its name). The decisions are statements of ``schedule/fused.py``:
+the static bounds and what the backend can do (``memory/plan.Capabilities``, asked of the
+backend object, never its name). The decisions are statements of ``schedule/fused.py``:
 
 * a loop whose whole body traces is one ``FusedLoop`` (``fusion_loops``);
 * else a top-level loop holding loops, or the outer loop a run with iteration hooks drives,
@@ -19,14 +19,14 @@ changes that one loop's decision only: ``FusedSchedule.hooked`` holds it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from timerl.compiler.fusion_bodies import BodyPlanner
 from timerl.compiler.fusion_loops import LoopPlanner
 from timerl.compiler.fusion_regions import RegionPlanner, Shapes
+from timerl.memory.plan import Capabilities
 from timerl.schedule.fused import (
     FusedBody,
     FusedLoop,
@@ -37,58 +37,21 @@ from timerl.schedule.fused import (
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
 from timerl.symbolic import Bound
 
-# storage kinds whose block a loop allocates at its start (``compiler/storage.py``)
+# storage kinds whose block a loop allocates at its start (``memory/storage.py``)
 _BLOCK_KINDS = ("block", "ring", "alias")
-
-
-@dataclass(frozen=True)
-class FusionCapabilities:
-    """What a backend can compile as one call, and how it runs small regions."""
-
-    regions: bool = False  # a run of pure statements (``backend.fuse``)
-    loops: bool = False  # a whole loop (``backend.fuse_loop``)
-    bodies: bool = False  # one iteration of a loop, inner loops included (``fuse_body``)
-    # per primitive, the per-point attributes its lowering takes as traced values
-    traced_attrs: Mapping[str, Any] = field(default_factory=dict)
-    # a small region in a loop stepping the host may run as numpy kernels (on the CPU)
-    numpy_kernels: bool = False
-    block_stores: bool = True  # the runtime keeps the storage table's blocks (else points)
-
-    @classmethod
-    def of(cls, backend: Any) -> FusionCapabilities:
-        """Asked of ``backend``'s attributes; what it does not declare it cannot do."""
-        return cls(
-            regions=bool(getattr(backend, "fuses", False)),
-            loops=bool(getattr(backend, "fuses_loops", False)),
-            bodies=bool(getattr(backend, "fuses_bodies", False)),
-            traced_attrs=dict(getattr(backend, "traced_attrs", {})),
-            numpy_kernels=bool(getattr(backend, "numpy_regions", False)),
-            block_stores=bool(getattr(backend, "block_stores", True)),
-        )
-
-
-def fuse(compiled: Any, caps: FusionCapabilities) -> Any:
-    """The pass: ``compiled`` (a ``pipeline.Compiled``) with ``fused`` set, timed in its
-    report."""
-    storage = compiled.storage if caps.block_stores else {}
-    fused = compiled.report.timed(
-        "fusion",
-        lambda: plan_fusion(compiled.schedule, compiled.spec.static, storage, caps),
-    )
-    return dataclasses.replace(compiled, fused=fused)
 
 
 def plan_fusion(
     schedule: Schedule,
     static: Mapping[Bound, int],
     storage: Mapping[int, Any],
-    caps: FusionCapabilities,
+    caps: Capabilities,
 ) -> FusedSchedule:
     """The schedule's statements as a backend with ``caps`` runs them; ``static``: the
     bounds known at compile time; ``storage``: the op id -> ``Storage`` table the runtime
     keeps."""
     outer = schedule.outer_loop()
-    if not caps.regions:
+    if not caps.fuses_regions:
         return FusedSchedule(list(schedule.body), list(schedule.body), outer)
     walk = _Walk(schedule, static, storage, caps)
     body = walk.body(schedule.body, 1, None, None)
@@ -108,14 +71,18 @@ class _Walk:
         schedule: Schedule,
         static: Mapping[Bound, int],
         storage: Mapping[int, Any],
-        caps: FusionCapabilities,
+        caps: Capabilities,
     ) -> None:
         allocating = _allocating_loops(schedule, storage)
-        self.regions = RegionPlanner(Shapes(static), caps.traced_attrs, caps.numpy_kernels)
+        self.regions = RegionPlanner(Shapes(static), caps.traced_attrs, caps.numpy_regions)
         self.loops = (
-            LoopPlanner(self.regions, lambda loop: id(loop) in allocating) if caps.loops else None
+            LoopPlanner(self.regions, lambda loop: id(loop) in allocating)
+            if caps.fuses_loops
+            else None
         )
-        self.bodies = BodyPlanner(self.loops) if self.loops is not None and caps.bodies else None
+        self.bodies = (
+            BodyPlanner(self.loops) if self.loops is not None and caps.fuses_bodies else None
+        )
         self.notes: dict[str, str] = {}
         self.hooked_notes: dict[str, str] = {}
         self.made: dict[int, FusedStmt] = {}  # id of a loop -> what it became

@@ -6,9 +6,10 @@ and only the weight gradients and a few sums leave the computation. Within one d
 (the update's ``(i, u)``), a *row region* is a set of ops over ``D`` whose values share a row
 axis of static size ``N`` such that each row of an op's value depends only on the same row
 of its inputs (elementwise ops, a product by a weight, reshapes that keep the rows,
-reductions over other axes: ``ROW_RULES``), and whose readers outside the region are
-*accumulations* (``ACCUMULATIONS``): a sum over the row axis, or a product that contracts it
-(``x.T @ g``, a weight gradient).
+reductions over other axes: each primitive's ``blocks`` rule in the row table,
+``ir/prims/rows.py``), and whose readers outside the region are *accumulations* (its
+``accumulates`` rule): a sum over the row axis, or a product that contracts it (``x.T @ g``,
+a weight gradient).
 
 Such a region runs over a new dim ``k`` of ``K = N / B`` blocks. At ``k`` each region op
 holds rows ``k B .. (k + 1) B`` of its old value; an input from outside the region is read
@@ -32,7 +33,7 @@ compare them value for value). The rest of the compiler schedules the new loop l
 other: the rewrite only introduces a dim.
 
 It runs where a memory budget needs it (``api/context.py`` derives the number of blocks from
-the budget) or where ``TIMERL_BLOCKS`` asks for it (testing). ``B`` is the largest divisor of
+the budget) or where ``CompileOptions.blocks`` asks for it. ``B`` is the largest divisor of
 ``N`` at most ``N`` over the blocks asked for, so every block has one static shape. One region
 per row count and domain, the domain's regions taken by the bytes they save, most first (PPO's
 update has two: the batch's 8,000 rows, and the 12,288 rows of the first layer's weights that
@@ -41,18 +42,16 @@ Adam updates elementwise).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from timerl.compiler.spec import ProgramSpec
-from timerl.errors import ProgramError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, consumers
+from timerl.ir.prims.rows import Decline, accumulation, const_prod, const_size
+from timerl.ir.prims.rows import block_rule as row_rule
 from timerl.ir.reads import computable_points
 from timerl.symbolic import TRUE, Const, Dim, Expr, Slice
 
-BLOCKS_ENV = "TIMERL_BLOCKS"  # blocks to ask for without a budget (testing)
 MIN_BLOCKS = 2  # fewer blocks than this is no incrementalisation
 # a region whose largest op holds less than this over all rows is not worth its loop: a
 # loop over the blocks of many small ops (Adam's update of a 256 x 256 weight) costs more
@@ -60,150 +59,7 @@ MIN_BLOCKS = 2  # fewer blocks than this is no incrementalisation
 MIN_OP_BYTES = 1 << 20
 
 
-def blocks_asked() -> int | None:
-    """Blocks asked for by ``TIMERL_BLOCKS`` (None: not asked)."""
-    value = os.environ.get(BLOCKS_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ProgramError(f"{BLOCKS_ENV}={value!r}: give a whole number of blocks, 1 or more")
-    return int(value)
-
-
-class Decline(Exception):
-    """An op cannot be computed a block of rows at a time."""
-
-
 Shape = tuple[Expr, ...]
-# (op, its row axis, its shape, its inputs' shapes as read) -> each input's row axis (None:
-# the input is read whole); shapes have the program's static bounds in them
-RowRule = Callable[[Op, int, Shape, Sequence[Shape]], tuple[int | None, ...]]
-
-
-def _size(e: Expr) -> int | None:
-    return e.value if isinstance(e, Const) else None
-
-
-def _prod(shape: Shape) -> int:
-    out = 1
-    for s in shape:
-        out *= _size(s) or 0
-    return out
-
-
-def _aligned(out_rank: int, axis: int, shape: Shape, rows: int | None) -> int | None:
-    """The input axis broadcasting puts under output axis ``axis``, if it holds the rows."""
-    at = axis - (out_rank - len(shape))
-    if at < 0 or _size(shape[at]) == 1:
-        return None
-    if _size(shape[at]) != rows:
-        raise Decline(f"an operand has {shape[at]} where the rows are")
-    return at
-
-
-def _elementwise(op: Op, axis: int, out: Shape, shapes: Sequence[Shape]) -> tuple[int | None, ...]:
-    return tuple(_aligned(len(out), axis, s, _size(out[axis])) for s in shapes)
-
-
-def _matmul(op: Op, axis: int, out: Shape, shapes: Sequence[Shape]) -> tuple[int | None, ...]:
-    a, b = shapes
-    if len(b) == 2 and len(a) >= 2 and axis <= len(a) - 2:
-        return (axis, None)  # rows of the left operand, times a matrix
-    if len(a) == 2 and len(b) == 2 and axis == 1:
-        return (None, 1)
-    raise Decline("a batched product over its rows, or a vector product")
-
-
-def _reshape(op: Op, axis: int, out: Shape, shapes: Sequence[Shape]) -> tuple[int | None, ...]:
-    src = shapes[0]
-    if any(_size(s) is None for s in (*src, *out)):
-        raise Decline("a reshape of a symbolic shape")
-    before = _prod(out[:axis])
-    for at in range(len(src)):
-        if _prod(src[:at]) == before and _size(src[at]) == _size(out[axis]):
-            return (at,)
-    raise Decline("a reshape that mixes the rows with other axes")
-
-
-def _permute(op: Op, axis: int, out: Shape, shapes: Sequence[Shape]) -> tuple[int | None, ...]:
-    return (tuple(op.attrs["perm"])[axis],)
-
-
-def _reduce_other(op: Op, axis: int, out: Shape, shapes: Sequence[Shape]) -> tuple[int | None, ...]:
-    rank = len(shapes[0])
-    axes = _reduced(op, rank)
-    kept = range(rank) if op.attrs.get("keepdims") else [a for a in range(rank) if a not in axes]
-    at = list(kept)[axis]
-    if at in axes:
-        raise Decline("reduces the rows")
-    return (at,)
-
-
-def _along_other_axis(
-    op: Op, axis: int, out: Shape, shapes: Sequence[Shape]
-) -> tuple[int | None, ...]:
-    """``gather`` (``take_along_axis``) and its transpose ``scatter_add``: each row picks
-    from (or adds into) its own row, along another axis."""
-    if axis == op.attrs["axis"] % len(out):
-        raise Decline("picks along the rows")
-    return tuple(_aligned(len(out), axis, s, _size(out[axis])) for s in shapes)
-
-
-def _reduced(op: Op, rank: int) -> set[int]:
-    axes = op.attrs.get("axes")
-    return set(range(rank)) if axes is None else {a % rank for a in axes}
-
-
-# row rules by primitive (elementwise primitives share one, see ``row_rule``)
-ROW_RULES: dict[str, RowRule] = {
-    "matmul": _matmul,
-    "reshape": _reshape,
-    "permute": _permute,
-    "expand": _elementwise,
-    "merge": _elementwise,
-    "add_n": _elementwise,
-    "sum": _reduce_other,
-    "max": _reduce_other,
-    "gather": _along_other_axis,
-    "scatter_add": _along_other_axis,
-}
-
-
-def row_rule(prim: str) -> RowRule | None:
-    """How a primitive's rows follow its inputs' rows (None: it mixes them)."""
-    return prims.table_rule(ROW_RULES, prim, _elementwise, "random", "host")
-
-
-# (op, its inputs' shapes) -> for each row count the op can sum over, each input's row axis
-Accumulation = Callable[[Op, Sequence[Shape]], dict[int, tuple[int | None, ...]]]
-
-
-def _sum_rows(op: Op, shapes: Sequence[Shape]) -> dict[int, tuple[int | None, ...]]:
-    if not shapes[0] or 0 not in _reduced(op, len(shapes[0])):
-        return {}
-    rows = _size(shapes[0][0])
-    return {rows: (0,)} if rows else {}
-
-
-def _sumsq_rows(op: Op, shapes: Sequence[Shape]) -> dict[int, tuple[int | None, ...]]:
-    rows = _size(shapes[0][0]) if shapes[0] else None
-    return {rows: (0,)} if rows else {}
-
-
-def _contract_rows(op: Op, shapes: Sequence[Shape]) -> dict[int, tuple[int | None, ...]]:
-    a, b = shapes
-    rows = _size(b[0]) if len(b) == 2 else None
-    if len(a) != 2 or rows is None or _size(a[1]) != rows:
-        return {}
-    return {rows: (1, 0)}
-
-
-# accumulations: ops whose value over all rows is the sum of their values over blocks of rows
-ACCUMULATIONS: dict[str, Accumulation] = {
-    "sum": _sum_rows,
-    "sumsq": _sumsq_rows,
-    "matmul": _contract_rows,
-}
 
 
 @dataclass
@@ -263,7 +119,7 @@ class _Analysis:
         return [self.resolve(View(e.src, e.index).shape) for e in op.inputs]
 
     def nbytes(self, op: Op) -> int:
-        return _prod(self.out(op)) * op.dtype.itemsize
+        return const_prod(self.out(op)) * op.dtype.itemsize
 
     def region(self, tried: set[int] = frozenset()) -> Region | None:
         """The region (of a row count not in ``tried``) whose blocks save the most."""
@@ -272,13 +128,13 @@ class _Analysis:
         for op in self.spec.ops:
             if op.domain != self.domain:
                 continue
-            acc = ACCUMULATIONS.get(op.prim)
+            acc = accumulation(op.prim)
             if acc is not None and _eligible(op, set()):
                 for rows, axes in acc(op, self.ins(op)).items():
                     if rows > 1:
                         sums.setdefault(rows, {})[op.id] = axes
             out = self.out(op)
-            rows = _size(out[0]) if out else None
+            rows = const_size(out[0]) if out else None
             if rows and rows > 1 and row_rule(op.prim) is not None:
                 leading.setdefault(rows, []).append(op)
         candidates = set(sums) | {n for n, found in leading.items() if len(found) > 1}
@@ -312,7 +168,7 @@ class _Analysis:
             rule = row_rule(src.prim)
             out = self.out(src)
             try:
-                if rule is None or _size(out[ax]) != rows:
+                if rule is None or const_size(out[ax]) != rows:
                     raise Decline(src.prim)
                 in_axes[src.id] = rule(src, ax, out, self.ins(src))
                 self.not_a_view_of_outside(src)
@@ -405,13 +261,13 @@ class _Analysis:
         """A product whose rows come from an outside input much wider than its own rows
         (the first layer over image observations) runs whole: by blocks it would hold a
         block of the input's rows, read from disk where the input is streamed
-        (``compiler/budget.py``); whole, it reads them by chunks and holds only its value."""
+        (``memory/budget.py``); whole, it reads them by chunks and holds only its value."""
         out = self.out(op)
-        own = max(_prod(out) // max(_size(out[0]) or 1, 1), 1)
+        own = max(const_prod(out) // max(const_size(out[0]) or 1, 1), 1)
         for e, shape, ax in zip(op.inputs, self.ins(op), axes, strict=True):
             if ax is None or not self.outside(e):
                 continue
-            width = _prod(shape) // max(_size(shape[ax]) or 1, 1)
+            width = const_prod(shape) // max(const_size(shape[ax]) or 1, 1)
             if width > WIDE * own:
                 raise Decline(f"reads rows of {e.src.label} {width // own}x as wide")
 
@@ -431,7 +287,7 @@ class _Analysis:
         for e, shape, ax in zip(op.inputs, self.ins(op), axes, strict=True):
             if ax is None or (e.src.id in region and _internal(e, self.domain)):
                 continue
-            if ax >= len(shape) or _size(shape[ax]) != rows:
+            if ax >= len(shape) or const_size(shape[ax]) != rows:
                 return False
         return True
 

@@ -15,11 +15,11 @@ axis holds one row per (step, env) pair; both sides are numbered in the same ter
 * the update side: an op over ``(.., u)`` numbered at ``u = 0``, where each piecewise
   definition takes its ``u = 0`` branch (``W[i, 0] = W[i]``) and the batch is the rollout's
   range flattened (``reshape(x[i, 0:T], (T * B, ..))``, the ``_batch`` of the algorithms);
-* a row-wise op (its rule in ``_ROW_RULES``: elementwise, matmul by an unbatched matrix,
-  a reduction or reshape that keeps the row axis) applied to row values and unbatched values
-  gets the same number on both sides, because stacking rows commutes with it. Anything else
-  (random draws, piecewise definitions, effects, reads at another step) is a leaf numbered by
-  its identity, so it only equals itself.
+* a row-wise op (its ``stacks`` rule in the row table, ``ir/prims/rows.py``: elementwise,
+  matmul by an unbatched matrix, a reduction or reshape that keeps the row axis) applied to
+  row values and unbatched values gets the same number on both sides, because stacking rows
+  commutes with it. Anything else (random draws, piecewise definitions, effects, reads at
+  another step) is a leaf numbered by its identity, so it only equals itself.
 
 An update op whose number at ``u = 0`` is a rollout op's becomes a piecewise definition:
 at ``u = 0`` a view of the rollout's rows (``reshape(x[i, 0:T])``: the rollout keeps ``x`` as a
@@ -35,26 +35,14 @@ update ``T * B``, which BLAS may sum in another order (vectorisation does the sa
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from timerl.compiler.spec import ProgramSpec
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, consumers, copy_graph, walk
+from timerl.ir.prims.rows import StackRule, stack_rule
 from timerl.symbolic import TRUE, Bound, Const, Dim, Expr, Slice, as_expr
 from timerl.symbolic.bounds import simplify as simplify_cond
-
-DISABLE_ENV = "TIMERL_NO_REUSE"  # set to 1 to measure the program without this pass
-
-
-def enabled() -> bool:
-    """Whether the pass runs (``TIMERL_NO_REUSE=1`` turns it off, for measuring)."""
-    return os.environ.get(DISABLE_ENV, "") in ("", "0")
-
-
-# identity on values (gradients were built before the compiler runs)
-_TRANSPARENT = frozenset({"detach", "identity"})
 
 
 @dataclass(frozen=True)
@@ -80,71 +68,9 @@ def _at_own_point(src: Op, index: tuple) -> bool:
     return View(src, index).is_identity
 
 
-def _attrs_key(op: Op) -> tuple | None:
-    items = []
-    for k, v in sorted(op.attrs.items()):
-        try:
-            hash(v)
-        except TypeError:
-            return None
-        items.append((k, v))
-    return tuple(items)
-
-
-# --- row-wise rules: op, input values -> the key of its value, or None ----------------------
-
-
-def _unbatched_below(op: Op, vals: list[_Val]) -> bool:
-    """Unbatched operands broadcast without touching the row axis."""
-    rank = len(op.shape)
-    return all(v.row or v.rank < rank for v in vals)
-
-
-def _elementwise(op: Op, vals: list[_Val]) -> tuple | None:
-    if not _unbatched_below(op, vals):
-        return None
-    attrs = _attrs_key(op)
-    return None if attrs is None else (op.prim, attrs)
-
-
-def _matmul(op: Op, vals: list[_Val]) -> tuple | None:
-    a, b = vals
-    if not a.row or b.row or a.rank != 2 or b.rank != 2:
-        return None
-    return (op.prim, ())
-
-
-def _reduce(op: Op, vals: list[_Val]) -> tuple | None:
-    axes = op.attrs.get("axes")
-    rank = vals[0].rank
-    if axes is None or not vals[0].row or any(a % rank == 0 for a in axes):
-        return None
-    attrs = _attrs_key(op)
-    return None if attrs is None else (op.prim, attrs)
-
-
-def _reshape(op: Op, vals: list[_Val]) -> tuple | None:
-    # the row count is checked by the caller (output rows = input rows); the rest is per row
-    return (op.prim, tuple(str(s) for s in op.attrs["shape"][1:]))
-
-
-_ROW_RULES: dict[str, Callable[[Op, list[_Val]], tuple | None]] = {
-    "matmul": _matmul,
-    "reshape": _reshape,
-}
-
-
-def _rule(op: Op) -> Callable[[Op, list[_Val]], tuple | None] | None:
-    if op.prim in _ROW_RULES:
-        return _ROW_RULES[op.prim]
-    traits = prims.get(op.prim).traits
-    if traits.random or traits.piecewise or traits.host or op.effect:
-        return None
-    if traits.elementwise:
-        return _elementwise
-    if traits.reduction:
-        return _reduce
-    return None
+def _rule(op: Op) -> StackRule | None:
+    """The op's rule for stacked rows (the row table's ``stacks``): none for an effect."""
+    return None if op.effect else stack_rule(op.prim)
 
 
 class _Numbering:
@@ -162,7 +88,7 @@ class _Numbering:
 
     def combine(self, op: Op, vals: list[_Val]) -> _Val | None:
         """The value of a row-wise op of row values that all have the same rows, or None."""
-        if op.prim in _TRANSPARENT and len(vals) == 1:
+        if prims.get(op.prim).traits.same_value and len(vals) == 1:
             return vals[0]
         rule = _rule(op)
         rows = {v.rows for v in vals if v.row}
@@ -210,7 +136,7 @@ class _Rollout:
         out = self.num.combine(op, vals) if vals is not None else None
         if out is None:  # a leaf: only equal to itself read over the whole range
             return _Val(self.num.number(("rows", op.id, t)), len(op.shape), rows)
-        if op.prim not in _TRANSPARENT:
+        if not prims.get(op.prim).traits.same_value:
             self.found.setdefault(out.num, op)
         return out
 
@@ -271,7 +197,7 @@ class _Update:
     def _batch(self, op: Op) -> _Val | None:
         """A value computed once before the loop over ``u``: the rollout's rows flattened
         (``reshape(x[.., 0:T], (T * B, ..))``) or a row-wise op of such values."""
-        if op.prim == "reshape" and len(op.inputs) == 1:
+        if prims.get(op.prim).traits.reshapes and len(op.inputs) == 1:
             rows = self._flattened(op)
             if rows is not None:
                 return rows
@@ -285,7 +211,7 @@ class _Update:
     def _flattened(self, op: Op) -> _Val | None:
         e = op.inputs[0]
         src, index = e.src, e.index
-        while src.prim in _TRANSPARENT and e.cond == TRUE and src.inputs:
+        while prims.get(src.prim).traits.same_value and e.cond == TRUE and src.inputs:
             if not _at_own_point(src, index):
                 return None
             e = src.inputs[0]

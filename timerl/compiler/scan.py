@@ -28,7 +28,8 @@ An ``x`` is rewritten only when all of this holds (else it is left as written):
   order; ``t - 1`` forward), ``x`` read at its own outer point; the sum and product are read by
   nothing else, and nobody reads them but this definition;
 - ``a``, ``c`` and the first branch's ``b`` are read at the point itself, over dims of ``x``
-  with ``t`` among them for ``a`` and ``c``; ``a`` has ``x``'s shape, ``c`` its shape or none;
+  with ``t`` among them for ``a`` and ``c``; ``a`` has ``x``'s shape, ``c`` and ``b`` its shape
+  or none (a number the scan broadcasts);
   every value has ``x``'s floating dtype;
 - none of ``a``, ``c``, ``b`` depends on ``x`` at the same outer point (they must be complete
   before the scan runs); reads of an earlier or later outer point (the parameters' ``i - 1``)
@@ -40,7 +41,6 @@ An ``x`` is rewritten only when all of this holds (else it is left as written):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -50,13 +50,6 @@ from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, carried, consumers, copy_graph, walk
 from timerl.ir.reads import computable_points
 from timerl.symbolic import TRUE, Condition, Const, Dim, Expr, Slice
-
-DISABLE_ENV = "TIMERL_NO_SCAN"  # set to 1 to compare against the loop as written
-
-
-def enabled() -> bool:
-    """Whether the pass runs (``TIMERL_NO_SCAN=1`` turns it off, for measuring)."""
-    return os.environ.get(DISABLE_ENV, "") in ("", "0")
 
 
 class _Decline(Exception):
@@ -87,12 +80,13 @@ def _depends_on(starts: Iterable[Op], x: Op, dim: Dim) -> bool:
 
 
 def _reads(op: Op, x: Op) -> bool:
-    return op.prim == "mul" and any(e.src.id == x.id for e in op.inputs)
+    return prims.get(op.prim).traits.algebra == "mul" and any(e.src.id == x.id for e in op.inputs)
 
 
 def _split(op: Op, kind: str, x: Op | None = None) -> tuple[Edge, Edge]:
-    """The two operands of a ``kind`` op, the one reading ``x`` (if given) second."""
-    if op.prim != kind or len(op.inputs) != 2:
+    """The two operands of an op computing ``kind`` (``Traits.algebra``: ``"add"``,
+    ``"mul"``), the one reading ``x`` (if given) second."""
+    if prims.get(op.prim).traits.algebra != kind or len(op.inputs) != 2:
         raise _NotLinear
     first, second = op.inputs
     if x is not None and first.src.id == x.id:
@@ -137,7 +131,11 @@ def _match(x: Op, spec: ProgramSpec, readers: dict) -> tuple[Op, Op, Edge, Edge,
     for e, name in ((a, "a"), (c, "c")):
         if e.cond != TRUE or not _at_point(e, x.domain) or t not in e.src.domain:
             raise _Decline(f"its term {name} is not read at its own point along {t.name}")
-    if a.src.shape != x.shape or c.src.shape not in (x.shape, ()):
+    if (
+        a.src.shape != x.shape
+        or c.src.shape not in (x.shape, ())
+        or base.src.shape not in (x.shape, ())
+    ):
         raise _Decline("its terms' shapes differ from its own")
     if any(o.dtype != x.dtype for o in (a.src, c.src, base.src, total, product)):
         raise _Decline("its terms have another dtype")

@@ -37,18 +37,17 @@ point-by-point op keeps one point live at a time where its readers allow; a batc
 at once, so the cap bounds what vectorisation may add to peak memory and leaves the rest of
 a memory budget to the program. A larger batch is declined and stays in its loop.
 
-Batching rules are a table keyed by primitive (one table per transformation, as in JAX):
-each gets the op, which operands are batched and their per-point shapes, and returns the
-batched primitive and attributes, or declines with a reason. ``prog.explain()`` lists every
-vectorised op and each op over a dim that was not vectorised, with the reason.
+Batching rules are a table keyed by primitive (``ir/prims/batching.py``, one table per
+transformation, as in JAX): each gets the op, which operands are batched and their per-point
+shapes, and returns the batched primitive and attributes, or declines with a reason.
+``prog.explain()`` lists every vectorised op and each op over a dim that was not vectorised,
+with the reason.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import networkx as nx
@@ -59,207 +58,14 @@ from timerl.compiler.spec import ProgramSpec
 from timerl.errors import TimerlError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, carried, consumers
-from timerl.ir.validate import _grid, exclusive_conditions, validate
-from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, as_expr, vevaluate
+from timerl.ir.grid import domain_grid
+from timerl.ir.prims.batching import Batch, Batched, Decline, Run, Shape, batching
+from timerl.ir.prims.core import HIDDEN_ATTRS
+from timerl.ir.validate import exclusive_conditions, validate
+from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, vevaluate
 
 MAX_BATCH_BYTES = 64 << 20  # T x bytes of one point of an op: larger batches stay in the loop
 MAX_RUNS = 8  # runs of one branch a batched piecewise definition may have
-DISABLE_ENV = "TIMERL_NO_VECTORIZE"  # set to 1 to compare against the point-by-point schedule
-
-
-def enabled() -> bool:
-    """Whether the pass runs (``TIMERL_NO_VECTORIZE=1`` turns it off, for measuring)."""
-    return os.environ.get(DISABLE_ENV, "") in ("", "0")
-
-
-class Decline(Exception):
-    """A batching rule (or a check) cannot show the batched op has the same value."""
-
-
-Shape = tuple[Expr, ...]
-
-
-@dataclass(frozen=True)
-class Batched:
-    """A batching rule's answer: the batched op's primitive and attributes. Batched operands
-    of rank below ``operand_rank`` get singleton axes after the batch axis first, so operands
-    without the batch axis broadcast against the others as they did point by point."""
-
-    prim: str
-    attrs: dict[str, Any]
-    operand_rank: int | None = None
-    runs: tuple[Run, ...] = ()
-
-
-@dataclass(frozen=True)
-class Run:
-    """Points ``lo .. hi - 1`` of the dim where a piecewise definition takes branch
-    ``branch``, which reads its source at ``dim + offset`` (None: not along the dim)."""
-
-    branch: int
-    lo: int
-    hi: int
-    offset: int | None
-
-
-@dataclass(frozen=True)
-class Batch:
-    """What a rule sees: the op, which inputs are batched, their per-point shapes, the dim."""
-
-    op: Op
-    batched: tuple[bool, ...]
-    shapes: tuple[Shape, ...]
-    dim: Dim
-    size: int
-
-
-BatchRule = Callable[[Batch], Batched]
-
-
-def _shift(axis: int) -> int:
-    """A non-negative axis moves past the batch axis; a negative one counts from the end."""
-    return axis + 1 if axis >= 0 else axis
-
-
-def _point_rank(b: Batch) -> int:
-    return len(b.op.shape)
-
-
-def _elementwise(b: Batch) -> Batched:
-    attrs = dict(b.op.attrs)
-    if "shape" in attrs:  # add_n declares its shape
-        attrs["shape"] = (Const(b.size), *attrs["shape"])
-    return Batched(b.op.prim, attrs, operand_rank=_point_rank(b))
-
-
-def _reduce(b: Batch) -> Batched:
-    attrs = dict(b.op.attrs)
-    rank = len(b.shapes[0])
-    axes = attrs.get("axes")
-    attrs["axes"] = tuple(range(1, rank + 1)) if axes is None else tuple(_shift(a) for a in axes)
-    return Batched(b.op.prim, attrs)
-
-
-def _one_axis(b: Batch) -> Batched:
-    attrs = dict(b.op.attrs)
-    attrs["axis"] = _shift(attrs["axis"])
-    return Batched(b.op.prim, attrs)
-
-
-def _all_batched(b: Batch) -> None:
-    if not all(b.batched):
-        raise Decline("an operand is the same at every point (would need an explicit broadcast)")
-
-
-def _one_axis_all_batched(b: Batch) -> Batched:
-    _all_batched(b)
-    return _one_axis(b)
-
-
-def _take(b: Batch) -> Batched:
-    if b.batched[1]:
-        raise Decline("its index tensor changes along the dim")
-    return _one_axis(b)
-
-
-def _new_shape(b: Batch) -> Batched:
-    attrs = dict(b.op.attrs)
-    attrs["shape"] = (Const(b.size), *attrs["shape"])
-    return Batched(b.op.prim, attrs)
-
-
-def _expand(b: Batch) -> Batched:
-    out = _new_shape(b)
-    return Batched(out.prim, out.attrs, operand_rank=_point_rank(b))
-
-
-def _permute(b: Batch) -> Batched:
-    attrs = dict(b.op.attrs)
-    attrs["perm"] = (0, *(int(p) + 1 for p in attrs["perm"]))
-    return Batched(b.op.prim, attrs)
-
-
-def _static_key(key: Any) -> tuple:
-    key = key if isinstance(key, tuple) else (key,)
-    for k in key:
-        if not (k is None or k is Ellipsis or isinstance(k, (int, slice))):
-            raise Decline(f"index {k!r} is not static")
-    return key
-
-
-def _getitem(b: Batch) -> Batched:
-    attrs = dict(b.op.attrs)
-    attrs["key"] = (slice(None), *_static_key(attrs["key"]))
-    return Batched(b.op.prim, attrs)
-
-
-def _getitem_grad(b: Batch) -> Batched:
-    out = _getitem(b)
-    out.attrs["shape"] = (Const(b.size), *out.attrs["shape"])
-    return out
-
-
-def _matmul(b: Batch) -> Batched:
-    # point by point both operands have rank >= 2 (the primitive requires it), so with the
-    # batched ones padded to the result's rank, numpy/torch batch broadcasting puts the batch
-    # axis first and leaves the per-point product unchanged
-    if any(len(s) < 2 for s in b.shapes):
-        raise Decline("matmul of a vector: broadcasting would not keep the batch axis first")
-    return Batched("matmul", dict(b.op.attrs), operand_rank=_point_rank(b))
-
-
-def _take_matmul(b: Batch) -> Batched:
-    # only the indices batched: ``x[idx] @ w`` for a stack of index vectors is the same
-    # product over the stacked indices, the batch axis first (the primitive takes any rank)
-    if b.op.attrs.get("trans", False) or b.batched != (False, True, False):
-        raise Decline("its matrix or weights change along the dim (or it is a transposed product)")
-    return Batched("take_matmul", dict(b.op.attrs))
-
-
-def _select_at(b: Batch) -> Batched:
-    """``g[t]`` for every ``t`` of a value over ``0:T`` is the value itself (the transpose of
-    a whole-range read, as autodiff builds it)."""
-    index = b.op.attrs["index"]
-    if b.batched[0] or not (isinstance(index, Expr) and index is b.dim):
-        raise Decline("it selects a point other than its own along the dim")
-    lead = b.shapes[0][0]
-    if not (lead == Const(b.size) or lead is b.dim.bound):
-        raise Decline(f"it selects from an axis of size {lead}, not {b.dim.bound.name}")
-    return Batched("identity", {})
-
-
-def _merge_one(b: Batch) -> Batched:
-    """A piecewise definition with one unconditional branch is that branch, broadcast."""
-    if len(b.op.inputs) != 1 or b.op.inputs[0].cond != TRUE:
-        raise Decline("it is a piecewise definition")
-    if b.op.inputs[0].src.dtype != b.op.dtype:
-        raise Decline("its branch has another dtype")
-    shape = (Const(b.size), *b.op.shape)
-    return Batched("expand", {"shape": shape}, operand_rank=_point_rank(b))
-
-
-def _random(b: Batch) -> Batched:
-    """A random op's numbers are a function of its key ``(seed, stream, *coords)``: batched,
-    the coordinates that move with the dim become ``coord at 0 + coef * arange(size)`` along
-    a new leading axis (the ``batch`` attribute), so the one draw equals the points' draws."""
-    attrs = dict(b.op.attrs)
-    coords = attrs.get("key_at") or tuple(b.op.domain)
-    moved: list[tuple[int, int]] = []
-    fixed: list[Expr] = []
-    for pos, coord in enumerate(coords):
-        if not (isinstance(coord, Expr) and b.dim in coord.symbols()):
-            fixed.append(coord)
-            continue
-        terms, _ = coord.linear()
-        coef = terms.get(b.dim)
-        if coef is None or any(b.dim in a.symbols() for a in terms if a is not b.dim):
-            raise Decline(f"its key coordinate {coord} is not affine in {b.dim.name}")
-        moved.append((pos, coef))
-        fixed.append(coord.substitute({b.dim: Const(0)}))
-    attrs["key_at"] = tuple(fixed)
-    attrs["batch"] = (*attrs.get("batch", ()), (b.size, tuple(moved)))
-    attrs["stream"] = attrs.get("stream", b.op.id)
-    return Batched(b.op.prim, attrs)
 
 
 def _offset(op: Op, e: Edge, dim: Dim) -> int | None:
@@ -317,44 +123,6 @@ def _merge_runs(op: Op, dim: Dim, size: int, static: dict) -> tuple[Batched, tup
     offsets = {r.branch: r.offset for r in runs}
     moving = tuple(offsets.get(k) is not None for k in range(len(op.inputs)))
     return Batched("cat", {"axis": 0}, runs=runs), moving
-
-
-RULES: dict[str, BatchRule] = {
-    "uniform": _random,
-    "normal": _random,
-    "sum": _reduce,
-    "max": _reduce,
-    "argmax": _one_axis,
-    "cumsum": _one_axis,
-    "argsort": _one_axis,
-    "narrow": _one_axis,
-    "pad_axis": _one_axis,
-    "cat": _one_axis_all_batched,
-    "gather": _one_axis_all_batched,
-    "take": _take,
-    "reshape": _new_shape,
-    "expand": _expand,
-    "permute": _permute,
-    "getitem": _getitem,
-    "getitem_grad": _getitem_grad,
-    "matmul": _matmul,
-    "take_matmul": _take_matmul,
-    "add_n": _elementwise,
-    "select_at": _select_at,
-    "merge": _merge_one,
-}
-# attributes a rule reads per point and so may mention the dim itself
-_DIM_ATTRS: dict[str, tuple[str, ...]] = {
-    "select_at": ("index",),
-    "uniform": ("key_at",),
-    "normal": ("key_at",),
-}
-_HIDDEN = {"stream", "adopt_domain", "pass_point"}
-
-
-def batch_rule(prim: str) -> BatchRule | None:
-    """The primitive's batching rule: its own entry, or the elementwise one."""
-    return prims.table_rule(RULES, prim, _elementwise, "random", "constant")
 
 
 # --- analysis ----------------------------------------------------------------------------------
@@ -419,24 +187,6 @@ def _in_range(op: Op, e: Edge, bounds: dict) -> bool:
     return True
 
 
-def _selects_in_range(op: Op, bounds: dict) -> bool:
-    """A select_at's point is an attribute, which validation does not see (autodiff's
-    ``g[t]`` of a gradient over ``0:1`` exists only at ``t = 0``)."""
-    index = op.attrs["index"]
-    size = View(op.inputs[0].src, op.inputs[0].index).shape[0]
-    try:
-        at = np.asarray(vevaluate(as_expr(index), _grid(op.domain, bounds)))
-        n = int(size.evaluate(bounds))
-    except (KeyError, TimerlError):
-        return False
-    return bool(np.all((at >= 0) & (at < n)))
-
-
-# ops whose attributes, not only their reads, decide where they are defined (validation checks
-# reads): whether such an op is defined at every point of its domain
-DEFINED_EVERYWHERE: dict[str, Callable[[Op, dict], bool]] = {"select_at": _selects_in_range}
-
-
 def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
     """Ops that can be computed at every point of their domain (every read in range, every
     piecewise op defined), their inputs included. A batched op reads its inputs over the
@@ -444,7 +194,8 @@ def _total(ops: Sequence[Op], bounds: dict) -> set[int]:
     that reads ``u[t + 1]`` exists only for ``t < T - 1``): only total inputs are gathered."""
     bad: list[Op] = []
     for op in ops:
-        defined = DEFINED_EVERYWHERE.get(op.prim)
+        entry = batching(op.prim)
+        defined = entry.defined if entry is not None else None
         if defined is not None and not defined(op, bounds):
             bad.append(op)
             continue
@@ -518,16 +269,16 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
             "it is random along the outermost dim: batched, every iteration's numbers would be "
             "held at once"
         )
-    rule = batch_rule(op.prim)
-    if rule is None:
+    entry = batching(op.prim)
+    if entry is None:
         raise Decline(f"primitive {op.prim} has no batching rule")
     if dim.bound not in spec.static:
         raise Decline(f"{dim.bound.name} is known only when its loop ends (ctx.until)")
     if dim in varies_along(op, spec.ragged):
         raise Decline(f"it depends on a length ctx.until sets at each {dim.name}")
-    free = _DIM_ATTRS.get(op.prim, ())
+    free = entry.dim_attrs
     for name, value in op.attrs.items():
-        if name not in _HIDDEN and name not in free and _mentions(value, dim):
+        if name not in HIDDEN_ATTRS and name not in free and _mentions(value, dim):
             raise Decline(f"its attribute {name} changes with {dim.name}")
     if any(_mentions(s, dim) for s in op.shape):
         raise Decline(f"its shape changes with {dim.name}")
@@ -541,8 +292,8 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
         return _merge_runs(op, dim, size, dict(spec.static))
     batched = _operands(op, dim)
     shapes = tuple(View(e.src, e.index).shape for e in op.inputs)
-    answer = rule(Batch(op, batched, shapes, dim, size))
-    if not any(batched) and answer.prim != "identity" and not traits.random:
+    answer = entry.rule(Batch(op, batched, shapes, dim, size))
+    if not any(batched) and not answer.from_unbatched:
         raise Decline(f"no input changes along {dim.name}")
     return answer, batched
 
@@ -569,7 +320,7 @@ def _point_in_range(reader: Op, edge: Edge, idx: Expr, bounds: dict) -> bool:
     """The point read is inside 0..T-1 wherever the reader's edge applies (every point of the
     reader, under the edge's condition for a piecewise reader)."""
     dim = edge.src.domain[-1]
-    env = _grid(reader.domain, bounds)
+    env = domain_grid(reader.domain, bounds)
     n = len(env[reader.domain[0]]) if reader.domain else 1
     active = np.ones(n, dtype=bool)
     if prims.get(reader.prim).traits.piecewise:

@@ -1,4 +1,4 @@
-"""``timerl graphopt {optimize,eval,train,corpus}``: argument parsing and printing only."""
+"""``timerl graphopt {optimize,import,eval,train,corpus}``: argument parsing and printing only."""
 
 from __future__ import annotations
 
@@ -83,8 +83,52 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         default=1,
         help="processes that score the search's schedules (same result; 2 on a 2-core machine)",
     )
-    o.add_argument("--out", type=Path, default=None, help="result JSON (default: stdout)")
+    o.add_argument(
+        "--out", type=Path, default=None, help="write the result JSON to this file (default: none)"
+    )
+    o.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result JSON instead of the summary (for scripts)",
+    )
     o.set_defaults(func=cmd_optimize)
+
+    m = gsub.add_parser(
+        "import",
+        help="write the graph of your own PyTorch model (needs torch)",
+        formatter_class=DefaultsHelpFormatter,
+        description="MODULE:FACTORY names a function (or class) in a module importable from "
+        "the current folder; it returns a torch.nn.Module, or (module, example_inputs). "
+        "Without example inputs from the factory, --input-shape gives them.",
+    )
+    m.add_argument("model", help="module:factory, e.g. mymodels:make_mlp")
+    m.add_argument(
+        "--input-shape",
+        action="append",
+        default=None,
+        type=_shape,
+        metavar="D1,D2,...",
+        help="shape of one example input (repeat it for each input of forward, in order); "
+        "default: the inputs the factory returns",
+    )
+    m.add_argument(
+        "--dtype", default="float32", help="dtype of the --input-shape inputs (int64: token ids)"
+    )
+    m.add_argument(
+        "--training",
+        action="store_true",
+        help="the training step: forward, backward and --optimizer's update (default: "
+        "inference, one forward pass)",
+    )
+    m.add_argument(
+        "--optimizer",
+        choices=("adam", "sgd", "none"),
+        default="adam",
+        help="with --training: the update per parameter (none: forward and backward only)",
+    )
+    m.add_argument("--name", default=None, help="the graph's name (default: the factory's)")
+    m.add_argument("--out", type=Path, default=Path("graph.json"), help="graph JSON file")
+    m.set_defaults(func=cmd_import)
 
     e = gsub.add_parser(
         "eval", help="compare methods on a corpus split", formatter_class=DefaultsHelpFormatter
@@ -256,6 +300,96 @@ def _require_ortools() -> None:
         ) from None
 
 
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes such as 8,64, got {text!r}") from None
+    if not dims or any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(f"expected positive sizes such as 8,64, got {text!r}")
+    return dims
+
+
+def mib(nbytes: float) -> str:
+    """Bytes in MiB, four significant digits (``11.55 MiB``, ``0.1358 MiB``)."""
+    value = nbytes / 2**20
+    return f"{value:.0f} MiB" if value >= 1000 else f"{value:.4g} MiB"
+
+
+def _seconds(value: float) -> str:
+    if value >= 1:
+        return f"{value:.4g} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.4g} ms"
+    return f"{value * 1e6:.4g} us"
+
+
+def _resident(meta: dict[str, Any]) -> str:
+    """What a graph's peak leaves out, in words."""
+    parts = []
+    if meta.get("param_bytes"):
+        parts.append(f"parameters ({mib(meta['param_bytes'])})")
+    if meta.get("optimizer_state_bytes"):
+        parts.append(f"optimizer state ({mib(meta['optimizer_state_bytes'])})")
+    if not parts:
+        return "the peak is the largest sum of node outputs resident at once (the bytes the file gives)"
+    return (
+        "the peak counts the nodes' outputs (inputs, activations, gradients, temporaries); the "
+        f"{' and '.join(parts)}, resident under every order, are not included"
+    )
+
+
+def optimize_summary(graph: Any, args: argparse.Namespace, result: dict[str, Any]) -> str:
+    """The result of ``optimize`` for people: values with their units, and what they count."""
+    value, prog = result["objective"], result["program_order_value"]
+    lower = 100 * (prog - value) / prog if prog > 0 else 0.0
+    if args.objective == "peak-memory":
+        head = f"peak memory {mib(value)} ({value:,.0f} bytes), program order {mib(prog)}"
+        note = _resident(graph.meta)
+    else:
+        head = f"runtime {_seconds(value)}, program order {_seconds(prog)}"
+        note = "runtime on the reference device, from the nodes' costs"
+    lines = [
+        f"{graph.name}: {head}: {lower:.1f}% lower, by {result['detail']} in "
+        f"{result['seconds']:.2f} s",
+        f"  {note}",
+    ]
+    if args.out is not None:
+        lines.append(f"  result (order, placement, swaps): {args.out}")
+    return "\n".join(lines)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from timerl.graphopt.perfmodel import PeakMemory
+    from timerl.graphopt.torch_import import example_tensors, from_torch, load_model
+
+    model, inputs = load_model(args.model)
+    if args.input_shape:
+        inputs = example_tensors(args.input_shape, args.dtype)
+    if inputs is None:
+        raise GraphError(
+            f"{args.model} returns a module without example inputs: give their shapes with "
+            "--input-shape (once per input), or return (module, example_inputs)"
+        )
+    name = args.name or args.model.partition(":")[2]
+    optimizer = None if args.optimizer == "none" else args.optimizer
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.export's notes on the tracing it does
+        graph = from_torch(model, inputs, training=args.training, optimizer=optimizer, name=name)
+    graph.save(args.out)
+    peak = PeakMemory(graph).peak(graph.program_order)
+    kind = "inference"
+    if args.training:
+        kind = "training: forward, backward" + (f", {optimizer} update" if optimizer else "")
+    print(
+        f"{args.out}: {graph.name} ({kind}), {graph.n} nodes, {graph.num_edges()} edges; "
+        f"program-order peak {mib(peak)}\n  {_resident(graph.meta)}"
+    )
+    return 0
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
     from timerl.graphopt.evaluate import optimize
     from timerl.graphopt.graph import Graph
@@ -274,20 +408,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         weights=args.weights,
         jobs=args.jobs,
     )
+    result["unit"] = "bytes" if args.objective == "peak-memory" else "seconds"
+    for key in ("param_bytes", "optimizer_state_bytes"):
+        if key in graph.meta:  # resident under every order: not in the peak
+            result[key] = graph.meta[key]
     text = json.dumps(result, indent=1)
-    if args.out is None:
-        print(text)
-    else:
+    if args.out is not None:
         args.out.write_text(text)
-        red = 0.0
-        if result["program_order_value"] > 0:
-            prog = result["program_order_value"]
-            red = 100 * (prog - result["objective"]) / prog
-        print(
-            f"{graph.name}: {args.objective} {result['objective']:.6g} "
-            f"(program order {result['program_order_value']:.6g}, {red:.1f}% lower) "
-            f"by {result['detail']} in {result['seconds']:.2f}s -> {args.out}"
-        )
+    print(text if args.json else optimize_summary(graph, args, result))
     return 0
 
 

@@ -16,25 +16,8 @@ import numpy as np
 from timerl.errors import BoundError, OutOfRangeError, ProgramError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
+from timerl.ir.grid import domain_grid as _grid
 from timerl.symbolic import FALSE, TRUE, Bound, Condition, Dim, Expr, Slice, vevaluate
-
-MAX_POINTS = 8_000_000
-
-
-def _grid(domain: tuple[Dim, ...], bounds: Mapping[Bound, int]) -> dict:
-    sizes = [bounds[d.bound] for d in domain]
-    total = int(np.prod(sizes)) if sizes else 1
-    while total > MAX_POINTS:
-        sizes = [max(1, (s + 1) // 2) for s in sizes]
-        total = int(np.prod(sizes))
-    env: dict = dict(bounds)
-    if domain:
-        axes = np.meshgrid(*[np.arange(s) for s in sizes], indexing="ij")
-        for d, axis in zip(domain, axes, strict=True):
-            env[d] = axis.ravel()
-        for d, s in zip(domain, sizes, strict=True):
-            env[d.bound] = s
-    return env
 
 
 def _runs(values: np.ndarray) -> str:

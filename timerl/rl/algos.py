@@ -22,6 +22,7 @@ from timerl.api.optim import Adam
 from timerl.api.tensor import RecurrentTensor, maximum
 from timerl.errors import EnvError, ProgramError
 from timerl.rl.environment import Env, make_env
+from timerl.rl.naming import config_ref
 from timerl.rl.normalize import CLIP, EPS, discounted_return_estimate, running_moments
 from timerl.rl.pure_env import PureEnv
 from timerl.rl.returns import discounted_returns, gae
@@ -95,8 +96,8 @@ class AlgoConfig:
             value = getattr(self, name)
             if not rule.test(value):
                 algo = type(self).__name__.removesuffix("Config").lower()
-                flag = "--" + name.replace("_", "-")
-                raise ProgramError(f"{algo}: {name} must be {rule.what}, got {value!r} ({flag})")
+                where = config_ref(name)  # its flag, or config['name'] from Python
+                raise ProgramError(f"{algo}: {name} must be {rule.what}, got {value!r} ({where})")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -21,11 +21,13 @@ import io
 import json
 import os
 import re
+import warnings
 import zipfile
-from collections.abc import Mapping
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -216,37 +218,90 @@ def save_checkpoint(
         "env_state": _encode(env_state, arrays),
     }
     arrays["__header__"] = np.frombuffer(json.dumps(head).encode(), dtype=np.uint8)
+    write_atomically(path, lambda fh: np.savez(fh, **arrays))
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(file)`` into a temporary file beside ``path``, flushed to disk, then renamed
+    over ``path``: a crash at any moment leaves either the old file or the new one whole,
+    never a part of one (a rename within one directory is atomic)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _sync_dir(path.parent)
+
+
+def _sync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the platform can open a directory)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint file; anything else (corrupt, truncated, foreign) is a CheckpointError."""
+    """Read a checkpoint file; anything else is a CheckpointError that says what the file is:
+    not a timerl checkpoint at all, or a damaged one (truncated, corrupt). A directory is read
+    as a run directory: its newest intact checkpoint (:func:`load_latest`)."""
     path = Path(path)
     if path.is_dir():
-        path = latest_checkpoint(path)
+        return load_latest(path)
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     try:
         data = path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: {err.strerror or err}") from None
+    if not data:
+        raise DamagedCheckpoint(f"checkpoint {path} is damaged: the file is empty")
+    if not data.startswith(_ZIP_MAGIC):
+        raise NotACheckpoint(
+            f"{path} is not a timerl checkpoint: timerl checkpoints are NumPy .npz archives "
+            f"written by timerl train, and this file is not one ({_what_it_is(data)})"
+        )
+    try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as err:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or not a timerl checkpoint: {type(err).__name__}: {err}"
+    except ValueError as err:
+        if "pickle" in str(err).lower():  # an object array: only a pickle could read it
+            raise NotACheckpoint(
+                f"{path} is not a timerl checkpoint: it holds Python objects (pickled data), "
+                "and timerl never loads pickles (they can run code)"
+            ) from None
+        raise DamagedCheckpoint(
+            f"checkpoint {path} is damaged (truncated or corrupt): {err}"
+        ) from None
+    except (OSError, zipfile.BadZipFile, EOFError, KeyError, zlib.error) as err:
+        raise DamagedCheckpoint(
+            f"checkpoint {path} is damaged (truncated or corrupt): {type(err).__name__}: {err}"
         ) from None
     raw_header = arrays.pop("__header__", None)
+    if raw_header is None:
+        raise NotACheckpoint(
+            f"{path} is not a timerl checkpoint: an .npz archive without timerl's header "
+            f"(it holds {', '.join(sorted(arrays)[:5]) or 'no arrays'})"
+        )
     try:
-        header = json.loads(bytes(raw_header).decode()) if raw_header is not None else None
+        header = json.loads(bytes(raw_header).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"checkpoint {path} has a corrupt header: {err}") from None
+        raise DamagedCheckpoint(f"checkpoint {path} has a corrupt header: {err}") from None
     if not isinstance(header, dict) or header.get("kind") != KIND:
-        raise CheckpointError(f"{path} is not a timerl checkpoint (no timerl header)")
+        raise NotACheckpoint(f"{path} is not a timerl checkpoint (no timerl header)")
     if header.get("format") != FORMAT:
         raise CheckpointError(
             f"{path} has checkpoint format {header.get('format')}; this timerl reads format "
@@ -254,8 +309,94 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         )
     missing = [key for key, _, _ in header.get("raw", []) if key not in arrays]
     if missing:
-        raise CheckpointError(f"checkpoint {path} is corrupt: arrays {missing[:3]} are missing")
+        raise DamagedCheckpoint(f"checkpoint {path} is damaged: arrays {missing[:3]} are missing")
     return Checkpoint(header, arrays, path)
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A timerl checkpoint that cannot be read whole: truncated, corrupt, empty."""
+
+
+class NotACheckpoint(CheckpointError):
+    """A file that is not a timerl checkpoint at all."""
+
+
+_ZIP_MAGIC = b"PK"  # every .npz is a zip archive
+
+
+def _what_it_is(data: bytes) -> str:
+    """A hint at what a file that is not an .npz archive holds."""
+    if data.startswith(b"\x93NUMPY"):
+        return "a single NumPy .npy array"
+    if data[:1] == b"\x80" or data.startswith((b"(dp", b"(lp", b"ccopy_reg")):
+        return "it looks like a pickle, which timerl never loads"
+    chunk = data[:512]
+    try:
+        text: str | None = chunk.decode("utf-8")
+    except UnicodeDecodeError as err:  # text, unless the fault is a character cut at the end
+        text = chunk[: err.start].decode("utf-8") if err.start > len(chunk) - 4 else None
+    if text is None or not all(c.isprintable() or c.isspace() for c in text):
+        return f"binary data starting with {data[:8]!r}"
+    first = text.strip().splitlines()[0][:40] if text.strip() else ""
+    return f"a text file starting with {first!r}" if first else "a text file"
+
+
+def load_latest(
+    run_dir: str | Path,
+    notice: Callable[[str], None] | None = None,
+    set_aside: bool = False,
+) -> Checkpoint:
+    """The newest checkpoint of a run directory that reads whole.
+
+    A damaged newer one (a crash of the disk, a copy cut short) is passed over for the next
+    older one, then ``best.npz``, and ``notice`` is told which was used instead of which
+    (``warnings.warn`` when None). ``set_aside``: rename each one passed over to
+    ``<name>.damaged``, so that a resumed run writing newer checkpoints beside it never takes
+    it for the latest again (the file is kept, for a look at what went wrong)."""
+    run_dir = Path(run_dir)
+    candidates = [path for _, path in reversed(checkpoint_files(run_dir))]
+    best = checkpoint_dir(run_dir) / BEST
+    if best.exists():
+        candidates.append(best)
+    if not candidates:
+        latest_checkpoint(run_dir)  # raises the error that says what is missing
+    failed: list[tuple[Path, CheckpointError]] = []
+    for path in candidates:
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError as err:
+            failed.append((path, err))
+            continue
+        if failed:
+            _report_fallback(failed, ckpt, notice, set_aside)
+        return ckpt
+    reasons = "; ".join(str(err) for _, err in failed)
+    raise CheckpointError(f"no intact checkpoint in {checkpoint_dir(run_dir)}: {reasons}")
+
+
+def _report_fallback(
+    failed: list[tuple[Path, CheckpointError]],
+    used: Checkpoint,
+    notice: Callable[[str], None] | None,
+    set_aside: bool,
+) -> None:
+    names = []
+    for path, _ in failed:
+        if set_aside and path.name != BEST:
+            path.replace(path.with_name(path.name + ".damaged"))
+            names.append(f"{path.name} (renamed {path.name}.damaged)")
+        else:
+            names.append(path.name)
+    newest = failed[0][1]
+    text = f"{newest}; using {used.path}, the newest intact checkpoint (iteration {used.iteration})"
+    if len(failed) > 1:
+        text += f"; also unreadable: {', '.join(names[1:])}"
+    elif set_aside:
+        text += f"; the damaged file is kept as {failed[0][0].name}.damaged"
+    if notice is None:
+        warnings.warn(text, stacklevel=3)
+    else:
+        notice(f"warning: {text}")
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -316,9 +457,8 @@ class CheckpointKeeper:
         save_checkpoint(path, header, **parts)
         if better:
             self.best_score = score
-            tmp = self.folder / (BEST + ".tmp")
-            tmp.write_bytes(path.read_bytes())
-            os.replace(tmp, self.folder / BEST)
+            data = path.read_bytes()
+            write_atomically(self.folder / BEST, lambda fh: fh.write(data))
         for _, old in checkpoint_files(self.run_dir)[: -self.keep]:
             old.unlink(missing_ok=True)
         return path

@@ -19,6 +19,7 @@ from typing import Any
 
 from timerl.errors import ProgramError
 from timerl.graphopt.cli import DefaultsHelpFormatter
+from timerl.rl.naming import cli_names
 from timerl.runtime.backend import BACKENDS
 
 # config fields with their own flags (or none: env_kwargs via --env-kwargs)
@@ -145,7 +146,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--env",
         default=None,
-        help=f"environment id (default: {DEFAULT_ENV}; sac: Pendulum-v1; graph-policy: the "
+        help=f"environment: a gymnasium id, or module:EnvId for one of your own (the module is "
+        "imported from the current folder or PYTHONPATH and registers EnvId, or defines it as "
+        f"a gymnasium.Env class) (default: {DEFAULT_ENV}; sac: Pendulum-v1; graph-policy: the "
         "graphs of --corpus)",
     )
     p.add_argument(
@@ -264,6 +267,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("--seed", type=int, default=1000, help="seed of the evaluation episodes")
     e.add_argument(
+        "--env",
+        default=None,
+        help="run this environment (an id or module:EnvId) instead of the one the run "
+        "records; the run's --env-kwargs still apply (default: the run's own)",
+    )
+    e.add_argument(
         "--video",
         type=Path,
         default=None,
@@ -287,6 +296,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="output file (default: RUN_DIR/policy.pt2 or RUN_DIR/policy.onnx)",
     )
     x.add_argument("--checkpoint", default="latest", help="'latest', 'best', or a file")
+    x.add_argument(
+        "--env",
+        default=None,
+        help="size the policy's input and output by this environment (an id or "
+        "module:EnvId) instead of the run's (default: the run's own)",
+    )
     x.set_defaults(func=_export)
 
     pl = sub.add_parser(
@@ -350,14 +365,22 @@ def given_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def _train(args: argparse.Namespace) -> int:
     from timerl.rl.registry import ALGOS
-    from timerl.rl.train import train
 
     cfg = given_config(args)
     if not args.resume:
         cfg.setdefault("env_id", ALGOS[args.algo][1].env_id)
         cfg.setdefault("seed", 0)
     steps = args.steps if args.steps is not None or args.resume else DEFAULT_STEPS
-    result = train(
+    with cli_names():
+        result = _run_train(args, cfg, steps)
+    print(result.summary())
+    return 0
+
+
+def _run_train(args: argparse.Namespace, cfg: dict[str, Any], steps: int | None) -> Any:
+    from timerl.rl.train import train
+
+    return train(
         args.algo,
         cfg,
         total_steps=steps,
@@ -375,21 +398,21 @@ def _train(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         minutes=args.minutes,
     )
-    print(result.summary())
-    return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
     from timerl.rl.evaluation import evaluate_run
 
-    report = evaluate_run(
-        args.run_dir,
-        episodes=args.episodes,
-        deterministic=args.deterministic,
-        checkpoint=args.checkpoint,
-        seed=args.seed,
-        video=args.video,
-    )
+    with cli_names():
+        report = evaluate_run(
+            args.run_dir,
+            episodes=args.episodes,
+            deterministic=args.deterministic,
+            checkpoint=args.checkpoint,
+            seed=args.seed,
+            video=args.video,
+            env=args.env,
+        )
     print(report.summary())
     return 0
 
@@ -397,7 +420,15 @@ def _eval(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from timerl.rl.export import export_run
 
-    path = export_run(args.run_dir, fmt=args.format, out=args.out, checkpoint=args.checkpoint)
+    with cli_names():
+        path = export_run(
+            args.run_dir,
+            fmt=args.format,
+            out=args.out,
+            checkpoint=args.checkpoint,
+            env=args.env,
+            notice=lambda line: print(line, file=sys.stderr),
+        )
     print(f"policy written to {path}")
     return 0
 
@@ -405,7 +436,8 @@ def _export(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from timerl.rl.plotting import plot_runs
 
-    path = plot_runs(args.run_dirs, args.out, metric=args.metric, group=not args.no_group)
+    with cli_names():
+        path = plot_runs(args.run_dirs, args.out, metric=args.metric, group=not args.no_group)
     print(f"learning curve written to {path}")
     return 0
 

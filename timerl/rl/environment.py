@@ -8,6 +8,7 @@ inside episodes).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from timerl.api.tensor import RecurrentTensor
 from timerl.errors import EnvError
 from timerl.ir.build import apply
 from timerl.ir.graph import View
+from timerl.rl.env_ids import env_id_of
 from timerl.rl.envs import VectorEnv
 from timerl.rl.envs import make_env as make_vector_env
 
@@ -141,7 +143,7 @@ class Env:
 
 
 def make_env(
-    env_id: str,
+    env_id: str | Callable[..., Any],
     num_envs: int = 1,
     seed: int = 0,
     backend: str = "gymnasium",
@@ -150,7 +152,10 @@ def make_env(
     ray_address: str | None = None,
     **kwargs: Any,
 ) -> Env | PureEnv:
-    """``tl.rl.make_env``: a seeded batch of environments usable inside a program;
+    """``tl.rl.make_env``: a seeded batch of environments usable inside a program.
+
+    ``env_id``: a registered id, ``"module:EnvId"``, or a ``gymnasium.Env`` subclass or a
+    function returning a new env (see :mod:`timerl.rl.env_ids`);
     ``backend="envpool"`` simulates it with envpool (``pip install "timerl[envpool]"``);
     ``backend="jax"`` takes the env's pure JAX version (``rl/jax_envs.py``), whose state the
     program carries (``rl/pure_env.py``).
@@ -161,6 +166,7 @@ def make_env(
     (0, no Ray, outside one)."""
     from timerl.rl.ray_env import placement
 
+    env_id = env_id_of(env_id)  # a class or factory is known by "module:qualname"
     workers, ray_address = placement(workers, ray_address)
     if workers < 0:
         raise EnvError(f"{env_id}: workers must be 0 (no Ray) or more, got {workers}")

@@ -17,11 +17,13 @@ runtime may call it from any backend.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from timerl.errors import EnvError
+from timerl.rl.env_ids import env_id_of, gym_target
 from timerl.rl.synthetic import SyntheticVectorEnv  # noqa: F401  (registers Synthetic-v0)
 from timerl.rl.vector_env import _NATIVE, VectorEnv, register_native  # noqa: F401 (re-exported)
 
@@ -46,8 +48,10 @@ class GymVectorEnv(VectorEnv):
 
         super().__init__(env_id, num_envs, seed)
 
+        target = gym_target(env_id)
+
         def make_one() -> Any:
-            return gym.make(env_id, **kwargs)
+            return gym.make(target, **kwargs)
 
         try:
             probe = make_one()
@@ -62,6 +66,8 @@ class GymVectorEnv(VectorEnv):
             raise EnvError(f"{env_id}: gymnasium could not create it: {err}") from err
         except TypeError as err:
             raise EnvError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {err}") from err
+        except Exception as err:  # the user's own env failing in its constructor
+            raise EnvError(f"{env_id}: creating it failed: {type(err).__name__}: {err}") from err
         obs_space, act_space = probe.observation_space, probe.action_space
         probe.close()
 
@@ -127,6 +133,8 @@ class GymVectorEnv(VectorEnv):
                 "state": _copy_value(getattr(unwrapped, "state", None)),
                 "elapsed": _elapsed_steps(env),
             }
+            if not hasattr(unwrapped, "state"):
+                entry["attrs"] = _plain_attributes(unwrapped)
             envs.append(entry)
         return {
             "seeded": self._seeded,
@@ -148,6 +156,9 @@ class GymVectorEnv(VectorEnv):
             unwrapped.np_random.bit_generator.state = entry["np_random"]
             if entry["state"] is not None and hasattr(unwrapped, "state"):
                 unwrapped.state = _copy_value(entry["state"])
+            elif entry.get("attrs") is not None and not hasattr(unwrapped, "state"):
+                for name, value in entry["attrs"].items():
+                    setattr(unwrapped, name, _copy_value(value))
             else:
                 exact = False
             exact = _set_elapsed_steps(env, entry["elapsed"]) and exact
@@ -281,6 +292,39 @@ def _copy_value(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return type(value)(_copy_value(v) for v in value)
     return value
+
+
+# attributes of a gymnasium env that are its settings or handled on their own, not its state
+_NOT_STATE = {"_np_random", "_np_random_seed", "np_random", "spec", "render_mode", "metadata"}
+
+
+def _plain_attributes(env: Any) -> dict[str, Any] | None:
+    """The whole state of an env that keeps it in plain attributes (numbers, strings, numpy
+    arrays, and lists, tuples and dicts of them), as an env of one's own mostly does; None
+    when any attribute holds something else (a physics engine's handle, a window), whose
+    state cannot be saved without pickling it: episodes then restart on resume."""
+    from gymnasium.spaces import Space
+
+    out: dict[str, Any] = {}
+    for name, value in vars(env).items():
+        if name in _NOT_STATE or isinstance(value, Space):
+            continue
+        if not _is_plain(value):
+            return None
+        out[name] = _copy_value(value)
+    return out
+
+
+def _is_plain(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str | np.generic):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "biufc"
+    if isinstance(value, tuple | list):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
 
 
 def _elapsed_steps(env: Any) -> int | None:
@@ -417,16 +461,23 @@ def available_env_ids() -> list[str]:
 
 
 def make_env(
-    env_id: str, num_envs: int = 1, seed: int = 0, backend: str = "gymnasium", **kwargs: Any
+    env_id: str | Callable[..., Any],
+    num_envs: int = 1,
+    seed: int = 0,
+    backend: str = "gymnasium",
+    **kwargs: Any,
 ) -> VectorEnv:
     """Create ``num_envs`` seeded copies of ``env_id`` behind the :class:`VectorEnv` contract.
 
-    The same ``(env_id, num_envs, seed, kwargs)`` gives the same trajectories for the same
-    actions. CartPole runs as gymnasium's batched simulator (:class:`GymBatchedCartPole`),
-    every other gymnasium id as one env per copy (:class:`GymVectorEnv`). ``kwargs`` go to the
-    env's constructor (``gymnasium.make`` for gymnasium ids, ``envpool.make`` with
-    ``backend="envpool"``).
+    ``env_id``: a registered id, gymnasium's ``"module:EnvId"`` (the module is imported
+    first), or a ``gymnasium.Env`` subclass or function returning a new env
+    (:mod:`timerl.rl.env_ids`). The same ``(env_id, num_envs, seed, kwargs)`` gives the same
+    trajectories for the same actions. CartPole runs as gymnasium's batched simulator
+    (:class:`GymBatchedCartPole`), every other gymnasium env as one env per copy
+    (:class:`GymVectorEnv`). ``kwargs`` go to the env's constructor (``gymnasium.make`` for
+    gymnasium envs, ``envpool.make`` with ``backend="envpool"``).
     """
+    env_id = env_id_of(env_id)
     if backend not in ENV_BACKENDS:
         raise EnvError(f"unknown env backend {backend!r}; choose one of {list(ENV_BACKENDS)}")
     if env_id in _NATIVE:
@@ -437,10 +488,14 @@ def make_env(
         return EnvpoolVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
     import gymnasium as gym
 
-    if env_id not in gym.registry:
+    if gym_target(env_id) is None:
         close = difflib.get_close_matches(env_id, available_env_ids(), n=5, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise EnvError(f"unknown environment id {env_id!r}{hint}")
-    if gym.registry[env_id].vector_entry_point == BATCHED_CARTPOLE:
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise EnvError(
+            f"unknown environment id {env_id!r}; {hint}For an environment of your own, give "
+            "'module:EnvId' (the module is imported first and registers EnvId with gymnasium, "
+            "or defines it as a class), or register it with gymnasium.register before training"
+        )
+    if env_id in gym.registry and gym.registry[env_id].vector_entry_point == BATCHED_CARTPOLE:
         return GymBatchedCartPole(env_id, num_envs=num_envs, seed=seed, **kwargs)
     return GymVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)

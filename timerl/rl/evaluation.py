@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from timerl.errors import CheckpointError, EnvError
-from timerl.rl.checkpoint import BEST, Checkpoint, checkpoint_dir, latest_checkpoint
+from timerl.rl.checkpoint import BEST, Checkpoint, checkpoint_dir, load_latest
 from timerl.rl.checkpoint import load_checkpoint as _load
+from timerl.rl.env_ids import env_id_of, restore_env
+from timerl.rl.naming import arg_ref
 
 # networks that choose actions, in the order they are looked for
 ACTING_NETS = ("actor", "policy", "pi", "q", "q_net", "qnet")
@@ -51,13 +54,16 @@ ACTIVATIONS = {
 }
 
 
-def load_run_checkpoint(run_dir: str | Path, which: str = "latest") -> Checkpoint:
-    """``which``: 'latest', 'best', or a checkpoint file path."""
+def load_run_checkpoint(
+    run_dir: str | Path, which: str = "latest", notice: Callable[[str], None] | None = None
+) -> Checkpoint:
+    """``which``: 'latest' (the newest intact one: a damaged newer one is passed over, and
+    ``notice`` told so), 'best', or a checkpoint file path."""
     run_dir = Path(run_dir)
     if which == "latest":
         if not run_dir.is_dir():
             raise CheckpointError(f"no run directory {run_dir}")
-        return _load(latest_checkpoint(run_dir))
+        return load_latest(run_dir, notice=notice)
     if which == "best":
         path = checkpoint_dir(run_dir) / BEST
         if not path.exists():
@@ -258,21 +264,42 @@ def checkpoint_activations(header: dict[str, Any]) -> dict[str, str] | str:
     return header.get("activations") or header["config"].get("activation", "tanh")
 
 
-def _make_env(header: dict[str, Any], seed: int, **extra: Any) -> Any:
+def _make_env(header: dict[str, Any], seed: int, env: Any = None, **extra: Any) -> Any:
+    """The run's environment, one copy: made again from the run's record of it (its module
+    imported, its gymnasium registration redone), or ``env`` given instead (an id,
+    ``"module:EnvId"``, a class or a factory), with the run's ``env_kwargs`` either way."""
     from timerl.rl.envs import make_env
 
     cfg = header["config"]
-    return make_env(cfg["env_id"], num_envs=1, seed=seed, **cfg.get("env_kwargs", {}), **extra)
+    if env is None:
+        restore_env(header.get("env") or {"id": cfg["env_id"]})
+        env = cfg["env_id"]
+    else:
+        env = env_id_of(env, arg_ref("env", "--env"))
+    return make_env(env, num_envs=1, seed=seed, **cfg.get("env_kwargs", {}), **extra)
+
+
+def format_return(value: float, spread: float | None = None) -> str:
+    """A return (and its spread) to four significant digits of the larger, at least one
+    decimal: ``500.0``, ``4564.3 ± 65.2``, ``0.9312 ± 0.0021`` (rewards of order 0.01
+    summed over an episode), never ``0.9 ± 0.0``."""
+    if not math.isfinite(value):
+        return str(value)
+    scale = max(abs(value), abs(spread) if spread is not None else 0.0)
+    decimals = 1 if scale == 0 else min(8, max(1, 3 - math.floor(math.log10(scale))))
+    text = f"{value:.{decimals}f}"
+    return text if spread is None else f"{text} ± {spread:.{decimals}f}"
 
 
 @dataclass
 class EvalReport:
     env_id: str
     checkpoint: str
-    iteration: int
+    iteration: int  # numbered from 0, as in metrics.csv and the checkpoint's file name
     returns: list[float]
     deterministic: bool
     video: str | None = None
+    notes: list[str] = field(default_factory=list)  # e.g. a damaged checkpoint passed over
 
     @property
     def mean(self) -> float:
@@ -283,14 +310,16 @@ class EvalReport:
         return float(np.std(self.returns))
 
     def summary(self) -> str:
+        """The report as printed; notes (a checkpoint passed over) come first."""
         mode = "deterministic" if self.deterministic else "stochastic"
         text = (
-            f"{self.env_id}: return {self.mean:.1f} ± {self.std:.1f} over {len(self.returns)} "
-            f"episodes ({mode} policy, {self.checkpoint}, after iteration {self.iteration})"
+            f"{self.env_id}: return {format_return(self.mean, self.std)} over "
+            f"{len(self.returns)} episodes ({mode} policy, {self.checkpoint}, after iteration "
+            f"{self.iteration})"
         )
         if self.video:
             text += f"\nvideo of the first episode: {self.video}"
-        return text
+        return "\n".join([*self.notes, text])
 
 
 def evaluate_run(
@@ -302,27 +331,36 @@ def evaluate_run(
     seed: int = 1000,
     video: str | Path | None = None,
     max_steps: int = 100_000,
+    env: Any = None,
 ) -> EvalReport:
-    """Run ``episodes`` episodes of the trained policy; the first one can be saved as a GIF."""
+    """Run ``episodes`` episodes of the trained policy; the first one can be saved as a GIF.
+
+    ``env``: the environment to run instead of the one the run records (an id,
+    ``"module:EnvId"``, a ``gymnasium.Env`` subclass or a factory)."""
     if episodes < 1:
-        raise CheckpointError(f"--episodes must be at least 1, got {episodes}")
-    ckpt = load_run_checkpoint(run_dir, checkpoint)
+        raise CheckpointError(
+            f"{arg_ref('episodes', '--episodes')} must be at least 1, got {episodes}"
+        )
+    notes: list[str] = []
+    ckpt = load_run_checkpoint(run_dir, checkpoint, notice=notes.append)
     header = ckpt.header
-    env = _make_env(header, seed)
+    env_given = env
+    env = _make_env(header, seed, env_given)
     spec = checkpoint_policy(ckpt, env)
     rng = np.random.default_rng(seed)
     returns = run_episodes(env, spec, episodes, deterministic, rng, max_steps)
     env.close()
     written = None
     if video is not None:
-        written = str(_record(header, spec, deterministic, seed, Path(video), max_steps))
+        written = str(_record(header, spec, deterministic, seed, Path(video), max_steps, env_given))
     return EvalReport(
-        header["config"]["env_id"],
+        env.env_id,
         str(ckpt.path),
         ckpt.iteration,
         returns,
         deterministic,
         written,
+        notes,
     )
 
 
@@ -355,6 +393,7 @@ def _record(
     seed: int,
     path: Path,
     max_steps: int,
+    env_given: Any = None,
 ) -> Path:
     try:
         from PIL import Image
@@ -363,7 +402,7 @@ def _record(
             "--video needs Pillow, which is not installed: pip install 'timerl[train]'"
         ) from None
     try:
-        env = _make_env(header, seed, render_mode="rgb_array")
+        env = _make_env(header, seed, env_given, render_mode="rgb_array")
     except Exception as err:
         raise EnvError(
             f"{header['config']['env_id']}: cannot render this environment for --video ({err})"

@@ -1,7 +1,10 @@
 """``timerl export``: the trained acting network as a file that runs without timerl.
 
 - ``torch``: a ``torch.export`` program (``torch.export.load(path).module()``) mapping a batch
-  of observations to deterministic actions; needs only torch to run.
+  of observations ``(batch, *obs_shape)``, of any float dtype (float32, float64), to
+  deterministic actions ``(batch, *action_shape)``; needs only torch to run. torch.export
+  fixes the number of dimensions of an input, so one observation is given as a batch of one
+  (``policy(obs[None])[0]``); the dtype it converts itself.
 - ``onnx``: the same module as an ONNX graph, input ``obs`` and output ``action``; writing it
   needs the ``onnx`` extra (torch's exporter uses ``onnx`` and ``onnxscript``).
 
@@ -11,6 +14,7 @@ normalisation included: the exported module takes raw observations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ from timerl.rl.evaluation import (
     checkpoint_policy,
     load_run_checkpoint,
 )
+from timerl.rl.naming import arg_ref
 
 FORMATS = {"torch": ".pt2", "onnx": ".onnx"}
 
@@ -106,7 +111,9 @@ def _policy_class() -> Any:
             self.obs_clip = obs_clip
 
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
-            x = obs.float()
+            # a cast that torch.export does not turn into a check of the input's dtype (as
+            # ``obs.float()`` would): float64 observations (numpy's default) are accepted
+            x = torch.ops.aten._to_copy.default(obs, dtype=torch.float32)
             if self.obs_clip is not None:
                 x = ((x - self.obs_mean) / self.obs_scale).clamp(-self.obs_clip, self.obs_clip)
             out = self.net(x.reshape(obs.shape[0], self.obs_dim))
@@ -127,12 +134,21 @@ def export_run(
     fmt: str = "torch",
     out: str | Path | None = None,
     checkpoint: str = "latest",
+    env: Any = None,
+    notice: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write the run's acting network as ``fmt``; returns the file written."""
+    """Write the run's acting network as ``fmt``; returns the file written.
+
+    ``env``: the environment to size the network's input and output by, instead of the one
+    the run records (an id, ``"module:EnvId"``, a class or a factory). ``notice``: told when
+    a damaged latest checkpoint is passed over for an older one."""
     if fmt not in FORMATS:
-        raise CheckpointError(f"unknown export format {fmt!r}; choose one of {sorted(FORMATS)}")
-    ckpt = load_run_checkpoint(run_dir, checkpoint)
-    env = _make_env(ckpt.header, seed=0)
+        raise CheckpointError(
+            f"unknown export format {fmt!r} ({arg_ref('fmt', '--format')}); "
+            f"choose one of {sorted(FORMATS)}"
+        )
+    ckpt = load_run_checkpoint(run_dir, checkpoint, notice=notice)
+    env = _make_env(ckpt.header, 0, env)
     spec = checkpoint_policy(ckpt, env)
     example = env.reset()
     env.close()

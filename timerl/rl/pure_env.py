@@ -8,7 +8,7 @@ that pytree, carried over the rollout like the observations are::
     state[i, t + 1], obs[i, t + 1], reward[i, t], done[i, t] = step(state[i, t], action[i, t])
     state[i + 1, 0] = state[i, T - 1]   # episodes continue across iterations
 
-Reset and step are ``pure_call`` ops (``ir/prims.py``): no effect, so the passes treat them
+Reset and step are ``pure_call`` ops (``ir/prims/control.py``): no effect, so the passes treat them
 like any other op and the jax backend traces them into the rollout loop (one XLA loop when
 the rest of the body traces too); the numpy and torch backends evaluate the same function on
 the host (jitted by jax, on numpy arrays). Seeds and auto-reset are jax_envs': the reset key is

@@ -268,9 +268,10 @@ class _Worker:
         return self.env.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
-        """Restore; True when episodes continue (False: they restart at the next reset)."""
+        """Restore; True when episodes continue (False: they restart at the next step)."""
         self.env.load_state_dict(state)
-        return self.env._needs_reset == bool(state["needs_reset"])
+        restarts = self.env._restart_on_step
+        return not restarts and self.env._needs_reset == bool(state["needs_reset"])
 
     def close(self) -> None:
         self.env.close()

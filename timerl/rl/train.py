@@ -43,10 +43,14 @@ from timerl.rl.checkpoint import (
     CheckpointKeeper,
     latest_checkpoint,
     load_checkpoint,
+    load_latest,
     named_state,
     resume_margin,
+    write_atomically,
 )
-from timerl.rl.evaluation import infer_activations
+from timerl.rl.env_ids import env_id_of, env_record, restore_env
+from timerl.rl.evaluation import format_return, infer_activations
+from timerl.rl.naming import arg_ref, config_ref
 from timerl.rl.ray_env import env_workers
 from timerl.rl.registry import ALGOS
 from timerl.rl.tblog import ScalarWriter, tensorboard_available
@@ -112,7 +116,7 @@ class TrainResult:
         lines = [
             f"{self.algo} on {self.env_id}: {self.iterations} iterations, "
             f"{self.env_steps:,} env steps{resumed}",
-            f"  mean return (last 10 iterations): {self.mean_return_last10:.1f}",
+            f"  mean return (last 10 iterations): {format_return(self.mean_return_last10)}",
             f"  env steps/s: {self.steps_per_second:,.0f}   compile: {self.compile_seconds:.2f} s"
             f"   run: {self.run_seconds:.1f} s   peak memory: {_size(self.peak_bytes)}",
         ]
@@ -139,6 +143,8 @@ def make_config(algo: str, config: dict[str, Any]) -> AlgoConfig:
     if algo not in ALGOS:
         raise ProgramError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGOS)}")
     _, cls = ALGOS[algo]
+    if "env_id" in config:  # a class or factory from Python is known by "module:qualname"
+        config = {**config, "env_id": env_id_of(config["env_id"], config_ref("env_id"))}
     config = {**default_config(algo, config.get("env_id", cls.env_id)), **config}
     names = {f.name for f in fields(cls)}
     unknown = set(config) - names
@@ -177,7 +183,8 @@ def _check_same_config(
     if diffs:
         raise CheckpointError(
             f"cannot resume the run in {log_path} with a different config: {', '.join(diffs)}; "
-            "resume without these settings, or start a new run in another --log-dir"
+            f"resume without these settings, or start a new run in another "
+            f"{arg_ref('log_dir', '--log-dir')}"
         )
 
 
@@ -197,8 +204,9 @@ def _prepare_log_dir(log_path: Path, overwrite: bool) -> None:
     """A new run never silently replaces another one's metrics and checkpoints."""
     if not log_path.exists():
         return
+    what = arg_ref("log_dir", "--log-dir")
     if not log_path.is_dir():
-        raise CheckpointError(f"--log-dir {log_path} exists and is not a directory")
+        raise CheckpointError(f"{what} {log_path} exists and is not a directory")
     ours = [log_path / name for name in RUN_FILES if (log_path / name).exists()]
     others = [p for p in log_path.iterdir() if p not in ours]
     if not ours and not others:
@@ -206,9 +214,10 @@ def _prepare_log_dir(log_path: Path, overwrite: bool) -> None:
     if not overwrite:
         held = ", ".join(sorted(p.name for p in [*ours, *others])[:5])
         raise CheckpointError(
-            f"--log-dir {log_path} is not empty (holds {held}); "
-            "pass --resume to continue that run, --overwrite to replace it, or choose another "
-            "--log-dir"
+            f"{what} {log_path} is not empty (holds {held}); pass "
+            f"{arg_ref('resume=True', '--resume')} to continue that run, "
+            f"{arg_ref('overwrite=True', '--overwrite')} to replace it, or choose another "
+            f"{what}"
         )
     for p in ours:
         if p.is_dir():
@@ -259,11 +268,17 @@ def train(
     checkpoint; ``resume`` continues toward ``iterations``.
     """
     if minutes is not None and minutes <= 0:
-        raise CheckpointError(f"--minutes must be positive, got {minutes}")
+        raise CheckpointError(f"{arg_ref('minutes', '--minutes')} must be positive, got {minutes}")
     if checkpoint_every < 1:
-        raise CheckpointError(f"--checkpoint-every must be at least 1, got {checkpoint_every}")
+        raise CheckpointError(
+            f"{arg_ref('checkpoint_every', '--checkpoint-every')} must be at least 1, "
+            f"got {checkpoint_every}"
+        )
     if keep_checkpoints < 1:
-        raise CheckpointError(f"--keep-checkpoints must be at least 1, got {keep_checkpoints}")
+        raise CheckpointError(
+            f"{arg_ref('keep_checkpoints', '--keep-checkpoints')} must be at least 1, "
+            f"got {keep_checkpoints}"
+        )
     if config is not None and not isinstance(config, Mapping):
         raise ProgramError(
             f"{algo}: config must be a dict of hyper-parameters (e.g. {{'env_id': "
@@ -274,20 +289,29 @@ def train(
             f"give the run's length once: iterations={iterations} or total_steps="
             f"{total_steps}, not both"
         )
-    for flag, value in (("--steps", total_steps), ("iterations", iterations)):
+    for flag, value in (
+        (arg_ref("total_steps", "--steps"), total_steps),
+        ("iterations", iterations),
+    ):
         if value is not None and value < 1:
             raise ProgramError(f"{flag} must be at least 1, got {value}")
     if log_every < 0 or workers < 0:
         raise ProgramError(
-            f"--log-every and --workers must not be negative, got {log_every} and {workers}"
+            f"{arg_ref('log_every', '--log-every')} and {arg_ref('workers', '--workers')} must "
+            f"not be negative, got {log_every} and {workers}"
         )
     log_path = Path(log_dir) if log_dir is not None else None
     ckpt: Checkpoint | None = None
     if resume:
         if log_path is None:
-            raise CheckpointError("--resume needs the --log-dir of the run to continue")
-        ckpt = load_checkpoint(latest_checkpoint(log_path))
+            raise CheckpointError(
+                f"{arg_ref('resume=True', '--resume')} needs "
+                f"{arg_ref('log_dir', '--log-dir')}, the run directory to continue"
+            )
+        # a damaged newest checkpoint is set aside for the newest intact one, saying so
+        ckpt = load_latest(log_path, notice=echo, set_aside=True)
         saved = ckpt.header
+        restore_env(saved.get("env"))  # an env of the user's: its module, its registration
         if saved["algo"] != algo:
             raise CheckpointError(f"checkpoint {ckpt.path} is for {saved['algo']!r}, not {algo!r}")
         _check_same_config(algo, config, saved["config"], log_path)
@@ -297,7 +321,7 @@ def train(
         if saved_workers != workers:
             raise CheckpointError(
                 f"checkpoint {ckpt.path} holds the envs' state of {saved_workers} Ray workers; "
-                f"resume with --workers {saved_workers} (not {workers})"
+                f"resume with {arg_ref('workers=', '--workers ')}{saved_workers} (not {workers})"
             )
     elif log_path is not None:
         _prepare_log_dir(log_path, overwrite)
@@ -306,6 +330,9 @@ def train(
         program = build(algo, dict(config or {}))
     cfg: AlgoConfig = program.config
     per_iter = program.steps_per_iteration
+    # how eval, export and --resume make this env again in another process
+    env_spec = saved.get("env") if ckpt is not None else None
+    env_spec = env_spec or env_record(cfg.env_id)
     start = 0 if ckpt is None else ckpt.iteration + 1
     if iterations is None:
         if total_steps is not None:
@@ -317,7 +344,8 @@ def train(
     if ckpt is not None and iterations <= start:
         raise CheckpointError(
             f"the run in {log_path} already has {start} iterations ({start * per_iter:,} env "
-            f"steps); pass a larger --steps (more than {start * per_iter:,}) to train further"
+            f"steps); pass a larger {arg_ref('total_steps', '--steps')} (more than "
+            f"{start * per_iter:,}) to train further"
         )
     names = list(program.metrics)
     seen: dict[int, np.ndarray] = {}
@@ -357,8 +385,14 @@ def train(
         best = ckpt.header.get("best_score") if ckpt is not None else None
         keeper = CheckpointKeeper(log_path, keep_checkpoints, best)
         if ckpt is None:
-            config_doc = {"algo": algo, "config": cfg.to_dict(), "backend": backend}
-            (log_path / CONFIG).write_text(json.dumps(config_doc, indent=1) + "\n")
+            config_doc = {
+                "algo": algo,
+                "config": cfg.to_dict(),
+                "backend": backend,
+                "env": env_spec,
+            }
+            text = (json.dumps(config_doc, indent=1) + "\n").encode()
+            write_atomically(log_path / CONFIG, lambda fh: fh.write(text))
     writer = _MetricsLog(
         log_path,
         names,
@@ -407,6 +441,7 @@ def train(
             "param_names": [n for n in param_names if n in named],
             "activations": activations,
             "obs_norm": program.obs_norm,
+            "env": env_spec,
         }
         tail = [h["episodic_return"] for h in history[-10:]]
         tail = [r for r in tail if math.isfinite(r)]
@@ -448,13 +483,13 @@ def train(
         timed_out = deadline is not None and time.perf_counter() >= deadline
         last = i + 1 == iterations or timed_out
         if timed_out and i + 1 < iterations:
-            echo(f"stopping at the time limit ({minutes:.3g} min) after iteration {i + 1}")
+            echo(f"stopping at the time limit ({minutes:.3g} min) after iteration {i}")
         if not progress and log_every and ((i + 1) % log_every == 0 or last):
             ret = record["episodic_return"]
             sps = (i + 1 - start) * per_iter / max(time.perf_counter() - begin, 1e-9)
             echo(
-                f"iteration {i + 1}/{iterations}  env steps {(i + 1) * per_iter:,}  "
-                f"return {ret:.1f}  {sps:,.0f} steps/s"
+                f"iteration {i} ({i + 1} of {iterations})  env steps {(i + 1) * per_iter:,}  "
+                f"return {format_return(ret)}  {sps:,.0f} steps/s"
             )
         due = (i + 1) % checkpoint_every == 0 or last or interrupted
         if keeper is not None and due:
@@ -647,6 +682,6 @@ class _Progress:
         self.progress.update(
             self.task,
             advance=steps,
-            ret=f"{ret:.1f}" if math.isfinite(ret) else "-",
+            ret=format_return(ret) if math.isfinite(ret) else "-",
             sps=f"{sps:,.0f}",
         )

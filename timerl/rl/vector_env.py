@@ -209,12 +209,14 @@ class VectorEnv:
         # The obs returned by the last reset()/step(), so a resumed learner can pick up.
         self.last_obs: np.ndarray | None = None
         self._needs_reset = True
+        self._restart_on_step = False  # set by a resume that could not restore the simulators
         self.episodes = EpisodeTally(self.num_envs)
 
     # -- contract ------------------------------------------------------------------------
     def reset(self) -> np.ndarray:
         """Start a fresh episode in every env; returns obs of shape ``(B, *obs_shape)``."""
         obs = self._reset_batch()
+        self._restart_on_step = False
         self.episodes.restart()
         self.terminated[:] = False
         self.truncated[:] = False
@@ -230,6 +232,11 @@ class VectorEnv:
         is then the first observation of its next episode, and ``reward[b]`` the last reward
         of the ended one.
         """
+        if self._restart_on_step:
+            # resumed without the simulators' state: episodes restart here, and the actions
+            # (chosen for the checkpoint's observations) act on the first observations of the
+            # new episodes
+            self.reset()
         if self._needs_reset:
             raise EnvError(f"{self.env_id}: call reset() before step()")
         acts = self._prepare_actions(actions)
@@ -278,8 +285,9 @@ class VectorEnv:
         self.last_obs = None if last is None else np.array(last, dtype=np.float32)
         exact = self._load_sim_state(state["sim"])
         if not exact and not self._needs_reset:
-            # Only the random streams could be restored: episodes restart at the next reset().
-            self._needs_reset = True
+            # Only the random streams could be restored: episodes restart at the next step
+            # (or reset), as a program that carries its last observation on never resets.
+            self._restart_on_step = True
             self.episodes.restart()
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 from timerl.errors import BackendError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
+from timerl.memory.plan import Capabilities
 from timerl.symbolic import Const, Slice
 
 
@@ -61,12 +62,20 @@ class Backend:
     threads than multiplying (measured: 935 us vs 8 us per 8x4x64 matmul)."""
 
     name = "abstract"
-    # whether ``fuse`` compiles a run of pure statements into one function (jax: jax.jit)
+    # What the fusion pass may plan for this backend (``compiler/fusion.py``): whether
+    # ``fuse`` compiles a run of pure statements into one function (jax: jax.jit),
+    # ``fuse_loop`` a whole loop, ``fuse_body`` one iteration with its inner loops; and per
+    # primitive, the per-point attributes its lowering takes traced.
     fuses = False
+    fuses_loops = False
+    fuses_bodies = False
+    traced_attrs: Mapping[str, Any] = {}
+    # a small region in a loop stepping the host may run as numpy kernels (jax on the CPU)
+    numpy_regions = False
     # The backend's lowering table (its own module's), primitive name -> function.
     lowerings: Mapping[str, Callable[..., Any]] = {}
     # Lowerings that write the result into a given array, ``fn(*inputs, out=array)``: what
-    # lets an op reuse the buffer of an input that dies at it (``compiler/donation.py``).
+    # lets an op reuse the buffer of an input that dies at it (``memory/donation.py``).
     donating_lowerings: Mapping[str, Callable[..., Any]] = {}
     # Lowerings chosen per op, primitive name -> ``f(op)``: a function for the op's static
     # shapes and dtypes, or None for the general lowering (which tests them at each call).
@@ -85,9 +94,33 @@ class Backend:
     # indexing the block at each step costs no more (numpy: 60 ns a row either way).
     row_views: Callable[[Any], Sequence[Any]] | None = None
 
+    # Point values written to disk between uses (optimiser state, idle gradients), and
+    # kernels that read a block's rows from a file by chunks: memory planning's moves that
+    # this backend's stores and kernels carry out (numpy's).
+    swaps_points = False
+    streams_rows = False
+    # Arrays written in place (block rows, donated results); jax's are immutable.
+    mutable_arrays = True
+
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         self.device = device
         self.threads = threads
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the compiler may plan for this backend (``memory/plan.py``)."""
+        return Capabilities(
+            swaps_points=self.swaps_points,
+            streams_rows=self.streams_rows,
+            mutable_arrays=self.mutable_arrays,
+            donating=frozenset(self.donating_lowerings),
+            heap_arrays=self.heap_arrays,
+            fuses_regions=self.fuses,
+            fuses_loops=self.fuses_loops,
+            fuses_bodies=self.fuses_bodies,
+            traced_attrs=dict(self.traced_attrs),
+            numpy_regions=self.numpy_regions,
+        )
 
     @property
     def heap_arrays(self) -> bool:

@@ -78,7 +78,7 @@ def prepare_call(
     """The kernel with static attributes bound, and what is left to evaluate per point.
 
     ``donate``: the position of an input whose buffer the kernel writes its result into
-    (``compiler/donation.py``), through the backend's donating lowering; ``row``: the kernel
+    (``memory/donation.py``), through the backend's donating lowering; ``row``: the kernel
     writes into the op's row of its block instead (``Storage.in_place``), through the same."""
     rule = prims.get(op.prim)
     traits = rule.traits

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from timerl.compiler.donation import aliasing_merges, owned_merges
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
+from timerl.memory.donation import aliasing_merges, owned_merges
 from timerl.runtime.body_regions import BodyEmitter
 from timerl.runtime.calls import element_shape, gather_points
 from timerl.runtime.heap import compile_apart, trim_before_peak

@@ -112,7 +112,7 @@ class Executor:
         # False: numpy's huge-page advice is off while this runs (``heap.numpy_huge_pages``)
         self.huge_page_advice = huge_page_advice
         # runtime/heap.py; not under a memory budget, nor where arrays mapped apart hold most
-        # of the peak (``Program._keeps_freed_pages``)
+        # of the peak (``memory/heap_policy.py``)
         self.keep_freed_pages = keep_freed_pages
         # ... while arrays up to this many bytes still reuse the heap's pages
         self.reuse_up_to = reuse_up_to

@@ -23,6 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from types import CodeType
 from typing import Any
 
+# the policy's thresholds (memory/heap_policy.py): the heap keeps arrays up to MMAP_THRESHOLD,
+# and up to REUSED_ARRAYS of a loop's repeated arrays where it keeps no other freed pages
+from timerl.memory.heap_policy import MMAP_THRESHOLD, REUSED_ARRAYS
+
 # A program whose data peaks at this many bytes gives the heap's free pages back after an
 # iteration of its outer loop: the arrays an iteration frees can leave the heap fragmented,
 # and the next iteration would peak that much higher than its arrays (a 375 MiB rollout: 42
@@ -41,11 +45,6 @@ TRIM_GROWTH = 4 << 20
 # glibc's mallopt parameters (malloc.h) and the values a run sets
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-# Arrays up to this size come from the heap and are reused when freed; larger ones are mapped
-# and unmapped. 32 MiB is the most glibc accepts, and the most its own adaptive threshold
-# reaches; fixed from the start, the first iteration reuses its freed arrays too instead of
-# mapping fresh pages for each one until the adaptive threshold has risen.
-MMAP_THRESHOLD = 32 << 20
 # The heap keeps freed pages at its top up to this much; :class:`HeapTrim` gives them back.
 TRIM_THRESHOLD = 1 << 30
 # glibc's own settings: where a user set any of them, the heap is left as they configured it
@@ -63,9 +62,6 @@ _LIBC: list[Any] = []  # the C library, looked up once ([None] where it is not g
 # whether the heap is set to keep freed pages now (None: as glibc set it, never changed)
 _KEEPING: list[bool | None] = [None]
 _MMAP = [0]  # the mmap threshold set with it
-# arrays of a repeated loop's size whose pages a heap that keeps no other freed pages holds at
-# its top (``keep_freed_pages``): an env's observations and its own temporaries of that size
-REUSED_ARRAYS = 4
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -96,7 +92,7 @@ def keep_freed_pages(keep: bool = True, reuse_up_to: int = 0) -> bool:
     A run under a memory budget does not keep them: its resident memory counts more than the
     faults, and pages kept in a fragmented heap cost it about 6 MiB on memory-e8 (a budget of
     33 MiB). Nor does a run whose peak is mostly arrays mapped apart (a rollout of images),
-    whose faults are mostly theirs (``Program._keeps_freed_pages``). It fixes glibc's initial
+    whose faults are mostly theirs (``memory/heap_policy.py``). It fixes glibc's initial
     thresholds, which glibc itself would raise: the first freed mapping of a few MiB
     (memory-e8 draws its initial weights through 6 MiB temporaries) moves every later array
     up to that size onto the heap, where freed pages stay resident. Fixed, each array above

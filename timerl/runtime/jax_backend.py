@@ -56,13 +56,13 @@ class JaxBackend(Backend):
     kernels: XLA sizes its CPU thread pool when jax starts."""
 
     name = "jax"
+    mutable_arrays = False  # a run keeps point stores: its arrays are never written in place
     lowerings = LOWERINGS
     promotes_like_numpy = False  # jax's own lattice: int64 + float32 -> float32
-    # what the fusion pass asks (``compiler/fusion.FusionCapabilities``)
+    # what the fusion pass asks (``Backend.capabilities``)
     fuses = True
     fuses_loops = True  # a loop whose body traces runs as one lax.fori_loop (jax_loops.py)
     fuses_bodies = True  # an iteration whose body traces, inner loops nested, as one call
-    block_stores = False  # immutable arrays: a point store per op, never a block written in place
     traced_attrs = TRACED_ATTRS
     host_results_numpy = True
 

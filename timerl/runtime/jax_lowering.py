@@ -28,6 +28,11 @@ from timerl.ir import counter_rng
 from timerl.ir.prims import REGISTRY
 
 LOWERINGS: dict[str, Callable[..., Any]] = {}
+# primitives this backend does not lower, and why (tests/ir/test_prim_tables.py: every
+# primitive is lowered or named here)
+NOT_LOWERED: dict[str, str] = {
+    "udf": "a host call: the executor calls its Python function on numpy arrays itself",
+}
 
 # Per-point attributes these lowerings also accept as traced scalars (inside ``jax.jit``), so
 # an op whose index or fill value changes with the point still joins a jitted region; any
@@ -44,8 +49,8 @@ def register_lowering(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Declare jax's computation of primitive ``name``; one lowering per primitive."""
     if name not in REGISTRY:
         raise KeyError(f"no primitive {name!r} to lower")
-    if name in LOWERINGS:
-        raise KeyError(f"primitive {name!r} already has a jax lowering")
+    if name in LOWERINGS or name in NOT_LOWERED:
+        raise KeyError(f"primitive {name!r} already has a jax lowering (or declines one)")
     LOWERINGS[name] = fn
     return fn
 
@@ -205,7 +210,8 @@ def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False) -> Any:
         return y, y
 
     if a.shape[0] == 0:
-        return jnp.zeros((0, *base.shape), dtype=a.dtype)
+        return jnp.zeros(a.shape, dtype=a.dtype)
+    base = jnp.broadcast_to(base, a.shape[1:])  # a number written to a spatial recurrence
     steps = (a[:-1], c[:-1]) if reverse else (a[1:], c[1:])
     _, ys = jax.lax.scan(step, base, steps, reverse=reverse)
     parts = [ys, base[None]] if reverse else [base[None], ys]

@@ -25,7 +25,7 @@ from timerl.runtime.backend import (
 )
 
 # ufuncs that write into ``out=``: the reference semantics of these primitives, computed in
-# the buffer of an input that dies at the op (same shape and dtype, see compiler/donation.py)
+# the buffer of an input that dies at the op (same shape and dtype, see memory/donation.py)
 DONATING: dict[str, Callable[..., Any]] = {
     "neg": np.negative,
     "exp": np.exp,
@@ -67,6 +67,8 @@ class NumpyBackend(Backend):
     inline_lowerings = SUBSCRIPT_LOWERINGS  # the reference semantics of these views
     specialisations = {"matmul": _matmul_for}
     heap_arrays = True  # numpy allocates with malloc
+    swaps_points = True  # point stores write each point to its own file (runtime/stores.py)
+    streams_rows = True  # its kernels read row sources (ir/rowwise.py)
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         if device != "cpu":

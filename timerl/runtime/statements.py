@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from timerl.compiler.donation import copies_branch
 from timerl.ir import prims
 from timerl.ir.graph import Op
+from timerl.memory.donation import copies_branch
 from timerl.runtime.calls import META_ATTRS, host_call, prepare_call
 from timerl.schedule.fused import FusedBody, FusedStmt
 from timerl.schedule.program import Free, Loop, SwapIn, SwapOut

@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from timerl.compiler.storage import Storage
 from timerl.ir.graph import Op
+from timerl.memory.storage import Storage
 from timerl.runtime.stores import BlockStore, RingStore, SwappablePoints, TierMeter
 from timerl.runtime.streams import READ_AHEAD_ENV, StreamStore
 from timerl.schedule.fused import FusedBody, FusedLoop, Region
@@ -26,7 +26,7 @@ class StorePlan:
     ) -> None:
         self.storage = storage
         self.blocks: dict[int, Op] = {}
-        # point stores a memory budget swaps to disk (``compiler/point_swap.py``)
+        # point stores a memory budget swaps to disk (``memory/point_swap.py``)
         self.swapped_points = {
             s.op.id for s in schedule.statements() if isinstance(s, (SwapOut, SwapIn)) and s.points
         }
@@ -40,7 +40,7 @@ class StorePlan:
             if s.in_place and s.kind in ("block", "ring") and not s.streamed
         }
         self.allocations: dict[int, list[Op]] = {}  # id(loop) -> blocks it allocates
-        # op id -> bytes of streamed rows its kernel holds while it runs (compiler/budget.py)
+        # op id -> bytes of streamed rows its kernel holds while it runs (memory/budget.py)
         self.read_bytes = {i: s.read_bytes for i, s in storage.items() if s.read_bytes}
 
         def visit(body: list, loop: Loop | None) -> None:

@@ -1,7 +1,7 @@
 """Block stores and circular buffers: an op's points along its last dim held in one
 preallocated array per outer point.
 
-``compiler/storage.py`` decides which ops get one. A block is allocated when the loop over its
+``memory/storage.py`` decides which ops get one. A block is allocated when the loop over its
 dim starts (``allocate``), each point is written in place into its row, and a slice read along
 the dim is a view of the block (``rows``). It is freed whole (``free_all``/``free_prefix``).
 
@@ -337,7 +337,7 @@ class BlockStore:
 
 class RingStore(BlockStore):
     """A circular buffer: ``extent`` rows per outer point, point ``p`` along the dim in row
-    ``p % extent`` (``compiler/storage.py`` chose the window). Each row records which point it
+    ``p % extent`` (``memory/storage.py`` chose the window). Each row records which point it
     holds, so reading a point that was overwritten or freed is a ``KeyError``, as on a dict."""
 
     __slots__ = ("outer_len",)
@@ -415,7 +415,7 @@ class RingStore(BlockStore):
 class SwappablePoints(dict):
     """A point store whose points a memory budget moves to disk while they are idle: an
     optimiser's moments between two updates, a gradient waiting for the optimiser
-    (``compiler/point_swap.py``).
+    (``memory/point_swap.py``).
 
     Each swapped point is written raw to a file of its own and read back into a fresh array,
     like a swapped block (``BlockStore.swap_out``). A point on disk is still the program's

@@ -1,6 +1,6 @@
 """Streamed blocks: a block store whose blocks live in files, read back a chunk at a time.
 
-Under a memory budget ``compiler/budget.py`` streams blocks that are read only by rows: each
+Under a memory budget ``memory/budget.py`` streams blocks that are read only by rows: each
 point's row is written to the block's file right after it is computed (``RowFile``), and
 readers read the rows they need, a chunk at a time, the next chunk read ahead on a thread
 while a kernel computes on this one.
@@ -323,7 +323,7 @@ class RowFile(RowSource):
 
 
 class StreamStore(BlockStore):
-    """A block store whose blocks live in files (``compiler/budget.py`` chose it under a
+    """A block store whose blocks live in files (``memory/budget.py`` chose it under a
     memory budget): a block takes no memory, each point's row is written to the file right
     after it is computed, and readers read the rows they need (``RowFile``), ``chunk_bytes``
     at a time and, with ``ahead``, the next chunk read while this one is computed on."""

@@ -22,6 +22,11 @@ from timerl.ir.prims import REGISTRY
 from timerl.runtime.backend import plain_reads, static_shape
 
 LOWERINGS: dict[str, Callable[..., Any]] = {}
+# primitives this backend does not lower, and why (tests/ir/test_prim_tables.py: every
+# primitive is lowered or named here)
+NOT_LOWERED: dict[str, str] = {
+    "udf": "a host call: the executor calls its Python function on numpy arrays itself",
+}
 # primitive -> f(op): a lowering for the op's static shapes, or None (``Backend.kernel``)
 SPECIALISED: dict[str, Callable[[Op], Callable[..., Any] | None]] = {}
 
@@ -30,8 +35,8 @@ def register_lowering(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Declare torch's computation of primitive ``name``; one lowering per primitive."""
     if name not in REGISTRY:
         raise KeyError(f"no primitive {name!r} to lower")
-    if name in LOWERINGS:
-        raise KeyError(f"primitive {name!r} already has a torch lowering")
+    if name in LOWERINGS or name in NOT_LOWERED:
+        raise KeyError(f"primitive {name!r} already has a torch lowering (or declines one)")
     LOWERINGS[name] = fn
     return fn
 
@@ -93,7 +98,7 @@ for _name, _fn in [
 register_lowering("cast", lambda x, dtype: x.to(torch_dtype(dtype), copy=True))
 
 # the same elementwise primitives written into ``out=`` (an input that dies at the op, of the
-# op's shape and dtype: compiler/donation.py)
+# op's shape and dtype: memory/donation.py)
 DONATING: dict[str, Callable[..., Any]] = {
     "neg": torch.neg,
     "exp": torch.exp,
@@ -305,7 +310,7 @@ def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False) -> Any:
         impl = REGISTRY["linear_scan"].impl
         return torch.from_numpy(impl(a.numpy(), c.numpy(), base.numpy(), reverse))
     steps = a.shape[0]
-    out = torch.empty((steps, *base.shape), dtype=a.dtype, device=a.device)
+    out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     if steps == 0:
         return out
     out[steps - 1 if reverse else 0] = base

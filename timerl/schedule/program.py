@@ -32,7 +32,7 @@ class Free:
 class SwapOut:
     """Write the blocks of block store ``op`` at outer point ``prefix`` to disk and release
     them: their next reader is far (placed only under a memory budget). With ``points``, the
-    points of a point store under ``prefix`` instead (``compiler/point_swap.py``)."""
+    points of a point store under ``prefix`` instead (``memory/point_swap.py``)."""
 
     op: Op
     prefix: tuple[Expr, ...] = ()

@@ -31,10 +31,11 @@ Modelling choices, all at the bounds the program was compiled with:
   over the loops' ranges; a dynamic bound (``ctx.until``) takes its cap, or the size programs
   are validated with when it has none. An op returning a tuple (``env.step``) holds the sum of
   the parts its ``tuple_get`` readers take.
-* **cost**: a FLOP count over a fixed reference rate of ``REFERENCE_FLOPS`` (1 TFLOP/s, the rate
-  the PyTorch exporter of this corpus uses): matmul ``2 * m * n * k`` (times its batch),
-  reductions the element count of their input, argsort ``n * ceil(log2 n)``, views 0, every
-  other op the element count of its output. No per-op launch constant is added.
+* **cost**: the cost model's count (``ir/prims/cost.py``: matmul ``2 * m * n * k`` times its
+  batch, reductions the element count of their input, argsort ``n * ceil(log2 n)``, views 0,
+  every other op the element count of its output), each size the largest over the loops'
+  points, over a fixed reference rate of ``REFERENCE_FLOPS`` (1 TFLOP/s, the rate the PyTorch
+  exporter of this corpus uses). No per-op launch constant is added.
 * **Views**: ops whose numpy lowering returns its single input's buffer or a view of it
   (``reshape``, ``permute``, ``expand``, ``identity``, ``detach``, ``select_at``, ``narrow``,
   ``tuple_get``, ``getitem`` with a basic key) are ``alias_of`` that
@@ -47,8 +48,7 @@ Modelling choices, all at the bounds the program was compiled with:
   the program's kept outputs and stop conditions, side effects, and ops nobody reads.
 
 Which prims are views, reductions, tuple sources or ordered effects is decided in one place,
-``op_traits``: it reads the registry's traits, and names only the categories the registry has
-no trait for (products, sorts, a tuple's parts).
+``op_traits``, from the registry's traits; what an op costs, by the registry's cost model.
 
 ``strict_reads`` (the compiler's setting) also adds an edge for every read of an earlier op of
 the block at another point (``x[t - 1]`` read after ``x[t]`` is computed would need both points
@@ -62,7 +62,7 @@ freed by the update's backward pass): it is live from the block's start until it
 there, so its input node holds its bytes and comes before every other source of the graph, and
 an order that reaches its last reader early frees it early.
 
-``state_on_disk`` (the compiler's under a memory budget, ``compiler/point_swap.py``) models
+``state_on_disk`` (the compiler's under a memory budget, ``memory/point_swap.py``) models
 carried state as that pass will place it: a merge of values from outside the block is
 counted from its own place (the state is read back from disk right before it), and a value
 read elsewhere only by such merges (the next update's moment) is not an output (it goes to
@@ -84,52 +84,40 @@ import numpy as np
 from timerl.graphopt.graph import Graph, Node
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View
+from timerl.ir.prims.cost import estimate
 from timerl.schedule.program import Compute, Free, Loop, Stmt
 from timerl.schedule.scheduler import SAME, STRICT_FUTURE, STRICT_PAST, relation
 from timerl.symbolic import Bound, Const, Dim, Expr, Slice, vevaluate
 
 REFERENCE_FLOPS = 1e12
 MIN_OPS = 8
-# carried state of fewer bytes stays in memory under a budget (``compiler/point_swap.py``):
+# carried state of fewer bytes stays in memory under a budget (``memory/point_swap.py``):
 # swapping it would not pay for a replay of the whole program each
 POINT_SWAP_MIN_BYTES = 1 << 16
 _ID_NUMBER = re.compile(r"#\d+")
 
 
 # ---------------------------------------------------------------------- what a prim is
-# The block model's categories of prims. Those the registry's ``Traits`` already state are read
-# from them (``_FROM_TRAITS``); the rest, which only the graph model distinguishes (how a
-# product, a sort or a tuple's part is costed and sized), are named here. A prim registered with
-# a category in its ``extra`` dict (``{"matmul": True}``) overrides both.
+# The block model's categories of prims, read from the registry's ``Traits``.
 _FROM_TRAITS: dict[str, Callable[[prims.Traits], bool]] = {
     "view": lambda t: t.view,  # hands back (a view of) its one input's buffer
     "reduction": lambda t: t.reduction,
     "tuple_source": lambda t: t.host or t.multi_output,  # its tuple_get readers take it apart
+    "tuple_part": lambda t: t.tuple_part,  # takes one part of such a tuple
     "picks": lambda t: t.piecewise,  # hands back one of its inputs, chosen per point
     "ordered": lambda t: t.host,  # keeps its place among the effects even if not marked one
-}
-_NAMED: dict[str, frozenset[str]] = {
-    "matmul": frozenset({"matmul"}),
-    "sort": frozenset({"argsort"}),
-    "tuple_part": frozenset({"tuple_get"}),
-    "view_if_basic_key": frozenset({"getitem"}),
 }
 
 
 @functools.cache
 def op_traits(prim_name: str) -> frozenset[str]:
     """The categories of a prim that the block model needs (see the comment above); an op
-    built outside the registry (a test's, a udf's) has none but its named ones."""
+    built outside the registry (a test's) has none."""
     try:
         entry = prims.get(prim_name)
     except KeyError:
-        extra: Mapping[str, Any] = {}
-        derived: dict[str, bool] = {}
-    else:
-        extra = entry.extra
-        derived = {name: rule(entry.traits) for name, rule in _FROM_TRAITS.items()}
-    derived |= {name: prim_name in names for name, names in _NAMED.items()}
-    return frozenset(t for t, value in derived.items() if extra.get(t, value) is True)
+        return frozenset()
+    return frozenset(name for name, rule in _FROM_TRAITS.items() if rule(entry.traits))
 
 
 @dataclass
@@ -249,24 +237,12 @@ class _BlockExport:
             return sum(self._out_bytes(p) for p in parts)
         return _max_product(op.shape, self.bounds, op.domain) * _itemsize(op)
 
-    def _flops(self, op: Op) -> int:
-        traits = op_traits(op.prim)
+    def _flops(self, op: Op) -> float:
+        """The op's elementary operations by the registry's cost model (``ir/prims/cost.py``),
+        each size the largest over the loops' points."""
         if _is_view(op):
-            return 0
-        if "matmul" in traits and op.inputs:
-            a = op.inputs[0]
-            try:
-                inner = View(a.src, a.index).shape[-1]
-            except Exception:
-                inner = a.src.shape[-1]
-            return 2 * self._numel(op) * _max_product([inner], self.bounds, op.domain)
-        if "reduction" in traits and op.inputs:
-            e = op.inputs[0]
-            return self._read_bytes(e, op) // max(_itemsize(e.src), 1)
-        if "sort" in traits:
-            n = self._numel(op)
-            return n * max(1, math.ceil(math.log2(max(n, 2))))
-        return self._numel(op)
+            return 0.0
+        return estimate(op.prim, _BlockSizes(self, op), op.attrs)
 
     def _is_output(self, op: Op) -> bool:
         if op.effect or op.id in self.keep:
@@ -425,26 +401,32 @@ def _tuple_parts(op: Op, readers: Mapping[int, list[tuple[Op, Edge]]]) -> list[O
 
 
 def _is_view(op: Op) -> bool:
-    if len(op.inputs) != 1:
+    """The op hands back (a view of) its one input's buffer (``Prim.returns_view``)."""
+    if len(op.inputs) != 1 or op.prim not in prims.REGISTRY:
         return False
-    traits = op_traits(op.prim)
-    if "view" in traits:
-        return True
-    if "view_if_basic_key" in traits:
-        return _basic_key(op.attrs.get("key", ()))
-    return False
+    return prims.get(op.prim).returns_view(op.attrs)
 
 
-def _basic_key(key: Any) -> bool:
-    """numpy basic indexing (ints, slices, None, ...) returns a view; anything else copies."""
-    items = key if isinstance(key, tuple) else (key,)
-    return all(
-        k is None
-        or k is Ellipsis
-        or isinstance(k, slice)
-        or (isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)))
-        for k in items
-    )
+class _BlockSizes:
+    """The cost model's ``Sizes`` of one op of a block: each the largest over the points."""
+
+    def __init__(self, export: _BlockExport, op: Op) -> None:
+        self.export, self.op = export, op
+
+    def out(self) -> int:
+        return self.export._numel(self.op)
+
+    def read(self, k: int) -> int:
+        e = self.op.inputs[k]
+        return self.export._read_bytes(e, self.op) // max(_itemsize(e.src), 1)
+
+    def axis(self, k: int, axis: int) -> int | None:
+        e = self.op.inputs[k]
+        try:
+            size = View(e.src, e.index).shape[axis]
+        except Exception:
+            size = e.src.shape[axis]
+        return _max_product([size], self.export.bounds, self.op.domain)
 
 
 def _max_product(sizes: Iterable[Expr], bounds: Mapping[Bound, int], dims: Sequence[Dim]) -> int:

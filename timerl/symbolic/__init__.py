@@ -1,6 +1,7 @@
 """Index expressions: dims, bounds, affine arithmetic, min/max, slices and conditions."""
 
 from timerl.symbolic.bounds import always_eq, always_le0, always_lt0, pieces, simplify
+from timerl.symbolic.evaluate import compile_exprs, vevaluate
 from timerl.symbolic.expr import (  # noqa: I001
     FALSE,
     TRUE,
@@ -14,12 +15,10 @@ from timerl.symbolic.expr import (  # noqa: I001
     Symbol,
     as_condition,
     as_expr,
-    compile_exprs,
     floordiv,
     max_,
     min_,
     mod,
-    vevaluate,
 )
 
 __all__ = [

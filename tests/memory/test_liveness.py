@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import timerl as tl
-from timerl.schedule.liveness import window_lag
+from timerl.memory.liveness import window_lag
 from timerl.schedule.program import Compute, Free, Loop
 from timerl.symbolic import Slice
 

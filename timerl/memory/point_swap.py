@@ -36,7 +36,7 @@ allow. The op order was chosen for the carried state (``to_graph``'s ``state_on_
 each Adam step's moments in turn. The runtime side is ``runtime/stores.SwappablePoints``
 (numpy backend); the generated code keeps such values in their stores, not in locals.
 
-Without a budget (``api/context._swap_idle_state``) the same moves are tried with the
+Without a budget (``memory/plan.swap_idle_state``) the same moves are tried with the
 compile's own op order (not ordered for the state, and with the rollout's activations reused)
 and only where they are likely to lower the peak (``quick``): a value idle in a body only
 where the peak's statement runs while it is out, carried state only where its value or its
@@ -49,10 +49,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from timerl.compiler.budget import PlannedPeak, format_bytes, planned_peak, static_bytes
-from timerl.compiler.storage import Storage
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers
+from timerl.memory.replay import PlannedPeak, format_bytes, planned_peak, static_bytes
+from timerl.memory.storage import Storage
 from timerl.schedule.program import (
     Compute,
     Free,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import timerl as tl
+from timerl.memory.liveness import MAX_LAG
 from timerl.runtime.stores import RingStore
-from timerl.schedule.liveness import MAX_LAG
 
 BACKENDS = ["numpy", "torch"]
 RNG = np.random.default_rng(7)

@@ -1,5 +1,5 @@
 """The planned peak applies a long loop's repeated iterations instead of replaying them
-(``compiler/steady.py``, ``budget._Steady``): the plan must be the full replay's, field for
+(``memory/steady.py``, ``budget._Steady``): the plan must be the full replay's, field for
 field, and the run's meter must agree with it."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import timerl as tl
-from timerl.compiler import budget
-from timerl.compiler.steady import turning_points
 from timerl.ir import rowwise
+from timerl.memory import replay as budget
+from timerl.memory.steady import turning_points
 from timerl.rl.algos import ppo, reinforce
 from timerl.runtime.heap import MMAP_THRESHOLD
 from timerl.schedule.program import Loop

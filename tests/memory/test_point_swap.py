@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from timerl.compiler.point_swap import plan_point_swaps
+from timerl.memory.point_swap import plan_point_swaps
 from timerl.rl.algos import ppo
 from timerl.rl.train import train
 from timerl.schedule.program import Compute, SwapIn, SwapOut
@@ -103,7 +103,7 @@ def test_without_a_budget_moments_of_a_mebibyte_go_to_disk_where_that_lowers_the
 ):
     """The unoptimised program is the reference, value for value; the same compile without
     the moves (their smallest size out of reach) plans a higher peak."""
-    import timerl.api.context as context
+    import timerl.memory.plan as memory_plan
 
     algo, bounds = _ppo(LARGE)
     prog = algo.ctx.compile(bounds=bounds, seed=1, outputs=list(algo.metrics.values()))
@@ -112,7 +112,7 @@ def test_without_a_budget_moments_of_a_mebibyte_go_to_disk_where_that_lowers_the
     reference = ref.ctx.compile(
         bounds=bounds, seed=1, outputs=list(ref.metrics.values()), optimize=False
     )
-    monkeypatch.setattr(context, "UNBUDGETED_SWAP_MIN_BYTES", 1 << 62)
+    monkeypatch.setattr(memory_plan, "UNBUDGETED_SWAP_MIN_BYTES", 1 << 62)
     held, _ = _ppo(LARGE)
     kept = held.ctx.compile(bounds=bounds, seed=1, outputs=list(held.metrics.values()))
     assert not any(isinstance(s, SwapOut) for s in kept.compiled.schedule.statements())
@@ -133,7 +133,7 @@ def test_without_a_budget_the_moves_of_a_long_run_are_those_of_its_first_iterati
     """The search replays the first iterations of the training loop only (a replay walks
     every iteration of a loop that holds a swap), and a run of 200 iterations moves what a
     run of 3 moves."""
-    import timerl.compiler.point_swap as point_swap
+    import timerl.memory.point_swap as point_swap
 
     replayed = []
     replay = point_swap.planned_peak

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import timerl as tl
-from timerl.compiler.budget import streamable
 from timerl.ir import rowwise
+from timerl.memory.streams import streamable
 from timerl.rl.algos import ppo
 from timerl.runtime import stores, streams
 

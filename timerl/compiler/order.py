@@ -36,7 +36,7 @@ from timerl.graphopt.exact import peak_lower_bound
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.policy import PolicyWeights
 from timerl.ir.graph import Op, consumers
-from timerl.schedule.liveness import add_frees
+from timerl.memory.liveness import add_frees
 from timerl.schedule.program import Compute, Position, Schedule, Stmt, rewrite
 from timerl.schedule.to_graph import block_graph, loop_blocks
 from timerl.symbolic import Bound

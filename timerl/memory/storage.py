@@ -34,10 +34,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from timerl.compiler.donation import computes_into
 from timerl.ir import prims
 from timerl.ir.graph import Op, View
-from timerl.schedule.liveness import add_frees, window_lag
+from timerl.memory.donation import computes_into
+from timerl.memory.liveness import add_frees, window_lag
 from timerl.schedule.program import Compute, Free, Loop, Position, Schedule, Stmt, rewrite
 from timerl.symbolic import TRUE, Bound, Const, Dim, Slice, always_eq
 from timerl.symbolic.expr import Condition
@@ -56,7 +56,7 @@ class Storage:
     extent: int | None = None  # block, ring: rows allocated
     base: int | None = None  # view, alias: the block op whose memory it is
     contiguous: bool = True  # view: False after a permute or expand (a reshape may copy)
-    # block: kept in a file under a memory budget, read back by rows (compiler/budget.py),
+    # block: kept in a file under a memory budget, read back by rows (memory/budget.py),
     # by chunks of ``chunk_bytes`` (0: ``ir/rowwise.CHUNK_BYTES``), the next one read ahead
     streamed: bool = False
     chunk_bytes: int = 0

@@ -67,7 +67,9 @@ def test_a_donated_result_allocates_nothing_new():
     ctx, T, total = _chain()
     prog = ctx.compile(bounds={T: 6}, outputs=[total])
     plain = Program(
-        dataclasses.replace(prog.compiled, donations={}),
+        dataclasses.replace(
+            prog.compiled, memory=dataclasses.replace(prog.compiled.memory, donations={})
+        ),
         make_backend("numpy"),
         output_ids=prog._out_by_view,
     )
@@ -223,7 +225,9 @@ def test_an_update_writes_into_a_recurrence_carried_through_merges(backend, comp
 def test_an_update_through_a_merge_holds_one_value_not_two():
     prog, total = _nested(True)
     plain = Program(
-        dataclasses.replace(prog.compiled, donations={}),
+        dataclasses.replace(
+            prog.compiled, memory=dataclasses.replace(prog.compiled.memory, donations={})
+        ),
         make_backend("numpy"),
         output_ids=prog._out_by_view,
     )
@@ -265,7 +269,7 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
     counted without a peak now; both executors' meters say the same as the plan. (The op order
     is the one the block model chose when it counted a merge of carried values from the
     merge's place, which runs such merges late: any order must be counted right.)"""
-    from timerl.compiler import budget
+    from timerl.memory import replay
     from timerl.runtime import codegen
     from timerl.schedule.to_graph import _BlockExport
 
@@ -278,7 +282,7 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
     at = {}
     for quiet in (True, False):
         if not quiet:
-            for module in (budget, codegen):
+            for module in (replay, codegen):
                 monkeypatch.setattr(module, "aliasing_merges", lambda ops, owned: set())
         prog = build()
         plan = prog.planned_peak()
@@ -291,7 +295,7 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
 
 
 def test_a_merge_that_broadcasts_or_copies_allocates():
-    from timerl.compiler.donation import aliasing_merges, owned_merges
+    from timerl.memory.donation import aliasing_merges, owned_merges
 
     prog, _ = _nested(True)
     owned = owned_merges(prog.compiled.donations, {op.id: op for op in prog.ops})

@@ -94,7 +94,7 @@ def add_frees(
     alias_reads: Mapping[int, list[tuple[Op, tuple, Condition]]] | None = None,
 ) -> Schedule:
     """Frees after each buffer's last reader; ``alias_reads`` (op id -> (reader, index, cond)) adds
-    reads that reach a buffer through a view of it (see ``compiler/storage.py``)."""
+    reads that reach a buffer through a view of it (see ``memory/storage.py``)."""
     ops = list(ops)
     pos: dict[int, tuple] = {}
     _positions(sched.body, (), pos)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from timerl.compiler.storage import Storage
+from timerl.memory.storage import Storage
 from timerl.schedule.program import Compute, Free, Loop, Stmt, SwapIn, SwapOut
 from timerl.symbolic import Dim, Expr, Symbol
 from timerl.symbolic.expr import comparisons
