@@ -113,7 +113,7 @@ class Program:
         )
 
     def heap_policy(self, compiled: bool = True) -> HeapPolicy:
-        """How a run (of generated code, or interpreted) uses the C heap its arrays come
+        """How a run (of the optimised code, or the reference) uses the C heap its arrays come
         from: decided from the memory plan (``memory/heap_policy.py``)."""
         return heap_policy(
             self.planned_peak,
