@@ -269,7 +269,7 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
     """
     from timerl.errors import BackendError
     from timerl.rl.envs import VectorEnv
-    from timerl.runtime import calls, codegen, executor
+    from timerl.runtime import calls, statements
     from timerl.runtime.backend import BACKENDS, Backend, backend_class
 
     timers = _Timers()
@@ -353,7 +353,7 @@ def instrumented(kernels: bool = True) -> Iterator[_Timers]:
     patch(VectorEnv, "step", timed_env)
     patch(VectorEnv, "reset", timed_env)
     # the modules that build host calls hold their own name for the function
-    for module in (calls, codegen, executor):
+    for module in (calls, statements):
         patch_module(module, "host_call", timed_host_call)
     if kernels:
         _calibrate(timers, timed_lowering)

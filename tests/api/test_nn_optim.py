@@ -107,7 +107,7 @@ def test_a_tall_orthogonal_init_holds_its_draw_and_result_only():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_initial_weights_are_drawn_at_run_time_and_freed(backend, compiled):
     """The program holds a weight's seed, not its initial array: the value read at i == 0 is
     the orthogonal draw of that seed, and no store keeps it after the first iteration."""

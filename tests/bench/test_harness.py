@@ -189,9 +189,9 @@ def test_timerl_runner_returns_and_profile():
     from timerl.runtime.numpy_backend import NumpyBackend
 
     assert VectorEnv.step.__qualname__ == "VectorEnv.step"
-    from timerl.runtime import calls, codegen, executor
+    from timerl.runtime import calls, statements
 
-    assert calls.host_call is codegen.host_call is executor.host_call
+    assert calls.host_call is statements.host_call
     assert calls.host_call.__qualname__ == "host_call"
     assert NumpyBackend.lowering.__qualname__ == "NumpyBackend.lowering"
 

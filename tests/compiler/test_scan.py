@@ -1,6 +1,6 @@
 """Linear recurrences run as one scan (compiler/scan.py).
 
-Every program runs generated and interpreted, on numpy and torch, and is compared value for
+Every program runs generated and as the reference, on numpy and torch, and is compared value for
 value with the unoptimised reference (``optimize=False``: the loop as written).
 """
 
@@ -87,7 +87,7 @@ def _scans(prog) -> list:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 @pytest.mark.parametrize("kind", ["gae", "returns", "forward"])
 def test_a_linear_recurrence_is_one_scan_with_the_loops_values(kind, compiled, backend):
     if kind == "forward":

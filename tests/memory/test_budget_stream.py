@@ -11,7 +11,7 @@ import timerl as tl
 from timerl.ir import rowwise
 from timerl.memory.streams import streamable
 from timerl.rl.algos import ppo
-from timerl.runtime import stores
+from timerl.runtime import stores, streams
 
 OBS = {"obs_shape": (3, 8, 8), "episode_length": 1000, "action_dim": 2}
 
@@ -86,7 +86,7 @@ def test_streamed_values_equal_the_unoptimised_reference_in_small_chunks(monkeyp
     )
     assert "stream: obs" in prog.explain()
     ref.run()
-    prog.run(compiled=False)  # the interpreter honours the streamed store too
+    prog.run(compiled=False)  # the reference honours the streamed store too
     for m, m2 in zip(metrics, streamed, strict=True):
         np.testing.assert_allclose(prog.value(m2), ref.value(m), rtol=1e-4, atol=1e-6)
 
@@ -109,7 +109,7 @@ def test_row_file_writes_and_reads_rows_explicitly(monkeypatch, tmp_path):
     monkeypatch.setenv(stores.SWAP_DIR_ENV, str(tmp_path / "swap"))
     monkeypatch.setattr(stores, "_SWAP_DIR", [])
     counter = [0]
-    rows = stores.RowFile(6, (2, 3), np.float32, counter)
+    rows = streams.RowFile(6, (2, 3), np.float32, counter)
     data = np.arange(36, dtype=np.float32).reshape(6, 2, 3)
     for k in range(6):
         rows[k] = data[k]
@@ -131,7 +131,7 @@ def test_row_file_writes_and_reads_rows_explicitly(monkeypatch, tmp_path):
     assert counter[0] >= 6 * 24 * 2  # every byte written, then read back at least once
     rows.close()
     with pytest.raises(ValueError, match="does not fit"):
-        stores.RowFile(2, (3,), np.float32, [0]).__setitem__(0, np.ones(4))
+        streams.RowFile(2, (3,), np.float32, [0]).__setitem__(0, np.ones(4))
 
 
 def test_an_output_block_is_not_streamed():
@@ -151,7 +151,7 @@ def test_an_output_block_is_not_streamed():
     assert why is not None and "is an output" in why
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_a_block_sliced_into_a_matmul_streams_and_keeps_its_values(
     compiled, monkeypatch, sliced_matmul
 ):

@@ -270,7 +270,7 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
     is the one the block model chose when it counted a merge of carried values from the
     merge's place, which runs such merges late: any order must be counted right.)"""
     from timerl.memory import replay
-    from timerl.runtime import codegen, executor
+    from timerl.runtime import codegen
     from timerl.schedule.to_graph import _BlockExport
 
     monkeypatch.setattr(_BlockExport, "_carried", lambda self, merge, index: None)
@@ -282,7 +282,7 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
     at = {}
     for quiet in (True, False):
         if not quiet:
-            for module in (replay, codegen, executor):
+            for module in (replay, codegen):
                 monkeypatch.setattr(module, "aliasing_merges", lambda ops, owned: set())
         prog = build()
         plan = prog.planned_peak()

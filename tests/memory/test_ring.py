@@ -1,6 +1,6 @@
 """Circular buffers: a tensor read only within a bounded window of its loop keeps ``k + 1`` rows.
 
-Every program runs generated and interpreted, on numpy and torch, and is compared value for
+Every program runs generated and as the reference, on numpy and torch, and is compared value for
 value with the unoptimised reference (``optimize=False``: point stores only).
 """
 
@@ -97,7 +97,7 @@ def _run(ctx, bounds, outs, optimize=True, backend="numpy", compiled=None):
 
 @pytest.mark.parametrize("make", PROGRAMS)
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_ring_matches_the_reference(make, backend, compiled):
     ctx, bounds, outs, name, rows = make()
     prog, got = _run(ctx, bounds, outs, backend=backend, compiled=compiled)

@@ -50,7 +50,7 @@ def _values(prog, outs, compiled=None):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_rollout_is_a_block_and_matches_the_reference(backend, compiled):
     ctx, outs, obs = _rollout()
     bounds = {"I": 3, "T": 20}
@@ -79,7 +79,7 @@ def test_block_memory_is_the_rollout_not_a_copy_more(backend):
     peak, ref_peak = prog.stats()["peak_bytes"], ref.stats()["peak_bytes"]
     assert rollout <= peak <= 1.1 * rollout, (peak, rollout)
     assert ref_peak > 1.9 * rollout
-    # the generated code and the interpreter account the same bytes
+    # the generated code and the reference account the same bytes
     prog.run(compiled=False)
     assert prog.stats()["peak_bytes"] == peak
 
@@ -147,7 +147,7 @@ def _held(store) -> int:
     return len(store.blocks) if hasattr(store, "blocks") else len(store)
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_an_alias_of_a_block_is_freed_with_its_block(compiled):
     """A reshape at each point of a block is the block's rows: its store references the
     block, so it must drop it when the block is freed, or every iteration's block stays."""
@@ -174,7 +174,7 @@ def test_an_alias_of_a_block_is_freed_with_its_block(compiled):
     assert not any(left.values()), left
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_a_block_read_through_a_view_at_the_first_update_is_freed_there(compiled):
     """The rollout's rows read as an update's starting value (``z[i, 0] = x[i, 0:T]``) are
     dead after the update's first point: the block is freed in that iteration, not after
@@ -239,7 +239,7 @@ def _writes_rows(source: str, op_id: int) -> bool:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_an_elementwise_kernel_writes_its_row_of_the_block(backend, compiled):
     ctx, outs, (h, z, c) = _rows_in_place()
     bounds = {"I": 2, "T": 9}

@@ -1,5 +1,5 @@
 """The one op-calling path: what is bound once, what is evaluated per point, and that the
-interpreter and the generated code call ops the same way."""
+reference and the optimised generated code call ops the same way."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_piecewise_ops_have_no_kernel():
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_interpreter_and_generated_code_call_ops_alike(backend):
+def test_the_reference_and_generated_code_call_ops_alike(backend):
     """Random keys (with key_at), point attributes and host calls with the point agree."""
     if backend == "torch":
         pytest.importorskip("torch")

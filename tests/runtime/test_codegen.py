@@ -1,5 +1,6 @@
-"""The generated executor must agree with the statement interpreter, value for value and byte
-for byte of accounted memory."""
+"""The optimised generated code must agree with the reference (``compiled=False``: each
+statement of the schedule emitted on its own), value for value and byte for byte of accounted
+memory."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _recurrences():
 
 @pytest.mark.parametrize("build", [_recurrences, until_program], ids=["recurrences", "until"])
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_generated_code_matches_interpreter(build, backend):
+def test_generated_code_matches_the_reference(build, backend):
     results = []
     for compiled in (False, True):
         ctx, bounds, outs = build()
@@ -52,7 +53,7 @@ def test_generated_code_matches_interpreter(build, backend):
 
 
 @pytest.mark.parametrize("algo", [ppo, reinforce])
-def test_rl_programs_match_interpreter(algo):
+def test_rl_programs_match_the_reference(algo):
     kw = {"epochs": 2, "minibatches": 2} if algo is ppo else {}
     results = []
     for compiled in (False, True):
@@ -176,7 +177,7 @@ def test_a_traceback_through_generated_code_shows_the_line_and_its_tensor():
 def test_constant_meter_changes_are_emitted_as_one_with_the_same_peak():
     # the acting loop's kernels allocate and free temporaries of known size: each one's
     # count and peak test become one change by their sum, tested at their largest running
-    # sum, with the interpreter's peak (checked on these programs above)
+    # sum, with the reference's peak (checked on these programs above)
     prog = ppo(env_id="CartPole-v1", num_envs=2, num_steps=8)
     c = prog.ctx.compile(bounds={"I": 2, **prog.bounds}, outputs=list(prog.metrics.values()))
     ex = c.executor(compiled=True)
@@ -227,7 +228,7 @@ def _acting_loop(source: str) -> tuple[list[str], int, int]:
 
 
 def _acting_loop_on(backend: str) -> tuple[list[str], int, int]:
-    """CartPole PPO on ``backend``, generated and interpreted (the same values, checked), and
+    """CartPole PPO on ``backend``, generated and as the reference (the same values, checked), and
     the generated acting loop (``_acting_loop``)."""
     results = []
     for compiled in (False, True):

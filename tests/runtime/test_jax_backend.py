@@ -322,7 +322,7 @@ def _host_loop(shape: tuple[int, ...], n_ops: int) -> tuple:
     ],
 )
 def test_the_cost_rule_picks_numpy_kernels_for_small_regions_only(shape, n_ops, kernels):
-    from timerl.runtime import regions
+    from timerl.compiler import fusion_regions as regions
 
     ctx, x, bounds = _host_loop(shape, n_ops)
     want = tl.evaluate(x, bounds=bounds)
@@ -365,7 +365,7 @@ def test_views_and_merges_launch_no_kernel_in_the_cost_rule():
     """A region's count for the cost rule is of the ops that launch a numpy kernel: a merge
     picks one of its inputs and a reshape is a view, so neither counts (a region of PPO's
     carried parameters, all merges, cost 1 ms as a jitted call)."""
-    from timerl.runtime.regions import kernel_ops
+    from timerl.compiler.fusion_regions import kernel_ops
 
     merge, reshape, add = _merge_reshape_add()
     assert kernel_ops([merge, reshape]) == 0
@@ -375,12 +375,13 @@ def test_views_and_merges_launch_no_kernel_in_the_cost_rule():
 def test_no_kernel_computes_on_a_value_a_jitted_call_still_computes():
     """A region whose kernel reads a value computed in compiled code (directly, or through
     the region's views) stays one jitted call: as kernels numpy would wait for XLA there."""
-    from timerl.runtime.regions import Fusion, Region
+    from timerl.compiler.fusion_regions import computes_on
+    from timerl.schedule.fused import Region
 
     merge, reshape, add = _merge_reshape_add()
-    assert Fusion._computes_on(Region(ops=[reshape, add]), {merge.id})
-    assert not Fusion._computes_on(Region(ops=[reshape, add]), set())
-    assert not Fusion._computes_on(Region(ops=[reshape]), {merge.id})  # a view only passes it
+    assert computes_on(Region(ops=[reshape, add]), {merge.id})
+    assert not computes_on(Region(ops=[reshape, add]), set())
+    assert not computes_on(Region(ops=[reshape]), {merge.id})  # a view only passes it
 
 
 def test_numpy_regions_only_in_loops_that_call_the_host():

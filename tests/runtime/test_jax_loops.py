@@ -286,7 +286,7 @@ def test_a_read_at_a_fixed_point_of_the_loop_sees_that_iterations_value():
 
 
 def test_a_row_store_hands_rows_over_stacked_until_one_is_rewritten():
-    from timerl.runtime.stores import RowStore
+    from timerl.runtime.row_store import RowStore
 
     rows = np.arange(12.0).reshape(4, 3)
     store = RowStore({(0, 0): np.zeros(3)})
@@ -310,7 +310,7 @@ def test_a_row_store_hands_rows_over_stacked_until_one_is_rewritten():
 def test_put_rows_replaces_the_points_it_covers_however_many_are_held(held):
     """Points already held under the outer point at the rows put are replaced (whether the
     store scans its few points or pops each row's key); points elsewhere stay."""
-    from timerl.runtime.stores import RowStore
+    from timerl.runtime.row_store import RowStore
 
     store = RowStore({(1, k): np.full(3, -1.0) for k in range(held)})
     store[(0, 2)] = np.zeros(3)

@@ -54,7 +54,7 @@ def _held(store) -> int:
     return len(store.blocks) if hasattr(store, "blocks") else len(store)
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_no_store_of_ppo_grows_with_the_iterations(compiled):
     """A training run does not leak: after 4 iterations every store that is not an output
     holds what it holds after 2 (the same program, compiled from one context)."""
@@ -98,7 +98,7 @@ def test_ppo_rollout_memory_is_one_rollout(backend):
         np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-4, atol=1e-5)
 
 
-def test_generated_code_and_interpreter_account_the_same_bytes():
+def test_generated_code_and_the_reference_account_the_same_bytes():
     peaks = []
     for compiled in (True, False):
         prog, _ = _ppo(True)
@@ -372,7 +372,7 @@ def _cuda() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("backend, device", [("numpy", "cpu"), ("torch", "cpu"), *_cuda()])
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_an_idle_block_is_swapped_to_the_next_tier_under_a_budget(backend, device, compiled):
     block = 100 * 1024 * 4
     ctx, out = idle_block()
@@ -392,7 +392,7 @@ def test_an_idle_block_is_swapped_to_the_next_tier_under_a_budget(backend, devic
     np.testing.assert_array_equal(prog.value(out), free.value(out))
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_a_swapped_block_really_leaves_memory(compiled):
     """numpy's allocations as tracemalloc sees them peak where the meter does: the swap
     copies no block on its way to disk or back, and no reference keeps a swapped block."""
@@ -413,7 +413,7 @@ def test_a_swapped_block_really_leaves_memory(compiled):
     assert metered <= traced < metered + block // 16
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_a_host_tier_swaps_to_memory_and_writes_no_file(monkeypatch, compiled):
     """The host-memory tier of an accelerator, run on the CPU: same values, no file."""
     from timerl.runtime import stores

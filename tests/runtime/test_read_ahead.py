@@ -14,7 +14,7 @@ import timerl as tl
 from timerl.ir import rowwise
 from timerl.memory import streams as budget_pass
 from timerl.rl.algos import ppo
-from timerl.runtime import stores
+from timerl.runtime import streams as stores
 
 OBS = {"obs_shape": (3, 8, 8), "episode_length": 1000, "action_dim": 2}
 OBS_ROW = 3 * 8 * 8 * 4  # one env's observation (float32)

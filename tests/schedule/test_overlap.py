@@ -37,7 +37,7 @@ def _body(prog) -> list:
     return loop.body
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "interpreted"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["generated", "reference"])
 def test_independent_statements_run_between_start_and_wait(compiled):
     vec = _StartableSynthetic(num_envs=3, seed=0, obs_shape=(4,), action_dim=1)
     ctx, reward, acc = rollout_beside_recurrence(vec)

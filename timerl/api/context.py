@@ -227,8 +227,8 @@ class Context(Scope):
     ) -> Any:
         """Compile the program (its sinks, side effects and ``outputs``) for these bounds.
 
-        ``optimize=False`` keeps only the passes correctness needs and interprets the schedule:
-        the reference that optimised programs are tested against. ``memory_budget`` (bytes,
+        ``optimize=False`` keeps only the passes correctness needs and runs each statement of
+        the schedule on its own: the reference that optimised programs are tested against. ``memory_budget`` (bytes,
         or a string such as ``"256MiB"``): a program whose planned peak memory exceeds it is
         refused here with ``MemoryBudgetError``, naming the smallest budget that fits.
         ``options`` (``tl.CompileOptions``) switches single passes off or runs computations
@@ -351,7 +351,7 @@ def evaluate(
     """Compile and run just what ``tensors`` need; return their values as numpy.
 
     ``optimize=False`` runs the unoptimised reference (only the passes correctness needs,
-    interpreted statement by statement); ``options`` as for ``Context.compile``."""
+    each statement run on its own); ``options`` as for ``Context.compile``."""
     single = isinstance(tensors, RecurrentTensor)
     items = [tensors] if single else list(tensors)
     if not items:

@@ -86,9 +86,10 @@ class Program:
     def executor(self, compiled: bool | None = None) -> Executor:
         """A fresh executor for this program (for iteration hooks, snapshots and resuming).
 
-        ``compiled=False`` interprets the schedule statement by statement: the reference the
-        generated code is tested against. By default an optimised program runs generated code
-        and an unoptimised one (``optimize=False``) is interpreted.
+        ``compiled=False`` runs the schedule's own statements each on its own (no fused call,
+        no value kept in a local; ``runtime/statements.py``): the reference the optimised
+        code is tested against. By default an optimised program runs the optimised code and
+        an unoptimised one (``optimize=False``) the reference.
         """
         self._last = self._new_executor(self.optimize if compiled is None else compiled)
         return self._last
@@ -112,10 +113,11 @@ class Program:
             huge_page_advice=heap.huge_page_advice,
             spare_blocks=heap.spare_blocks,
             trim_before=heap.trim_before,
+            fused=self.compiled.fused,
         )
 
     def heap_policy(self, compiled: bool = True) -> HeapPolicy:
-        """How a run (of generated code, or interpreted) uses the C heap its arrays come
+        """How a run (of the optimised code, or the reference) uses the C heap its arrays come
         from: decided from the memory plan (``memory/heap_policy.py``)."""
         return heap_policy(
             self.planned_peak,
@@ -271,33 +273,38 @@ class Program:
                 f"{regions['jit_regions']} jitted, {regions['jit_traces']} traces, "
                 f"{regions['jit_trace_compile_seconds']:.2f} s tracing and compiling"
             )
-        if getattr(self.backend, "fuses_loops", False):
-            lines += self._loop_lines()
+        fused = self.compiled.fused
+        if fused is not None and fused.fuses_loops:
+            lines += self._loop_lines(full)
         if full:
             lines += ["schedule:", self.schedule.dump()]
+            if self.optimize and fused is not None and fused.body != self.schedule.body:
+                lines += ["as the backend runs it (compiler/fusion.py):", fused.dump()]
         else:
             lines += ["schedule (summary; explain(full=True) lists every statement):"]
             lines += ["  " + line for line in self.schedule.summary().splitlines()]
         return "\n".join(lines)
 
-    def _loop_lines(self) -> list[str]:
-        """Which loops run as one compiled loop and why the others do not; decided when code
-        is generated (static bounds known), so generated now if the program has not run."""
-        notes = self.backend.loop_notes
-        if not notes and self.optimize:
-            self._new_executor(compiled=True).prepare(hooked=False)
-        if not notes:
-            return ["loops: all run in Python (the interpreter does not fuse them)"]
+    def _loop_lines(self, full: bool) -> list[str]:
+        """Which loops run as one compiled loop and why the others do not, as the fusion pass
+        decided (``compiler/fusion.py``); with ``full``, where a run with iteration hooks
+        (training, resuming) runs the outer loop otherwise."""
+        fused = self.compiled.fused
+        assert fused is not None
+        if not fused.loops or not self.optimize:
+            return ["loops: all run in Python (the reference fuses none)"]
         lines = ["loops (one XLA loop each, or why not):"]
-        lines += [f"  {loop} -> {what}" for loop, what in notes.items()]
-        kernels = getattr(self.backend, "kernel_notes", {})
-        if kernels:
+        lines += [f"  {loop} -> {what}" for loop, what in fused.loops.items()]
+        if fused.kernels:
             lines.append("regions run as numpy kernels (a jitted call would cost more):")
-            lines += [f"  {region}: {why}" for region, why in kernels.items()]
-        draws = getattr(self.backend, "draw_notes", {})
+            lines += [f"  {region}: {why}" for region, why in fused.kernels.items()]
+        draws = fused.draws
         if draws:
             lines.append("random draws made by numpy's generator (a jax draw is a dozen calls):")
             lines += [f"  {draw}: {why}" for draw, why in draws.items()]
+        if full and fused.hooked_loops:
+            lines.append("with iteration hooks (training, resuming), the outer loop instead:")
+            lines += [f"  {loop} -> {what}" for loop, what in fused.hooked_loops.items()]
         return lines
 
     def _storage_lines(self, full: bool) -> list[str]:

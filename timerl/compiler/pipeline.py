@@ -7,7 +7,7 @@ made from it. A pass applies where its ``when`` says so for the compile's ``Comp
 what the backend can do is asked of its ``Capabilities``, never of its name. Each pass is timed
 for ``prog.explain()``, and leaves its notes there.
 
-Under a memory budget the last pass fits the program: swaps, streams and state sent to disk
+Under a memory budget the budget search fits the program: swaps, streams and state sent to disk
 (``memory/plan.py``), and where those leave it over the budget, computations over many rows
 run in blocks of rows. That last move rewrites the program, so the passes from
 incrementalisation on run again, from the state they started from, once per block count
@@ -28,6 +28,7 @@ from typing import TypeVar
 from timerl.compiler.branches import drop_empty_branches
 from timerl.compiler.cse import merge_duplicates
 from timerl.compiler.dce import eliminate_dead_code
+from timerl.compiler.fusion import plan_fusion
 from timerl.compiler.guards import add_guards
 from timerl.compiler.hoist import hoist_invariants
 from timerl.compiler.incrementalize import incrementalize
@@ -46,6 +47,7 @@ from timerl.memory.plan import Capabilities, MemoryPlan, plan_memory
 from timerl.memory.plan import Program as MemoryProgram
 from timerl.memory.replay import PlannedPeak
 from timerl.memory.storage import Storage
+from timerl.schedule.fused import FusedSchedule
 from timerl.schedule.overlap import overlap_host_calls
 from timerl.schedule.program import Schedule
 from timerl.schedule.scheduler import schedule_program
@@ -53,6 +55,7 @@ from timerl.schedule.scheduler import schedule_program
 T = TypeVar("T")
 
 BLOCK_COUNTS = (4, 16, 64)  # block counts a budget tries, fewest first
+BUDGET_SEARCH = "memory budget search"  # the pass that runs the passes before it again
 
 
 @dataclass
@@ -86,6 +89,8 @@ class CompileState:
     report: CompileReport
     schedule: Schedule | None = None
     memory: MemoryPlan = MemoryPlan()
+    # the statements as the backend runs them (regions, fused loops and iterations)
+    fused: FusedSchedule | None = None
     resume: CompileState | None = None
 
     def note(self, *lines: str) -> CompileState:
@@ -122,6 +127,9 @@ class Compiled:
     report: CompileReport
     memory: MemoryPlan = MemoryPlan()
     options: CompileOptions = CompileOptions()
+    # the statements as the backend runs them: regions, fused loops and iterations
+    # (``compiler/fusion.py``, given the backend's capabilities)
+    fused: FusedSchedule | None = None
 
     @property
     def storage(self) -> Mapping[int, Storage]:
@@ -249,6 +257,16 @@ def _memory(state: CompileState) -> CompileState:
     return dataclasses.replace(state, schedule=sched, memory=plan)
 
 
+def _fuse(state: CompileState) -> CompileState:
+    """What the backend runs as one compiled call (``compiler/fusion.py``), asked of its
+    capabilities; on the storage the run keeps."""
+    caps = state.capabilities
+    assert state.schedule is not None
+    storage = caps.planned_storage(state.memory.storage)
+    fused = plan_fusion(state.schedule, state.spec.static, storage, caps)
+    return dataclasses.replace(state, fused=fused)
+
+
 def _fit_budget(state: CompileState) -> CompileState:
     """Over the budget: computations over many rows in blocks (``_fit_by_blocks``); then the
     budget is checked, and a program whose plan still exceeds it refused."""
@@ -316,12 +334,14 @@ PASSES: tuple[Pass, ...] = (
     Pass("overlap", _overlap, _optimised, rewrites=False),
     Pass("memory", _memory, rewrites=False, timed=False),
     Pass(
-        "memory budget search",
+        BUDGET_SEARCH,
         _fit_budget,
         lambda s: s.options.memory_budget is not None,
         rewrites=False,
         timed=False,
     ),
+    # last: it groups the final schedule's statements (a backend that fuses nothing keeps them)
+    Pass("fusion", _fuse, rewrites=False),
 )
 RESUME_AT = "incrementalisation"  # where the budget's search over block counts starts again
 
@@ -338,7 +358,7 @@ def compile(
     state = run_passes(state, PASSES)
     state.note(f"{given} ops given, {len(state.spec.ops)} compiled")
     assert state.schedule is not None
-    return Compiled(state.spec, state.schedule, state.report, state.memory, options)
+    return Compiled(state.spec, state.schedule, state.report, state.memory, options, state.fused)
 
 
 def run_passes(state: CompileState, passes: Sequence[Pass]) -> CompileState:
@@ -375,7 +395,8 @@ def _fit_by_blocks(state: CompileState) -> CompileState | None:
     start = state.resume
     if budget is None or whole is None or start is None:
         return None
-    rest = PASSES[[p.name for p in PASSES].index(RESUME_AT) : -1]
+    names = [p.name for p in PASSES]
+    rest = PASSES[names.index(RESUME_AT) : names.index(BUDGET_SEARCH)]
     best: tuple[CompileState, int, int] | None = None  # state, peak, blocks
 
     def attempt(blocks: int) -> int | None:

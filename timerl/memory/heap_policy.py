@@ -50,8 +50,8 @@ def heap_policy(
     compiled: bool,
 ) -> HeapPolicy:
     """The heap's use for a run of the plan ``planned()`` makes (asked only where the arrays
-    come from the heap; ``compiled``: generated code, which reserves pages and keeps spare
-    blocks; the interpreter does neither)."""
+    come from the heap; ``compiled``: the optimised code, which reserves pages and keeps spare
+    blocks; the reference, ``compiled=False``, does neither)."""
     if not heap_arrays:
         return HeapPolicy(keep_freed_pages=budget is None)
     plan = planned()

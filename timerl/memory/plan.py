@@ -46,7 +46,8 @@ SEARCH_ITERATIONS = 3  # of an outermost loop, where the moves without a budget 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the backend that will run a program can do, as memory planning asks it."""
+    """What the backend that will run a program can do, as memory planning and fusion
+    (``compiler/fusion.py``) ask it."""
 
     # point values (optimiser state, idle gradients) written to disk and read back (numpy)
     swaps_points: bool = False
@@ -59,6 +60,15 @@ class Capabilities:
     donating: frozenset[str] = frozenset()
     # the run's arrays come from the process's C heap (numpy's, torch's on the CPU)
     heap_arrays: bool = False
+    # what the backend compiles as one call: a run of pure statements (``Backend.fuse``), a
+    # whole loop (``fuse_loop``), one iteration of a loop, inner loops included (``fuse_body``)
+    fuses_regions: bool = False
+    fuses_loops: bool = False
+    fuses_bodies: bool = False
+    # per primitive, the per-point attributes its lowering takes as traced values
+    traced_attrs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # a small region in a loop stepping the host may run as numpy kernels (jax on the CPU)
+    numpy_regions: bool = False
 
     def donations(self, table: Mapping[int, int], ops: list[Op]) -> dict[int, int]:
         """The entries of a donation table this backend can lower."""

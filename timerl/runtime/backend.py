@@ -62,8 +62,16 @@ class Backend:
     threads than multiplying (measured: 935 us vs 8 us per 8x4x64 matmul)."""
 
     name = "abstract"
-    # whether ``fuse`` compiles a run of pure statements into one function (jax: jax.jit)
+    # What the fusion pass may plan for this backend (``compiler/fusion.py``): whether
+    # ``fuse`` compiles a run of pure statements into one function (jax: jax.jit),
+    # ``fuse_loop`` a whole loop, ``fuse_body`` one iteration with its inner loops; and per
+    # primitive, the per-point attributes its lowering takes traced.
     fuses = False
+    fuses_loops = False
+    fuses_bodies = False
+    traced_attrs: Mapping[str, Any] = {}
+    # a small region in a loop stepping the host may run as numpy kernels (jax on the CPU)
+    numpy_regions = False
     # The backend's lowering table (its own module's), primitive name -> function.
     lowerings: Mapping[str, Callable[..., Any]] = {}
     # Lowerings that write the result into a given array, ``fn(*inputs, out=array)``: what
@@ -107,6 +115,11 @@ class Backend:
             mutable_arrays=self.mutable_arrays,
             donating=frozenset(self.donating_lowerings),
             heap_arrays=self.heap_arrays,
+            fuses_regions=self.fuses,
+            fuses_loops=self.fuses_loops,
+            fuses_bodies=self.fuses_bodies,
+            traced_attrs=dict(self.traced_attrs),
+            numpy_regions=self.numpy_regions,
         )
 
     @property

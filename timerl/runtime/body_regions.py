@@ -1,347 +1,32 @@
-"""One iteration of the program's outer loop as one compiled call (jax: one XLA program).
+"""Fused iterations (``schedule/fused.FusedBody``) emitted as one compiled call each.
 
-``loop_regions`` fuses an inner loop whose body traces into one ``lax.fori_loop``, but the
-outer loop (a training iteration ``i``) still runs in Python: between its inner loops the
-straight-line statements are regions of their own, so a PPO iteration is about a dozen calls,
-each with its Python around it. Here the whole body of the outer loop is traced once, with
-``i`` a traced integer: its straight-line ops as steps, its inner loops as nested
-``fori_loop``s (each planned by ``loop_regions``), so an iteration is ONE call. The loop
-itself stays in Python, so iteration hooks (metrics, checkpoints) run between iterations on
-the values the call returned, written to their stores.
-
-The body is fused when every inner loop fuses (``loop_regions``' conditions), every
-straight-line op traces and is computed at one point per iteration, and its host calls (a
-metrics sink, an episode tally) feed nothing traced: those run after the call, in schedule
-order, on stored values. ``explain()`` says "one XLA program per iteration" or why not.
-
-Inside the call a value computed in the iteration is read where it was computed: a
-straight-line value as it is, an inner loop's at one point (its last iteration's value, or a
-row of its every-iteration array), a slice of it, or per iteration of a later inner loop
-(``rows``: the array itself, or its rows at the later loop's index expression). Anything
-else (an earlier iteration's value: parameters, Adam moments, env state at ``i - 1``; values
-computed before the loop) is read from its store before the call, zeros where a branch's point
-does not exist, as ``loop_regions`` reads it. Those values stay device arrays between calls.
-
-After the call only what outlives the iteration is written to stores (not freed in it at this
-iteration's point) or what a deferred host call reads; the body's frees then replay in
-schedule order, so stores, statement counts and live bytes after each iteration equal the
-Python loop's (inside the call the meter counts the body's values live together).
+``compiler/fusion_bodies.py`` decides which loops run each iteration as one call and plans
+what the backend traces (``BodyPlan``); here the code generator's source for one iteration is
+written (inside the loop's ``for``, which stays in Python so that iteration hooks run between
+calls): the values read from stores before the call, the call (``backend.fuse_body``), then in
+schedule order what outlives the iteration written to its store, statement counts, the inner
+loops' results (``LoopEmitter.emit_results``), the host calls run after the call, and the
+frees. Stores, statement counts and live bytes after each iteration equal the Python loop's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from timerl.ir import prims
-from timerl.ir.graph import Edge, Op
-from timerl.runtime.loop_regions import (
-    LoopPlan,
-    LoopRegion,
-    LoopStep,
-    _nbytes,
-    _symbols,
-    bind_call,
-    describe,
-    single_rows,
-)
+from timerl.runtime.loop_regions import bind_steps
+from timerl.schedule.fused import FusedBody
 from timerl.schedule.program import Compute, Free, Loop, Stmt
-from timerl.symbolic import TRUE, Bound, Const, Dim, Slice
+from timerl.symbolic import TRUE
 
 
-@dataclass(eq=False)
-class NestedLoop:
-    """An inner loop of the body: its plan, where its closed and per-iteration inputs come
-    from (refs as ``BodyPlan`` reads them) and the ops whose results the call returns."""
-
-    plan: LoopPlan
-    closed: list[tuple]
-    rows: list[tuple]
-    keep: frozenset[int]
-    keep_rows: frozenset[int] = frozenset()  # of ``keep``, those returned stacked
-
-
-@dataclass(eq=False)
-class BodyPlan:
-    """What the backend traces: ``fn(inputs, index) -> (outs, per nested loop (finals, rows))``.
-
-    ``items``: a ``LoopStep`` (refs: ``("in", k)`` the k-th input, ``("val", id)`` a
-    straight-line value, ``("fin", id)`` an inner loop's last value, ``("at", id, index)`` /
-    ``("slice", id, start, stop)`` / ``("rows", id)`` its every-iteration array at a point, a
-    slice or whole, ``("moving", id, index, dim, n)`` its rows at another loop's index) or the
-    position of a ``NestedLoop`` in ``loops``."""
-
-    dim: Dim
-    consts: dict
-    items: list[LoopStep | int]
-    loops: list[NestedLoop]
-    outs: tuple[int, ...]
-    # (input position, op): inputs the iteration frees, donated to the call (see ``donations``)
-    donate: tuple[tuple[int, int], ...] = ()
-    n_inputs: int = 0
-
-
-@dataclass(eq=False)
-class BodyRegion:
-    loop: Loop
-    plan: BodyPlan
-    inputs: list[tuple[str, Edge, Loop | None]]  # ("closed", edge, None) or ("rows", edge, loop)
-    regions: list[LoopRegion]
-    top: list[Op]
-    deferred: set[int]
-    needed: set[int]
-    live_bytes: int
-    key: tuple = field(default_factory=tuple)
-
-
-class _No(Exception):
-    """Why the body cannot be one call (its message is shown by ``explain()``)."""
-
-
-class BodyFusion:
-    """Plans and emits a fused outer-loop body through a ``loop_regions.LoopFusion``."""
+class BodyEmitter:
+    """Emits fused iterations through a code generator and its ``LoopEmitter``."""
 
     def __init__(self, loops: Any) -> None:
         self.loops = loops
-        self.fusion = loops.fusion
         self.gen = loops.gen
 
-    # --- planning -----------------------------------------------------------------------------
-    def region(self, loop: Loop) -> BodyRegion | None:
-        ops = [s.op for s in loop.body if isinstance(s, Compute)]
-        try:
-            found = self._plan(loop)
-        except _No as why:
-            self.loops.notes[describe(loop, ops)] = (
-                f"runs in Python, a call per region and inner loop: {why}"
-            )
-            return None
-        self.loops.notes[describe(loop, ops)] = "one XLA program per iteration"
-        for r in found.regions:
-            inner = [s.op for s in r.loop.body if isinstance(s, Compute)]
-            self.loops.notes[describe(r.loop, inner)] = f"{r.plan.note()}, inside the iteration's"
-        return found
-
-    def _plan(self, loop: Loop) -> BodyRegion:
-        gen, fusion, dim = self.gen, self.fusion, loop.dim
-        if loop.until is not None:
-            raise _No(f"it ends when {loop.until.label} holds (until)")
-        if gen.plan.allocated_by(loop):
-            raise _No("it allocates block stores")
-        consts = {b: int(v.value) for b, v in fusion.bounds.items()}
-        self.dim = dim
-        self.top: dict[int, Op] = {}
-        self.inner: dict[int, int] = {}  # op id -> position of its nested loop
-        self.regions: list[LoopRegion] = []
-        # every op the body computes: one read before its computation must not go to a store
-        self.body_ops = _computed(loop.body)
-        self.inputs: list[tuple[str, Edge, Loop | None]] = []
-        self.input_pos: dict[tuple, int] = {}
-        deferred: dict[int, Op] = {}
-        items: list[LoopStep | int] = []
-        nested: list[NestedLoop] = []
-        frees: list[Free] = []
-        for s in loop.body:
-            if isinstance(s, Free):
-                frees.append(s)
-            elif isinstance(s, Compute):
-                op = s.op
-                if prims.get(op.prim).traits.host:
-                    deferred[op.id] = op
-                    continue
-                why = fusion.why_not_traced(op)
-                if why is not None:
-                    raise _No(why)
-                if tuple(op.domain) != (dim,):
-                    raise _No(f"{op.label} is computed in the loop but not over {dim.name} alone")
-                items.append(self._step(op, deferred, consts))
-                self.top[op.id] = op
-            elif isinstance(s, Loop):
-                found = self.loops._plan(s, None, [x.op for x in s.body if isinstance(x, Compute)])
-                if isinstance(found, str):
-                    raise _No(f"its loop over {s.dim.name} runs in Python: {found}")
-                for e in [*found.closed, *found.rows]:
-                    if e.src.id in deferred:
-                        raise _No(f"host call {e.src.label} feeds traced ops")
-                closed = [self._ref(e) for e in found.closed]
-                rows = [self._moving(e, s, found.plan.extent) for e in found.rows]
-                for st in found.plan.steps:
-                    if set(_symbols(tuple(st.traced.values()))) - {dim, s.dim} - set(consts):
-                        raise _No(f"an attribute in its loop over {s.dim.name} is not static")
-                if set(found.plan.symbols) - {dim}:
-                    raise _No(f"its loop over {s.dim.name} reads an index other than {dim.name}")
-                position = len(nested)
-                for op in found.ops:
-                    self.inner[op.id] = position
-                frees.extend(x for x in s.body if isinstance(x, Free))
-                nested.append(NestedLoop(found.plan, closed, rows, frozenset()))
-                self.regions.append(found)
-                items.append(position)
-            else:
-                raise _No(f"it holds a {type(s).__name__} statement")
-        if not items:
-            raise _No("it computes nothing")
-
-        # what outlives the iteration, or is read by a host call run after it
-        killed = {
-            f.op.id
-            for f in frees
-            if not f.pinned and len(f.prefix) == 1 and f.prefix[0] is dim and f.op.domain[0] is dim
-        }
-        computed = set(self.top) | set(self.inner)
-        needed = computed - killed
-        for op in deferred.values():
-            for e in op.inputs:
-                if e.src.id in computed:
-                    needed.add(e.src.id)
-        for k, nest in enumerate(nested):
-            nest.keep = frozenset(op.id for op in self.regions[k].ops if op.id in needed)
-            nest.keep_rows = nest.keep - single_rows(self.regions[k])
-        outs = tuple(op_id for op_id in self.top if op_id in needed)
-        donate = self._donations(frees, deferred, outs, nested)
-        plan = BodyPlan(dim, consts, items, nested, outs, donate, len(self.inputs))
-        live = sum(_nbytes(st.shape, st.dtype) for st in items if isinstance(st, LoopStep))
-        live += sum(r.live_bytes for r in self.regions)
-        key = (
-            "body",
-            tuple(self.top),
-            tuple(tuple(op.id for op in r.ops) for r in self.regions),
-            tuple((kind, e.src.id, tuple(str(i) for i in e.index)) for kind, e, _ in self.inputs),
-        )
-        return BodyRegion(
-            loop,
-            plan,
-            list(self.inputs),
-            list(self.regions),
-            list(self.top.values()),
-            set(deferred),
-            needed,
-            live,
-            key,
-        )
-
-    def _donations(
-        self, frees: list[Free], deferred: dict[int, Op], outs: tuple, nested: list[NestedLoop]
-    ) -> tuple[tuple[int, int], ...]:
-        """The inputs whose buffers the call may take over (``jax.jit``'s donation): an
-        earlier iteration's value of an op the call itself returns (parameters, optimiser
-        moments, env state at ``i - 1``), whose point the iteration's frees release, read
-        by no host call run after the call. Whether the array passed is the one the previous
-        call returned (not a filler, an initial value or one shared by two inputs) is checked
-        when it is called."""
-        returned = set(outs)
-        for nest in nested:
-            returned |= {m for m in nest.keep if m in nest.plan.finals}
-        host = {e.src.id for op in deferred.values() for e in op.inputs}
-        out = []
-        for k, (kind, edge, _) in enumerate(self.inputs):
-            src = edge.src.id
-            if kind != "closed" or src not in returned or src in host:
-                continue
-            if not _other_iteration(edge, self.dim):
-                continue
-            point = tuple(str(x) for x in edge.index)
-            if any(
-                f.op.id == src
-                and not f.pinned
-                and tuple(str(x) for x in f.prefix) == point[: len(f.prefix)]
-                for f in frees
-            ):
-                out.append((k, src))
-        return tuple(out)
-
-    def _step(self, op: Op, deferred: dict[int, Op], consts: dict) -> LoopStep:
-        fusion, dim = self.fusion, self.dim
-        refs = []
-        for e in op.inputs:
-            if e.src.id in deferred:
-                raise _No(f"host call {e.src.label} feeds {op.label}, a traced op")
-            refs.append(self._ref(e))
-        step = LoopStep(op.id, fusion._static_shape(op.shape), op.dtype, refs)
-        used = bind_call(step, op, self.gen, fusion)
-        other = set(used) - {dim} - set(consts)
-        if other:
-            names = ", ".join(sorted(s.name for s in other))
-            what = "bound" if all(isinstance(s, Bound) for s in other) else "index"
-            raise _No(f"{op.label} reads {what} {names}, which is not static")
-        return step
-
-    def _input(self, kind: str, edge: Edge, loop: Loop | None) -> tuple:
-        key = (kind, edge.src.id, tuple(str(i) for i in edge.index))
-        if key not in self.input_pos:
-            self.input_pos[key] = len(self.inputs)
-            self.inputs.append((kind, edge, loop))
-        return ("in", self.input_pos[key])
-
-    def _inner_point(self, edge: Edge) -> tuple[LoopRegion, Any]:
-        """The nested loop computing ``edge.src`` and the index read along its dim."""
-        src, dim = edge.src, self.dim
-        region = self.regions[self.inner[src.id]]
-        if len(src.domain) != 2 or dim not in src.domain or region.loop.dim not in src.domain:
-            raise _No(f"{src.label} is not computed over ({dim.name}, {region.loop.dim.name})")
-        if edge.index[src.domain.index(dim)] is not dim:
-            raise _No(f"{edge.src.label} is read at another point of {dim.name}")
-        return region, edge.index[src.domain.index(region.loop.dim)]
-
-    def _outside(self, edge: Edge) -> bool:
-        """The read is of a value from outside this iteration (read from its store)."""
-        src = edge.src
-        if _other_iteration(edge, self.dim):
-            return True
-        if src.id in self.top or src.id in self.inner:
-            return False
-        if src.id in self.body_ops:
-            raise _No(f"{src.label} is read in the iteration before it is computed")
-        return True
-
-    def _ref(self, edge: Edge) -> tuple:
-        """Where a value read at one point (per iteration of the body) comes from."""
-        src, dim = edge.src, self.dim
-        if self._outside(edge):
-            return self._input("closed", edge, None)
-        if src.id in self.top:
-            if len(edge.index) != len(src.domain) or any(
-                i is not d for i, d in zip(edge.index, src.domain, strict=True)
-            ):
-                raise _No(f"{src.label} is read at another point of {dim.name}")
-            return ("val", src.id)
-        region, idx = self._inner_point(edge)
-        plan = region.plan
-        stacked = src.id in plan.rows_out
-        if isinstance(idx, Slice):
-            fixed_a, a = self.fusion._static_value(idx.start)
-            fixed_b, b = self.fusion._static_value(idx.stop)
-            if not (fixed_a and fixed_b and stacked):
-                raise _No(f"a slice of {src.label} is read that is not whole rows of its loop")
-            return ("slice", src.id, int(a), int(b))
-        if stacked:
-            if _symbols(idx) - {dim} - set(self.fusion.bounds):
-                raise _No(f"{src.label} is read at a point that is not static")
-            return ("at", src.id, idx.substitute(self.fusion.bounds))
-        last = plan.extent - 1 if plan.forward else 0
-        fixed, v = self.fusion._static_value(idx)
-        if src.id in plan.finals and fixed and int(v) == last:
-            return ("fin", src.id)
-        raise _No(f"{src.label} is read after its loop at a point the loop does not keep")
-
-    def _moving(self, edge: Edge, loop: Loop, n: int) -> tuple:
-        """Where a value read at every iteration of the nested ``loop`` comes from."""
-        src, dim = edge.src, self.dim
-        if self._outside(edge):
-            return self._input("rows", edge, loop)
-        if src.id in self.top:
-            raise _No(f"{src.label} is read along {loop.dim.name} but computed once")
-        region, idx = self._inner_point(edge)
-        if src.id not in region.plan.rows_out:
-            raise _No(f"{src.label} is read per iteration but its loop keeps only its last")
-        if idx is loop.dim and region.plan.extent == n:
-            return ("rows", src.id)
-        if _symbols(idx) - {dim, loop.dim} - set(self.fusion.bounds):
-            raise _No(f"{src.label} is read at a point that is not static")
-        return ("moving", src.id, idx.substitute(self.fusion.bounds), loop.dim, n)
-
-    # --- emitting ------------------------------------------------------------------------------
-    def emit(self, body: BodyRegion, depth: int) -> None:
+    def emit(self, body: FusedBody, depth: int) -> None:
         """The statements of one iteration (inside the outer ``for``): the call, then stores,
         counts, deferred host calls and frees in schedule order."""
         gen, loops = self.gen, self.loops
@@ -355,9 +40,10 @@ class BodyFusion:
                 srcs.append(loops._optional_src(e))
             else:
                 assert inner is not None
-                extent = int(self.fusion.bounds[inner.dim.bound].value)
+                extent = int(gen.bounds[inner.dim.bound].value)
                 srcs.append(loops.rows_src(e, inner, extent))
-        fused = gen.const("BODY", gen.backend.fuse_body(body.key, body.plan))
+        plan = bind_steps(body.plan, gen.ops, gen.backend, gen.seed)
+        fused = gen.const("BODY", gen.backend.fuse_body(body.key, plan))
         d = gen.names.of(body.loop.dim)
         gen.emit(depth, f"M[0] += {body.live_bytes}")
         gen.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
@@ -367,7 +53,7 @@ class BodyFusion:
         self._after(body, body.loop.body, depth)
         gen.emit(depth, "_v = _n = _f = _h = None")
 
-    def _after(self, body: BodyRegion, stmts: list[Stmt], depth: int) -> None:
+    def _after(self, body: FusedBody, stmts: list[Stmt], depth: int) -> None:
         gen = self.gen
         position = 0
         for s in stmts:
@@ -381,14 +67,10 @@ class BodyFusion:
                     inner += 1
                 if op.id in body.needed:
                     gen.emit(inner, f"v{op.id} = _v[{op.id}]")
-                    if op.id not in gen.locals:
-                        point = gen.key_src([gen.names.of(x) for x in op.domain])
-                        gen.emit(inner, f"S{op.id}[{point}] = v{op.id}")
-                    gen.alloc(op, inner, f"v{op.id}")
-                    gen.drop_stored(op, inner, f"v{op.id}")
+                    gen.store(op, f"v{op.id}", inner)
                 gen.emit(inner, "C[0] += 1")
             elif isinstance(s, Loop):
-                region = body.regions[position]
+                region = body.loops[position]
                 gen.emit(depth, f"_f, _h = _n[{position}]")
                 self.loops.emit_results(region, depth, keep=set(body.plan.loops[position].keep))
                 position += 1
@@ -397,25 +79,3 @@ class BodyFusion:
                 if op.id in gen.locals and op.id not in body.needed:
                     continue  # computed inside the call only: never counted in
                 gen.free(s, depth)
-
-
-def _computed(stmts: list[Stmt]) -> set[int]:
-    """The ids of the ops a loop body computes, inner loops included."""
-    out: set[int] = set()
-    for s in stmts:
-        if isinstance(s, Compute):
-            out.add(s.op.id)
-        elif isinstance(s, Loop):
-            out |= _computed(s.body)
-    return out
-
-
-def _other_iteration(edge: Edge, dim: Dim) -> bool:
-    """The read is of another iteration's point (``w[i - 1, U - 1]``): stored before the call."""
-    if dim not in edge.src.domain:
-        return False
-    idx = edge.index[edge.src.domain.index(dim)]
-    if isinstance(idx, Slice):
-        return False
-    off = idx - dim
-    return isinstance(off, Const) and off.value != 0

@@ -1,9 +1,8 @@
-"""How an op is called at a point, decided once for both executors.
+"""How an op is called at a point, decided once for every way a statement runs.
 
-The interpreter (``executor.py``) and the code generator (``codegen.py``) differ only in how
-they evaluate index expressions (compiled lambdas over an environment vs inlined source). What
-they call, with which attributes bound up front, which attributes are evaluated per point, and
-the key a random op draws from, is decided here, so the two cannot drift apart.
+What the generated code calls (``statements.py``, and the fused calls of ``regions.py`` and
+``loop_regions.py``), with which attributes bound up front, which attributes are evaluated per
+point, and the key a random op draws from, is decided here, so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import numpy as np
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
 from timerl.runtime.backend import Backend
+from timerl.schedule.point_attrs import key_coordinates, key_stream, point_attrs
 from timerl.symbolic import Expr, Slice
 
 # Attributes that describe the op to the compiler, never passed to a kernel.
@@ -99,19 +99,9 @@ def prepare_call(
             raise ValueError(f"{op.where()}: the {backend.name} backend cannot write into inputs")
         kernel = writer
     fn = functools.partial(kernel, **static) if static else kernel
-    point_attrs = tuple(
-        (name, op.attrs[name])
-        for name in rule.point_attrs
-        if name in op.attrs and not (traits.random and name == "key_at")
-    )
-    key = None
-    if traits.random:
-        # the stream number is fixed when the op is built, so rebuilding a program (to resume
-        # from a checkpoint) draws the same numbers at the same points
-        stream = op.attrs.get("stream", op.id)
-        coords = op.attrs.get("key_at")
-        key = ((seed, stream), tuple(op.domain) if coords is None else tuple(coords))
-    return OpCall(fn, point_attrs, key, False, donate, row)
+    coords = key_coordinates(op)
+    key = None if coords is None else ((seed, key_stream(op)), coords)
+    return OpCall(fn, point_attrs(op), key, False, donate, row)
 
 
 def gather_points(

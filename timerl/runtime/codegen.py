@@ -1,14 +1,21 @@
 """Compile a whole schedule into one generated Python function.
 
-The interpreter in ``executor.py`` pays, per statement, for dict lookups of symbol values,
-calls of compiled index lambdas, closures and generic bookkeeping — more than the numpy
-kernels themselves cost on RL-sized arrays. Here every loop becomes a Python ``for``/``while``
-over local ints, every index expression is inlined source, every kernel is a namespace
-constant with its static attributes bound, and a value that is only read at the same point
-inside the same loop iteration lives in a local variable instead of a store. Memory accounting
-is kept exact: sizes known at compile time are inlined as constants.
+An interpreter pays, per statement, for dict lookups of symbol values, calls of compiled
+index lambdas, closures and generic bookkeeping — more than the numpy kernels themselves cost
+on RL-sized arrays. Here every loop becomes a Python ``for``/``while`` over local ints, every
+index expression is inlined source, every kernel is a namespace constant with its static
+attributes bound. What each statement kind emits is defined once, in ``statements.py``; this
+module holds the generator around those emitters (names, reads, the meter, the walk over the
+statements) and the optimisations it makes over them: a value only read at the same point
+inside the same loop iteration lives in a local variable instead of a store, a read a loop
+does not change is made once before it, constant meter changes are summed, a guard is
+evaluated once per loop body, a view is an inline subscript, and the fusion pass's statements
+are compiled calls. Memory accounting is kept exact: sizes known at compile time are inlined
+as constants.
 
-The interpreter stays as the reference this is tested against.
+``reference=True`` makes none of these optimisations: the schedule's own statements, each
+emitted on its own. That is the reference the generated code is tested against
+(``compiled=False``).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import linecache
 import re
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,39 +34,22 @@ import numpy as np
 from timerl.errors import BoundError, UndefinedPointError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op
-from timerl.memory.donation import aliasing_merges, copies_branch, owned_merges
-from timerl.runtime.body_regions import BodyFusion
-from timerl.runtime.calls import (
-    META_ATTRS,
-    element_shape,
-    gather_points,
-    host_call,
-    prepare_call,
-)
+from timerl.memory.donation import aliasing_merges, owned_merges
+from timerl.runtime.body_regions import BodyEmitter
+from timerl.runtime.calls import element_shape, gather_points
 from timerl.runtime.heap import compile_apart, trim_before_peak
-from timerl.runtime.loop_regions import LoopFusion
-from timerl.runtime.regions import Fusion
-from timerl.runtime.stores import RowStore, StorePlan
+from timerl.runtime.loop_regions import LoopEmitter
+from timerl.runtime.regions import RegionEmitter
+from timerl.runtime.row_store import RowStore
+from timerl.runtime.statements import Statements, runtime_names
+from timerl.runtime.store_plan import StorePlan
+from timerl.schedule.fused import FusedLoop, FusedStmt, Region
 from timerl.schedule.program import Compute, Free, Loop, Schedule, Start, Stmt, SwapIn, SwapOut
-from timerl.symbolic import TRUE, Bound, Condition, Const, Dim, Expr, Slice, Symbol
+from timerl.symbolic import Bound, Condition, Const, Dim, Expr, Slice, Symbol
 
-UNBOUNDED = 2**62
 _SOURCES = itertools.count()  # numbers the generated sources registered in linecache
 # how the file name of a generated source starts (tracebacks show it; tools find it by it)
 GENERATED_FILE = "<timerl schedule"
-
-
-def _static_nbytes(op: Op) -> int | None:
-    # a pure multi-output op counts its declared (nominal) size: its parts' bytes are counted
-    # by their tuple_get readers, which hold the very arrays
-    if prims.get(op.prim).traits.host:
-        # a host function's result is whatever it returns, measured at each call, unless its
-        # author declared the size (an env step's parts: the meter's own ``NB`` of three
-        # arrays was 2-3% of a CartPole rollout step)
-        return op.attrs.get("result_nbytes")
-    if not all(isinstance(s, Const) for s in op.shape):
-        return None
-    return int(np.prod([s.value for s in op.shape], dtype=np.int64)) * op.dtype.itemsize
 
 
 def _missing(label: str) -> Callable[[tuple], Any]:
@@ -104,8 +94,13 @@ class _Hoist:
     lines: list[str] = field(default_factory=list)
 
 
-class CodeGen:
-    """Generates ``run(stores, meter, ctl)`` for one schedule on one backend."""
+class CodeGen(Statements):
+    """Generates ``run(stores, meter, ctl)`` for one schedule on one backend.
+
+    ``body``: the statements run, the fusion pass's included (``schedule/fused.py``; by
+    default the schedule's own), each emitted as it says. ``reference``: the schedule's own
+    statements each emitted on its own, without the generator's optimisations (the
+    reference run, ``compiled=False``)."""
 
     def __init__(
         self,
@@ -117,10 +112,14 @@ class CodeGen:
         storage: Mapping[int, Any] | None = None,
         donations: Mapping[int, int] | None = None,
         trim_before: frozenset[int] = frozenset(),
+        body: list[FusedStmt] | None = None,
+        reference: bool = False,
     ) -> None:
         self.schedule = schedule
+        self.reference = reference
+        self.stmts = list(schedule.body if body is None else body)
         self._ragged = schedule.ragged_lengths()
-        self.plan = StorePlan(schedule, storage or {})
+        self.plan = StorePlan(schedule, storage or {}, self.stmts)
         self.trim_before = trim_before  # ops before which ``heap.trim_before_peak`` runs
         # op id -> input position it writes into; a donor's point leaves its store there
         self.donations = dict(donations or {})
@@ -133,6 +132,7 @@ class CodeGen:
         self.seed = seed
         self.keep = keep
         self.names = _Names()
+        self.bounds: dict[Bound, Const] = {}  # the static bounds, as constants
         self.ns: dict[str, Any] = {
             "MISSING": UndefinedPointError,
             "BoundError": BoundError,
@@ -147,23 +147,19 @@ class CodeGen:
         self._static: set[Bound] = set()
         self.read_through: Callable[[Edge, str], str] | None = None
         self._reads: dict[tuple, str] = {}  # (op id, index) -> the source that reads it
-        self.locals = self._local_ops()
+        self.locals = set() if reference else self._local_ops()
         # loops (innermost last) whose invariant reads are being read once, before the loop
         self._hoists: list[_Hoist] = []
         self._hoist_names = itertools.count()
-        self.plan.entry_src = self._block_entry
-        self.plan.row_of_entry = self._row_of_entry
         # constant meter changes and statement counts not yet emitted (see ``_tally``)
         self._deltas: list[tuple[int, bool]] = []  # (bytes, whether a peak may be there)
         self._deltas_depth = 0
         self._counts: list[int] = []  # per loop body being emitted: its statements so far
-        # runs of pure statements compiled as one function, on backends that can (jax)
-        self.fusion = Fusion(self) if backend.fuses else None
-        # whole loops as one compiled call, on backends that can trace a loop (jax)
-        fuses_loops = self.fusion is not None and getattr(backend, "fuses_loops", False)
-        self.loops = LoopFusion(self.fusion) if fuses_loops else None
-        # a top-level loop's iteration, inner loops included, as one compiled call (jax)
-        self.bodies = BodyFusion(self.loops) if self.loops is not None else None
+        # the fusion pass's statements, on a backend that compiles them (jax): runs of pure
+        # statements, whole loops and whole iterations as one compiled call each
+        self.regions = RegionEmitter(self) if backend.fuses and not reference else None
+        self.loops = LoopEmitter(self) if self.regions is not None else None
+        self.bodies = BodyEmitter(self.loops) if self.loops is not None else None
         # host calls whose results only host calls read (a metrics sink, an episode tally):
         # they stay numpy arrays
         host_readers: dict[int, bool] = {}
@@ -176,6 +172,8 @@ class CodeGen:
             for i, op in self.ops.items()
             if prims.get(op.prim).traits.host and i not in self.keep and host_readers.get(i, True)
         }
+        if reference:
+            self.host_only = set()
 
     # --- which values can live in locals -------------------------------------------------------
     def _local_ops(self) -> set[int]:
@@ -249,6 +247,8 @@ class CodeGen:
         self._deltas_depth = depth
         if nbytes:
             self._deltas.append((nbytes, peak))
+        if self.reference:  # each statement's own change
+            self._flush_deltas()
 
     def _flush_deltas(self) -> None:
         deltas, self._deltas = self._deltas, []
@@ -265,7 +265,7 @@ class CodeGen:
 
     def _count(self, depth: int) -> None:
         """One statement run: counted once per loop body (the counter is a statistic)."""
-        if self._counts and depth == self._conds[-1][0]:
+        if self._counts and depth == self._conds[-1][0] and not self.reference:
             self._counts[-1] += 1
         else:
             self.emit(depth, "C[0] += 1")
@@ -283,7 +283,7 @@ class CodeGen:
         """One source per distinct read: a slice read twice (a rollout's rows read by two
         ops of one region) is one gather, which a region passes once. Without regions a
         source may be a local read before the loop being emitted, valid in that loop only."""
-        if self.fusion is None:
+        if self.regions is None:
             return self._new_read_src(edge)
         key = (
             edge.src.id,
@@ -304,7 +304,7 @@ class CodeGen:
         if src.id in self.locals:
             return f"v{src.id}"
         if src.id in self.plan.blocks:
-            direct = self.plan.block_read_src(edge, self.names.src)
+            direct = self._block_read_src(edge)
             if direct is not None:
                 return direct
         if not any(isinstance(i, Slice) for i in edge.index):
@@ -388,6 +388,27 @@ class CodeGen:
             return f"S{edge.src.id}[{key}]"
         return self._hoisted(frame, f"S{edge.src.id}", key)
 
+    def _block_read_src(self, edge: Edge) -> str | None:
+        """A row or a view of rows of one block; None for reads that span blocks."""
+        src_of = self.names.src
+        outer, last = edge.index[:-1], edge.index[-1]
+        if any(isinstance(i, Slice) for i in outer):
+            return None
+        key = self.key_src([src_of(i) for i in outer])
+        if edge.src.id in self.plan.rings:
+            if isinstance(last, Slice):
+                return f"S{edge.src.id}.window({key}, {src_of(last.start)}, {src_of(last.stop)})"
+            return f"S{edge.src.id}[{key[:-1]} {src_of(last)},)]"
+        dims = frozenset(x for i in outer for x in i.symbols() if isinstance(x, Dim))
+        entry = self._block_entry(edge.src.id, key, dims)
+        rows = f"{entry}[0]"
+        if isinstance(last, Slice):
+            return f"{rows}[{src_of(last.start)}:{src_of(last.stop)}]"
+        if edge.src.shape:  # ``[k]`` (torch takes a third less time than ``[k, ...]``)
+            return self._row_of_entry(entry, src_of(last))
+        # ``[k, ...]`` keeps a 0-d row an array (``[k]`` would give a numpy scalar)
+        return f"{rows}[{src_of(last)}, ...]"
+
     def _block_entry(self, op_id: int, key: str, dims: frozenset) -> str:
         """``BL{id}[key]`` (a block's rows and marks at an outer point), or its local."""
         frame = self._invariant(op_id, dims, block=True)
@@ -428,18 +449,6 @@ class CodeGen:
         # a local left set would keep a freed block alive, unseen by the meter
         self.emit(depth, " = ".join([*frame.reads.values(), "None"]))
 
-    def alloc(self, op: Op, depth: int, var: str) -> None:
-        if op.id in self.plan.blocks or op.id in self.plan.views:
-            return  # a row of a block allocated with its loop, or a view of one
-        if op.id in self.donations:
-            return  # written into a dead input's buffer: those bytes were counted
-        n = _static_nbytes(op)
-        if n is not None:
-            self._tally(depth, n, peak=op.id not in self.quiet)
-            return
-        self.emit(depth, f"M[0] += NB({var})")
-        self.emit(depth, "if M[0] > M[1]: M[1] = M[0]")
-
     def cond(self, c: Condition, depth: int) -> str:
         """Source testing ``c`` at ``depth``: a local evaluated once per iteration of the
         loop body where it is first needed, when that is at the body's own depth.
@@ -454,7 +463,8 @@ class CodeGen:
         src = self.names.src(c)
         syms = c.symbols()
         if (
-            not self._conds
+            self.reference
+            or not self._conds
             or not syms
             or any(isinstance(x, Bound) and x not in self._static for x in syms)
         ):
@@ -470,302 +480,19 @@ class CodeGen:
         seen[src] = name
         return name
 
-    def compute(self, op: Op, depth: int) -> None:
-        var = f"v{op.id}"
-        point = self.key_src([self.names.of(d) for d in op.domain])
-        body_depth = depth
-        if op.guard != TRUE:
-            self.emit(depth, f"if {self.cond(op.guard, depth)}:")
-            body_depth += 1
-        if op.id in self.trim_before:
-            self.emit(body_depth, "TRIM()")
-        in_place = self.plan.writes_row(op, self.backend)
-        if op.id in self.plan.aliases:
-            pass  # its rows are its base block's: nothing to compute
-        elif in_place:
-            # the kernel writes the row; no local keeps it (a view would keep the block alive)
-            row, mark = self.plan.row_src(op, self.names.of)
-            self.call(op, body_depth, var, point, row=row)
-            self.emit(body_depth, mark)
-        elif prims.get(op.prim).traits.piecewise:
-            self.merge(op, body_depth, var, broadcast=not self._row_broadcasts(op))
-        else:
-            self.call(op, body_depth, var, point)
-        if in_place:
-            pass  # the kernel wrote its row
-        elif op.id in self.plan.blocks:
-            for line in self.plan.block_write_src(op, var, self.names.of):
-                self.emit(body_depth, line)
-        elif op.id not in self.locals:
-            self.emit(body_depth, f"S{op.id}[{point}] = {var}")
-        self.alloc(op, body_depth, var)
-        for line in self.plan.read_src(op):
-            self.emit(body_depth, line)
-        if not in_place and op.id not in self.plan.aliases:
-            self.drop_stored(op, body_depth, var)
-        self._count(body_depth)
-
-    def drop_stored(self, op: Op, depth: int, var: str) -> None:
-        """Drop the local of a value just put in its store or copied into its block's row:
-        readers read the store or the block, and a local left behind would keep the value
-        alive after its free, until the next point reassigns it (a parameter-sized array an
-        iteration; the last observation a rollout wrote into its block, through the whole
-        update; both unseen by the meter)."""
-        if op.id not in self.locals:
-            self.emit(depth, f"{var} = None")
-
-    def start(self, op: Op, depth: int) -> None:
-        """Start ``op``'s host call in the background; its compute later waits for it."""
-        if op.guard != TRUE:
-            self.emit(depth, f"if {self.names.src(op.guard)}:")
-            depth += 1
-        begin = self.const("K", host_call(op, self.backend, "begin"))
-        self.emit(depth, f"{begin}({', '.join(self.read_src(e) for e in op.inputs)})")
-
-    def _row_broadcasts(self, op: Op) -> bool:
-        """Whether ``op``'s value goes straight into its row of a block in memory, whose
-        assignment broadcasts and casts it as the merge would (a streamed block's rows, a
-        ring's and an alias's are written otherwise)."""
-        plan = self.plan
-        return (
-            op.id in plan.blocks
-            and op.id not in plan.rings
-            and op.id not in plan.aliases
-            and not plan.storage[op.id].streamed
-        )
-
-    def merge(self, op: Op, depth: int, var: str, broadcast: bool = True) -> None:
-        shape_src = self.key_src([self.names.src(s) for s in op.shape])
-        # the first branch's test may become a local; the later ones stay inline (evaluated
-        # only when reached, as the chain would)
-        for k, e in enumerate(op.inputs):
-            kw = "if" if k == 0 else "elif"
-            test = self.cond(e.cond, depth) if k == 0 else self.names.src(e.cond)
-            self.emit(depth, f"{kw} {test}:")
-            value = self.read_src(e)
-            if copies_branch(op, e, self.owned):
-                # a donation writes into this merge's value: give it a buffer of its own
-                copy = self.const("COPY", self.backend.copy)
-                value = f"{copy}({self._broadcast_src(op, value, shape_src)})"
-            self.emit(depth + 1, f"{var} = {value}")
-        self.emit(depth, "else:")
-        err = self.const("UNDEF", f"{op.where()} has no definition at this point")
-        self.emit(depth + 1, f"raise MISSING({err})")
-        if not broadcast:
-            return
-        self.emit(depth, f"{var} = {self._broadcast_src(op, var, shape_src)}")
-
-    def _broadcast_src(self, op: Op, value: str, shape_src: str) -> str:
-        """``value`` broadcast to ``op``'s shape and cast to its dtype."""
-        bc = self.const("BCAST", self.backend.broadcast)
-        return f"{bc}({value}, {shape_src}, {self.const('DT', op.dtype)})"
-
-    def call(self, op: Op, depth: int, var: str, point: str, row: str | None = None) -> None:
-        """``var = kernel(...)``; with ``row`` (the source of a block's row), ``kernel(...,
-        out=row)`` and no ``var``."""
-        donate = self.donations.get(op.id)
-        if donate is None and row is None and self._inline(op, depth, var):
-            return
-        call = prepare_call(op, self.backend, self.seed, donate, row=row is not None)
-        if op.id in self.host_only or (
-            prims.get(op.prim).traits.host and getattr(self.backend, "host_results_numpy", False)
-        ):
-            call = replace(call, fn=host_call(op, self.backend, native=False))
-        args = [self.read_src(e) for e in op.inputs]
-        if donate is not None and op.inputs[donate].src.id not in self.locals:
-            # take the point out of the donor's store: the free after this finds nothing
-            e = op.inputs[donate]
-            key = self.key_src([self.names.src(i) for i in e.index])
-            self.emit(depth, f"_d = S{e.src.id}.pop({key})")
-            # every operand reading that same point reads it from there (``x * x``)
-            args = ["_d" if a == args[donate] else a for a in args]
-        fn = self.const("K", call.fn)
-        if call.pass_point:
-            args.append(point)
-        kwargs = []
-        for name, value in call.point_attrs:
-            if isinstance(value, (tuple, list)):
-                kwargs.append(f"{name}={self.key_src([self._attr_src(v) for v in value])}")
-            else:
-                kwargs.append(f"{name}={self._attr_src(value)}")
-        if call.key is not None:
-            (seed, stream), coords = call.key
-            items = [str(seed), str(stream), *(self._attr_src(c) for c in coords)]
-            kwargs.append(f"key={self.key_src(items)}")
-        if donate is not None:
-            kwargs.append(f"out={args[donate]}")
-        if row is not None:
-            kwargs.append(f"out={row}")
-        where = op.where().replace("\n", " ")
-        target = "" if row is not None else f"{var} = "
-        self.emit(depth, f"{target}{fn}({', '.join(args + kwargs)})  # {where}")
-        if "_d" in args:
-            self.emit(depth, "_d = None")  # the result holds the buffer; this name must not
-
-    def _inline(self, op: Op, depth: int, var: str) -> bool:
-        """``var = expression``, where the backend writes ``op`` inline (a subscript): no
-        kernel call, its frame and keywords (``Backend.inline_lowerings``)."""
-        rule = self.backend.inline_rule(op)
-        if rule is None:
-            return False
-        per_point = set(prims.get(op.prim).point_attrs)
-        attrs = {
-            k: self._attr_src(v) if k in per_point or not isinstance(v, int) else repr(v)
-            for k, v in op.attrs.items()
-            if k not in META_ATTRS
-        }
-        src = rule(*[self.read_src(e) for e in op.inputs], **attrs)
-        self.emit(depth, f"{var} = {src}  # {op.where().replace(chr(10), ' ')}")
-        return True
-
     def _attr_src(self, value: Any) -> str:
         if isinstance(value, (Expr, Condition)):
             return self.names.src(value)
         return self.const("A", value)
 
-    def free(self, stmt: Free, depth: int) -> None:
-        self._free(stmt, depth)
-        op = stmt.op
-        if all(p is d for p, d in zip(stmt.prefix, op.domain, strict=False)):
-            # The point just computed is among those freed: drop the generated code's own
-            # reference too, or a batch-sized value would live on until it is next assigned.
-            self.emit(depth, f"v{op.id} = None")
-
-    def _free(self, stmt: Free, depth: int) -> None:
-        op = stmt.op
-        if op.id in self.plan.blocks:
-            key = self.key_src([self.names.src(p) for p in stmt.prefix])
-            if stmt.pinned:  # (an alias only: a block is never freed around pinned points)
-                pins = self.key_src([self.names.src(p) for p in stmt.pinned])
-                self.emit(depth, f"if {self.names.src(stmt.prefix[-1])} not in {pins}:")
-                depth += 1
-            for line in self.plan.block_free_src(stmt, key):
-                self.emit(depth, line)
-            return
-        n = 0 if op.id in self.plan.views else _static_nbytes(op)
-        if op.id in self.locals:
-            if op.id in self.donors:
-                return  # its one point was handed to the op that wrote into it
-            size = n if n is not None else f"NB(v{op.id})"
-            if op.guard != TRUE:  # a local is freed at its own point, so where it was computed
-                self.emit(depth, f"if {self.cond(op.guard, depth)}: M[0] -= {size}")
-            elif n is not None:
-                self._tally(depth, -n)
-            else:
-                self.emit(depth, f"M[0] -= {size}")
-            return
-        view = "_VIEW" if op.id in self.plan.views else ""  # a view's values hold no bytes
-        if n is not None and not view and not prims.get(op.prim).traits.multi_output:
-            # every point holds the same bytes: counted, not measured
-            view, tail = "_N", f", {n}"
-        else:
-            tail = ""
-        if not stmt.prefix:
-            # inside a loop it runs at every iteration, most often with nothing left to free
-            # (tested on the plain dicts of numpy and torch; fused loops' stores are left be)
-            test = f"if S{op.id}: " if self.fusion is None else ""
-            self.emit(depth, f"{test}FREE_ALL{view}(S{op.id}, M{tail})")
-            return
-        key = self.key_src([self.names.src(p) for p in stmt.prefix])
-        if stmt.pinned:
-            pins = self.key_src([self.names.src(p) for p in stmt.pinned])
-            self.emit(depth, f"if {self.names.src(stmt.prefix[-1])} not in {pins}:")
-            depth += 1
-        if len(stmt.prefix) == len(op.domain):
-            # no name of the generated code may hold the freed value after this line
-            if n is not None:
-                self.emit(depth, f"if S{op.id}.pop({key}, None) is not None: M[0] -= {n}")
-            else:
-                self.emit(depth, f"_x = S{op.id}.pop({key}, None)")
-                self.emit(depth, "if _x is not None: M[0] -= NB(_x)")
-                self.emit(depth, "_x = None")
-        else:
-            self.emit(depth, f"FREE_PREFIX{view}(S{op.id}, {key}, M{tail})")
-
-    def loop(self, loop: Loop, depth: int, outer: Loop | None) -> None:
-        if self.loops is not None:
-            if loop is not outer:
-                region = self.loops.region(loop, outer)
-                if region is not None:  # the whole loop as one compiled call
-                    self.loops.emit(region, depth)
-                    return
-            nests = any(isinstance(s, Loop) for s in loop.body)
-            if loop is outer or (depth == 1 and nests):
-                body = self.bodies.region(loop)
-                if body is not None:  # each iteration as one compiled call
-                    self._fused_iterations(loop, body, depth, outer)
-                    return
-        for line in self.plan.allocate_src(loop, self.names.of):
-            self.emit(depth, line)
-        d = self.names.of(loop.dim)
-        b = self.names.of(loop.dim.bound)
-        if loop is outer:
-            self.emit(depth, "CTL.before()")
-            self.emit(depth, f"for {d} in range(CTL.start, {b}):")
-            self._recorded_lengths(loop.dim, depth + 1)
-            self.body(loop.body, depth + 1, outer, loop)
-            self.emit(depth + 1, f"CTL.after({d})")
-            return
-        if loop.until is None:
-            rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
-            frame = self._enter(loop) if self.fusion is None else None
-            self.emit(depth, f"for {d} in {rng}:")
-            self._recorded_lengths(loop.dim, depth + 1)
-            self.body(loop.body, depth + 1, outer, loop)
-            if frame is not None:
-                self._leave(frame, depth)
-            return
-        done = loop.until
-        self.emit(depth, f"_cap = CTL.caps.get({self.const('BOUND', loop.dim.bound)})")
-        self.emit(depth, f"{b} = {UNBOUNDED} if _cap is None else _cap")
-        self.emit(depth, f"{d} = 0")
-        self.emit(depth, "while True:")
-        self.body(loop.body, depth + 1, outer, loop)
-        point = self.key_src([self.names.of(x) for x in done.domain])
-        read = f"v{done.id}" if done.id in self.locals else f"S{done.id}[{point}]"
-        self.emit(depth + 1, f"if TRUTH({read}):")
-        self.emit(depth + 2, f"{b} = {d} + 1")
-        self.emit(depth + 2, "break")
-        self.emit(depth + 1, f"if _cap is not None and {d} + 1 >= _cap:")
-        self.emit(depth + 2, f"{b} = _cap")
-        self.emit(depth + 2, "break")
-        self.emit(depth + 1, f"{d} += 1")
-        outer_pt = self.key_src([self.names.of(x) for x in done.domain if x is not loop.dim])
-        self.emit(depth, f"CTL.lengths[{self.const('BOUND', loop.dim.bound)}][{outer_pt}] = {b}")
-
-    def _recorded_lengths(self, dim: Dim, depth: int) -> None:
-        """Take the lengths ``until`` set at this point of ``dim`` again
-        (``Schedule.ragged_lengths``): a loop over ``i`` after the stop's reads each ``i``'s."""
-        for bound, dims in self._ragged.get(dim, ()):
-            b = self.names.of(bound)
-            lengths = f"CTL.lengths[{self.const('BOUND', bound)}]"
-            point = self.key_src([self.names.of(x) for x in dims])
-            self.emit(depth, f"{b} = {lengths}.get({point}, {b})")
-
-    def _fused_iterations(self, loop: Loop, body: Any, depth: int, outer: Loop | None) -> None:
-        d = self.names.of(loop.dim)
-        b = self.names.of(loop.dim.bound)
-        if loop is outer:
-            self.emit(depth, "CTL.before()")
-            self.emit(depth, f"for {d} in range(CTL.start, {b}):")
-        else:
-            rng = f"range({b})" if loop.forward else f"range({b} - 1, -1, -1)"
-            self.emit(depth, f"for {d} in {rng}:")
-        self._recorded_lengths(loop.dim, depth + 1)
-        self.bodies.emit(body, depth + 1)
-        if loop is outer:
-            self.emit(depth + 1, f"CTL.after({d})")
-
-    def body(
-        self, stmts: list[Stmt], depth: int, outer: Loop | None, loop: Loop | None = None
-    ) -> None:
-        """``stmts`` emitted at ``depth``; ``loop``: the loop (run in Python) they are the
-        body of, None at the top level."""
+    def body(self, stmts: list[FusedStmt], depth: int, outer: FusedStmt | None) -> None:
+        """``stmts`` emitted at ``depth``; ``outer``: the statement of the loop iteration
+        hooks run between the iterations of (None: no hooks)."""
         if not stmts:
             self.emit(depth, "pass")
         self._conds.append((depth, {}))
         self._counts.append(0)
-        for s in self.fusion.group(stmts, loop) if self.fusion is not None else stmts:
+        for s in stmts:
             if isinstance(s, Compute):
                 self.compute(s.op, depth)
             elif isinstance(s, Free):
@@ -773,13 +500,15 @@ class CodeGen:
             elif isinstance(s, Start):
                 self.start(s.op, depth)
             elif isinstance(s, (SwapOut, SwapIn)):
-                key = self.key_src([self.names.src(p) for p in s.prefix])
-                for line in self.plan.swap_src(s, key):
-                    self.emit(depth, line)
+                self.swap(s, depth)
             elif isinstance(s, Loop):
                 self.loop(s, depth, outer)
+            elif isinstance(s, Region):
+                self.regions.emit(s, depth)
+            elif isinstance(s, FusedLoop):
+                self.loops.emit(s, depth)
             else:
-                self.fusion.emit(s, depth)
+                self._fused_iterations(s, depth, outer)
         if self._counts[-1]:
             self.emit(depth, f"C[0] += {self._counts[-1]}")
         if self._deltas:
@@ -788,29 +517,19 @@ class CodeGen:
         self._conds.pop()
 
     def generate(
-        self, static_bounds: dict[Bound, int], outer: Loop | None, apart: bool = False
+        self, static_bounds: dict[Bound, int], outer: FusedStmt | None, apart: bool = False
     ) -> Callable:
-        """The run function. ``apart``: Python compiles it on a thread of its own, so that
-        what its compiler frees stays out of the heap the run allocates from
-        (``heap.compile_apart``)."""
-        self.ns.update(
-            NB=self.backend.nbytes,
-            TRUTH=self.backend.truth,
-            FREE_ALL=functools.partial(_free_all, nbytes=self.backend.nbytes),
-            FREE_PREFIX=functools.partial(_free_prefix, nbytes=self.backend.nbytes),
-            FREE_ALL_VIEW=functools.partial(_free_all, nbytes=_no_bytes),
-            FREE_PREFIX_VIEW=functools.partial(_free_prefix, nbytes=_no_bytes),
-            FREE_ALL_N=_free_all_n,
-            FREE_PREFIX_N=_free_prefix_n,
-            ROWSTORE=RowStore.adopt,
-        )
-        if self.fusion is not None:
-            self.fusion.set_bounds(static_bounds)
+        """The run function; ``outer``: the statement of the loop iteration hooks run
+        between the iterations of (None: no hooks). ``apart``: Python compiles it on a thread
+        of its own, so that what its compiler frees stays out of the heap the run allocates
+        from (``heap.compile_apart``)."""
+        self.ns.update(runtime_names(self.backend), ROWSTORE=RowStore.adopt)
+        self.bounds = {b: Const(int(v)) for b, v in static_bounds.items()}
         self._static = set(static_bounds)
         head = []
         for b, v in static_bounds.items():
             head.append(f"    {self.names.of(b)} = {int(v)}")
-        self.body(self.schedule.body, 1, outer)
+        self.body(self.stmts, 1, outer)
         rows = self.loops.row_stores if self.loops is not None else set()
         stores = "".join(
             f"    S{i} = ROWSTORE(STORES, {i})\n" if i in rows else f"    S{i} = STORES[{i}]\n"
@@ -849,43 +568,3 @@ class CodeGen:
         linecache.cache[name] = (len(src), None, src.splitlines(keepends=True), name)
         weakref.finalize(run, linecache.cache.pop, name, None)
         return run
-
-
-def _no_bytes(value: Any) -> int:
-    return 0
-
-
-def _free_all(store: dict, meter: list, nbytes: Callable[[Any], int]) -> None:
-    for value in store.values():
-        meter[0] -= nbytes(value)
-    store.clear()
-
-
-def _free_all_n(store: dict, meter: list, n: int) -> None:
-    """``_free_all`` of an op whose every point holds ``n`` bytes (a static shape)."""
-    meter[0] -= n * len(store)
-    store.clear()
-
-
-def _free_prefix_n(store: dict, key: tuple, meter: list, n: int) -> None:
-    """``_free_prefix`` of an op whose every point holds ``n`` bytes: no array is measured
-    (a jax array's size is a Python property call; the body of a PPO iteration frees fifty)."""
-    whole = getattr(store, "pop_prefix", None)
-    if whole is not None:
-        meter[0] -= whole(key, lambda _: n)
-        return
-    k = len(key)
-    points = [p for p in store if p[:k] == key]
-    for point in points:
-        del store[point]
-    meter[0] -= n * len(points)
-
-
-def _free_prefix(store: dict, key: tuple, meter: list, nbytes: Callable[[Any], int]) -> None:
-    whole = getattr(store, "pop_prefix", None)  # a RowStore drops its stacked rows at once
-    if whole is not None:
-        meter[0] -= whole(key, nbytes)
-        return
-    n = len(key)
-    for point in [p for p in store if p[:n] == key]:
-        meter[0] -= nbytes(store.pop(point))

@@ -2,7 +2,7 @@
 
 Outside regions each op is one eager ``jnp`` call (10-50 us of dispatch each). The code
 generator therefore asks ``fuse`` for one ``jax.jit``-ed function per run of pure statements
-(``runtime/regions.py``); the jitted functions are kept here, on the backend a compiled
+(``schedule/fused.Region``, ``runtime/regions.py``); the jitted functions are kept here, on the backend a compiled
 program owns, so a second ``run`` (a fresh executor, regenerated code) finds them traced and
 compiled already. ``region_stats`` counts traces and the seconds they and XLA's compilation
 took, for ``prog.stats()``.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
@@ -23,11 +24,14 @@ import numpy as np
 
 from timerl.errors import BackendError
 from timerl.runtime.backend import Backend
-from timerl.runtime.body_regions import BodyPlan
 from timerl.runtime.jax_loops import body_function, loop_function
 from timerl.runtime.jax_lowering import LOWERINGS, TRACED_ATTRS
-from timerl.runtime.loop_regions import LoopPlan
 from timerl.runtime.numpy_backend import NumpyBackend
+from timerl.schedule.fused import BodyPlan, LoopPlan
+
+# ``TIMERL_NUMPY_REGIONS=0`` jits every region, none runs as numpy kernels (for tests and
+# comparisons; read when a program is compiled)
+NUMPY_REGIONS_ENV = "TIMERL_NUMPY_REGIONS"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -55,8 +59,10 @@ class JaxBackend(Backend):
     mutable_arrays = False  # a run keeps point stores: its arrays are never written in place
     lowerings = LOWERINGS
     promotes_like_numpy = False  # jax's own lattice: int64 + float32 -> float32
+    # what the fusion pass asks (``Backend.capabilities``)
     fuses = True
     fuses_loops = True  # a loop whose body traces runs as one lax.fori_loop (jax_loops.py)
+    fuses_bodies = True  # an iteration whose body traces, inner loops nested, as one call
     traced_attrs = TRACED_ATTRS
     host_results_numpy = True
 
@@ -72,19 +78,21 @@ class JaxBackend(Backend):
         self._loops: dict[Hashable, Callable[..., Any]] = {}
         self._bodies: dict[Hashable, Callable[..., Any]] = {}
         self.calls = 0  # calls of jitted functions (regions, loops, iteration bodies)
-        # per loop of the program (as explain() names it): fused, or why it runs in Python
-        self.loop_notes: dict[str, str] = {}
         # a region in a loop stepping a host call, small enough that numpy's kernels cost
         # less than a jitted call, runs on these (``regions.py``); on the CPU only, where
         # numpy reads a jax array in place
         self.host_kernels = NumpyBackend(threads=threads) if self._dev.platform == "cpu" else None
-        # per region run as numpy kernels (as explain() names it): why
-        self.kernel_notes: dict[str, str] = {}
-        # per region whose random draws numpy's generator makes (as explain() names it): why
-        self.draw_notes: dict[str, str] = {}
+        # the regions run as numpy kernels so far, as explain() names them
+        self.kernel_regions: set[str] = set()
         self.traces = 0
         self.trace_seconds = 0.0
         self.donated_bytes = 0  # bytes of inputs donated to iteration calls
+
+    @property
+    def numpy_regions(self) -> bool:
+        """Whether a small region in a loop stepping the host may run as numpy kernels: on
+        the CPU (where numpy reads a jax array in place), unless switched off."""
+        return self.host_kernels is not None and os.environ.get(NUMPY_REGIONS_ENV, "1") != "0"
 
     def cast(self, value: Any, dtype: np.dtype) -> Any:
         want = np.dtype(dtype)
@@ -200,7 +208,7 @@ class JaxBackend(Backend):
             "jit_bodies": len(self._bodies),
             "jit_calls": self.calls,
             "jit_regions": len(self._regions),
-            "numpy_regions": len(self.kernel_notes),
+            "numpy_regions": len(self.kernel_regions),
             "jit_traces": self.traces,
             "jit_trace_compile_seconds": self.trace_seconds,
             "donated_bytes": self.donated_bytes,

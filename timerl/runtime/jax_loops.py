@@ -1,7 +1,7 @@
-"""A ``loop_regions.LoopPlan`` traced as one ``lax.fori_loop``.
+"""A ``schedule/fused.LoopPlan`` traced as one ``lax.fori_loop``.
 
 The carry holds, per value read at another iteration or kept after the loop, either its latest
-value or an array of every iteration's value (``loop_regions`` decides which). Index
+value or an array of every iteration's value (``compiler/fusion_loops`` decides which). Index
 expressions, merge conditions and random keys are evaluated on the traced loop index with
 ``vevaluate`` over ``jax.numpy``. The function returns the last iteration's values and, for
 values whose points outlive the loop, the array of every iteration's value (stored whole:
@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from timerl.runtime.body_regions import BodyPlan
-from timerl.runtime.loop_regions import LoopPlan, LoopStep
+from timerl.schedule.fused import BodyPlan, LoopPlan, LoopStep
 from timerl.symbolic import Condition, Expr, vevaluate
 
 
@@ -41,7 +40,7 @@ def _evaluate(item: Any, env: dict) -> Any:
 
 def apply_step(st: LoopStep, ins: list, env: dict) -> Any:
     """One op of a traced body on its inputs, its index expressions evaluated in ``env``."""
-    if st.fn is None:  # a merge: the first branch whose condition holds
+    if st.merge:  # the first branch whose condition holds
         out = _exact(ins[-1], st.shape, st.dtype)
         for cond, value in zip(st.conds[-2::-1], ins[-2::-1], strict=True):
             out = jnp.where(_evaluate(cond, env), _exact(value, st.shape, st.dtype), out)

@@ -125,6 +125,16 @@ class Schedule:
     def loops(self) -> list[Loop]:
         return [s for s in self.statements() if isinstance(s, Loop)]
 
+    def outer_loop(self) -> Loop | None:
+        """The one forward top-level loop over the outermost dim, which iteration hooks and
+        resuming drive (a training iteration); None where there is not exactly one."""
+        loops = [s for s in self.body if isinstance(s, Loop)]
+        if not loops:
+            return None
+        dim = min((s.dim for s in loops), key=lambda d: d.uid)
+        loops = [s for s in loops if s.dim is dim]
+        return loops[0] if len(loops) == 1 and loops[0].forward else None
+
     def ragged_lengths(self) -> dict[Dim, list[tuple[Bound, tuple[Dim, ...]]]]:
         """Per dim, the lengths a loop ended by ``until`` sets at each of its points (with the
         dims they are kept by): ``done[i, t]`` sets ``T`` once per ``i``. A run takes the
