@@ -18,12 +18,6 @@ ALLOWED = (
     "timerl/runtime/jax_lowering.py",
     "timerl/runtime/numpy_backend.py",
 )
-# files that still compare names, each with the name-free form that replaces the comparison;
-# their owners are rewriting them (a file that no longer compares names must leave this list)
-PENDING = {
-    # fusion moves into a compiler pass: ``traits.tuple_part``
-    "timerl/runtime/regions.py": "prims.get(op.prim).traits.tuple_part",
-}
 
 
 def _is_prim(node: ast.AST) -> bool:
@@ -88,17 +82,11 @@ def _found() -> dict[str, list[int]]:
 
 
 def test_no_pass_compares_primitive_names():
-    found = {f: lines for f, lines in _found().items() if f not in PENDING}
+    found = _found()
     assert not found, (
         "primitive names compared outside the registry (ask Traits or a rule table of "
         f"timerl/ir/prims/ instead): {found}"
     )
-
-
-def test_the_pending_list_holds_only_files_that_still_compare_names():
-    found = _found()
-    stale = sorted(f for f in PENDING if f not in found)
-    assert not stale, f"these files no longer compare names: drop them from PENDING: {stale}"
 
 
 def test_the_check_finds_each_form_of_comparison():

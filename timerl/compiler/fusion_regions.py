@@ -166,7 +166,7 @@ class RegionPlanner:
     # --- which statements ----------------------------------------------------------------------
     def eligible(self, op: Op) -> bool:
         traits = prims.get(op.prim).traits
-        if op.prim == "tuple_get" and prims.get(op.inputs[0].src.prim).traits.host:
+        if traits.tuple_part and prims.get(op.inputs[0].src.prim).traits.host:
             return False  # an item of a host call's tuple: indexing it costs no dispatch
         return not traits.random and self.why_not_traced(op) is None
 
