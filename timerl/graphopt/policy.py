@@ -1,8 +1,12 @@
 """The graph policy: a small message-passing network giving BRKGA its per-node proposals.
 
-Inference runs in numpy (the compiler and ``timerl graphopt optimize`` need no torch); training
-(``train.py``) runs the same computation in torch with the same parameter names, and a test
-checks the two agree.
+The network is defined once, here: :func:`param_shapes` (the parameters' names and shapes)
+and :func:`network` (the computation, written against :class:`GraphOps`, the four graph
+operations it needs). Each engine runs that one function with its own ``GraphOps``: numpy
+here (``NumpyGraphOps``: the compiler and ``timerl graphopt optimize`` need no torch), torch
+in ``train.py`` and timerl tensors over padded batches in ``timerl.rl.graph_policy``; tests
+check the three agree value for value. Likewise :func:`beta_from_outputs` maps outputs to
+Beta parameters for all three.
 
 Network, hidden width H, R rounds (``x``: node features, ``P``/``S``: mean over a node's
 predecessors / successors):
@@ -28,9 +32,10 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -68,6 +73,88 @@ def param_shapes(hidden: int, rounds: int) -> dict[str, tuple[int, ...]]:
     shapes["out.b"] = (OUTPUTS,)
     shapes["log_std"] = (OUTPUTS,)
     return shapes
+
+
+class GraphOps(Protocol):
+    """The graph operations :func:`network` needs, over node rows ``h`` (n, width) or a
+    padded batch of them; arithmetic and ``@`` come from the tensor type itself."""
+
+    def relu(self, h: Any) -> Any: ...
+
+    def pred_mean(self, h: Any) -> Any:
+        """Per node, the mean of ``h`` over its predecessors (0 without any)."""
+
+    def succ_mean(self, h: Any) -> Any:
+        """Per node, the mean of ``h`` over its successors (0 without any)."""
+
+    def with_graph_mean(self, h: Any) -> Any:
+        """``[h, mean of h over the graph's (real) nodes, for every node]`` (n, 2 width)."""
+
+    def keep(self, h: Any) -> Any:
+        """``h`` with padded nodes zeroed (unpadded engines: ``h`` itself)."""
+
+
+def network(params: Mapping[str, Any], x: Any, rounds: int, ops: GraphOps) -> Any:
+    """The policy network, the one definition every engine runs (module docstring)."""
+    h = ops.keep(ops.relu(x @ params["in.w"] + params["in.b"]))
+    for r in range(rounds):
+        m = h @ params[f"r{r}.self"] + ops.pred_mean(h) @ params[f"r{r}.pred"]
+        m = m + ops.succ_mean(h) @ params[f"r{r}.succ"] + params[f"r{r}.b"]
+        h = h + ops.keep(ops.relu(m))
+    return ops.with_graph_mean(h) @ params["out.w"] + params["out.b"]
+
+
+def beta_from_outputs(
+    logit: Any, log_kappa: Any, sigmoid: Any, exp: Any, clip: Any
+) -> tuple[Any, Any]:
+    """A key group's Beta(a, b) from its mean logit and log concentration, in any engine
+    (its ``sigmoid``, ``exp`` and ``clip(x, lo, hi)``): mean ``sigmoid(logit)``,
+    concentration ``BASE_KAPPA * exp(log_kappa)`` (clipped to ``LOG_KAPPA_RANGE``), each
+    parameter at least 1e-3."""
+    m = sigmoid(logit)
+    kappa = exp(clip(log_kappa, *LOG_KAPPA_RANGE)) * BASE_KAPPA
+    return clip(m * kappa, 1e-3, None), clip((1.0 - m) * kappa, 1e-3, None)
+
+
+class NumpyGraphOps:
+    """:class:`GraphOps` in numpy for one graph: means over neighbours as CSR sums
+    (``add.reduceat``)."""
+
+    def __init__(self, feats: GraphFeatures) -> None:
+        n = feats.x.shape[0]
+        self.pred_mean = _neighbour_mean(feats.dst, feats.src, n)
+        self.succ_mean = _neighbour_mean(feats.src, feats.dst, n)
+
+    @staticmethod
+    def relu(h: np.ndarray) -> np.ndarray:
+        return np.maximum(h, 0.0)
+
+    @staticmethod
+    def with_graph_mean(h: np.ndarray) -> np.ndarray:
+        return np.concatenate([h, np.broadcast_to(h.mean(axis=0), h.shape)], axis=1)
+
+    @staticmethod
+    def keep(h: np.ndarray) -> np.ndarray:
+        return h
+
+
+def _neighbour_mean(to: np.ndarray, frm: np.ndarray, n: int) -> Any:
+    """``mean(h)``: per node ``t``, the mean of ``h[f]`` over the edges ``f -> t`` given as
+    arrays ``frm``, ``to``."""
+    order = np.argsort(to, kind="stable")
+    to_s, frm_s = to[order], frm[order]
+    counts = np.bincount(to_s, minlength=n)
+    has = np.nonzero(counts)[0]
+    starts = np.searchsorted(to_s, has)
+    inv = (1.0 / np.maximum(counts[has], 1)).astype(np.float32)[:, None]
+
+    def mean(h: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(h)
+        if frm_s.size:
+            out[has] = np.add.reduceat(h[frm_s], starts, axis=0) * inv
+        return out
+
+    return mean
 
 
 def trained_objectives(
@@ -217,41 +304,9 @@ class PolicyWeights:
     # ------------------------------------------------------------------ inference
     def forward(self, feats: GraphFeatures) -> np.ndarray:
         """The mean action, (n, OUTPUTS)."""
-        p = self.params
-        x = feats.x
-        n = x.shape[0]
-        if n == 0:
+        if feats.x.shape[0] == 0:
             return np.zeros((0, OUTPUTS), dtype=np.float32)
-        h = np.maximum(x @ p["in.w"] + p["in.b"], 0.0)
-        pred_mean, succ_mean = _aggregators(feats, n)
-        for r in range(self.rounds):
-            m = h @ p[f"r{r}.self"] + pred_mean(h) @ p[f"r{r}.pred"]
-            m += succ_mean(h) @ p[f"r{r}.succ"] + p[f"r{r}.b"]
-            h = h + np.maximum(m, 0.0)
-        g = np.broadcast_to(h.mean(axis=0), h.shape)
-        return np.concatenate([h, g], axis=1) @ p["out.w"] + p["out.b"]
-
-
-def _aggregators(feats: GraphFeatures, n: int) -> tuple[Any, Any]:
-    """Mean over predecessors and over successors, as CSR sums (``add.reduceat``)."""
-
-    def make(to: np.ndarray, frm: np.ndarray) -> Any:
-        order = np.argsort(to, kind="stable")
-        to_s, frm_s = to[order], frm[order]
-        counts = np.bincount(to_s, minlength=n)
-        has = np.nonzero(counts)[0]
-        starts = np.searchsorted(to_s, has)
-        inv = (1.0 / np.maximum(counts[has], 1)).astype(np.float32)[:, None]
-
-        def mean(h: np.ndarray) -> np.ndarray:
-            out = np.zeros_like(h)
-            if frm_s.size:
-                out[has] = np.add.reduceat(h[frm_s], starts, axis=0) * inv
-            return out
-
-        return mean
-
-    return make(feats.dst, feats.src), make(feats.src, feats.dst)
+        return network(self.params, feats.x, self.rounds, NumpyGraphOps(feats))
 
 
 def proposal(action: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -266,10 +321,15 @@ def proposal(action: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, n
     lo, hi = BIAS_RANGE
     bias = lo + (hi - lo) * _sigmoid(action[:, 6].astype(np.float64))
     for c in cols:
-        m = _sigmoid(action[:, c].astype(np.float64))
-        kappa = BASE_KAPPA * np.exp(np.clip(action[:, c + 1].astype(np.float64), *LOG_KAPPA_RANGE))
-        a_parts.append(np.maximum(m * kappa, 1e-3))
-        b_parts.append(np.maximum((1.0 - m) * kappa, 1e-3))
+        a, b = beta_from_outputs(
+            action[:, c].astype(np.float64),
+            action[:, c + 1].astype(np.float64),
+            _sigmoid,
+            np.exp,
+            np.clip,
+        )
+        a_parts.append(a)
+        b_parts.append(b)
         r_parts.append(bias)
     return np.concatenate(a_parts), np.concatenate(b_parts), np.concatenate(r_parts)
 

@@ -54,11 +54,12 @@ from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.perfmodel import Cluster, PeakMemory
 from timerl.graphopt.policy import (
     BASE_KAPPA,
-    LOG_KAPPA_RANGE,
     OUTPUTS,
     PolicyWeights,
+    beta_from_outputs,
     key_columns,
     key_groups,
+    network,
     trained_objectives,
     used_columns,
 )
@@ -153,6 +154,30 @@ def make_tasks(config: TrainConfig, log: Callable[[str], None] = print) -> list[
     return tasks
 
 
+class TorchGraphOps:
+    """``policy.GraphOps`` in torch for one graph (edges ``src -> dst``, degrees clamped to
+    at least 1): neighbour means as ``index_add`` scatters."""
+
+    def __init__(self, torch: Any, src: Any, dst: Any, deg_in: Any, deg_out: Any) -> None:
+        self.torch, self.src, self.dst = torch, src, dst
+        self.deg_in, self.deg_out = deg_in, deg_out
+
+    def relu(self, h: Any) -> Any:
+        return self.torch.relu(h)
+
+    def pred_mean(self, h: Any) -> Any:
+        return self.torch.zeros_like(h).index_add_(0, self.dst, h[self.src]) / self.deg_in
+
+    def succ_mean(self, h: Any) -> Any:
+        return self.torch.zeros_like(h).index_add_(0, self.src, h[self.dst]) / self.deg_out
+
+    def with_graph_mean(self, h: Any) -> Any:
+        return self.torch.cat([h, h.mean(dim=0, keepdim=True).expand_as(h)], dim=1)
+
+    def keep(self, h: Any) -> Any:
+        return h
+
+
 class TorchPolicy:
     """The network of ``policy.py`` in torch, parameters named as in the weights file."""
 
@@ -188,17 +213,9 @@ class TorchPolicy:
         return got
 
     def forward(self, key: int, feats: GraphFeatures) -> Any:
-        torch = self.torch
-        p = self.params
         x, src, dst, deg_in, deg_out = self._graph(key, feats)
-        h = torch.relu(x @ p["in.w"] + p["in.b"])
-        for r in range(self.rounds):
-            pred = torch.zeros_like(h).index_add_(0, dst, h[src]) / deg_in
-            succ = torch.zeros_like(h).index_add_(0, src, h[dst]) / deg_out
-            m = h @ p[f"r{r}.self"] + pred @ p[f"r{r}.pred"] + succ @ p[f"r{r}.succ"]
-            h = h + torch.relu(m + p[f"r{r}.b"])
-        g = h.mean(dim=0, keepdim=True).expand_as(h)
-        return torch.cat([h, g], dim=1) @ p["out.w"] + p["out.b"]
+        ops = TorchGraphOps(self.torch, src, dst, deg_in, deg_out)
+        return network(self.params, x, self.rounds, ops)
 
     def log_std(self) -> Any:
         return self.params["log_std"].clamp(*LOG_STD_RANGE)
@@ -453,13 +470,17 @@ def imitation_batch(tasks: list[Task], batch: int, rng: np.random.Generator) -> 
 
 def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
     """``proposal``'s per-gene Beta(a, b) in torch, so the keys' log-density has a gradient."""
-    cols = key_columns(groups)
     a_parts, b_parts = [], []
-    for c in cols:
-        m = torch.sigmoid(action[:, c])
-        kappa = BASE_KAPPA * torch.exp(action[:, c + 1].clamp(*LOG_KAPPA_RANGE))
-        a_parts.append((m * kappa).clamp(min=1e-3))
-        b_parts.append(((1.0 - m) * kappa).clamp(min=1e-3))
+    for c in key_columns(groups):
+        a, b = beta_from_outputs(
+            action[:, c],
+            action[:, c + 1],
+            torch.sigmoid,
+            torch.exp,
+            lambda x, lo, hi: x.clamp(lo, hi),
+        )
+        a_parts.append(a)
+        b_parts.append(b)
     return torch.cat(a_parts), torch.cat(b_parts)
 
 
