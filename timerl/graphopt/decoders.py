@@ -8,6 +8,7 @@ search never has to repair anything.
 
 from __future__ import annotations
 
+import copy
 import heapq
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,48 @@ def decode_order(graph: Graph, priority: np.ndarray) -> np.ndarray:
             if indeg[w] == 0:
                 push(heap, rk[w])
     return np.array(order, dtype=np.int64)
+
+
+def decode_postorder(graph: Graph, priority: np.ndarray) -> np.ndarray:
+    """Post-order DFS from the sinks (highest priority first) over predecessors (highest
+    priority first): each node runs right after the last of its inputs' sub-computations, so
+    a subtree runs to its end before its sibling starts, which is how memory-optimal orders
+    of trees look (and which list scheduling reaches only through many keys at once)."""
+    n = graph.n
+    key = np.asarray(priority, dtype=np.float64)[:n]
+    ptr = graph.pred_ptr
+    seg = np.repeat(np.arange(n), np.diff(ptr))
+    idx = graph.pred_idx
+    preds = idx[np.lexsort((-key[idx], seg))].tolist()
+    starts = ptr.tolist()
+    sinks = np.nonzero(np.diff(graph.succ_ptr) == 0)[0]
+    roots = sinks[np.argsort(-key[sinks], kind="stable")].tolist()
+    done = [False] * n
+    nxt = starts[:-1]  # per node, the next of its (sorted) predecessors to visit
+    order: list[int] = []
+    emit = order.append
+    for s in roots:
+        stack = [s]
+        push, pop = stack.append, stack.pop
+        while stack:
+            v = stack[-1]
+            i, end = nxt[v], starts[v + 1]
+            while i < end and done[preds[i]]:
+                i += 1
+            if i < end:
+                nxt[v] = i + 1
+                push(preds[i])
+            else:
+                pop()
+                if not done[v]:
+                    done[v] = True
+                    emit(v)
+    return np.array(order, dtype=np.int64)
+
+
+#: Decoders the learned search's extra key chooses between: below 0.5 list scheduling,
+#: otherwise the post-order decoder.
+DECODERS = ("list", "postorder")
 
 
 def order_keys(order: np.ndarray) -> np.ndarray:
@@ -102,6 +145,8 @@ class Problem:
             not self.place and not self.swaps and objective == "peak-memory"
         )
         self.num_keys = self.n * (1 + int(self.place) + int(self.swaps))
+        # with a decoder gene, one more key after all the others picks the order's decoder
+        self.decoder_gene = False
         self.peak = PeakMemory(graph)
         self.sim = Simulator(graph, cluster) if cluster is not None else None
         # the predecessor whose output is largest: a node "follows" it unless told otherwise
@@ -112,10 +157,22 @@ class Problem:
                 self.anchor[v] = max(graph.preds[v], key=lambda u: (graph.nbytes[u], -u))
         self.evaluations = 0
 
+    def with_decoder_gene(self) -> Problem:
+        """The same problem (sharing its evaluators) whose chromosomes carry one more key,
+        the last, choosing the order's decoder (``DECODERS``): below 0.5 list scheduling,
+        else :func:`decode_postorder`. Any schedule still encodes exactly (list decoder)."""
+        twin = copy.copy(self)
+        twin.decoder_gene = True
+        twin.num_keys = self.num_keys + 1
+        return twin
+
     # ---------------------------------------------------------------- keys <-> schedules
     def decode(self, keys: np.ndarray) -> Solution:
         n = self.n
-        order = decode_order(self.graph, keys[:n])
+        if self.decoder_gene and keys[-1] >= 0.5:
+            order = decode_postorder(self.graph, keys[:n])
+        else:
+            order = decode_order(self.graph, keys[:n])
         if self.single:
             return Solution(order)
         at = n
@@ -138,6 +195,8 @@ class Problem:
         if self.swaps:
             sw = sol.swap if sol.swap is not None else np.zeros(self.n, bool)
             parts.append(np.where(sw, 0.9, 0.4))
+        if self.decoder_gene:
+            parts.append(np.array([0.25]))  # the list decoder reproduces any order
         return np.concatenate(parts)
 
     def complete(self, order: np.ndarray) -> Solution:

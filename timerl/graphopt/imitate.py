@@ -3,8 +3,8 @@
 Policy gradients learn slowly here (a reward of about 1% of the peak, buried in the search's
 noise), while every training graph has a good order that costs only a search to find. So the
 network first learns to reproduce such orders: per training graph (peak memory on one device),
-the best of the portfolio and of a uniform BRKGA run seeded with it is the *target*, and the
-network's priority mean (``sigmoid`` of output column 0, which the decoder runs highest first)
+the best order of the learned search with uniform proposals (``best_order``: seeded with the
+portfolio, so never worse) is the *target*, and the network's priority mean (``sigmoid`` of output column 0, which the decoder runs highest first)
 is fitted to the target's ranks:
 
 - a pairwise logistic loss on nodes a few positions apart in the target order (the decoder only
@@ -13,7 +13,10 @@ is fitted to the target's ranks:
   far apart also fall in order);
 - the log concentration (column 1) is pulled to a fixed value and the crossover bias logit
   (column 6) to 0, so the proposals keep BRKGA's diversity around the imitated order; the
-  policy-gradient phase that follows is free to move them.
+  policy-gradient phase that follows is free to move them;
+- optionally (``imitate_moves``), the move logits (column 8) are pulled to +1 on the nodes
+  whose position differs between the best portfolio order and the target, -1 elsewhere: the
+  nodes the local search had to move.
 
 Rank keys drive the means toward 0 and 1, where Beta samples hardly move, so BRKGA's first
 population and its mutants would all be near copies of the imitated order. ``imitate_scale``
@@ -36,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import CheckpointError
-from timerl.graphopt.brkga import brkga
 from timerl.graphopt.decoders import Problem, Solution, decode_order, order_keys
 
 TARGETS_FORMAT = "timerl-graphopt-targets"
@@ -45,10 +47,34 @@ PAIR_OFFSETS = (1, 2, 3, 5, 8, 13, 21)
 
 
 def best_order(shared: tuple[Problem, dict[str, Solution]], budget: int, seed: int) -> np.ndarray:
-    """The best of the portfolio and of uniform BRKGA seeded with it (a pure call, for Ray)."""
+    """The best order of the learned search with uniform proposals (two decoders, then the
+    local search) seeded with the portfolio: never worse than it (a pure call, for Ray)."""
+    from timerl.graphopt.learned import learned_search
+    from timerl.graphopt.policy import OUTPUTS
+
     problem, seeds = shared
-    res = brkga(problem, budget=budget, seeds=list(seeds.values()), seed=seed)
+    zero = np.zeros((problem.n, OUTPUTS), dtype=np.float32)
+    res = learned_search(problem, None, budget=budget, seed=seed, action=zero, seeds=seeds)
     return np.asarray(res.solution.order, dtype=np.int64)
+
+
+def moved_nodes(start: np.ndarray, target: np.ndarray, share: float = 0.01) -> np.ndarray:
+    """Per node, 1.0 where its position in ``target`` differs from that in ``start`` by more
+    than ``share`` of the nodes: the moves a local search from ``start`` had to make."""
+    n = len(start)
+    ps, pt = np.empty(n), np.empty(n)
+    ps[np.asarray(start)] = np.arange(n)
+    pt[np.asarray(target)] = np.arange(n)
+    return (np.abs(ps - pt) > share * n).astype(np.float32)
+
+
+def move_loss(torch: Any, action: Any, moved: np.ndarray) -> Any:
+    """How far the move logits (``policy.MOVE_COLUMN``) are from +1 on moved nodes and -1 on
+    the others (so moved nodes are drawn about e^2 = 7 times as often)."""
+    from timerl.graphopt.policy import MOVE_COLUMN
+
+    target = torch.as_tensor(2.0 * moved - 1.0, dtype=torch.float32)
+    return (action[:, MOVE_COLUMN] - target).pow(2).mean()
 
 
 def compute_targets(

@@ -16,10 +16,13 @@ predecessors / successors):
     out = [h, mean_nodes(h)] W_out + b_out          # (n, OUTPUTS)
 
 Each node's outputs are the policy's *mean action*: for each key group (priority, device,
-swap) a logit of the Beta mean and a log concentration, and a logit of the crossover bias.
-``proposal`` maps an action (the mean, or a sample around it while training) to BRKGA's
-Beta(a, b) per gene and bias per gene. An action of zeros is Beta(1, 1) (uniform) and bias
-0.7, plain BRKGA's defaults.
+swap) a logit of the Beta mean and a log concentration, and a logit of the crossover bias
+(columns 0-6); the decoder logit (column 7, averaged over the graph: the Beta mean of the
+gene that picks list scheduling or the post-order decoder) and a move logit (column 8: how
+often the local search moves the node, ``move_weights``). ``proposal`` maps an action (the
+mean, or a sample around it while training) to BRKGA's Beta(a, b) per gene and bias per
+gene. An action of zeros is Beta(1, 1) (uniform) and bias 0.7, plain BRKGA's defaults, and
+uniform move weights.
 
 Weights live in one ``.npz`` file (read with ``allow_pickle=False``); its ``meta`` entry is
 JSON (as bytes) naming the format, the feature version and the shapes, and optionally the
@@ -45,8 +48,12 @@ from timerl.graphopt.decoders import OBJECTIVES
 from timerl.graphopt.features import FEATURE_VERSION, NUM_FEATURES, GraphFeatures
 
 FORMAT = "timerl-graphopt-policy"
-#: per node: (mean logit, log concentration) for priority, device and swap keys; bias logit
-OUTPUTS = 7
+#: per node: (mean logit, log concentration) for priority, device and swap keys; bias logit;
+#: decoder logit (its graph mean is used); local-search move logit
+OUTPUTS = 9
+DECODER_COLUMN = 7
+MOVE_COLUMN = 8
+MOVE_LOGIT_RANGE = (-4.0, 4.0)
 GROUPS = ("priority", "device", "swap")
 SHIPPED = Path(__file__).parent / "data" / "policy.npz"
 #: weights trained on the runtime objective (2 devices + host under a memory limit), used for
@@ -309,12 +316,16 @@ class PolicyWeights:
         return network(self.params, feats.x, self.rounds, NumpyGraphOps(feats))
 
 
-def proposal(action: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def proposal(
+    action: np.ndarray, groups: int, decoder_gene: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """BRKGA's (alpha, beta, bias), each per gene, from an (n, OUTPUTS) action.
 
     ``groups`` key groups are used (1: priorities only; 2 or 3 with device and swap keys, in
     the decoder's layout: all priorities, then all device keys, then all swap keys). When a
     problem has swap keys but no device keys the swap group still comes from columns 4-5.
+    ``decoder_gene``: one more gene, last, whose Beta mean is the sigmoid of the decoder
+    column's mean over the nodes (concentration 2, bias 0.7).
     """
     cols = key_columns(groups)
     a_parts, b_parts, r_parts = [], [], []
@@ -331,7 +342,19 @@ def proposal(action: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, n
         a_parts.append(a)
         b_parts.append(b)
         r_parts.append(bias)
+    if decoder_gene:
+        logit = float(action[:, DECODER_COLUMN].mean()) if len(action) else 0.0
+        m = float(_sigmoid(np.array(logit)))
+        a_parts.append(np.array([BASE_KAPPA * m]))
+        b_parts.append(np.array([BASE_KAPPA * (1.0 - m)]))
+        r_parts.append(np.array([0.7]))
     return np.concatenate(a_parts), np.concatenate(b_parts), np.concatenate(r_parts)
+
+
+def move_weights(action: np.ndarray) -> np.ndarray:
+    """Per node, how often the local search picks it among the candidate moves:
+    ``exp`` of the move column, clipped to ``MOVE_LOGIT_RANGE`` (zeros: uniform)."""
+    return np.exp(np.clip(action[:, MOVE_COLUMN].astype(np.float64), *MOVE_LOGIT_RANGE))
 
 
 def key_groups(place: bool, swaps: bool) -> int:
@@ -350,7 +373,7 @@ def key_columns(groups: int) -> list[int]:
 def used_columns(groups: int) -> list[int]:
     """Output columns an action of this layout actually uses (for the policy gradient)."""
     cols = {1: [0, 1], 2: [0, 1, 2, 3], 3: [0, 1, 2, 3, 4, 5], -2: [0, 1, 4, 5]}[groups]
-    return [*cols, 6]
+    return [*cols, 6, DECODER_COLUMN, MOVE_COLUMN]
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -48,12 +48,15 @@ from timerl.graphopt.imitate import (
     imitation_loss,
     log_concentration,
     mean_decode_gap,
+    move_loss,
+    moved_nodes,
 )
 from timerl.graphopt.learned import learned_search, problem_features
 from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.perfmodel import Cluster, PeakMemory
 from timerl.graphopt.policy import (
     BASE_KAPPA,
+    DECODER_COLUMN,
     OUTPUTS,
     PolicyWeights,
     beta_from_outputs,
@@ -97,6 +100,8 @@ class TrainConfig:
     imitate_budget: int = 2000  # uniform BRKGA decodes that search each target order
     imitate_concentration: float = 4.0  # Beta a + b the imitation phase asks for
     imitate_scale: float = 1.0  # priority logits x this when the imitation ends (widens them)
+    imitate_moves: float = 0.0  # weight of the move logits' imitation (0: not fitted)
+    decoder_gene: bool = False  # decode reward: also sample the decoder gene (column 7)
 
 
 @dataclass
@@ -112,6 +117,7 @@ class Task:
     reference: float = 0.0  # the best portfolio schedule's value
     target: np.ndarray | None = None  # imitation: the best known order
     target_value: float = 0.0
+    moved: np.ndarray | None = None  # imitation: nodes the target moved (imitate.moved_nodes)
 
 
 def _torch() -> Any:
@@ -430,6 +436,8 @@ def attach_targets(
             )
         task.target = order
         task.target_value = task.problem.evaluate(task.problem.complete(order))
+        start = min(task.seeds.values(), key=task.problem.evaluate).order
+        task.moved = moved_nodes(start, order)
     gain = [1 - tasks[i].target_value / tasks[i].reference for i in mem if tasks[i].reference]
     log(f"targets: {100 * float(np.mean(gain)):.2f}% below the portfolio on average")
 
@@ -456,7 +464,10 @@ def imitation_step(
         task = tasks[k]
         assert task.target is not None
         action = net.forward(k, task.feats)
-        loss = loss + imitation_loss(torch, action, task.target, log_kappa) / config.batch
+        term = imitation_loss(torch, action, task.target, log_kappa)
+        if config.imitate_moves > 0 and task.moved is not None:
+            term = term + config.imitate_moves * move_loss(torch, action, task.moved)
+        loss = loss + term / config.batch
         logits = action[:, 0].detach().double().numpy()
         gaps.append(mean_decode_gap(task.problem, logits, task.target_value))
     return loss, gaps
@@ -468,8 +479,11 @@ def imitation_batch(tasks: list[Task], batch: int, rng: np.random.Generator) -> 
     return [with_target[int(rng.integers(len(with_target)))] for _ in range(batch)]
 
 
-def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
-    """``proposal``'s per-gene Beta(a, b) in torch, so the keys' log-density has a gradient."""
+def beta_params(
+    torch: Any, action: Any, groups: int, decoder_gene: bool = False
+) -> tuple[Any, Any]:
+    """``proposal``'s per-gene Beta(a, b) in torch, so the keys' log-density has a gradient
+    (with ``decoder_gene``, the decoder gene's last)."""
     a_parts, b_parts = [], []
     for c in key_columns(groups):
         a, b = beta_from_outputs(
@@ -481,6 +495,10 @@ def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
         )
         a_parts.append(a)
         b_parts.append(b)
+    if decoder_gene:
+        m = torch.sigmoid(action[:, DECODER_COLUMN].mean()).reshape(1)
+        a_parts.append(BASE_KAPPA * m)
+        b_parts.append(BASE_KAPPA * (1.0 - m))
     return torch.cat(a_parts), torch.cat(b_parts)
 
 
@@ -565,12 +583,13 @@ def decode_loss(
     for _ in range(config.batch):
         k = pick_task(rng, tasks, config.runtime_share)
         task = tasks[k]
-        a, b = beta_params(torch, net.forward(k, task.feats), task.groups)
+        a, b = beta_params(torch, net.forward(k, task.feats), task.groups, config.decoder_gene)
         keys = rng.beta(
             a.detach().double().numpy(), b.detach().double().numpy(), (config.samples, len(a))
         )
         keys = np.clip(keys, 1e-6, 1.0 - 1e-6)
-        vals = np.array([task.problem.fitness(row)[0] for row in keys])
+        problem = task.problem.with_decoder_gene() if config.decoder_gene else task.problem
+        vals = np.array([problem.fitness(row)[0] for row in keys])
         ref = task.reference if task.reference > 0 else 1.0
         r = (ref - vals) / ref
         rewards.extend(r.tolist())
