@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from timerl.errors import GraphError
 from timerl.graphopt.baselines import best_of_portfolio, portfolio_solutions
 from timerl.graphopt.decoders import Problem, decode_order, decode_postorder, order_keys
 from timerl.graphopt.graph import Graph, Node
@@ -85,6 +86,20 @@ def test_decoder_gene_picks_the_decoder_and_encodes_any_schedule_exactly():
     assert np.array_equal(mixed.decode(keys).order, decode_order(g, keys[:-1]))
     for sol in portfolio_solutions(p).values():
         assert np.array_equal(mixed.decode(mixed.encode(sol)).order, sol.order)
+
+
+def test_a_fixed_decoder_decodes_every_chromosome_its_way():
+    g = random_graph(80, 3)
+    p = Problem(g)
+    post = p.with_decoder("postorder")
+    assert post.num_keys == p.num_keys and not post.decoder_gene
+    keys = np.random.default_rng(2).random(p.num_keys)
+    assert np.array_equal(post.decode(keys).order, decode_postorder(g, keys))
+    assert np.array_equal(p.with_decoder("list").decode(keys).order, decode_order(g, keys))
+    # from a gene problem back to a fixed decoder: the gene key goes again
+    assert p.with_decoder_gene().with_decoder("list").num_keys == p.num_keys
+    with pytest.raises(GraphError, match="unknown decoder 'greedy'"):
+        p.with_decoder("greedy")
 
 
 def test_proposal_adds_the_decoder_gene_last():

@@ -145,7 +145,9 @@ class Problem:
             not self.place and not self.swaps and objective == "peak-memory"
         )
         self.num_keys = self.n * (1 + int(self.place) + int(self.swaps))
-        # with a decoder gene, one more key after all the others picks the order's decoder
+        # the order's decoder (``DECODERS``), or "gene": one more key, after all the others,
+        # picks it per chromosome
+        self.decoder = "list"
         self.decoder_gene = False
         self.peak = PeakMemory(graph)
         self.sim = Simulator(graph, cluster) if cluster is not None else None
@@ -161,15 +163,26 @@ class Problem:
         """The same problem (sharing its evaluators) whose chromosomes carry one more key,
         the last, choosing the order's decoder (``DECODERS``): below 0.5 list scheduling,
         else :func:`decode_postorder`. Any schedule still encodes exactly (list decoder)."""
+        return self.with_decoder("gene")
+
+    def with_decoder(self, decoder: str) -> Problem:
+        """The same problem (sharing its evaluators) decoding orders with ``decoder``: one of
+        ``DECODERS``, or "gene" (:meth:`with_decoder_gene`). Under "postorder" an encoded
+        schedule decodes to a post-order of its keys, not always to itself."""
+        if decoder not in (*DECODERS, "gene"):
+            raise GraphError(f"unknown decoder {decoder!r} (choose from {DECODERS} or 'gene')")
         twin = copy.copy(self)
-        twin.decoder_gene = True
-        twin.num_keys = self.num_keys + 1
+        base = self.num_keys - int(self.decoder_gene)
+        twin.decoder = decoder
+        twin.decoder_gene = decoder == "gene"
+        twin.num_keys = base + int(twin.decoder_gene)
         return twin
 
     # ---------------------------------------------------------------- keys <-> schedules
     def decode(self, keys: np.ndarray) -> Solution:
         n = self.n
-        if self.decoder_gene and keys[-1] >= 0.5:
+        post = keys[-1] >= 0.5 if self.decoder_gene else self.decoder == "postorder"
+        if post:
             order = decode_postorder(self.graph, keys[:n])
         else:
             order = decode_order(self.graph, keys[:n])
