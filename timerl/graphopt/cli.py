@@ -249,6 +249,12 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         help="weight of fitting the move logits to the nodes each target moved (0: off)",
     )
     t.add_argument(
+        "--imitate-decoder",
+        type=float,
+        default=0.0,
+        help="weight of fitting the decoder logit to each target's better decoder (0: off)",
+    )
+    t.add_argument(
         "--decoder-gene",
         action="store_true",
         help="decode reward: also draw the gene choosing list or post-order decoding",
@@ -563,6 +569,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         imitate_concentration=args.imitate_concentration,
         imitate_scale=args.imitate_scale,
         imitate_moves=args.imitate_moves,
+        imitate_decoder=args.imitate_decoder,
         decoder_gene=args.decoder_gene,
     )
     bar, show = rich_progress()
@@ -613,6 +620,7 @@ def _train_by_program(args: argparse.Namespace) -> int:
     given = {
         "ray_address": args.ray_address,
         "imitate_moves": args.imitate_moves,
+        "imitate_decoder": args.imitate_decoder,
         "decoder_gene": args.decoder_gene,
     }
     out = args.train_program(

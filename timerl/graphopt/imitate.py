@@ -46,16 +46,30 @@ TARGETS_FORMAT = "timerl-graphopt-targets"
 PAIR_OFFSETS = (1, 2, 3, 5, 8, 13, 21)
 
 
-def best_order(shared: tuple[Problem, dict[str, Solution]], budget: int, seed: int) -> np.ndarray:
-    """The best order of the learned search with uniform proposals (two decoders, then the
-    local search) seeded with the portfolio: never worse than it (a pure call, for Ray)."""
-    from timerl.graphopt.learned import learned_search
-    from timerl.graphopt.policy import OUTPUTS
+def best_order(
+    shared: tuple[Problem, dict[str, Solution]], budget: int, seed: int
+) -> tuple[np.ndarray, float]:
+    """A target order and which decoder suits the graph (a pure call, for Ray): BRKGA with
+    list scheduling and BRKGA with the post-order decoder, half the budget each and both
+    seeded with the portfolio, then the local search from the better one's best; the label
+    is 1.0 when the post-order decoder found the lower peak, 0.0 when list scheduling did,
+    0.5 on a tie. Never worse than the portfolio."""
+    from timerl.graphopt.brkga import brkga
+    from timerl.graphopt.localsearch import peak_local_search
 
     problem, seeds = shared
-    zero = np.zeros((problem.n, OUTPUTS), dtype=np.float32)
-    res = learned_search(problem, None, budget=budget, seed=seed, action=zero, seeds=seeds)
-    return np.asarray(res.solution.order, dtype=np.int64)
+    half = max(int(budget * 0.4), 1)
+    runs = {
+        name: brkga(problem.with_decoder(name), budget=half, seeds=list(seeds.values()), seed=seed)
+        for name in ("list", "postorder")
+    }
+    lv, pv = runs["list"].value, runs["postorder"].value
+    label = 0.5 if lv == pv else float(pv < lv)
+    best = min(runs.values(), key=lambda r: r.value).solution
+    start = min([best, *seeds.values()], key=problem.evaluate)
+    rest = max(budget - 2 * half, 1)
+    polished = peak_local_search(problem, start, budget=rest, seed=seed, segments=0.3)
+    return np.asarray(polished.solution.order, dtype=np.int64), label
 
 
 def moved_nodes(start: np.ndarray, target: np.ndarray, share: float = 0.01) -> np.ndarray:
@@ -84,29 +98,32 @@ def compute_targets(
     path: Path,
     run: Callable[[Callable[..., Any], list[tuple[Any, ...]]], list[Any]],
     log: Callable[[str], None] = print,
-) -> dict[str, np.ndarray]:
-    """The target order per problem name, read from ``path`` when it holds these problems at
-    this budget, else searched (``run`` maps ``best_order`` over the calls) and written there."""
+) -> dict[str, tuple[np.ndarray, float]]:
+    """The target order and decoder label (``best_order``) per problem name, read from
+    ``path`` when it holds these problems at this budget, else searched (``run`` maps
+    ``best_order`` over the calls) and written there."""
     if path.is_file():
         got = load_targets(path)
         if got is not None and got[1] == budget and set(names) <= set(got[0]):
             log(f"imitation targets from {path}")
             return {k: got[0][k] for k in names}
-    log(f"searching imitation targets: {len(names)} problems, uniform BRKGA at {budget} decodes")
-    orders = run(best_order, [(c, budget, 0) for c in calls])
-    targets = dict(zip(names, orders, strict=True))
+    log(f"searching imitation targets: {len(names)} problems, {budget} evaluations each")
+    found = run(best_order, [(c, budget, 0) for c in calls])
+    targets = dict(zip(names, found, strict=True))
     save_targets(path, targets, budget)
     return targets
 
 
-def save_targets(path: Path, targets: dict[str, np.ndarray], budget: int) -> None:
+def save_targets(path: Path, targets: dict[str, tuple[np.ndarray, float]], budget: int) -> None:
     """Plain arrays only (no pickle), written atomically."""
     names = list(targets)
     meta = {"format": TARGETS_FORMAT, "budget": budget, "names": names}
+    orders = [targets[k][0] for k in names]
     arrays = {
         "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-        "lengths": np.array([len(targets[k]) for k in names], dtype=np.int64),
-        "orders": (np.concatenate([targets[k] for k in names]) if names else np.zeros(0, np.int64)),
+        "lengths": np.array([len(o) for o in orders], dtype=np.int64),
+        "orders": (np.concatenate(orders) if names else np.zeros(0, np.int64)),
+        "decoders": np.array([targets[k][1] for k in names], dtype=np.float64),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -115,8 +132,9 @@ def save_targets(path: Path, targets: dict[str, np.ndarray], budget: int) -> Non
     tmp.replace(path)
 
 
-def load_targets(path: Path) -> tuple[dict[str, np.ndarray], int] | None:
-    """(targets, budget) from a targets file; a file that is not one raises naming it."""
+def load_targets(path: Path) -> tuple[dict[str, tuple[np.ndarray, float]], int] | None:
+    """(targets, budget) from a targets file (order and decoder label per problem; a file
+    without labels reads 0.5, no preference); a file that is not one raises naming it."""
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -134,7 +152,19 @@ def load_targets(path: Path) -> tuple[dict[str, np.ndarray], int] | None:
     if len(lengths) != len(meta["names"]) or sum(lengths) != len(arrays["orders"]):
         raise CheckpointError(f"imitation targets {path}: its orders and names do not match")
     parts = np.split(arrays["orders"], np.cumsum(lengths)[:-1]) if lengths else []
-    return dict(zip(meta["names"], parts, strict=True)), int(meta["budget"])
+    labels = arrays.get("decoders", np.full(len(parts), 0.5)).tolist()
+    found = dict(zip(meta["names"], zip(parts, labels, strict=True), strict=True))
+    return found, int(meta["budget"])
+
+
+def decoder_loss(torch: Any, action: Any, label: float) -> Any:
+    """Cross-entropy of the graph's decoder probability (the sigmoid of the decoder
+    column's mean over nodes, ``policy.proposal``) against the target's label."""
+    from timerl.graphopt.policy import DECODER_COLUMN
+
+    logit = action[:, DECODER_COLUMN].mean().reshape(1)
+    target = torch.tensor([label], dtype=torch.float32)
+    return torch.nn.functional.binary_cross_entropy_with_logits(logit, target)
 
 
 def pair_index(order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -45,6 +45,7 @@ from timerl.graphopt.features import GraphFeatures
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.imitate import (
     compute_targets,
+    decoder_loss,
     imitation_loss,
     log_concentration,
     mean_decode_gap,
@@ -101,6 +102,7 @@ class TrainConfig:
     imitate_concentration: float = 4.0  # Beta a + b the imitation phase asks for
     imitate_scale: float = 1.0  # priority logits x this when the imitation ends (widens them)
     imitate_moves: float = 0.0  # weight of the move logits' imitation (0: not fitted)
+    imitate_decoder: float = 0.0  # weight of the decoder logit's imitation (0: not fitted)
     decoder_gene: bool = False  # decode reward: also sample the decoder gene (column 7)
 
 
@@ -118,6 +120,7 @@ class Task:
     target: np.ndarray | None = None  # imitation: the best known order
     target_value: float = 0.0
     moved: np.ndarray | None = None  # imitation: nodes the target moved (imitate.moved_nodes)
+    decoder: float = 0.5  # imitation: 1 when the post-order decoder suits the graph better
 
 
 def _torch() -> Any:
@@ -428,7 +431,7 @@ def attach_targets(
     )
     for i in mem:
         task = tasks[i]
-        order = found[task.name]
+        order, task.decoder = found[task.name]
         if sorted(order.tolist()) != list(range(task.problem.n)):
             raise CheckpointError(
                 f"imitation targets {path}: the order of {task.name} is not a permutation of "
@@ -467,6 +470,8 @@ def imitation_step(
         term = imitation_loss(torch, action, task.target, log_kappa)
         if config.imitate_moves > 0 and task.moved is not None:
             term = term + config.imitate_moves * move_loss(torch, action, task.moved)
+        if config.imitate_decoder > 0:
+            term = term + config.imitate_decoder * decoder_loss(torch, action, task.decoder)
         loss = loss + term / config.batch
         logits = action[:, 0].detach().double().numpy()
         gaps.append(mean_decode_gap(task.problem, logits, task.target_value))

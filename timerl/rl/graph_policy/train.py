@@ -25,6 +25,7 @@ from timerl.rl.train.driver import make_config, train
 UNSUPPORTED = {
     "ray_address": None,
     "imitate_moves": 0.0,
+    "imitate_decoder": 0.0,
     "decoder_gene": False,
 }
 REWARDS = ("search", "decode")  # graphopt.train's rewards, each the program phase of its name
