@@ -40,6 +40,9 @@ from timerl.graphopt.policy import (
 #: the share of the budget the local search spends after BRKGA (a weights file's ``polish``
 #: overrides it)
 POLISH = 0.2
+#: the share of the budget a first local search spends from the best portfolio schedule,
+#: whose result seeds BRKGA (peak memory; a weights file's ``warm`` overrides it)
+WARM = 0.0
 #: the share of the local search's peak-directed moves that move a whole run of nodes
 SEGMENTS = 0.3
 
@@ -105,6 +108,7 @@ def learned_search(
     uniform_share: float | None = None,
     patience: int | None = None,
     polish: float | None = None,
+    warm: float | None = None,
 ) -> SearchResult:
     """The search of the module docstring. ``action``, when given, replaces the network's
     mean action and ``weights`` may be None (an all-zero action is the same search with
@@ -132,6 +136,8 @@ def learned_search(
         uniform_share = weights.uniform_share if weights is not None else 0.0
     if polish is None:
         polish = float(weights.meta.get("polish", POLISH)) if weights is not None else POLISH
+    if warm is None:
+        warm = float(weights.meta.get("warm", WARM)) if weights is not None else WARM
     budget = max(int(budget), 1)
     mixed = problem.with_decoder_gene()
     alpha, beta, bias = proposal(action, key_groups(problem.place, problem.swaps), True)
@@ -141,9 +147,23 @@ def learned_search(
         mean[-1] = gene
         start.append(mixed.decode(mean))
     ls_budget = int(round(polish * budget)) if problem.n > 1 else 0
+    warm_budget = int(round(warm * budget)) if problem.n > 1 and problem.single else 0
+    evals, history = 0, []
+    if warm_budget > 0:  # the local search from the best start, as one more seed
+        first = min(start[: len(seeds)], key=problem.evaluate)
+        warmed = peak_local_search(
+            problem,
+            first,
+            budget=warm_budget,
+            seed=seed,
+            node_weight=move_weights(action),
+            segments=SEGMENTS,
+        )
+        evals += warmed.evaluations
+        start.append(warmed.solution)
     found = brkga(
         mixed,
-        budget=max(budget - ls_budget, 1),
+        budget=max(budget - ls_budget - evals, 1),
         alpha=alpha,
         beta=beta,
         bias=bias,
@@ -154,7 +174,8 @@ def learned_search(
         uniform_share=uniform_share,
         patience=patience,
     )
-    evals, history = found.evaluations, list(found.history)
+    evals += found.evaluations
+    history += found.history
     if ls_budget > 0:
         if problem.single:
             polished = peak_local_search(
