@@ -72,11 +72,11 @@ def test_filter_keeps_a_graph_where_the_budget_or_the_best_order_matters():
 
 def test_split_holds_whole_families_out_and_large_test_graphs_apart():
     entries = [
-        {"family": "chains", "nodes": 1000},
+        {"family": "nas", "nodes": 1000},
         {"family": "randwire_ws", "nodes": 2000},
-        {"family": "branches", "nodes": 5000},
-        {"family": "nas", "nodes": 1500},
-        {"family": "nas", "nodes": 2500},
+        {"family": "randwire_ba", "nodes": 5000},
+        {"family": "chains", "nodes": 1500},
+        {"family": "chains", "nodes": 2500},
     ]
     headroom.assign(entries)
     assert [e["split"] for e in entries] == ["train", "train", "val", "test", "test-large"]
@@ -92,7 +92,7 @@ def test_candidates_are_named_once_and_assigned_a_split():
 
 
 def test_build_applies_the_filter_records(tmp_path):
-    cands = [c for c in headroom.candidates(quick=True) if c.family in ("chains", "nas")]
+    cands = [c for c in headroom.candidates(quick=True) if c.family in ("chains", "branches")]
     records = []
     for i, c in enumerate(cands):
         n = len(c.make()["nodes"])
@@ -101,7 +101,7 @@ def test_build_applies_the_filter_records(tmp_path):
     path = tmp_path / "records.json"
     headroom.write_records(records, path)
     index = headroom.build_headroom_corpus(
-        tmp_path / "c", records=path, families=["chains", "nas"], quick=True, progress=print
+        tmp_path / "c", records=path, families=["chains", "branches"], quick=True, progress=print
     )
     got = json.loads(index.read_text())["graphs"]
     assert sorted(e["name"] for e in got) == sorted(c.name for c in cands[::2])
@@ -112,5 +112,9 @@ def test_build_applies_the_filter_records(tmp_path):
     headroom.write_records(records, path)
     with pytest.raises(GraphError, match="measure again"):
         headroom.build_headroom_corpus(
-            tmp_path / "d", records=path, families=["chains", "nas"], quick=True, progress=print
+            tmp_path / "d",
+            records=path,
+            families=["chains", "branches"],
+            quick=True,
+            progress=print,
         )

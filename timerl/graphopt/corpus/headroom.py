@@ -39,16 +39,16 @@ LONG_PATIENCE = 125
 
 HEADROOM_SPLIT: dict[str, str] = {
     "randwire_ws": "train",
-    "randwire_ba": "train",
-    "chains": "train",
+    "nas": "train",
     "moe": "train",
+    "unet": "train",
     "gpt2": "train",
     "llama": "train",
-    "branches": "val",
+    "randwire_ba": "val",
     "bert": "val",
+    "chains": "test",
+    "branches": "test",
     "randwire_er": "test",
-    "nas": "test",
-    "unet": "test",
     "t5": "test",
     "vit": "test",
 }
@@ -86,16 +86,16 @@ def _torch_graph(name: str, build: Any, training: bool) -> dict:
 
 
 #: forward sizes of the structured candidates (training graphs are about 2.5x their forward)
-SIZES = (300, 600, 1000, 1600)
+SIZES = (300, 800, 1600)
 TRAIN_SIZES = (300,)
-LARGE_SIZES = (5000,)
+LARGE_SIZES = (4000,)
 
 
 def structured_candidates(quick: bool = False) -> list[Candidate]:
     out = []
     for family in structured.GENERATORS:
         test = HEADROOM_SPLIT[family] == "test"
-        sizes = [(n, s) for n in SIZES for s in (0, 1)]
+        sizes = [(n, s) for n in SIZES for s in ((0, 1) if test else (0,))]
         if test:
             sizes += [(n, 0) for n in LARGE_SIZES]
         if quick:
@@ -117,33 +117,21 @@ def torch_candidates() -> list[Candidate]:
     from timerl.graphopt.corpus import families as fam
     from timerl.graphopt.corpus import models
 
-    specs: list[tuple[str, str, Any, bool]] = []
-    for kind in ("ws", "ba", "er"):
-        for nodes, seed in ((16, 0), (32, 1)):
-            specs.append(
-                (
-                    f"randwire_{kind}-torch-n{nodes}-s{seed}",
-                    f"randwire_{kind}",
-                    fam.randwire(kind, nodes, seed=seed),
-                    False,
-                )
-            )
-    for cells, seed in ((1, 0), (2, 1), (3, 2)):
-        specs.append((f"nas-torch-c{cells}-s{seed}", "nas", fam.nas(cells, seed=seed), False))
-    for depth in (4, 5):
-        specs.append((f"unet-torch-d{depth}-train", "unet", fam.unet(depth), True))
-    for arch in ("mixtral", "qwen2moe", "olmoe"):
-        specs.append((f"moe-{arch}-l2-train", "moe", fam.moe(arch, 2, 128, 8), True))
-    for layers, hidden, heads in ((2, 128, 4), (4, 256, 4)):
-        specs.append((f"gpt2-l{layers}-train", "gpt2", models.gpt2(layers, hidden, heads), True))
-        specs.append((f"bert-l{layers}-train", "bert", models.bert(layers, hidden, heads), True))
-        specs.append((f"vit-l{layers}-train", "vit", models.vit(layers, hidden, heads), True))
-    for layers, hidden, heads, kv in ((2, 128, 4, 2), (4, 256, 8, 4)):
-        specs.append(
-            (f"llama-l{layers}-train", "llama", models.llama(layers, hidden, heads, kv), True)
-        )
-    for layers, hidden, heads in ((1, 128, 4), (2, 256, 4)):
-        specs.append((f"t5-l{layers}-train", "t5", models.t5(layers, hidden, heads), True))
+    specs: list[tuple[str, str, Any, bool]] = [
+        (f"randwire_{k}-torch-n16", f"randwire_{k}", fam.randwire(k, 16), False)
+        for k in ("ws", "ba", "er")
+    ]
+    specs += [
+        ("nas-torch-c1", "nas", fam.nas(1, seed=0), False),
+        ("nas-torch-c2", "nas", fam.nas(2, seed=1), False),
+        ("unet-torch-d4-train", "unet", fam.unet(4), True),
+        ("moe-mixtral-l2-train", "moe", fam.moe("mixtral", 2, 128, 8), True),
+        ("gpt2-l2-train", "gpt2", models.gpt2(2, 128, 4), True),
+        ("llama-l2-train", "llama", models.llama(2, 128, 4, 2), True),
+        ("bert-l2-train", "bert", models.bert(2, 128, 4), True),
+        ("vit-l2-train", "vit", models.vit(2, 128, 4), True),
+        ("t5-l1-train", "t5", models.t5(1, 128, 4), True),
+    ]
     return [
         Candidate(
             name, family, "training" if tr else "model", partial(_torch_graph, name, b, tr), True
@@ -267,7 +255,8 @@ def run_filter(
 
     done = {r["name"] for r in read_log(log)}
     todo = [c.name for c in candidates() if (names is None or c.name in names)]
-    todo = sorted((n for n in todo if n not in done), key=_size_hint)
+    family = {c.name: c.family for c in candidates()}
+    todo = sorted((n for n in todo if n not in done), key=lambda n: _priority(n, family[n]))
     log.parent.mkdir(parents=True, exist_ok=True)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max(1, workers), mp_context=ctx) as pool:
@@ -290,14 +279,16 @@ def read_log(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def _size_hint(name: str) -> int:
-    """Roughly how long a candidate takes (its target size; training graphs ~3x): the
-    shortest first, so that the small graphs, which training uses, are measured first."""
+def _priority(name: str, family: str) -> tuple[int, int]:
+    """The order candidates are measured in: test families first (the results need them;
+    training reads its own build of the training families, unfiltered), then validation,
+    then training, each smallest first (training graphs ~3x their target)."""
     import re
 
     m = re.search(r"-n(\d+)-", name)
     size = int(m.group(1)) if m and "torch" not in name else 1500
-    return size * (3 if name.endswith("-train") else 1)
+    size *= 3 if name.endswith("-train") else 1
+    return ({"test": 0, "val": 1, "train": 2}[HEADROOM_SPLIT[family]], size)
 
 
 # ------------------------------------------------------------------------------ the build
@@ -354,10 +345,13 @@ def build_headroom_corpus(
     """Write the headroom corpus under ``out_dir`` (``<split>/<family>/<name>.json`` and
     ``index.json``, as ``build_corpus`` does) and return the index's path.
 
-    The graphs REGAL's filter keeps, by the measurements in ``records``; ``unfiltered``
-    writes every candidate (training may use them all; the index marks each ``kept``). A
-    candidate whose node count differs from its record's (the generators changed) is an
-    error: measure again (``run_filter``). ``quick``: the small candidates (tests)."""
+    Validation and test families: the graphs REGAL's filter keeps, by the measurements in
+    ``records``. Training families: every candidate (the policy learns from all of them;
+    the filter is what makes the held-out results about graphs where search has room). With
+    ``unfiltered`` every candidate of every family is written. The index marks each graph
+    ``kept`` or not. A measured candidate whose node count differs from its record's (the
+    generators changed) is an error: measure again (``run_filter``). ``quick``: the small
+    candidates (tests)."""
     import json
     import multiprocessing
     import time
@@ -368,14 +362,14 @@ def build_headroom_corpus(
     t0 = time.perf_counter()
     measured = read_records(records)
     chosen = [c for c in candidates(quick) if families is None or c.family in families]
-    missing = [c.name for c in chosen if c.name not in measured]
-    if missing and not unfiltered:
+    filtered = [c for c in chosen if not unfiltered and HEADROOM_SPLIT[c.family] != "train"]
+    missing = [c.name for c in filtered if c.name not in measured]
+    if missing:
         raise GraphError(
             f"headroom filter records {records}: no measurement of {missing[0]!r} "
             f"({len(missing)} candidates unmeasured): run the filter first"
         )
-    if not unfiltered:
-        chosen = [c for c in chosen if kept(measured[c.name])]
+    chosen = [c for c in chosen if c not in filtered or kept(measured[c.name])]
     names = [c.name for c in chosen]
     by_name = {c.name: c for c in chosen}
     ctx = multiprocessing.get_context("spawn")

@@ -255,8 +255,9 @@ def moe_layers(n: int, *, experts: int = 8, seed: int = 0, name: str | None = No
     scores of seq x seq per head, softmax, weighted sum, output projection, residual), then a
     router, and per expert a dispatch (gather of the tokens routed to it: a share drawn per
     expert and layer), up projection, activation, gate product, down projection and a
-    scatter back; the combine adds the experts' outputs to the residual. Layers are added
-    until about ``n`` nodes."""
+    down projection; the combine adds each expert's rows into the residual in turn (a chain
+    of ``index_add``, the experts in a drawn order), so an expert's output waits for its
+    turn. Layers are added until about ``n`` nodes."""
     name = name or f"moe-n{n}-e{experts}-s{seed}"
     rng = np.random.default_rng([seed, n, 14])
     b = _Builder(name)
@@ -265,15 +266,15 @@ def moe_layers(n: int, *, experts: int = 8, seed: int = 0, name: str | None = No
     while len(b.nodes) < n:
         h = b.add("norm", d, [x])
         q, k, v = (b.add("matmul", d, [h], flops=d * 256) for _ in range(3))
-        s = b.add("bmm", 4 * d, [q, k], flops=d * 256)
-        p = b.add("softmax", 4 * d, [s])
+        s = b.add("bmm", d / 2, [q, k], flops=d * 256)
+        p = b.add("softmax", d / 2, [s])
         a = b.add("bmm", d, [p, v], flops=d * 256)
         o = b.add("matmul", d, [a], flops=d * 256)
         x = b.add("add", d, [x, o])
         h = b.add("norm", d, [x])
         route = b.add("router", d / 64, [h], flops=d * 8)
         share = rng.dirichlet(np.full(experts, 0.7)) * 2.0  # top-2 routing: shares sum to 2
-        outs = []
+        downs = []
         for e in range(experts):
             t = d * max(share[e], 0.02)
             hidden = t * float(rng.choice([2.0, 3.0, 4.0]))
@@ -282,9 +283,9 @@ def moe_layers(n: int, *, experts: int = 8, seed: int = 0, name: str | None = No
             gate = b.add("matmul", hidden, [g], flops=hidden * 256)
             act = b.add("silu", hidden, [gate])
             prod = b.add("mul", hidden, [up, act])
-            down = b.add("matmul", t, [prod], flops=hidden * 256)
-            outs.append(b.add("scatter", d, [down, route]))
-        x = b.add("add", d, [x, *outs])
+            downs.append(b.add("matmul", t, [prod], flops=hidden * 256))
+        for e in rng.permutation(experts).tolist():  # index_add each expert's rows in turn
+            x = b.add("index_add", d, [x, downs[e], route])
     b.add("linear", d / 4, [x], output=True)
     return b.graph()
 
@@ -297,7 +298,7 @@ def _branch_block(b: _Builder, x: int, rng: np.random.Generator, base: float) ->
     projected."""
 
     def path(src: int, size: float) -> int:
-        wide = _width(rng, size * 4, 0.6)
+        wide = _width(rng, base, 0.6)
         y = b.add("conv", wide, [src], flops=wide * 30)
         for _ in range(int(rng.integers(1, 5))):
             w = _width(rng, wide, 0.2)
@@ -306,7 +307,7 @@ def _branch_block(b: _Builder, x: int, rng: np.random.Generator, base: float) ->
 
     ends = []
     for _ in range(int(rng.integers(3, 13))):
-        size = _width(rng, base / 4, 0.5)
+        size = _width(rng, base / 16, 0.5)
         mid = path(x, size)
         if rng.random() < 0.3:
             subs = [path(mid, size) for _ in range(int(rng.integers(2, 4)))]
@@ -361,15 +362,21 @@ def unet_skips(n: int, *, seed: int = 0, name: str | None = None) -> dict:
 
 
 GENERATORS = {
-    "randwire_ws": lambda n, seed, name=None: randwire(n, kind="ws", seed=seed, name=name),
-    "randwire_ba": lambda n, seed, name=None: randwire(n, kind="ba", seed=seed, name=name),
-    "randwire_er": lambda n, seed, name=None: randwire(n, kind="er", seed=seed, name=name),
+    "randwire_ws": lambda n, seed, name=None: randwire(
+        n, kind="ws", nodes=(64, 96)[seed % 2], seed=seed, name=name
+    ),
+    "randwire_ba": lambda n, seed, name=None: randwire(
+        n, kind="ba", nodes=(64, 96)[seed % 2], seed=seed, name=name
+    ),
+    "randwire_er": lambda n, seed, name=None: randwire(
+        n, kind="er", nodes=(64, 96)[seed % 2], seed=seed, name=name
+    ),
     "chains": lambda n, seed, name=None: parallel_chains(
-        n, chains=(8, 16, 32)[seed % 3], seed=seed, name=name
+        n, chains=(32, 64, 96)[seed % 3], seed=seed, name=name
     ),
     "nas": lambda n, seed, name=None: nas_cells(n, seed=seed, name=name),
     "moe": lambda n, seed, name=None: moe_layers(
-        n, experts=(4, 8, 16)[seed % 3], seed=seed, name=name
+        n, experts=(16, 32, 64)[seed % 3], seed=seed, name=name
     ),
     "unet": lambda n, seed, name=None: unet_skips(n, seed=seed, name=name),
     "branches": lambda n, seed, name=None: branches(n, seed=seed, name=name),
