@@ -76,6 +76,7 @@ def run_one(task: tuple[str, dict[str, Any], str, int, int, dict[str, Any]]) -> 
         "family": entry["family"],
         "kind": entry["kind"],
         "nodes": entry["nodes"],
+        "kept": bool(entry.get("kept", True)),
         "method": method,
         "budget": budget,
         "seed": seed,
@@ -161,11 +162,18 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
     best = best_known(records, filt, exact)
     val = {(r["name"], r["method"], r["budget"], r["seed"]): r["value"] for r in records}
     fam = {r["name"]: r["family"] for r in records}
+    kept = {r["name"] for r in records if r.get("kept", True)}
+
+    def member(group: str, name: str) -> bool:
+        """A family, "all" graphs, or those REGAL's filter "kept" (the headroom graphs)."""
+        return group == "all" or (group == "kept" and name in kept) or group == fam[name]
+
     names = sorted(fam)
     seeds = sorted({r["seed"] for r in records})
     budgets = sorted({r["budget"] for r in records if r["method"] != "portfolio"})
     methods = [m for m in METHODS if any(r["method"] == m for r in records)]
     families = sorted(set(fam.values()))
+    groups = [*families, "kept", "all"]
     out = [f"graphs: {len(names)}, seeds {seeds}, budgets {budgets}, machine {platform.node()}"]
 
     def portfolio(name: str) -> float | None:
@@ -180,8 +188,8 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
         out.append(f"\n### {b} evaluations: mean % below uniform BRKGA at {b} (seeds {seeds})\n")
         out.append("| family | graphs | " + " | ".join(methods) + " |")
         out.append("|---|---|" + "---|" * len(methods))
-        for group in [*families, "all"]:
-            gn = [n for n in names if group in ("all", fam[n])]
+        for group in groups:
+            gn = [n for n in names if member(group, n)]
             cells = []
             for m in methods:
                 xs = [
@@ -200,32 +208,31 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
             "local, BRKGA | headroom captured % | worse than portfolio | W/T/L vs best classical |"
         )
         out.append("|---|---|---|---|---|---|---|---|")
-        for b in budgets:
-            for s in seeds:
-                gn = [n for n in names if get(n, "learned", b, s) is not None]
-                vs_u, vs_c, cap_num, cap_den, worse, wtl = [], [], [], [], 0, [0, 0, 0]
-                for n in gn:
-                    lv = get(n, "learned", b, s)
-                    u = get(n, "brkga", b, s)
-                    classical = [get(n, m, b, s) for m in CLASSICAL]
-                    classical = [c for c in classical if c is not None]
-                    if u is not None:
-                        vs_u.append(_pct(u, lv))
-                    if classical:
-                        c = min(classical)
-                        vs_c.append(_pct(c, lv))
-                        wtl[0 if lv < c else (1 if lv == c else 2)] += 1
-                    ref = get(n, "brkga", REFERENCE_BUDGET, 0)
-                    if ref is not None and ref > best[n]:
-                        cap_num.append(_pct(ref, lv))
-                        cap_den.append(_pct(ref, best[n]))
-                    p = portfolio(n)
-                    worse += int(p is not None and lv > p)
-                cap = 100 * sum(cap_num) / sum(cap_den) if cap_den else float("nan")
-                out.append(
-                    f"| {b} | {s} | {len(gn)} | {_mean(vs_u):+.2f} | {_mean(vs_c):+.2f} | "
-                    f"{cap:.1f} | {worse} | {wtl[0]}/{wtl[1]}/{wtl[2]} |"
-                )
+        for b, s, group in [(b, s, g) for b in budgets for s in seeds for g in ("all", "kept")]:
+            gn = [n for n in names if get(n, "learned", b, s) is not None and member(group, n)]
+            vs_u, vs_c, cap_num, cap_den, worse, wtl = [], [], [], [], 0, [0, 0, 0]
+            for n in gn:
+                lv = get(n, "learned", b, s)
+                u = get(n, "brkga", b, s)
+                classical = [get(n, m, b, s) for m in CLASSICAL]
+                classical = [c for c in classical if c is not None]
+                if u is not None:
+                    vs_u.append(_pct(u, lv))
+                if classical:
+                    c = min(classical)
+                    vs_c.append(_pct(c, lv))
+                    wtl[0 if lv < c else (1 if lv == c else 2)] += 1
+                ref = get(n, "brkga", REFERENCE_BUDGET, 0)
+                if ref is not None and ref > best[n]:
+                    cap_num.append(_pct(ref, lv))
+                    cap_den.append(_pct(ref, best[n]))
+                p = portfolio(n)
+                worse += int(p is not None and lv > p)
+            cap = 100 * sum(cap_num) / sum(cap_den) if cap_den else float("nan")
+            out.append(
+                f"| {b} | {s} | {len(gn)} ({group}) | {_mean(vs_u):+.2f} | {_mean(vs_c):+.2f} | "
+                f"{cap:.1f} | {worse} | {wtl[0]}/{wtl[1]}/{wtl[2]} |"
+            )
     # 3. per family: the methods against uniform BRKGA at 5,000 (seed 0), best known, capture
     out.append(
         f"\n### per family: mean % below uniform BRKGA at {REFERENCE_BUDGET} (seed 0); "
@@ -240,11 +247,11 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
     ]
     out.append("| family | graphs | proven | " + " | ".join(head) + " |")
     out.append("|---|---|---|" + "---|" * len(head))
-    for group in [*families, "all"]:
+    for group in groups:
         gn = [
             n
             for n in names
-            if group in ("all", fam[n]) and get(n, "brkga", REFERENCE_BUDGET, 0) is not None
+            if member(group, n) and get(n, "brkga", REFERENCE_BUDGET, 0) is not None
         ]
         if not gn:
             continue

@@ -254,8 +254,8 @@ def moe_layers(n: int, *, experts: int = 8, seed: int = 0, name: str | None = No
     """Transformer layers whose MLP is a mixture of experts: attention (q, k, v projections,
     scores of seq x seq per head, softmax, weighted sum, output projection, residual), then a
     router, and per expert a dispatch (gather of the tokens routed to it: a share drawn per
-    expert and layer), up projection, activation, gate product, down projection and a
-    down projection; the combine adds each expert's rows into the residual in turn (a chain
+    expert and layer), up projection, activation, gate product and down projection; the
+    combine adds each expert's rows into the residual in turn (a chain
     of ``index_add``, the experts in a drawn order), so an expert's output waits for its
     turn. Layers are added until about ``n`` nodes."""
     name = name or f"moe-n{n}-e{experts}-s{seed}"
