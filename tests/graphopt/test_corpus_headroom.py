@@ -107,6 +107,20 @@ def test_build_applies_the_filter_records(tmp_path):
     assert sorted(e["name"] for e in got) == sorted(c.name for c in cands[::2])
     for e in got:
         assert e["kept"] and (tmp_path / "c" / e["path"]).is_file()
+    # the graphs measured so far, kept or not, each marked
+    headroom.write_records(records[:3], path)
+    index = headroom.build_headroom_corpus(
+        tmp_path / "m",
+        records=path,
+        families=["chains", "branches"],
+        unfiltered=True,
+        measured_only=True,
+        quick=True,
+        progress=print,
+    )
+    got = {e["name"]: e["kept"] for e in json.loads(index.read_text())["graphs"]}
+    assert got == {c.name: i % 2 == 0 for i, c in enumerate(cands[:3])}
+    headroom.write_records(records, path)
     # a record whose node count no longer matches is refused by name
     records[0]["nodes"] += 1
     headroom.write_records(records, path)

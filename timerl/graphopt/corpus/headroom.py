@@ -337,6 +337,7 @@ def build_headroom_corpus(
     *,
     records: Path = SHIPPED_RECORDS,
     unfiltered: bool = False,
+    measured_only: bool = False,
     families: Sequence[str] | None = None,
     workers: int = 2,
     quick: bool = False,
@@ -348,7 +349,9 @@ def build_headroom_corpus(
     Validation and test families: the graphs REGAL's filter keeps, by the measurements in
     ``records``. Training families: every candidate (the policy learns from all of them;
     the filter is what makes the held-out results about graphs where search has room). With
-    ``unfiltered`` every candidate of every family is written. The index marks each graph
+    ``unfiltered`` every candidate of every family is written; ``measured_only`` writes only
+    the candidates ``records`` holds (with ``unfiltered``: every graph the filter measured so
+    far, kept or not, for results before the filter has finished). The index marks each graph
     ``kept`` or not. A measured candidate whose node count differs from its record's (the
     generators changed) is an error: measure again (``run_filter``). ``quick``: the small
     candidates (tests)."""
@@ -362,6 +365,8 @@ def build_headroom_corpus(
     t0 = time.perf_counter()
     measured = read_records(records)
     chosen = [c for c in candidates(quick) if families is None or c.family in families]
+    if measured_only:
+        chosen = [c for c in chosen if c.name in measured]
     filtered = [c for c in chosen if not unfiltered and HEADROOM_SPLIT[c.family] != "train"]
     missing = [c.name for c in filtered if c.name not in measured]
     if missing:
