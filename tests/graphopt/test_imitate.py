@@ -110,10 +110,11 @@ def test_targets_are_at_least_as_good_as_the_portfolio(tiny_corpus, tmp_path):
     for k in range(3):
         graph = random_graph(20 + 10 * k, seed=k, view_prob=0.2)
         problem = Problem(graph)
-        order = targets[f"g{k}:mem"]
+        order, decoder = targets[f"g{k}:mem"]
         assert sorted(order.tolist()) == list(range(graph.n))
         best_portfolio = min(problem.evaluate(s) for s in portfolio_solutions(problem).values())
         assert problem.evaluate(problem.complete(order)) <= best_portfolio
+        assert decoder in (0.0, 0.5, 1.0)
 
 
 def test_resume_through_the_imitation_phase_continues_exactly(tiny_corpus, tmp_path):
@@ -171,7 +172,7 @@ def test_bad_targets_file_errors_name_it(tiny_corpus, tmp_path):
     with pytest.raises(CheckpointError, match="t.npz.*not a readable targets file"):
         train(_config(tiny_corpus), iterations=0, out=tmp_path / "p.npz", targets=bad)
     # an order that is not a permutation of its graph's nodes (another corpus)
-    save_targets(bad, {f"g{k}:mem": np.arange(5) for k in range(3)}, 100)
+    save_targets(bad, {f"g{k}:mem": (np.arange(5), 0.5) for k in range(3)}, 100)
     with pytest.raises(CheckpointError, match="t.npz: the order of g0:mem is not a permutation"):
         train(_config(tiny_corpus), iterations=0, out=tmp_path / "p.npz", targets=bad)
 

@@ -6,7 +6,6 @@ import pytest
 
 from timerl.errors import CheckpointError
 from timerl.graphopt.baselines import best_of_portfolio, portfolio_solutions
-from timerl.graphopt.brkga import brkga
 from timerl.graphopt.decoders import Problem
 from timerl.graphopt.features import (
     FEATURE_VERSION,
@@ -207,8 +206,9 @@ def test_learned_search_does_not_steer_an_objective_the_weights_never_learned():
     p = Problem(g, "runtime", cluster)
     random = PolicyWeights.random(hidden=8, rounds=1, seed=3)
     imitated = PolicyWeights(random.params, 8, 1, {"trained": True, "objectives": ["peak-memory"]})
-    seeds = list(portfolio_solutions(p).values())
-    uniform = brkga(p, budget=60, seeds=seeds, seed=1)
+    # the same search with all-zero outputs: uniform proposals and move weights
+    zero = np.zeros((p.n, OUTPUTS), dtype=np.float32)
+    uniform = learned_search(p, None, budget=60, seed=1, action=zero)
     res = learned_search(p, imitated, budget=60, seed=1)
     assert res.value == uniform.value and "uniform" in res.method
     assert np.array_equal(res.solution.order, uniform.solution.order)
@@ -219,8 +219,6 @@ def test_learned_search_does_not_steer_an_objective_the_weights_never_learned():
 def test_features_reuse_portfolio_orders():
     g = random_graph(30, seed=5)
     p = Problem(g)
-    from timerl.graphopt.baselines import portfolio_solutions
-
     seeds = portfolio_solutions(p)
     a = problem_features(p, seeds).x
     b = graph_features(g).x

@@ -42,7 +42,8 @@ def _per_gene(x: float | np.ndarray | None, default: float, problem: Problem) ->
     if arr.shape == (m,):
         return arr
     if arr.shape == (n,):
-        return np.tile(arr, m // max(n, 1))
+        tiled = np.tile(arr, m // max(n, 1))
+        return np.append(tiled, default) if problem.decoder_gene else tiled
     raise ValueError(f"expected a scalar or an array of length {n} or {m}, got {arr.shape}")
 
 

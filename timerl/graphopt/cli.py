@@ -242,6 +242,23 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
         default=1.0,
         help="priority logits x this after the imitation: same mean order, wider proposals",
     )
+    t.add_argument(
+        "--imitate-moves",
+        type=float,
+        default=0.0,
+        help="weight of fitting the move logits to the nodes each target moved (0: off)",
+    )
+    t.add_argument(
+        "--imitate-decoder",
+        type=float,
+        default=0.0,
+        help="weight of fitting the decoder logit to each target's better decoder (0: off)",
+    )
+    t.add_argument(
+        "--decoder-gene",
+        action="store_true",
+        help="decode reward: also draw the gene choosing list or post-order decoding",
+    )
     t.add_argument("--targets", type=Path, default=None, help="default: OUT.targets.npz")
     t.add_argument(
         "--engine",
@@ -551,6 +568,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         imitate_budget=args.imitate_budget,
         imitate_concentration=args.imitate_concentration,
         imitate_scale=args.imitate_scale,
+        imitate_moves=args.imitate_moves,
+        imitate_decoder=args.imitate_decoder,
+        decoder_gene=args.decoder_gene,
     )
     bar, show = rich_progress()
     if bar is not None:
@@ -597,7 +617,12 @@ def _train_by_program(args: argparse.Namespace) -> int:
         settings["imitate_concentration"] = args.imitate_concentration
     if args.reward == "decode":
         settings["samples"] = args.samples
-    given = {"ray_address": args.ray_address}
+    given = {
+        "ray_address": args.ray_address,
+        "imitate_moves": args.imitate_moves,
+        "imitate_decoder": args.imitate_decoder,
+        "decoder_gene": args.decoder_gene,
+    }
     out = args.train_program(
         settings,
         iterations=args.iterations,

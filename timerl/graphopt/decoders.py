@@ -8,6 +8,7 @@ search never has to repair anything.
 
 from __future__ import annotations
 
+import copy
 import heapq
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,48 @@ def decode_order(graph: Graph, priority: np.ndarray) -> np.ndarray:
             if indeg[w] == 0:
                 push(heap, rk[w])
     return np.array(order, dtype=np.int64)
+
+
+def decode_postorder(graph: Graph, priority: np.ndarray) -> np.ndarray:
+    """Post-order DFS from the sinks (highest priority first) over predecessors (highest
+    priority first): each node runs right after the last of its inputs' sub-computations, so
+    a subtree runs to its end before its sibling starts, which is how memory-optimal orders
+    of trees look (and which list scheduling reaches only through many keys at once)."""
+    n = graph.n
+    key = np.asarray(priority, dtype=np.float64)[:n]
+    ptr = graph.pred_ptr
+    seg = np.repeat(np.arange(n), np.diff(ptr))
+    idx = graph.pred_idx
+    preds = idx[np.lexsort((-key[idx], seg))].tolist()
+    starts = ptr.tolist()
+    sinks = np.nonzero(np.diff(graph.succ_ptr) == 0)[0]
+    roots = sinks[np.argsort(-key[sinks], kind="stable")].tolist()
+    done = [False] * n
+    nxt = starts[:-1]  # per node, the next of its (sorted) predecessors to visit
+    order: list[int] = []
+    emit = order.append
+    for s in roots:
+        stack = [s]
+        push, pop = stack.append, stack.pop
+        while stack:
+            v = stack[-1]
+            i, end = nxt[v], starts[v + 1]
+            while i < end and done[preds[i]]:
+                i += 1
+            if i < end:
+                nxt[v] = i + 1
+                push(preds[i])
+            else:
+                pop()
+                if not done[v]:
+                    done[v] = True
+                    emit(v)
+    return np.array(order, dtype=np.int64)
+
+
+#: Decoders the learned search's extra key chooses between: below 0.5 list scheduling,
+#: otherwise the post-order decoder.
+DECODERS = ("list", "postorder")
 
 
 def order_keys(order: np.ndarray) -> np.ndarray:
@@ -102,6 +145,10 @@ class Problem:
             not self.place and not self.swaps and objective == "peak-memory"
         )
         self.num_keys = self.n * (1 + int(self.place) + int(self.swaps))
+        # the order's decoder (``DECODERS``), or "gene": one more key, after all the others,
+        # picks it per chromosome
+        self.decoder = "list"
+        self.decoder_gene = False
         self.peak = PeakMemory(graph)
         self.sim = Simulator(graph, cluster) if cluster is not None else None
         # the predecessor whose output is largest: a node "follows" it unless told otherwise
@@ -112,10 +159,33 @@ class Problem:
                 self.anchor[v] = max(graph.preds[v], key=lambda u: (graph.nbytes[u], -u))
         self.evaluations = 0
 
+    def with_decoder_gene(self) -> Problem:
+        """The same problem (sharing its evaluators) whose chromosomes carry one more key,
+        the last, choosing the order's decoder (``DECODERS``): below 0.5 list scheduling,
+        else :func:`decode_postorder`. Any schedule still encodes exactly (list decoder)."""
+        return self.with_decoder("gene")
+
+    def with_decoder(self, decoder: str) -> Problem:
+        """The same problem (sharing its evaluators) decoding orders with ``decoder``: one of
+        ``DECODERS``, or "gene" (:meth:`with_decoder_gene`). Under "postorder" an encoded
+        schedule decodes to a post-order of its keys, not always to itself."""
+        if decoder not in (*DECODERS, "gene"):
+            raise GraphError(f"unknown decoder {decoder!r} (choose from {DECODERS} or 'gene')")
+        twin = copy.copy(self)
+        base = self.num_keys - int(self.decoder_gene)
+        twin.decoder = decoder
+        twin.decoder_gene = decoder == "gene"
+        twin.num_keys = base + int(twin.decoder_gene)
+        return twin
+
     # ---------------------------------------------------------------- keys <-> schedules
     def decode(self, keys: np.ndarray) -> Solution:
         n = self.n
-        order = decode_order(self.graph, keys[:n])
+        post = keys[-1] >= 0.5 if self.decoder_gene else self.decoder == "postorder"
+        if post:
+            order = decode_postorder(self.graph, keys[:n])
+        else:
+            order = decode_order(self.graph, keys[:n])
         if self.single:
             return Solution(order)
         at = n
@@ -138,6 +208,8 @@ class Problem:
         if self.swaps:
             sw = sol.swap if sol.swap is not None else np.zeros(self.n, bool)
             parts.append(np.where(sw, 0.9, 0.4))
+        if self.decoder_gene:
+            parts.append(np.array([0.25]))  # the list decoder reproduces any order
         return np.concatenate(parts)
 
     def complete(self, order: np.ndarray) -> Solution:

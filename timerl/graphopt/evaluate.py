@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from timerl.errors import GraphError
 from timerl.graphopt.baselines import (
     best_of_portfolio,
@@ -29,8 +31,10 @@ from timerl.graphopt.graph import Graph
 from timerl.graphopt.perfmodel import max_working_set
 
 METHODS = ("program", "portfolio", "local", "brkga", "learned", "exact")
-#: Methods eval also knows but does not run by default: the policy's network, untrained.
-EXTRA_METHODS = ("untrained",)
+#: Methods eval also knows but does not run by default (ablations): the policy's network,
+#: untrained; the learned search with uniform proposals and move weights (no policy); the
+#: peak-directed local search alone, from the best portfolio schedule.
+EXTRA_METHODS = ("untrained", "hybrid", "peak-local")
 KINDS = ("synthetic", "model", "training", "program")
 
 
@@ -78,6 +82,26 @@ def run_method(
         )
         if name == "untrained":
             res.method = name
+    elif name == "hybrid":
+        from timerl.graphopt.learned import learned_search
+        from timerl.graphopt.policy import OUTPUTS
+
+        zero = np.zeros((problem.n, OUTPUTS), dtype=np.float32)
+        seeds = None if seeded else {}
+        res = learned_search(
+            problem, None, budget=budget, seed=seed, jobs=jobs, action=zero, seeds=seeds
+        )
+        res.method = name
+    elif name == "peak-local":
+        from timerl.graphopt.localsearch import peak_local_search
+
+        pf = best_of_portfolio(problem)
+        if not problem.single:
+            raise GraphError("method 'peak-local' searches peak memory on one device only")
+        res = peak_local_search(
+            problem, pf.solution, budget=max(budget - pf.evaluations, 1), seed=seed
+        )
+        res.evaluations += pf.evaluations
     elif name == "exact":
         if not problem.single:
             raise GraphError("method 'exact' solves peak memory on one device only")

@@ -2,7 +2,8 @@
 
 The policy must transfer across graph families and sizes, so every feature is either local
 (op type, bytes, cost, degrees, view/output/pin flags), relative to the graph (log bytes minus
-the graph's largest, depth over the longest path), or a setting of the problem (objective,
+the graph's largest, depth over the longest path, the memory resident at the node's step of
+the memory-greedy order over that order's peak), or a setting of the problem (objective,
 devices, host). It also sees where each classical scheduler runs the node (rank / n): the
 network then learns which of these orders to trust on which kind of node, which is the cheap
 structural signal a few rounds of message passing cannot recover on their own.
@@ -19,12 +20,13 @@ import numpy as np
 
 from timerl.graphopt.baselines import PORTFOLIO
 from timerl.graphopt.graph import Graph
+from timerl.graphopt.perfmodel import PeakMemory
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 OP_BUCKETS = 32
 #: Portfolio members whose ranks are features, in this order.
 RANKED = ("program", "memory-greedy", "dfs", "postorder")
-NUM_SCALAR = 20
+NUM_SCALAR = 22
 NUM_FEATURES = OP_BUCKETS + NUM_SCALAR
 
 
@@ -111,6 +113,18 @@ def graph_features(
     s[:, 17] = objective == "runtime"
     s[:, 18] = np.log2(max(devices, 1)) / 3.0
     s[:, 19] = host
+    # where memory is tight: under the memory-greedy order, the bytes resident while the node
+    # runs (over that order's peak) and how long the node's buffer stays (over n)
+    pm = PeakMemory(graph)
+    greedy = np.asarray(orders["memory-greedy"])
+    pos = np.empty(n, dtype=np.int64)
+    pos[greedy] = np.arange(n)
+    alloc, last = pm.lifetimes(pos)
+    prof = pm.profile_of(alloc, last)
+    s[:, 20] = prof[pos] / max(prof.max(), 1.0)
+    span = np.zeros(n)
+    span[pm.buffers] = (last - alloc) / max(n - 1, 1)
+    s[:, 21] = span[root]
     src = graph.edges[:, 0].astype(np.int64)
     dst = graph.edges[:, 1].astype(np.int64)
     return GraphFeatures(x, src, dst, orders)

@@ -107,6 +107,25 @@ class PeakMemory:
         diff -= np.bincount(last + 1, weights=self.sizes, minlength=n + 1)
         return np.rint(np.cumsum(diff[:n])).astype(np.int64)
 
+    def lifetimes(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per buffer, the step that allocates it and the last step it is resident, given
+        every node's position (the inverse of an order)."""
+        if self.buffers.size == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        last = np.maximum.reduceat(pos[self.users], self.starts)
+        last[self.keep_to_end] = self.n - 1
+        return pos[self.buffers], last
+
+    def profile_of(self, alloc: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """Resident bytes per step from :meth:`lifetimes` (float64, length n)."""
+        n = self.n
+        if alloc.size == 0:
+            return np.zeros(n)
+        diff = np.bincount(alloc, weights=self.sizes, minlength=n + 1)
+        diff -= np.bincount(last + 1, weights=self.sizes, minlength=n + 1)
+        return np.cumsum(diff[:n])
+
     def peak_batch(self, orders: np.ndarray) -> np.ndarray:
         """Peaks of many orders at once (shape ``(P, n)`` in, ``(P,)`` out)."""
         p, n = orders.shape

@@ -1,8 +1,12 @@
 """The graph policy: a small message-passing network giving BRKGA its per-node proposals.
 
-Inference runs in numpy (the compiler and ``timerl graphopt optimize`` need no torch); training
-(``train.py``) runs the same computation in torch with the same parameter names, and a test
-checks the two agree.
+The network is defined once, here: :func:`param_shapes` (the parameters' names and shapes)
+and :func:`network` (the computation, written against :class:`GraphOps`, the four graph
+operations it needs). Each engine runs that one function with its own ``GraphOps``: numpy
+here (``NumpyGraphOps``: the compiler and ``timerl graphopt optimize`` need no torch), torch
+in ``train.py`` and timerl tensors over padded batches in ``timerl.rl.graph_policy``; tests
+check the three agree value for value. Likewise :func:`beta_from_outputs` maps outputs to
+Beta parameters for all three.
 
 Network, hidden width H, R rounds (``x``: node features, ``P``/``S``: mean over a node's
 predecessors / successors):
@@ -12,10 +16,13 @@ predecessors / successors):
     out = [h, mean_nodes(h)] W_out + b_out          # (n, OUTPUTS)
 
 Each node's outputs are the policy's *mean action*: for each key group (priority, device,
-swap) a logit of the Beta mean and a log concentration, and a logit of the crossover bias.
-``proposal`` maps an action (the mean, or a sample around it while training) to BRKGA's
-Beta(a, b) per gene and bias per gene. An action of zeros is Beta(1, 1) (uniform) and bias
-0.7, plain BRKGA's defaults.
+swap) a logit of the Beta mean and a log concentration, and a logit of the crossover bias
+(columns 0-6); the decoder logit (column 7, averaged over the graph: the Beta mean of the
+gene that picks list scheduling or the post-order decoder) and a move logit (column 8: how
+often the local search moves the node, ``move_weights``). ``proposal`` maps an action (the
+mean, or a sample around it while training) to BRKGA's Beta(a, b) per gene and bias per
+gene. An action of zeros is Beta(1, 1) (uniform) and bias 0.7, plain BRKGA's defaults, and
+uniform move weights.
 
 Weights live in one ``.npz`` file (read with ``allow_pickle=False``); its ``meta`` entry is
 JSON (as bytes) naming the format, the feature version and the shapes, and optionally the
@@ -28,9 +35,10 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,8 +48,12 @@ from timerl.graphopt.decoders import OBJECTIVES
 from timerl.graphopt.features import FEATURE_VERSION, NUM_FEATURES, GraphFeatures
 
 FORMAT = "timerl-graphopt-policy"
-#: per node: (mean logit, log concentration) for priority, device and swap keys; bias logit
-OUTPUTS = 7
+#: per node: (mean logit, log concentration) for priority, device and swap keys; bias logit;
+#: decoder logit (its graph mean is used); local-search move logit
+OUTPUTS = 9
+DECODER_COLUMN = 7
+MOVE_COLUMN = 8
+MOVE_LOGIT_RANGE = (-4.0, 4.0)
 GROUPS = ("priority", "device", "swap")
 SHIPPED = Path(__file__).parent / "data" / "policy.npz"
 #: weights trained on the runtime objective (2 devices + host under a memory limit), used for
@@ -68,6 +80,88 @@ def param_shapes(hidden: int, rounds: int) -> dict[str, tuple[int, ...]]:
     shapes["out.b"] = (OUTPUTS,)
     shapes["log_std"] = (OUTPUTS,)
     return shapes
+
+
+class GraphOps(Protocol):
+    """The graph operations :func:`network` needs, over node rows ``h`` (n, width) or a
+    padded batch of them; arithmetic and ``@`` come from the tensor type itself."""
+
+    def relu(self, h: Any) -> Any: ...
+
+    def pred_mean(self, h: Any) -> Any:
+        """Per node, the mean of ``h`` over its predecessors (0 without any)."""
+
+    def succ_mean(self, h: Any) -> Any:
+        """Per node, the mean of ``h`` over its successors (0 without any)."""
+
+    def with_graph_mean(self, h: Any) -> Any:
+        """``[h, mean of h over the graph's (real) nodes, for every node]`` (n, 2 width)."""
+
+    def keep(self, h: Any) -> Any:
+        """``h`` with padded nodes zeroed (unpadded engines: ``h`` itself)."""
+
+
+def network(params: Mapping[str, Any], x: Any, rounds: int, ops: GraphOps) -> Any:
+    """The policy network, the one definition every engine runs (module docstring)."""
+    h = ops.keep(ops.relu(x @ params["in.w"] + params["in.b"]))
+    for r in range(rounds):
+        m = h @ params[f"r{r}.self"] + ops.pred_mean(h) @ params[f"r{r}.pred"]
+        m = m + ops.succ_mean(h) @ params[f"r{r}.succ"] + params[f"r{r}.b"]
+        h = h + ops.keep(ops.relu(m))
+    return ops.with_graph_mean(h) @ params["out.w"] + params["out.b"]
+
+
+def beta_from_outputs(
+    logit: Any, log_kappa: Any, sigmoid: Any, exp: Any, clip: Any
+) -> tuple[Any, Any]:
+    """A key group's Beta(a, b) from its mean logit and log concentration, in any engine
+    (its ``sigmoid``, ``exp`` and ``clip(x, lo, hi)``): mean ``sigmoid(logit)``,
+    concentration ``BASE_KAPPA * exp(log_kappa)`` (clipped to ``LOG_KAPPA_RANGE``), each
+    parameter at least 1e-3."""
+    m = sigmoid(logit)
+    kappa = exp(clip(log_kappa, *LOG_KAPPA_RANGE)) * BASE_KAPPA
+    return clip(m * kappa, 1e-3, None), clip((1.0 - m) * kappa, 1e-3, None)
+
+
+class NumpyGraphOps:
+    """:class:`GraphOps` in numpy for one graph: means over neighbours as CSR sums
+    (``add.reduceat``)."""
+
+    def __init__(self, feats: GraphFeatures) -> None:
+        n = feats.x.shape[0]
+        self.pred_mean = _neighbour_mean(feats.dst, feats.src, n)
+        self.succ_mean = _neighbour_mean(feats.src, feats.dst, n)
+
+    @staticmethod
+    def relu(h: np.ndarray) -> np.ndarray:
+        return np.maximum(h, 0.0)
+
+    @staticmethod
+    def with_graph_mean(h: np.ndarray) -> np.ndarray:
+        return np.concatenate([h, np.broadcast_to(h.mean(axis=0), h.shape)], axis=1)
+
+    @staticmethod
+    def keep(h: np.ndarray) -> np.ndarray:
+        return h
+
+
+def _neighbour_mean(to: np.ndarray, frm: np.ndarray, n: int) -> Any:
+    """``mean(h)``: per node ``t``, the mean of ``h[f]`` over the edges ``f -> t`` given as
+    arrays ``frm``, ``to``."""
+    order = np.argsort(to, kind="stable")
+    to_s, frm_s = to[order], frm[order]
+    counts = np.bincount(to_s, minlength=n)
+    has = np.nonzero(counts)[0]
+    starts = np.searchsorted(to_s, has)
+    inv = (1.0 / np.maximum(counts[has], 1)).astype(np.float32)[:, None]
+
+    def mean(h: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(h)
+        if frm_s.size:
+            out[has] = np.add.reduceat(h[frm_s], starts, axis=0) * inv
+        return out
+
+    return mean
 
 
 def trained_objectives(
@@ -217,61 +311,50 @@ class PolicyWeights:
     # ------------------------------------------------------------------ inference
     def forward(self, feats: GraphFeatures) -> np.ndarray:
         """The mean action, (n, OUTPUTS)."""
-        p = self.params
-        x = feats.x
-        n = x.shape[0]
-        if n == 0:
+        if feats.x.shape[0] == 0:
             return np.zeros((0, OUTPUTS), dtype=np.float32)
-        h = np.maximum(x @ p["in.w"] + p["in.b"], 0.0)
-        pred_mean, succ_mean = _aggregators(feats, n)
-        for r in range(self.rounds):
-            m = h @ p[f"r{r}.self"] + pred_mean(h) @ p[f"r{r}.pred"]
-            m += succ_mean(h) @ p[f"r{r}.succ"] + p[f"r{r}.b"]
-            h = h + np.maximum(m, 0.0)
-        g = np.broadcast_to(h.mean(axis=0), h.shape)
-        return np.concatenate([h, g], axis=1) @ p["out.w"] + p["out.b"]
+        return network(self.params, feats.x, self.rounds, NumpyGraphOps(feats))
 
 
-def _aggregators(feats: GraphFeatures, n: int) -> tuple[Any, Any]:
-    """Mean over predecessors and over successors, as CSR sums (``add.reduceat``)."""
-
-    def make(to: np.ndarray, frm: np.ndarray) -> Any:
-        order = np.argsort(to, kind="stable")
-        to_s, frm_s = to[order], frm[order]
-        counts = np.bincount(to_s, minlength=n)
-        has = np.nonzero(counts)[0]
-        starts = np.searchsorted(to_s, has)
-        inv = (1.0 / np.maximum(counts[has], 1)).astype(np.float32)[:, None]
-
-        def mean(h: np.ndarray) -> np.ndarray:
-            out = np.zeros_like(h)
-            if frm_s.size:
-                out[has] = np.add.reduceat(h[frm_s], starts, axis=0) * inv
-            return out
-
-        return mean
-
-    return make(feats.dst, feats.src), make(feats.src, feats.dst)
-
-
-def proposal(action: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def proposal(
+    action: np.ndarray, groups: int, decoder_gene: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """BRKGA's (alpha, beta, bias), each per gene, from an (n, OUTPUTS) action.
 
     ``groups`` key groups are used (1: priorities only; 2 or 3 with device and swap keys, in
     the decoder's layout: all priorities, then all device keys, then all swap keys). When a
     problem has swap keys but no device keys the swap group still comes from columns 4-5.
+    ``decoder_gene``: one more gene, last, whose Beta mean is the sigmoid of the decoder
+    column's mean over the nodes (concentration 2, bias 0.7).
     """
     cols = key_columns(groups)
     a_parts, b_parts, r_parts = [], [], []
     lo, hi = BIAS_RANGE
     bias = lo + (hi - lo) * _sigmoid(action[:, 6].astype(np.float64))
     for c in cols:
-        m = _sigmoid(action[:, c].astype(np.float64))
-        kappa = BASE_KAPPA * np.exp(np.clip(action[:, c + 1].astype(np.float64), *LOG_KAPPA_RANGE))
-        a_parts.append(np.maximum(m * kappa, 1e-3))
-        b_parts.append(np.maximum((1.0 - m) * kappa, 1e-3))
+        a, b = beta_from_outputs(
+            action[:, c].astype(np.float64),
+            action[:, c + 1].astype(np.float64),
+            _sigmoid,
+            np.exp,
+            np.clip,
+        )
+        a_parts.append(a)
+        b_parts.append(b)
         r_parts.append(bias)
+    if decoder_gene:
+        logit = float(action[:, DECODER_COLUMN].mean()) if len(action) else 0.0
+        m = float(_sigmoid(np.array(logit)))
+        a_parts.append(np.array([BASE_KAPPA * m]))
+        b_parts.append(np.array([BASE_KAPPA * (1.0 - m)]))
+        r_parts.append(np.array([0.7]))
     return np.concatenate(a_parts), np.concatenate(b_parts), np.concatenate(r_parts)
+
+
+def move_weights(action: np.ndarray) -> np.ndarray:
+    """Per node, how often the local search picks it among the candidate moves:
+    ``exp`` of the move column, clipped to ``MOVE_LOGIT_RANGE`` (zeros: uniform)."""
+    return np.exp(np.clip(action[:, MOVE_COLUMN].astype(np.float64), *MOVE_LOGIT_RANGE))
 
 
 def key_groups(place: bool, swaps: bool) -> int:
@@ -290,7 +373,7 @@ def key_columns(groups: int) -> list[int]:
 def used_columns(groups: int) -> list[int]:
     """Output columns an action of this layout actually uses (for the policy gradient)."""
     cols = {1: [0, 1], 2: [0, 1, 2, 3], 3: [0, 1, 2, 3, 4, 5], -2: [0, 1, 4, 5]}[groups]
-    return [*cols, 6]
+    return [*cols, 6, DECODER_COLUMN, MOVE_COLUMN]
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

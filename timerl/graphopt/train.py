@@ -45,20 +45,25 @@ from timerl.graphopt.features import GraphFeatures
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.imitate import (
     compute_targets,
+    decoder_loss,
     imitation_loss,
     log_concentration,
     mean_decode_gap,
+    move_loss,
+    moved_nodes,
 )
 from timerl.graphopt.learned import learned_search, problem_features
 from timerl.graphopt.parallel import TaskPool
 from timerl.graphopt.perfmodel import Cluster, PeakMemory
 from timerl.graphopt.policy import (
     BASE_KAPPA,
-    LOG_KAPPA_RANGE,
+    DECODER_COLUMN,
     OUTPUTS,
     PolicyWeights,
+    beta_from_outputs,
     key_columns,
     key_groups,
+    network,
     trained_objectives,
     used_columns,
 )
@@ -96,6 +101,9 @@ class TrainConfig:
     imitate_budget: int = 2000  # uniform BRKGA decodes that search each target order
     imitate_concentration: float = 4.0  # Beta a + b the imitation phase asks for
     imitate_scale: float = 1.0  # priority logits x this when the imitation ends (widens them)
+    imitate_moves: float = 0.0  # weight of the move logits' imitation (0: not fitted)
+    imitate_decoder: float = 0.0  # weight of the decoder logit's imitation (0: not fitted)
+    decoder_gene: bool = False  # decode reward: also sample the decoder gene (column 7)
 
 
 @dataclass
@@ -111,6 +119,8 @@ class Task:
     reference: float = 0.0  # the best portfolio schedule's value
     target: np.ndarray | None = None  # imitation: the best known order
     target_value: float = 0.0
+    moved: np.ndarray | None = None  # imitation: nodes the target moved (imitate.moved_nodes)
+    decoder: float = 0.5  # imitation: 1 when the post-order decoder suits the graph better
 
 
 def _torch() -> Any:
@@ -153,6 +163,30 @@ def make_tasks(config: TrainConfig, log: Callable[[str], None] = print) -> list[
     return tasks
 
 
+class TorchGraphOps:
+    """``policy.GraphOps`` in torch for one graph (edges ``src -> dst``, degrees clamped to
+    at least 1): neighbour means as ``index_add`` scatters."""
+
+    def __init__(self, torch: Any, src: Any, dst: Any, deg_in: Any, deg_out: Any) -> None:
+        self.torch, self.src, self.dst = torch, src, dst
+        self.deg_in, self.deg_out = deg_in, deg_out
+
+    def relu(self, h: Any) -> Any:
+        return self.torch.relu(h)
+
+    def pred_mean(self, h: Any) -> Any:
+        return self.torch.zeros_like(h).index_add_(0, self.dst, h[self.src]) / self.deg_in
+
+    def succ_mean(self, h: Any) -> Any:
+        return self.torch.zeros_like(h).index_add_(0, self.src, h[self.dst]) / self.deg_out
+
+    def with_graph_mean(self, h: Any) -> Any:
+        return self.torch.cat([h, h.mean(dim=0, keepdim=True).expand_as(h)], dim=1)
+
+    def keep(self, h: Any) -> Any:
+        return h
+
+
 class TorchPolicy:
     """The network of ``policy.py`` in torch, parameters named as in the weights file."""
 
@@ -188,17 +222,9 @@ class TorchPolicy:
         return got
 
     def forward(self, key: int, feats: GraphFeatures) -> Any:
-        torch = self.torch
-        p = self.params
         x, src, dst, deg_in, deg_out = self._graph(key, feats)
-        h = torch.relu(x @ p["in.w"] + p["in.b"])
-        for r in range(self.rounds):
-            pred = torch.zeros_like(h).index_add_(0, dst, h[src]) / deg_in
-            succ = torch.zeros_like(h).index_add_(0, src, h[dst]) / deg_out
-            m = h @ p[f"r{r}.self"] + pred @ p[f"r{r}.pred"] + succ @ p[f"r{r}.succ"]
-            h = h + torch.relu(m + p[f"r{r}.b"])
-        g = h.mean(dim=0, keepdim=True).expand_as(h)
-        return torch.cat([h, g], dim=1) @ p["out.w"] + p["out.b"]
+        ops = TorchGraphOps(self.torch, src, dst, deg_in, deg_out)
+        return network(self.params, x, self.rounds, ops)
 
     def log_std(self) -> Any:
         return self.params["log_std"].clamp(*LOG_STD_RANGE)
@@ -405,7 +431,7 @@ def attach_targets(
     )
     for i in mem:
         task = tasks[i]
-        order = found[task.name]
+        order, task.decoder = found[task.name]
         if sorted(order.tolist()) != list(range(task.problem.n)):
             raise CheckpointError(
                 f"imitation targets {path}: the order of {task.name} is not a permutation of "
@@ -413,6 +439,8 @@ def attach_targets(
             )
         task.target = order
         task.target_value = task.problem.evaluate(task.problem.complete(order))
+        start = min(task.seeds.values(), key=task.problem.evaluate).order
+        task.moved = moved_nodes(start, order)
     gain = [1 - tasks[i].target_value / tasks[i].reference for i in mem if tasks[i].reference]
     log(f"targets: {100 * float(np.mean(gain)):.2f}% below the portfolio on average")
 
@@ -439,7 +467,12 @@ def imitation_step(
         task = tasks[k]
         assert task.target is not None
         action = net.forward(k, task.feats)
-        loss = loss + imitation_loss(torch, action, task.target, log_kappa) / config.batch
+        term = imitation_loss(torch, action, task.target, log_kappa)
+        if config.imitate_moves > 0 and task.moved is not None:
+            term = term + config.imitate_moves * move_loss(torch, action, task.moved)
+        if config.imitate_decoder > 0:
+            term = term + config.imitate_decoder * decoder_loss(torch, action, task.decoder)
+        loss = loss + term / config.batch
         logits = action[:, 0].detach().double().numpy()
         gaps.append(mean_decode_gap(task.problem, logits, task.target_value))
     return loss, gaps
@@ -451,15 +484,26 @@ def imitation_batch(tasks: list[Task], batch: int, rng: np.random.Generator) -> 
     return [with_target[int(rng.integers(len(with_target)))] for _ in range(batch)]
 
 
-def beta_params(torch: Any, action: Any, groups: int) -> tuple[Any, Any]:
-    """``proposal``'s per-gene Beta(a, b) in torch, so the keys' log-density has a gradient."""
-    cols = key_columns(groups)
+def beta_params(
+    torch: Any, action: Any, groups: int, decoder_gene: bool = False
+) -> tuple[Any, Any]:
+    """``proposal``'s per-gene Beta(a, b) in torch, so the keys' log-density has a gradient
+    (with ``decoder_gene``, the decoder gene's last)."""
     a_parts, b_parts = [], []
-    for c in cols:
-        m = torch.sigmoid(action[:, c])
-        kappa = BASE_KAPPA * torch.exp(action[:, c + 1].clamp(*LOG_KAPPA_RANGE))
-        a_parts.append((m * kappa).clamp(min=1e-3))
-        b_parts.append(((1.0 - m) * kappa).clamp(min=1e-3))
+    for c in key_columns(groups):
+        a, b = beta_from_outputs(
+            action[:, c],
+            action[:, c + 1],
+            torch.sigmoid,
+            torch.exp,
+            lambda x, lo, hi: x.clamp(lo, hi),
+        )
+        a_parts.append(a)
+        b_parts.append(b)
+    if decoder_gene:
+        m = torch.sigmoid(action[:, DECODER_COLUMN].mean()).reshape(1)
+        a_parts.append(BASE_KAPPA * m)
+        b_parts.append(BASE_KAPPA * (1.0 - m))
     return torch.cat(a_parts), torch.cat(b_parts)
 
 
@@ -544,12 +588,13 @@ def decode_loss(
     for _ in range(config.batch):
         k = pick_task(rng, tasks, config.runtime_share)
         task = tasks[k]
-        a, b = beta_params(torch, net.forward(k, task.feats), task.groups)
+        a, b = beta_params(torch, net.forward(k, task.feats), task.groups, config.decoder_gene)
         keys = rng.beta(
             a.detach().double().numpy(), b.detach().double().numpy(), (config.samples, len(a))
         )
         keys = np.clip(keys, 1e-6, 1.0 - 1e-6)
-        vals = np.array([task.problem.fitness(row)[0] for row in keys])
+        problem = task.problem.with_decoder_gene() if config.decoder_gene else task.problem
+        vals = np.array([problem.fitness(row)[0] for row in keys])
         ref = task.reference if task.reference > 0 else 1.0
         r = (ref - vals) / ref
         rewards.extend(r.tolist())

@@ -13,7 +13,7 @@ import pytest
 import timerl as tl
 from timerl.cli import main
 from timerl.errors import GraphError
-from timerl.graphopt.policy import PolicyWeights, key_columns, used_columns
+from timerl.graphopt.policy import OUTPUTS, PolicyWeights, key_columns, used_columns
 from timerl.graphopt.random_graph import random_graph
 from timerl.rl.graph_policy import GraphNet, beta_params, decode_loss, policy_loss
 from timerl.rl.graph_policy.problems import GraphPolicyConfig, GraphProblems
@@ -29,7 +29,7 @@ def test_padded_network_equals_graphopts_on_every_real_node(tiny_corpus):
         net = GraphNet(weights, ())
         edge_list = tuple(tl.from_numpy(a) for a in edges)
         got = tl.evaluate(net.mean_action(tl.from_numpy(x), edge_list, tl.from_numpy(mask)))
-    assert got.shape == (len(ks), problems.nodes, 7)
+    assert got.shape == (len(ks), problems.nodes, OUTPUTS)
     for b, k in enumerate(ks):
         task = problems.tasks[k]
         want = weights.forward(task.feats)
@@ -65,7 +65,7 @@ def test_loss_gradient_equals_the_torch_trainers(tiny_corpus):
     ks = [0, 3, 4]  # peak memory and running time problems: different used outputs
     x, *edges, mask, cols = problems.batch_arrays(ks)
     rng = np.random.default_rng(0)
-    z = rng.standard_normal((3, problems.nodes, 7)).astype(np.float32)
+    z = rng.standard_normal((3, problems.nodes, OUTPUTS)).astype(np.float32)
     adv = np.array([0.3, -0.1, 0.05], dtype=np.float32)
     entropy = 0.01
     with _network_on(weights, x, edges, mask) as (net, pi, mean):
@@ -203,7 +203,7 @@ def test_replayed_batches_enter_the_loss_with_their_own_advantages(tiny_corpus, 
         runs[replay] = np.genfromtxt(out / "metrics.csv", delimiter=",", names=True)
     plain, replayed = runs[0], runs[2]
     np.testing.assert_array_equal(plain["reward"], replayed["reward"])
-    entropy = 1e-3 * 7 * math.log(0.5)  # entropy x sum(log_std) at the initial log_std
+    entropy = 1e-3 * OUTPUTS * math.log(0.5)  # entropy x sum(log_std) at the initial log_std
     for i in range(5):
         earlier = sum(plain["advantage"][i - b] for b in (1, 2) if i - b >= 0)
         want = (plain["loss"][i] + entropy - earlier) / 3 - entropy

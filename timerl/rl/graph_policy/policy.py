@@ -54,9 +54,10 @@ from timerl.errors import GraphError
 from timerl.graphopt.imitate import log_concentration
 from timerl.graphopt.policy import (
     BASE_KAPPA,
-    LOG_KAPPA_RANGE,
     PolicyWeights,
+    beta_from_outputs,
     key_columns,
+    network,
     trained_objectives,
 )
 from timerl.graphopt.train import LOG_STD_RANGE
@@ -67,6 +68,43 @@ BASELINE_RATE = 0.1  # the per-problem baseline's step (graphopt.train's running
 # every key group's mean logit column (priorities, device keys, swap keys): a padded batch
 # carries all three, and the losses mask out the groups a problem does not use
 _KEY_COLUMNS = key_columns(3)
+
+
+class PaddedGraphOps:
+    """graphopt's ``GraphOps`` over a padded batch (B, N, width): a message per edge (a
+    ``take`` of its source row, weighted so the sums are means) summed at its end by
+    ``index_add``; padded nodes are masked out of every value and of the graph mean."""
+
+    def __init__(
+        self, x: RecurrentTensor, edges: tuple[RecurrentTensor, ...], mask: RecurrentTensor
+    ) -> None:
+        self.b, self.n = x.shape[0], x.shape[1]
+        src, dst, w_pred, w_succ = edges
+        self.src, self.dst = src, dst
+        self.w_pred, self.w_succ = w_pred.unsqueeze(-1), w_succ.unsqueeze(-1)
+        self.mask = mask.unsqueeze(-1)
+
+    @staticmethod
+    def relu(h: RecurrentTensor) -> RecurrentTensor:
+        return h.relu()
+
+    def _gather(self, h: RecurrentTensor, frm: Any, to: Any, w: Any) -> RecurrentTensor:
+        b, n, width = self.b, self.n, h.shape[-1]
+        rows = h.reshape(b * n, width)
+        return (rows.take(frm) * w).index_add(to, b * n).reshape(b, n, width)
+
+    def pred_mean(self, h: RecurrentTensor) -> RecurrentTensor:
+        return self._gather(h, self.src, self.dst, self.w_pred)
+
+    def succ_mean(self, h: RecurrentTensor) -> RecurrentTensor:
+        return self._gather(h, self.dst, self.src, self.w_succ)
+
+    def with_graph_mean(self, h: RecurrentTensor) -> RecurrentTensor:
+        g = h.sum(1, keepdim=True) / self.mask.sum(1, keepdim=True)
+        return cat([h, g.expand(h.shape)], dim=-1)
+
+    def keep(self, h: RecurrentTensor) -> RecurrentTensor:
+        return h * self.mask
 
 
 class GraphNet(Module):
@@ -90,25 +128,9 @@ class GraphNet(Module):
         self, x: RecurrentTensor, edges: tuple[RecurrentTensor, ...], mask: RecurrentTensor
     ) -> RecurrentTensor:
         """The mean action of a padded batch ``x`` (B, N, features); ``edges`` the batch's
-        ``(src, dst, w_pred, w_succ)``, node indices counted across the batch."""
-        p = self.params
-        b, n = x.shape[0], x.shape[1]
-        src, dst, w_pred, w_succ = edges
-        w_pred, w_succ = w_pred.unsqueeze(-1), w_succ.unsqueeze(-1)
-        m = mask.unsqueeze(-1)
-        h = (x @ p["in.w"] + p["in.b"]).relu() * m
-        width = p["in.b"].shape[0]
-        for r in range(self.rounds):
-            rows = h.reshape(b * n, width)
-            # a message per edge, summed at its end: the mean over predecessors (successors)
-            pred = (rows.take(src) * w_pred).index_add(dst, b * n).reshape(b, n, width)
-            succ = (rows.take(dst) * w_succ).index_add(src, b * n).reshape(b, n, width)
-            msg = h @ p[f"r{r}.self"] + pred @ p[f"r{r}.pred"]
-            msg = msg + succ @ p[f"r{r}.succ"] + p[f"r{r}.b"]
-            h = h + msg.relu() * m
-        g = h.sum(1, keepdim=True) / m.sum(1, keepdim=True)
-        both = cat([h, g.expand(h.shape)], dim=-1)
-        return both @ p["out.w"] + p["out.b"]
+        ``(src, dst, w_pred, w_succ)``, node indices counted across the batch: graphopt's
+        ``network`` run on :class:`PaddedGraphOps`."""
+        return network(self.params, x, self.rounds, PaddedGraphOps(x, edges, mask))
 
     def log_std(self) -> RecurrentTensor:
         return self.params["log_std"].clamp(*LOG_STD_RANGE)
@@ -217,9 +239,13 @@ def beta_params(mean: RecurrentTensor) -> tuple[RecurrentTensor, RecurrentTensor
     on the padded batch (a group a problem does not use is masked out by the losses)."""
     logits = cat([mean.narrow(-1, c, 1) for c in _KEY_COLUMNS], dim=-1)
     log_kappa = cat([mean.narrow(-1, c + 1, 1) for c in _KEY_COLUMNS], dim=-1)
-    m = logits.sigmoid()
-    kappa = log_kappa.clamp(*LOG_KAPPA_RANGE).exp() * BASE_KAPPA
-    return (m * kappa).clamp(min=1e-3), ((1.0 - m) * kappa).clamp(min=1e-3)
+    return beta_from_outputs(
+        logits,
+        log_kappa,
+        lambda t: t.sigmoid(),
+        lambda t: t.exp(),
+        lambda t, lo, hi: t.clamp(lo, hi),
+    )
 
 
 def decode_loss(

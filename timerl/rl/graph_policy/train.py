@@ -24,6 +24,9 @@ from timerl.rl.train.driver import make_config, train
 #: ``graphopt train`` settings the program does not implement, with the value it needs
 UNSUPPORTED = {
     "ray_address": None,
+    "imitate_moves": 0.0,
+    "imitate_decoder": 0.0,
+    "decoder_gene": False,
 }
 REWARDS = ("search", "decode")  # graphopt.train's rewards, each the program phase of its name
 
