@@ -123,6 +123,41 @@ CASES: dict[str, list[tuple[list, dict]]] = {
     "pure_call": [([f32(3)], {"fn": _TwoOutputs()})],
     "merge": [([f32(3), f32(3)], {})],
     "add_n": [([f32(2, 3), f32(2, 3), f32(2, 3)], {})],
+    "conv2d": [
+        ([f32(2, 3, 9, 11), f32(4, 3, 3, 2)], {"stride": (2, 1), "padding": (1, 0)}),
+        ([f32(2, 2, 3, 8, 8), f32(4, 3, 3, 3)], {"stride": (1, 2), "padding": (0, 1)}),
+        ([f32(3, 7, 7), f32(2, 3, 4, 4)], {"stride": (3, 3), "padding": (2, 2)}),  # no batch
+    ],
+    "conv2d_input_grad": [
+        (
+            [f32(2, 4, 5, 10), f32(4, 3, 3, 2)],
+            {"stride": (2, 1), "padding": (1, 0), "size": (9, 11)},
+        ),
+        (
+            [f32(2, 2, 4, 6, 4), f32(4, 3, 3, 3)],
+            {"stride": (1, 2), "padding": (0, 1), "size": (8, 8)},
+        ),
+    ],
+    "conv2d_weight_grad": [
+        (
+            [f32(2, 3, 9, 11), f32(2, 4, 5, 10)],
+            {"stride": (2, 1), "padding": (1, 0), "kernel": (3, 2)},
+        ),
+        (
+            [f32(2, 2, 3, 8, 8), f32(2, 2, 4, 6, 4)],
+            {"stride": (1, 2), "padding": (0, 1), "kernel": (3, 3), "batch": 1},
+        ),
+    ],
+    "max_pool2d": [
+        ([f32(2, 3, 9, 8)], {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1)}),
+        ([f32(2, 2, 3, 6, 6)], {"kernel": (2, 3), "stride": (2, 1), "padding": (0, 0)}),
+    ],
+    "max_pool2d_grad": [
+        (
+            [f32(2, 3, 9, 8), f32(2, 3, 5, 4)],
+            {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1)},
+        ),
+    ],
     # the third point lies outside its input: zeros stand in (see the reference's comment)
     "diag_gather": [
         (
