@@ -238,8 +238,12 @@ def test_conv_over_a_rollout_vectorised_over_t_matches_torch(backend):
         outs = [z[0:big_t]] + [p.grad for p in params]
         got = tl.evaluate(outs + params, bounds={big_t: steps}, backend=backend)
         ref = tl.evaluate(outs, bounds={big_t: steps}, backend="numpy", optimize=False)
+        prog = ctx.compile(outputs=outs, bounds={big_t: steps}, backend="numpy")
     for g, r in zip(got[: len(outs)], ref, strict=True):
         _close(g, r, 1e-5)
+    # one convolution over every step's frames: the loop over t vectorised into its batch
+    convs = [op for op in prog.ops if op.prim == "conv2d"]
+    assert [(op.domain, op.shape[:2]) for op in convs] == [((), (steps, 2))]
     x = torch.tensor(frames.reshape(steps * 2, 3, 10, 10), dtype=torch.float64)
     y, ws = _torch_conv(x, conv, got[-2:])
     feat = y.relu().sum((1, 2, 3)).reshape(steps, 2)
