@@ -328,3 +328,28 @@ def test_the_primitive_names_its_operands_when_the_weights_do_not_fit():
             tl.conv2d(x, w)
         with pytest.raises(tl.ShapeError, match="cast images to float"):
             tl.conv2d(tl.from_numpy(np.zeros((2, 2, 8, 8), np.uint8)), w)
+
+
+def test_a_weight_gradient_at_every_step_is_vectorised_with_its_steps_kept(backend):
+    """``sum_t loss(conv(x[t]))`` with no recurrence: the weight gradients of every step are
+    one op that keeps the step axis (``batch``), summed after; equal to torch's."""
+    frames = rng.standard_normal((4, 2, 3, 6, 6)).astype(np.float32)
+    ctx = tl.Context(dims=("t",))
+    (t,), (big_t,) = ctx.dims, ctx.bounds
+    with ctx:
+        conv = tl.nn.Conv2d(3, 2, 3, padding=1, seed=4)
+        y = conv(tl.from_numpy(frames, domain=(t,))[t])
+        loss = (y.tanh() * y).sum()
+        loss.backward()
+        params = conv.parameters()
+        outs = [p.grad for p in params]
+        got = tl.evaluate(outs + params, bounds={big_t: 4}, backend=backend)
+        prog = ctx.compile(outputs=outs, bounds={big_t: 4}, backend="numpy")
+    grads = [op for op in prog.ops if op.prim == "conv2d_weight_grad"]
+    assert [(op.domain, op.attrs.get("batch"), str(op.shape[0])) for op in grads] == [((), 1, "4")]
+    y, ws = _torch_conv(
+        torch.tensor(frames.reshape(8, 3, 6, 6), dtype=torch.float64), conv, got[2:]
+    )
+    want = torch.autograd.grad((y.tanh() * y).sum(), ws)
+    for g, w in zip(got[:2], want, strict=True):
+        _close(g, w.numpy())
