@@ -353,3 +353,20 @@ def test_a_weight_gradient_at_every_step_is_vectorised_with_its_steps_kept(backe
     want = torch.autograd.grad((y.tanh() * y).sum(), ws)
     for g, w in zip(got[:2], want, strict=True):
         _close(g, w.numpy())
+
+
+def test_with_weights_loads_arrays_into_a_module_and_checks_their_shapes():
+    with tl.Context(dims=("t",)):
+        conv = tl.nn.Conv2d(2, 3, 3, seed=1)
+        w, b = rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3)
+        loaded = conv.with_weights([w, b])
+        x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+        (got,) = tl.evaluate([loaded(tl.from_numpy(x))])
+        want = F.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w), torch.tensor(b))
+        _close(got, want.numpy(), 1e-5)
+        with pytest.raises(
+            tl.ProgramError, match=r"conv.weight is \(3, 2, 3, 3\), got .*\(3, 2, 2, 2\)"
+        ):
+            conv.with_weights([w[:, :, :2, :2], b])
+        with pytest.raises(tl.ProgramError, match="2 parameters, got 1"):
+            conv.with_weights([w])

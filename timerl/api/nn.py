@@ -106,6 +106,27 @@ class Module:
 
         return self._map(inner)
 
+    def with_weights(self, arrays: Sequence[np.ndarray]) -> Module:
+        """A copy whose parameters are leaves over no dim holding ``arrays`` (in
+        ``parameters()`` order): weights loaded from elsewhere (a checkpoint, another
+        framework's module) instead of drawn when the program runs."""
+        from timerl.api.context import from_numpy
+
+        params = self.parameters()
+        if len(arrays) != len(params):
+            raise ProgramError(f"with_weights: {len(params)} parameters, got {len(arrays)} arrays")
+        values = {id(p): np.asarray(a) for p, a in zip(params, arrays, strict=True)}
+        for p in params:
+            want, got = tuple(int(s) for s in p.shape), values[id(p)].shape
+            if want != got:
+                raise ProgramError(f"with_weights: {p.name} is {want}, got an array of {got}")
+
+        def load(p: RecurrentTensor) -> RecurrentTensor:
+            value = values[id(p)].astype(p.dtype, copy=False)
+            return from_numpy(value, requires_grad=True, name=p.name)
+
+        return self._map(load)
+
     def detached(self) -> Module:
         """This module with every parameter read through ``detach()``: a forward pass that
         passes gradients to its input but never to its own weights (SAC's actor loss)."""
