@@ -347,8 +347,12 @@ def _cost_input_grad(sizes, attrs) -> float:
 
 
 def _cost_weight_grad(sizes, attrs) -> float:
+    """As the convolution: per output gradient element, one weight row (of one kept point)."""
     w = sizes.out()
-    return 2.0 * sizes.read(1) * w / _channels(sizes, 1, -3, w)
+    kept = 1.0
+    for a in range(int(attrs.get("batch", 0))):
+        kept *= sizes.axis(1, a) or 1  # no shapes: counted as one
+    return 2.0 * sizes.read(1) * w / (kept * _channels(sizes, 1, -3, w))
 
 
 def _cost_pool(sizes, attrs) -> float:
