@@ -24,10 +24,6 @@ PENDING = {
     # the RL layer moves onto the public API (parameters and activations by role)
     "timerl/rl/checkpoint.py": "a program's parameters by role, from api",
     "timerl/rl/evaluation.py": "a program's activations by role, from api",
-    # memory planning: ``traits.reshapes``; the row table's ``row_view``, ``row_reader`` and
-    # ``transposes`` (its own tables _ROW_VIEWS and _ROW_READERS go)
-    "timerl/memory/storage.py": "prims.get(op.prim).traits.reshapes",
-    "timerl/memory/streams.py": "ir.prims.rows: row_view, row_reader, transposes",
     # fusion moves into a compiler pass: ``traits.tuple_part``
     "timerl/runtime/regions.py": "prims.get(op.prim).traits.tuple_part",
 }

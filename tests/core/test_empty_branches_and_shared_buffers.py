@@ -185,3 +185,30 @@ def test_a_two_step_recurrence_over_one_or_two_points(backend, steps):
             close(got_x, want, rtol=1e-12, atol=1e-12)
             close(got_u, gu, rtol=1e-12, atol=1e-12)
             close(got_w, gw, rtol=1e-12, atol=1e-12)
+
+
+# --- a number written to a spatial recurrence -----------------------------------------------------
+
+
+@pytest.mark.parametrize("bounds", [(2, 3), (1, 1)])
+@pytest.mark.parametrize("base", ["number", "tensor"])
+def test_a_number_as_the_base_of_a_spatial_linear_recurrence(backend, bounds, base):
+    """``x[t.eq(0)] = 0.5`` broadcasts to ``x``'s shape ``(3,)``; the scan that replaces the
+    recurrence must too (it took the base's shape ``()``: a raw error, or with no step a
+    result of the wrong shape)."""
+    n_i, n_t = bounds
+    u = np.abs(_arr(n_i, n_t, 3, seed=11))
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        U = tl.from_numpy(u, domain=(i, t), dtype="float64")
+        x = tl.RecurrentTensor.placeholder((3,), "float64", domain=(i, t))
+        x[t.eq(0)] = 0.5 if base == "number" else U.sum(-1) * 0.0 + 0.5
+        x[True] = U + x[i, t - 1] * U
+        want = np.zeros((n_i, n_t, 3))
+        want[:, 0] = 0.5
+        for k in range(1, n_t):
+            want[:, k] = u[:, k] + want[:, k - 1] * u[:, k]
+        for config in _configs(backend):
+            got = tl.evaluate(x, bounds={I: n_i, T: n_t}, **config)
+            assert got.shape == want.shape, config
+            close(got, want, rtol=1e-12, atol=1e-12)

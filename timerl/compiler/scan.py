@@ -28,7 +28,8 @@ An ``x`` is rewritten only when all of this holds (else it is left as written):
   order; ``t - 1`` forward), ``x`` read at its own outer point; the sum and product are read by
   nothing else, and nobody reads them but this definition;
 - ``a``, ``c`` and the first branch's ``b`` are read at the point itself, over dims of ``x``
-  with ``t`` among them for ``a`` and ``c``; ``a`` has ``x``'s shape, ``c`` its shape or none;
+  with ``t`` among them for ``a`` and ``c``; ``a`` has ``x``'s shape, ``c`` and ``b`` its shape
+  or none (a number the scan broadcasts);
   every value has ``x``'s floating dtype;
 - none of ``a``, ``c``, ``b`` depends on ``x`` at the same outer point (they must be complete
   before the scan runs); reads of an earlier or later outer point (the parameters' ``i - 1``)
@@ -130,7 +131,11 @@ def _match(x: Op, spec: ProgramSpec, readers: dict) -> tuple[Op, Op, Edge, Edge,
     for e, name in ((a, "a"), (c, "c")):
         if e.cond != TRUE or not _at_point(e, x.domain) or t not in e.src.domain:
             raise _Decline(f"its term {name} is not read at its own point along {t.name}")
-    if a.src.shape != x.shape or c.src.shape not in (x.shape, ()):
+    if (
+        a.src.shape != x.shape
+        or c.src.shape not in (x.shape, ())
+        or base.src.shape not in (x.shape, ())
+    ):
         raise _Decline("its terms' shapes differ from its own")
     if any(o.dtype != x.dtype for o in (a.src, c.src, base.src, total, product)):
         raise _Decline("its terms have another dtype")

@@ -210,7 +210,8 @@ def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False) -> Any:
         return y, y
 
     if a.shape[0] == 0:
-        return jnp.zeros((0, *base.shape), dtype=a.dtype)
+        return jnp.zeros(a.shape, dtype=a.dtype)
+    base = jnp.broadcast_to(base, a.shape[1:])  # a number written to a spatial recurrence
     steps = (a[:-1], c[:-1]) if reverse else (a[1:], c[1:])
     _, ys = jax.lax.scan(step, base, steps, reverse=reverse)
     parts = [ys, base[None]] if reverse else [base[None], ys]

@@ -310,7 +310,7 @@ def _linear_scan(a: Any, c: Any, base: Any, reverse: bool = False) -> Any:
         impl = REGISTRY["linear_scan"].impl
         return torch.from_numpy(impl(a.numpy(), c.numpy(), base.numpy(), reverse))
     steps = a.shape[0]
-    out = torch.empty((steps, *base.shape), dtype=a.dtype, device=a.device)
+    out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     if steps == 0:
         return out
     out[steps - 1 if reverse else 0] = base

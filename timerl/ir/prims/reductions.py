@@ -181,9 +181,10 @@ def _np_linear_scan(a, c, base, reverse=False):
     (``reverse``), or ``x[t] = a[t] + c[t] * x[t - 1]`` for ``t >= 1`` and ``x[0] = base``: a
     first-order linear recurrence over the leading axis of ``a`` and ``c`` (GAE, discounted
     returns; their row at the base's point is not used). Each row is computed as the
-    point-by-point program computes it (a product, then a sum), into one array."""
+    point-by-point program computes it (a product, then a sum), into one array. ``a`` has the
+    result's shape; ``base`` (a number written to a spatial tensor) and ``c`` may broadcast."""
     steps = len(a)
-    out = np.empty((steps, *np.shape(base)), dtype=np.result_type(a, c, base))
+    out = np.empty(np.shape(a), dtype=np.result_type(a, c, base))
     if steps == 0:
         return out
     out[steps - 1 if reverse else 0] = base
@@ -197,7 +198,10 @@ def _np_linear_scan(a, c, base, reverse=False):
 
 define(
     "linear_scan",
-    lambda s, d, a: ((s[0][0], *s[2]), d[0]),
+    lambda s, d, a: (
+        s[0],
+        d[0],
+    ),  # ``a``'s rows have the recurrence's shape; the base may broadcast
     _np_linear_scan,
     traits=Traits(fresh=True),
     cost=cost.per_output,
