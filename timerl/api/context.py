@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from timerl.api.program import Program
+from timerl.api.roles import Declarations
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
 from timerl.compiler.options import CompileOptions
@@ -66,6 +67,7 @@ class Context(Scope):
         self._streams = itertools.count()
         self._differentiated: set[int] = set()  # ops some backward() took gradients w.r.t.
         self._gradients: set[int] = set()  # the gradient ops backward() made
+        self.declarations = Declarations()
 
     def next_stream(self) -> int:
         """A number identifying a random op by creation order, stable across rebuilds."""
@@ -260,12 +262,14 @@ class Context(Scope):
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
         be = make_backend(backend, device)
         compiled = compile_program(spec, options, be.capabilities)
+        parameters = tuple(t.op.id for t in self._grad_leaves())
         return Program(
             compiled,
             be,
             seed=seed,
             output_ids={id(t.view): op.id for t, op in zip(outputs, asked, strict=True)},
             started=start,
+            declared=self.declarations.frozen(parameters),
         )
 
 

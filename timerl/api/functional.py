@@ -49,7 +49,11 @@ def ones(shape: Sequence[int | Expr] | int, dtype: Any = "float32") -> Recurrent
     return _full((shape,) if isinstance(shape, (int, Expr)) else shape, 1, dtype)
 
 
-def arange(n: int, dtype: Any = "int64") -> RecurrentTensor:
+def arange(n: int | Expr, dtype: Any = "int64") -> RecurrentTensor:
+    """``0, 1, ..., n - 1``; ``n`` may be an index expression (``tl.min(t + 5, T) - t``), whose
+    value, and so the tensor's length, follows the point."""
+    if isinstance(n, Expr):
+        return RecurrentTensor(apply("iota", length=n, dtype=dtype), current())
     return lift(np.arange(n, dtype=dtype), ctx=current())
 
 

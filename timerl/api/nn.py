@@ -5,6 +5,11 @@ A parameter is a placeholder over ``(i,)`` with ``requires_grad=True`` and a bas
 copy whose parameters run over ``(i, u)`` for several updates per iteration (PPO epochs and
 minibatches): ``w_u[i, 0] = w[i]``, and the optimiser carries the last update back to
 ``w[i + 1]``.
+
+A module may declare a **role** (``MLP(..., role="critic")``): its parameters carry it, so a
+program picks parameters by what they are for (``policy.parameters(role="critic")``), and a
+compiled program lists them with it (``prog.parameters()``). An applied ``MLP`` declares its
+activation, which ``prog.activations()`` reports by network name.
 """
 
 from __future__ import annotations
@@ -29,10 +34,23 @@ def orthogonal(rows: int, cols: int, gain: float, rng: np.random.Generator) -> n
     return orthogonal_array(rows, cols, gain, rng)
 
 
+def role_of(tensor: RecurrentTensor) -> str | None:
+    """The role declared for a parameter (by :func:`parameter` or its module), or None."""
+    return tensor.ctx.declarations.roles.get(tensor.op.id)
+
+
+def _declare_role(tensor: RecurrentTensor, role: str | None) -> None:
+    if role is not None:
+        tensor.ctx.declarations.roles[tensor.op.id] = role
+
+
 class Module:
     """A set of named parameters and a forward function over recurrent tensors."""
 
-    def parameters(self) -> list[RecurrentTensor]:
+    role: str | None = None  # what the module is for ("actor", "critic"); its parameters' role
+
+    def parameters(self, role: str | None = None) -> list[RecurrentTensor]:
+        """The parameters, in declaration order; with ``role``, those declared with it."""
         out: list[RecurrentTensor] = []
         for value in vars(self).values():
             if isinstance(value, RecurrentTensor) and value.requires_grad:
@@ -43,6 +61,18 @@ class Module:
                 for v in value:
                     if isinstance(v, Module):
                         out.extend(v.parameters())
+        if role is not None:
+            out = [p for p in out if role_of(p) == role]
+        return out
+
+    def _modules(self) -> list[Module]:
+        """This module and every module inside it."""
+        out: list[Module] = [self]
+        for value in vars(self).values():
+            inner = value if isinstance(value, list) else [value]
+            for v in inner:
+                if isinstance(v, Module):
+                    out.extend(v._modules())
         return out
 
     def _map(self, fn: Callable[[RecurrentTensor], RecurrentTensor]) -> Module:
@@ -73,6 +103,7 @@ class Module:
             )
             q[tuple(dom) + (0,)] = p
             q.outer = p  # type: ignore[attr-defined]
+            _declare_role(q, role_of(p))
             return q
 
         return self._map(inner)
@@ -101,9 +132,14 @@ class Module:
                 p.shape, p.dtype, dom, requires_grad=True, name=f"{prefix}.{p.name}"
             )
             q[tuple(0 for _ in dom)] = RecurrentTensor(View.of(init), p.ctx)
+            _declare_role(q, role_of(p))
             return q
 
-        return self._map(inner)
+        new = self._map(inner)
+        for module in new._modules():  # the copy's networks are named as its parameters are
+            if isinstance(module, MLP):
+                module.name = f"{prefix}.{module.name}"
+        return new
 
     def detached(self) -> Module:
         """This module with every parameter read through ``detach()``: a forward pass that
@@ -126,9 +162,15 @@ class _Bound(RecurrentTensor):
         super().__init__(t.view, t.ctx, requires_grad=True)
 
 
-def _param(
-    value: np.ndarray | RecurrentTensor, domain: tuple[Dim, ...], name: str
+def parameter(
+    value: np.ndarray | RecurrentTensor,
+    domain: tuple[Dim, ...],
+    name: str,
+    role: str | None = None,
 ) -> RecurrentTensor:
+    """A trained parameter over ``domain`` (the iteration dim, or none) starting from
+    ``value``: a placeholder with ``requires_grad=True`` and the base case ``w[0] = value``,
+    which an optimiser's ``step()`` continues. ``role``: what it is for (see ``role_of``)."""
     from timerl.api.context import from_numpy
 
     init = value if isinstance(value, RecurrentTensor) else from_numpy(value, name=f"{name}.init")
@@ -137,7 +179,11 @@ def _param(
         p[tuple(0 for _ in domain)] = init
     else:
         p[True] = init
+    _declare_role(p, role)
     return p
+
+
+_param = parameter
 
 
 def _orthogonal_init(rows: int, cols: int, gain: float, seed: int, name: str) -> RecurrentTensor:
@@ -179,6 +225,7 @@ class Linear(Module):
         domain: Sequence[Dim] | None = None,
         seed: int | None = None,
         name: str = "linear",
+        role: str | None = None,
     ) -> None:
         for what, size in (("in_features", in_features), ("out_features", out_features)):
             _check_size(f"Linear {name!r}: {what}", size)
@@ -186,9 +233,12 @@ class Linear(Module):
         dom = _default_domain(domain)
         stream = seed if seed is not None else ctx.next_stream()
         init = _orthogonal_init(in_features, out_features, gain, stream, f"{name}.weight.init")
-        self.weight = _param(init, dom, f"{name}.weight")
+        self.role = role
+        self.weight = parameter(init, dom, f"{name}.weight", role)
         self.bias = (
-            _param(np.zeros(out_features, np.float32), dom, f"{name}.bias") if bias else None
+            parameter(np.zeros(out_features, np.float32), dom, f"{name}.bias", role)
+            if bias
+            else None
         )
 
     def forward(self, x: RecurrentTensor) -> RecurrentTensor:
@@ -214,6 +264,7 @@ class MLP(Module):
         domain: Sequence[Dim] | None = None,
         seed: int | None = None,
         name: str = "mlp",
+        role: str | None = None,
     ) -> None:
         if len(sizes) < 2:
             raise ProgramError(f"MLP needs at least input and output sizes, got {list(sizes)}")
@@ -224,6 +275,8 @@ class MLP(Module):
                 f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
             )
         self.activation = activation
+        self.name = name
+        self.role = role
         n = len(sizes) - 1
         self.layers = [
             Linear(
@@ -233,12 +286,16 @@ class MLP(Module):
                 domain=domain,
                 seed=None if seed is None else seed * 1000 + k,
                 name=f"{name}.{k}",
+                role=role,
             )
             for k in range(n)
         ]
 
     def forward(self, x: RecurrentTensor) -> RecurrentTensor:
         act = ACTIVATIONS[self.activation]
+        if len(self.layers) > 1:  # an activation is applied: declare it
+            reads = [p.op.id for p in self.parameters()]
+            x.ctx.declarations.note_network(self.name, self.activation, self.role, reads)
         for k, layer in enumerate(self.layers):
             x = layer(x)
             if k < len(self.layers) - 1:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from timerl.api import state
+from timerl.api.roles import Declarations, ParameterInfo
 from timerl.api.tensor import RecurrentTensor
 from timerl.compiler.pipeline import Compiled, CompileReport
 from timerl.compiler.spec import VALIDATION_SIZE  # noqa: F401 (re-exported)
@@ -39,8 +41,10 @@ class Program:
         seed: int = 0,
         output_ids: Mapping[int, int] | None = None,
         started: float | None = None,
+        declared: Declarations | None = None,
     ) -> None:
         self.compiled = compiled
+        self.declared = declared or Declarations()
         self.backend = backend
         self.seed = seed
         self.memory_budget = compiled.options.memory_budget
@@ -141,8 +145,12 @@ class Program:
             )
         return self._planned
 
-    def fingerprint(self) -> str:
-        """A hash of the program's structure: equal for programs built the same way."""
+    def fingerprint(self, ignore_bounds: Sequence[str] = ()) -> str:
+        """A hash of the program's structure: equal for programs built the same way.
+
+        ``ignore_bounds``: names of bounds whose values do not count, so that a run compiled
+        for more iterations (``("I",)``) has the fingerprint of a shorter one and may resume
+        from its checkpoints."""
         import hashlib
 
         text = "\n".join(
@@ -150,8 +158,51 @@ class Program:
             f"{[(e.src.prim, str(e.index)) for e in op.inputs]}"
             for op in self.ops
         )
-        text += "\n" + repr(sorted((b.name, v) for b, v in self.static.items()))
+        static = sorted((b.name, v) for b, v in self.static.items() if b.name not in ignore_bounds)
+        text += "\n" + repr(static)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # --- what the program holds, by role and name ----------------------------------------------
+    def parameters(self, role: str | None = None) -> list[ParameterInfo]:
+        """The trained parameters this program holds (placeholders made with
+        ``requires_grad=True``, such as ``tl.nn``'s), with their declared roles; with
+        ``role``, those declared with it."""
+        wanted = set(self.declared.parameters)
+        roles = self.declared.roles
+        out = [
+            ParameterInfo(
+                op.label,
+                roles.get(op.id),
+                tuple(d.name for d in op.domain),
+                tuple(_size(s) for s in op.shape),
+                op.dtype,
+            )
+            for op in self.ops
+            if op.id in wanted
+        ]
+        return [p for p in out if p.role == role] if role is not None else out
+
+    def activations(self) -> dict[str, str]:
+        """Each network this program applies (``tl.nn.MLP``), by name: its activation between
+        layers (``"tanh"``, ``"relu"``, ``"sigmoid"``)."""
+        held = {op.id for op in self.ops}
+        return {
+            net.name: net.activation for net in self.declared.networks.values() if net.reads & held
+        }
+
+    def carried_state(
+        self, snapshot: Mapping[int, Mapping[tuple, Any]], iteration: int
+    ) -> dict[str, np.ndarray]:
+        """Every named tensor defined over the outer (iteration) dim alone, the parameters,
+        optimiser moments and running statistics a training program carries: its value after
+        ``iteration``, read from an executor's ``snapshot()`` taken right after it."""
+        return state.carried_state(self.ops, self.static, snapshot, iteration)
+
+    def resume_margin(self, iterations: int) -> int:
+        """How many iterations beyond ``iterations + 1`` the outer bound must reach for a
+        snapshot after iteration ``iterations - 1`` to hold all the state a longer run carries
+        on with (see ``api/state.py``); compile for that many more to checkpoint the end."""
+        return state.resume_margin(self.ops, self.static, iterations)
 
     def _executor(self) -> Executor:
         if self._last is None:
@@ -350,3 +401,8 @@ def _notes(notes: list[str], full: bool) -> list[str]:
     for reason, count in sorted(declined.items(), key=lambda kv: -kv[1]):
         out.append(f"not vectorised: {count} ops ({reason})")
     return out
+
+
+def _size(s: Any) -> Any:
+    """A constant size as an int; a symbolic one as it is."""
+    return int(s.evaluate({})) if getattr(s, "is_const", False) else s

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from timerl.api.roles import Declarations
 from timerl.errors import ProgramError
 from timerl.symbolic import Bound, Dim
 
@@ -36,6 +37,7 @@ class Scope:
 
     dims: tuple[Dim, ...]
     bounds: tuple[Bound, ...]
+    declarations: Declarations  # parameters' roles, applied networks (``tl.nn``)
     _differentiated: set[int]
     _gradients: set[int]
 
