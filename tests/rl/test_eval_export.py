@@ -16,7 +16,7 @@ import timerl as tl
 from timerl.api.functional import sink
 from timerl.cli import main
 from timerl.errors import CheckpointError
-from timerl.rl.checkpoint import latest_checkpoint, load_checkpoint, named_state
+from timerl.rl.checkpoint import latest_checkpoint, load_checkpoint
 from timerl.rl.environment import make_env as make_program_env
 from timerl.rl.envs import make_env
 from timerl.rl.evaluation import checkpoint_policy, policy_spec
@@ -128,7 +128,7 @@ def test_numpy_policy_computes_what_the_timerl_policy_module_computes(env_id):
 
 
 def test_checkpointed_parameters_are_the_ones_the_next_iteration_uses():
-    """named_state(after iteration i) == the parameters iteration i + 1 reads, for all i."""
+    """carried_state(after iteration i) == the parameters iteration i + 1 reads, for all i."""
     cfg = {"num_envs": 2, "num_steps": 8, "hidden": [8], "epochs": 2, "minibatches": 2}
     program = build("ppo", cfg)
     used: dict[int, dict[str, np.ndarray]] = {}
@@ -140,7 +140,7 @@ def test_checkpointed_parameters_are_the_ones_the_next_iteration_uses():
     carried = {}
 
     def after(i):
-        carried[i] = named_state(list(ex.ops.values()), prog.static, ex.snapshot(), i)
+        carried[i] = prog.carried_state(ex.snapshot(), i)
 
     ex.run(on_iteration=after)
     for i in range(3):
@@ -261,9 +261,8 @@ def test_a_checkpoint_without_an_acting_network_is_a_clear_error():
 
 @pytest.mark.parametrize("activation", ["relu", "tanh", "sigmoid"])
 def test_activation_is_read_off_the_program_and_used_to_act(activation):
-    """A relu actor (as DQN/SAC-style programs use) acts with relu, found in the graph."""
-    from timerl.rl.evaluation import infer_activations
-
+    """A relu actor (as DQN/SAC-style programs use) acts with relu, which the compiled
+    program reports."""
     obs = np.random.default_rng(3).standard_normal((6, 4)).astype(np.float32)
     ctx = tl.Context(dims=("i",))
     (i,) = ctx.dims
@@ -279,7 +278,7 @@ def test_activation_is_read_off_the_program_and_used_to_act(activation):
             tl.sink(p, lambda v, pt, n=p.name: seen.__setitem__((pt["i"], n), v))
     prog = ctx.compile(bounds={"I": 2})
     prog.run()
-    found = infer_activations(prog.ops)
+    found = prog.activations()
     assert found == {"actor": activation}
     weights = {p.name: seen[(1, p.name)] for p in params}
     spec = policy_spec(weights, make_env("CartPole-v1"), found)

@@ -15,7 +15,6 @@ from timerl.cli import main
 from timerl.errors import GraphError
 from timerl.graphopt.policy import PolicyWeights, key_columns, used_columns
 from timerl.graphopt.random_graph import random_graph
-from timerl.rl.checkpoint import resume_margin
 from timerl.rl.graph_env import GraphPolicyConfig, GraphProblems
 from timerl.rl.graph_policy import GraphNet, beta_params, decode_loss, policy_loss
 
@@ -154,29 +153,6 @@ def test_settings_the_program_lacks_are_refused_by_name(tiny_corpus, tmp_path, c
         from timerl.rl.graph_policy import graph_policy
 
         graph_policy(GraphPolicyConfig(corpus=str(tiny_corpus), hidden=(8, 16)))
-
-
-def test_resume_margin_covers_a_two_step_chain_of_carried_state():
-    """``c`` is read only by ``b``'s update, which stops at ``i + 1 < I``: ``c``'s update
-    stops one iteration earlier, so a run of ``n`` iterations needs the bound one further."""
-    with tl.Context(dims=("i",)) as ctx:
-        (i,) = ctx.dims
-        b = tl.RecurrentTensor.placeholder((), domain=(i,), name="b")
-        c = tl.RecurrentTensor.placeholder((), domain=(i,), name="c")
-        b[0] = 0.0
-        c[0] = 1.0
-        b[i + 1] = b[i] + c[i]
-        c[i + 1] = c[i] * 2.0
-        out = b * 1.0
-        prog = ctx.compile(bounds={"I": 5}, outputs=[out])
-    assert resume_margin(prog.ops, prog.static, 4) == 1
-    with tl.Context(dims=("i",)) as ctx:
-        (i,) = ctx.dims
-        b = tl.RecurrentTensor.placeholder((), domain=(i,), name="b")
-        b[0] = 0.0
-        b[i + 1] = b[i] + 1.0
-        prog = ctx.compile(bounds={"I": 5}, outputs=[b * 1.0])
-    assert resume_margin(prog.ops, prog.static, 4) == 0
 
 
 def _imitate(corpus, tmp_path, engine, out, *extra):

@@ -7,7 +7,6 @@ import pytest
 
 import timerl as tl
 from timerl.api.functional import rand, sink
-from timerl.rl.checkpoint import named_state
 from timerl.rl.evaluation import ObsNormalizer, obs_normalizer, policy_spec
 from timerl.rl.normalize import CLIP, EPS, running_moments
 from timerl.rl.train import build, make_config
@@ -75,11 +74,7 @@ def ppo_run():
     prog = program.ctx.compile(bounds={"I": I, **program.bounds})
     ex = prog.executor()
     state: dict[int, dict[str, np.ndarray]] = {}
-    ex.run(
-        on_iteration=lambda k: state.__setitem__(
-            k, named_state(list(ex.ops.values()), prog.static, ex.snapshot(), k)
-        )
-    )
+    ex.run(on_iteration=lambda k: state.__setitem__(k, prog.carried_state(ex.snapshot(), k)))
     return program, got, state
 
 

@@ -17,8 +17,9 @@ import numpy as np
 
 from timerl.api.context import Context
 from timerl.api.distributions import Categorical, Normal
-from timerl.api.nn import MLP, Module, _param
+from timerl.api.nn import MLP, Module, parameter, role_of
 from timerl.api.optim import Adam
+from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor, maximum
 from timerl.errors import EnvError, ProgramError
 from timerl.rl.environment import Env, make_env
@@ -26,7 +27,6 @@ from timerl.rl.naming import config_ref
 from timerl.rl.normalize import CLIP, EPS, discounted_return_estimate, running_moments
 from timerl.rl.pure_env import PureEnv
 from timerl.rl.returns import discounted_returns, gae
-from timerl.symbolic import Dim
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,9 @@ class _LogStd(Module):
     """A state-independent log standard deviation for Gaussian policies."""
 
     def __init__(self, size: int, domain: tuple[Dim, ...], init: float = 0.0) -> None:
-        self.log_std = _param(np.full(size, init, np.float32), domain, "policy.log_std")
+        self.log_std = parameter(
+            np.full(size, init, np.float32), domain, "policy.log_std", role="actor"
+        )
 
     def forward(self, x: RecurrentTensor) -> RecurrentTensor:
         return self.log_std
@@ -236,10 +238,20 @@ class Policy(Module):
                 raise EnvError(f"{env.vec.env_id}: only flat Box action spaces are supported")
             out = env.action_shape[0]
         self.actor = MLP(
-            [self.obs_dim, *hidden, out], out_gain=0.01, domain=domain, seed=seed, name="actor"
+            [self.obs_dim, *hidden, out],
+            out_gain=0.01,
+            domain=domain,
+            seed=seed,
+            name="actor",
+            role="actor",
         )
         self.critic = MLP(
-            [self.obs_dim, *hidden, 1], out_gain=1.0, domain=domain, seed=seed + 1, name="critic"
+            [self.obs_dim, *hidden, 1],
+            out_gain=1.0,
+            domain=domain,
+            seed=seed + 1,
+            name="critic",
+            role="critic",
         )
         self.std = None if env.discrete else _LogStd(out, domain, log_std_init)
 
@@ -476,8 +488,8 @@ def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoPr
             v_loss = None
             loss = loss - (logp * adv).mean()
         params = policy.parameters()
-        if not cfg.baseline:
-            params = [p for p in params if not p.name.startswith("critic")]
+        if not cfg.baseline:  # no value baseline: nothing trains the critic
+            params = [p for p in params if role_of(p) != "critic"]
         loss.backward(inputs=params)
         Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
         metrics = {

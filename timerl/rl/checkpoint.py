@@ -4,7 +4,8 @@ A checkpoint file holds
 - ``params/<name>``: each parameter after the checkpointed iteration's update, keyed by the
   parameter's name (``actor.0.weight``): what ``timerl eval`` and ``timerl export`` read;
 - ``state/<name>``: every other named recurrence over the iteration dim (optimiser moments
-  such as ``adam_m(actor.0.weight)``), keyed the same way;
+  such as ``adam_m(actor.0.weight)``), keyed the same way (both as the compiled program
+  names its carried state: ``Program.carried_state``);
 - ``raw/<n>``: the executor's full carried state, which resuming restores bit for bit;
 - ``env/<n>``: the arrays of the environments' state;
 - ``__header__``: UTF-8 JSON with the format, algorithm, config, iteration, RNG and
@@ -111,81 +112,6 @@ def _decode(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
             return tuple(_decode(v, arrays) for v in tree["__tuple__"])
         return {k: _decode(v, arrays) for k, v in tree.items()}
     return tree
-
-
-# --- the carried state by name ----------------------------------------------------------------
-def named_state(
-    ops: list[Any], static: Mapping[Any, int], snapshot: Mapping[int, Mapping[tuple, Any]], i: int
-) -> dict[str, np.ndarray]:
-    """Each named recurrence over the iteration dim alone, at point ``i + 1`` (after iteration
-    ``i``), read from a snapshot taken right after iteration ``i``.
-
-    The compiler keeps a parameter's merge op (``w[0] = init; w[i] = update[i - 1, ...]``) but
-    the carried value lives in its update's store; evaluating the merge's recurrent input index
-    at ``i + 1`` says which stored point that is. Works for any program, whatever its names.
-    """
-    position = {op.id: k for k, op in enumerate(ops)}
-    loops = [op.domain[0] for op in ops if op.domain]
-    if not loops:
-        return {}
-    outer = min(loops, key=lambda d: d.uid)
-    env = {**static, outer: i + 1}
-    out: dict[str, np.ndarray] = {}
-    for op in ops:
-        if not op.name or op.prim != "merge" or op.domain != (outer,) or op.name in out:
-            continue
-        for edge in op.inputs:
-            store = snapshot.get(position.get(edge.src.id, -1))
-            if not store or _false_at(edge.cond, env):
-                continue
-            try:
-                point = tuple(int(x.evaluate(env)) for x in edge.index)
-            except Exception:  # a slice or a symbol without value: not a carried point
-                continue
-            if point in store:
-                out[op.name] = np.asarray(store[point])
-                break
-    return out
-
-
-def resume_margin(ops: list[Any], static: Mapping[Any, int], iterations: int) -> int:
-    """How many iterations past ``iterations + 1`` the outer bound must reach so that the last
-    iteration run computes every value a longer run would carry on from it.
-
-    The compiler computes a value only where a later op reads it, judged against the outer
-    bound: with ``seen[i + 1] = seen[i] + ...`` read only by an update that itself stops at
-    ``i + 1 < I``, ``seen``'s update stops at ``i + 2 < I``. A run compiled with ``I`` just
-    past its last iteration then ends without the carried value its resumed continuation
-    needs. Each guard is evaluated at the last iteration (the other dims at 0) against the
-    bound as given and against a far one."""
-    loops = [op.domain[0] for op in ops if op.domain]
-    if not loops:
-        return 0
-    outer = min(loops, key=lambda d: d.uid)
-    far = 1 << 20
-
-    def holds(op: Any, margin: int) -> bool:
-        env = {**static, outer.bound: iterations + 1 + margin}
-        env.update({d: 0 for d in op.domain})
-        env[outer] = iterations - 1
-        try:
-            return bool(op.guard.evaluate(env))
-        except Exception:  # a symbol without a value here: not a guard on the bound alone
-            return True
-
-    need = 0
-    for op in ops:
-        if outer not in op.domain or holds(op, 0) or not holds(op, far):
-            continue
-        need = max(need, next(m for m in range(1, far) if holds(op, m)))
-    return need
-
-
-def _false_at(cond: Any, env: Mapping[Any, int]) -> bool:
-    try:
-        return not bool(cond.evaluate(env))
-    except Exception:
-        return False
 
 
 # --- files -------------------------------------------------------------------------------------

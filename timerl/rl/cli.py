@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from timerl.api.backends import backend_names
 from timerl.errors import ProgramError
 from timerl.graphopt.cli import DefaultsHelpFormatter
 from timerl.rl.naming import cli_names
-from timerl.runtime.backend import BACKENDS
 
 # config fields with their own flags (or none: env_kwargs via --env-kwargs)
 _SPECIAL = {"env_id", "seed", "hidden", "env_kwargs"}
@@ -172,7 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="stop after the iteration that passes this much wall time, with a checkpoint "
         "(--resume continues; default: no limit)",
     )
-    p.add_argument("--backend", default="numpy", choices=sorted(BACKENDS), help="array backend")
+    p.add_argument("--backend", default="numpy", choices=backend_names(), help="array backend")
     p.add_argument("--device", default="cpu", help="device for the torch or jax backend")
     p.add_argument(
         "--memory-budget",

@@ -1,9 +1,9 @@
 """Timerl's own programs as graphopt graphs: the ``timerl`` family of graphopt's corpus.
 
-The block translator is ``timerl.schedule.to_graph`` (shared with the compiler's op order);
-this module compiles the training programs and cuts their schedules into blocks, so it sits
-above both the API and the RL layer. graphopt never imports it: ``timerl graphopt corpus``
-receives ``export_program`` as an argument.
+The block translator is ``timerl.schedule.to_graph`` (shared with the compiler's op order),
+which ``timerl.api.graphs`` applies to a compiled program's blocks; this module compiles the
+training programs, so it sits above both the API and the RL layer. graphopt never imports
+it: ``timerl graphopt corpus`` receives ``export_program`` as an argument.
 """
 
 from __future__ import annotations
@@ -12,35 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from timerl.api.functional import sink
+from timerl.api.graphs import program_graphs
 from timerl.api.program import Program
 from timerl.api.tensor import stack
-from timerl.compiler.spec import VALIDATION_SIZE
-from timerl.graphopt.graph import Graph
-from timerl.ir.graph import consumers
 from timerl.rl.train import build
-from timerl.schedule.to_graph import MIN_OPS, block_graph, loop_blocks
-from timerl.symbolic import Bound
-
-
-def program_graphs(prog: Program, name: str, *, min_ops: int = MIN_OPS) -> list[Graph]:
-    """One graph per block of ``prog``'s loop bodies with at least ``min_ops`` ops.
-
-    Graphs are named ``{name}-{k}-{dims}``: ``k`` numbers the exported blocks in schedule order,
-    ``dims`` lists the enclosing loops (``i_t``: the ``t`` loop inside the ``i`` loop).
-    """
-    bounds: dict[Bound, int] = dict(prog.static)
-    for bound, cap in prog.dynamic.items():
-        bounds[bound] = cap if cap is not None else VALIDATION_SIZE
-    readers = consumers(prog.ops)
-    keep = set(prog.keep)
-    graphs = []
-    for block in loop_blocks(prog.schedule.body):
-        if len(block.ops) < min_ops:
-            continue
-        dims = "_".join(d.name for d in block.dims)
-        label = f"{name}-{len(graphs)}-{dims}"
-        graphs.append(block_graph(block, bounds, readers, keep, label)[0])
-    return graphs
 
 
 def compile_algorithm(

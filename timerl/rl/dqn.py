@@ -20,6 +20,7 @@ from timerl.api.context import Context
 from timerl.api.functional import rand
 from timerl.api.nn import MLP, Module
 from timerl.api.optim import Adam, Polyak
+from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor, full, maximum, where
 from timerl.errors import EnvError, ProgramError
 from timerl.rl.algos import (
@@ -33,7 +34,6 @@ from timerl.rl.algos import (
 )
 from timerl.rl.environment import Env, make_env
 from timerl.rl.replay import Replay
-from timerl.symbolic import Dim
 
 
 @dataclass
@@ -85,6 +85,7 @@ class QNetwork(Module):
             domain=domain,
             seed=seed,
             name="q",
+            role="q",
         )
 
     def forward(self, obs: RecurrentTensor) -> RecurrentTensor:

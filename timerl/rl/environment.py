@@ -13,11 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from timerl.api.scope import current
+from timerl.api.calls import Result, host_call
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import EnvError
-from timerl.ir.build import apply
-from timerl.ir.graph import View
 from timerl.rl.env_ids import env_id_of
 from timerl.rl.envs import VectorEnv
 from timerl.rl.envs import make_env as make_vector_env
@@ -54,19 +52,13 @@ class Env:
 
         Assigned into ``obs[i, 0]`` it runs once per ``i``; anywhere else, once.
         """
-        ctx = current()
         vec = self.vec
-        view = apply(
-            "udf",
-            fn=lambda: _owned(vec.reset(), vec),
-            shape=self.batch_obs_shape,
-            dtype=np.dtype("float32"),
-            effect=True,
-            adopt_domain=True,
+        return host_call(
+            lambda: _owned(vec.reset(), vec),
+            result=Result(self.batch_obs_shape, "float32"),
             name=f"{vec.env_id}.reset",
+            where_assigned=True,
         )
-        ctx.add_root(view.op)
-        return RecurrentTensor(view, ctx)
 
     def step(self, action: RecurrentTensor, *, full: bool = False) -> tuple[RecurrentTensor, ...]:
         """One step of every env: ``(next_obs, reward, done)``; ended episodes auto-reset.
@@ -76,7 +68,6 @@ class Env:
         ``next_obs`` already starts the next). Off-policy learners need both to bootstrap
         correctly through time-limit truncations.
         """
-        ctx = current()
         vec = self.vec
         if full:
             vec.keep_final_obs = True
@@ -104,33 +95,17 @@ class Env:
                 ((self.num_envs,), bool, "terminated"),
                 (self.batch_obs_shape, "float32", "final_obs"),
             ]
-        # an env stepped elsewhere (Ray workers) can be started and waited for separately,
-        # so the program computes what does not need the step meanwhile (schedule/overlap.py)
-        start = getattr(vec, "step_async", None)
-        call = apply(
-            "udf",
-            action.view,
-            fn=step,
-            shape=(),
-            dtype=np.dtype(bool),
-            effect=True,
+        return host_call(
+            step,
+            action,
+            results=[Result(shape, dtype, f"{vec.env_id}.{what}") for shape, dtype, what in parts],
             name=f"{vec.env_id}.step",
-            # ``step`` casts and shapes every part: the meter need not measure them, nor a
-            # backend cast them again (runtime/backend.Backend.kernel)
-            result_nbytes=sum(
-                int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                for shape, dtype, _ in parts
-            ),
-            result_dtypes=tuple(np.dtype(dtype) for _, dtype, _ in parts),
-            **({"begin": start} if start is not None else {}),
+            # ``step`` casts and shapes every part exactly as declared
+            exact=True,
+            # an env stepped elsewhere (Ray workers) can be started and waited for apart, so
+            # the program computes what does not need the step meanwhile
+            start=getattr(vec, "step_async", None),
         )
-        ctx.add_root(call.op)
-        outs = []
-        for k, (shape, dtype, what) in enumerate(parts):
-            v: View = apply("tuple_get", call, item=k, shape=shape, dtype=np.dtype(dtype))
-            v.op.name = f"{vec.env_id}.{what}"
-            outs.append(RecurrentTensor(v, ctx))
-        return tuple(outs)
 
     def state_dict(self) -> dict[str, Any]:
         return self.vec.state_dict()

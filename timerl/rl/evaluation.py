@@ -13,8 +13,9 @@ What the network's output means follows from the environment and its size:
   Gaussian (SAC-style), scaled to the action bounds; the log-std output is squashed into
   [LOG_STD_MIN, LOG_STD_MAX] with tanh.
 
-The activation between layers is read off the compiled program at training time and stored in
-the checkpoint's header (``activations``). A program that normalises the policy's input
+The activation between layers is what the compiled program declares (``Program.activations``,
+from ``tl.nn.MLP``) at training time, stored in the checkpoint's header (``activations``). A
+program that normalises the policy's input
 (PPO's ``norm_obs``) records it in the header (``obs_norm``: the names of the running
 statistics in the checkpoint's state and the epsilon and clip of the formula); the network
 then acts on ``clip((obs - mean) / sqrt(var + eps), -clip, clip)`` with the checkpoint's
@@ -45,8 +46,6 @@ ACTING_NETS = ("actor", "policy", "pi", "q", "q_net", "qnet")
 GREEDY_NETS = ("q", "q_net", "qnet")
 # a squashed Gaussian's log-std output is itself squashed into this range (the SAC convention)
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
-# the compiled op that feeds a hidden layer's matmul, per activation of tl.nn.MLP
-ACTIVATION_PRIMS = {"tanh": "tanh", "maximum": "relu", "sigmoid": "sigmoid"}
 ACTIVATIONS = {
     "tanh": np.tanh,
     "relu": lambda x: np.maximum(x, 0.0),
@@ -164,21 +163,6 @@ class PolicySpec:
         if self.low is None or self.high is None:
             return y
         return self.low + (y + 1.0) * 0.5 * (self.high - self.low)
-
-
-def infer_activations(ops: list[Any]) -> dict[str, str]:
-    """Each MLP's activation, read off a compiled program: the op its second layer's matmul
-    multiplies ``<net>.1.weight`` with. Programs do not otherwise record it."""
-    pattern = re.compile(r"^(.+)\.1\.weight(@.*)?$")
-    found: dict[str, str] = {}
-    for op in ops:
-        if op.prim != "matmul" or len(op.inputs) != 2:
-            continue
-        a, b = (e.src for e in op.inputs)
-        m = pattern.match(b.name or "") if b.prim == "merge" else None
-        if m and m.group(1) not in found and a.prim in ACTIVATION_PRIMS:
-            found[m.group(1)] = ACTIVATION_PRIMS[a.prim]
-    return found
 
 
 def policy_spec(

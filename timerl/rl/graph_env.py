@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from timerl.api.scope import current
+from timerl.api.calls import Result, host_call
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import GraphError
 from timerl.graphopt.features import NUM_FEATURES
@@ -34,7 +34,6 @@ from timerl.graphopt.train import (
     pick_task,
     search_value,
 )
-from timerl.ir.build import apply
 from timerl.rl.algos import FRACTION, NON_NEGATIVE, POSITIVE, AlgoConfig, Rule, at_least
 
 PHASES = ("search", "imitate", "decode")
@@ -333,34 +332,14 @@ class GraphProblems:
     ) -> RecurrentTensor:
         """A host call of ``(value, iteration)`` giving floats of ``shape`` (default: one per
         problem of the batch)."""
-        ctx = current()
-        view = apply(
-            "udf",
-            value.view,
-            iteration.view,
-            fn=fn,
-            shape=shape or (self.num_envs,),
-            dtype=np.dtype("float32"),
-            effect=True,
-            name=name,
-        )
-        ctx.add_root(view.op)
-        return RecurrentTensor(view, ctx)
+        result = Result(shape or (self.num_envs,), np.dtype("float32"))
+        return host_call(fn, value, iteration, result=result, name=name)
 
     def _host_tuple(
         self, fn: Any, iteration: RecurrentTensor, name: str, parts: list[tuple]
     ) -> tuple[RecurrentTensor, ...]:
-        ctx = current()
-        call = apply(
-            "udf", iteration.view, fn=fn, shape=(), dtype=np.dtype(bool), effect=True, name=name
-        )
-        ctx.add_root(call.op)
-        outs = []
-        for item, (shape, dtype, what) in enumerate(parts):
-            v = apply("tuple_get", call, item=item, shape=shape, dtype=np.dtype(dtype))
-            v.op.name = f"graphs.{what}"
-            outs.append(RecurrentTensor(v, ctx))
-        return tuple(outs)
+        results = [Result(shape, dtype, f"graphs.{what}") for shape, dtype, what in parts]
+        return host_call(fn, iteration, results=results, name=name)
 
     def decode(self, keys: RecurrentTensor, iteration: RecurrentTensor) -> RecurrentTensor:
         """Per problem and sample (batch, samples), how much better than the best portfolio

@@ -45,8 +45,10 @@ from timerl.api.context import Context, from_numpy
 from timerl.api.distributions import Beta
 from timerl.api.functional import max as max_
 from timerl.api.functional import randn
-from timerl.api.nn import Module, _param
+from timerl.api.nn import Module
+from timerl.api.nn import parameter as _param
 from timerl.api.optim import Adam
+from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor, cat, full, minimum, where
 from timerl.errors import GraphError
 from timerl.graphopt.imitate import log_concentration
@@ -60,7 +62,6 @@ from timerl.graphopt.policy import (
 from timerl.graphopt.train import LOG_STD_RANGE
 from timerl.rl.algos import AlgoProgram
 from timerl.rl.graph_env import GraphPolicyConfig, GraphProblems
-from timerl.symbolic import Dim
 
 BASELINE_RATE = 0.1  # the per-problem baseline's step (graphopt.train's running mean)
 # every key group's mean logit column (priorities, device keys, swap keys): a padded batch

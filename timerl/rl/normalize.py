@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor, full
-from timerl.symbolic import Dim
 
 # the constants of the normalised policy input clip((x - mean) / sqrt(var + EPS), -CLIP, CLIP);
 # a checkpoint's header records them for ``timerl eval`` and ``timerl export``

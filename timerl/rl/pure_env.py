@@ -8,7 +8,7 @@ that pytree, carried over the rollout like the observations are::
     state[i, t + 1], obs[i, t + 1], reward[i, t], done[i, t] = step(state[i, t], action[i, t])
     state[i + 1, 0] = state[i, T - 1]   # episodes continue across iterations
 
-Reset and step are ``pure_call`` ops (``ir/prims/control.py``): no effect, so the passes treat them
+Reset and step are pure calls (``timerl.api.calls.pure_call``): no effect, so the passes treat them
 like any other op and the jax backend traces them into the rollout loop (one XLA loop when
 the rest of the body traces too); the numpy and torch backends evaluate the same function on
 the host (jitted by jax, on numpy arrays). Seeds and auto-reset are jax_envs': the reset key is
@@ -28,13 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from timerl.api.scope import current
+from timerl.api.calls import Result, host_call, pure_call
+from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor
 from timerl.errors import EnvError
-from timerl.ir.build import apply
 from timerl.rl.jax_envs import make_jax_env
 from timerl.rl.vector_env import EpisodeTally
-from timerl.symbolic import Dim
 
 
 class PureFn:
@@ -190,24 +189,17 @@ class PureEnv:
             for k, (shape, dtype) in enumerate(self.state_spec)
         ]
 
-    def _parts(self, call: Any, parts: list[tuple[tuple[int, ...], np.dtype, str]]) -> list:
-        ctx = current()
-        outs = []
-        for k, (shape, dtype, what) in enumerate(parts):
-            v = apply("tuple_get", call, item=k, shape=shape, dtype=np.dtype(dtype))
-            v.op.name = f"{self.env_id}.{what}"
-            outs.append(RecurrentTensor(v, ctx))
-        return outs
+    def _results(self, parts: list[tuple[tuple[int, ...], np.dtype, str]]) -> list[Result]:
+        return [Result(shape, dtype, f"{self.env_id}.{what}") for shape, dtype, what in parts]
 
     def _state_parts(self) -> list[tuple[tuple[int, ...], np.dtype, str]]:
         return [(s, d, f"state{k}") for k, (s, d) in enumerate(self.state_spec)]
 
     def reset_state(self) -> tuple[list[RecurrentTensor], RecurrentTensor]:
         """``(state leaves, obs)`` of fresh episodes (a pure op over no dims)."""
-        call = apply("pure_call", fn=self._reset, shape=(), dtype=np.dtype(bool))
-        call.op.name = f"{self.env_id}.reset"
-        *state, obs = self._parts(
-            call, [*self._state_parts(), (self.batch_obs_shape, np.dtype("float32"), "obs")]
+        parts = [*self._state_parts(), (self.batch_obs_shape, np.dtype("float32"), "obs")]
+        *state, obs = pure_call(
+            self._reset, results=self._results(parts), name=f"{self.env_id}.reset"
         )
         return state, obs
 
@@ -224,40 +216,22 @@ class PureEnv:
             raise EnvError(
                 f"{self.env_id}.step: the state has {len(self.state_spec)} leaves, got {len(state)}"
             )
-        call = apply(
-            "pure_call",
-            *[s.view for s in state],
-            action.view,
-            fn=self._step,
-            shape=(),
-            dtype=np.dtype(bool),
-        )
-        call.op.name = f"{self.env_id}.step"
-        *nxt, obs, reward, done = self._parts(
-            call,
-            [
-                *self._state_parts(),
-                (self.batch_obs_shape, np.dtype("float32"), "obs"),
-                ((self.num_envs,), np.dtype("float32"), "reward"),
-                ((self.num_envs,), np.dtype(bool), "done"),
-            ],
+        parts = [
+            *self._state_parts(),
+            (self.batch_obs_shape, np.dtype("float32"), "obs"),
+            ((self.num_envs,), np.dtype("float32"), "reward"),
+            ((self.num_envs,), np.dtype(bool), "done"),
+        ]
+        *nxt, obs, reward, done = pure_call(
+            self._step, *state, action, results=self._results(parts), name=f"{self.env_id}.step"
         )
         return nxt, obs, reward, done
 
     def track(self, reward: RecurrentTensor, done: RecurrentTensor) -> None:
         """Count finished episodes on the host from one iteration's ``(T, B)`` slices."""
-        ctx = current()
-        op = apply(
-            "udf",
-            reward.view,
-            done.view,
-            fn=self.vec.record,
-            shape=(),
-            dtype=np.dtype(bool),
-            effect=True,
-            name=f"{self.env_id}.episodes",
+        host_call(
+            self.vec.record, reward, done, result=Result((), bool), name=f"{self.env_id}.episodes"
         )
-        ctx.add_root(op.op)
 
     # the host env's interface, for algorithms that step an env outside the program's state
     def reset(self) -> RecurrentTensor:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from timerl.api.functional import rand
+from timerl.api.symbols import Dim, Expr, min_
 from timerl.api.tensor import RecurrentTensor, full, lift, minimum, where
 from timerl.errors import ProgramError
-from timerl.symbolic import Dim, Expr, min_
 
 
 class Replay:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
-from timerl.api.tensor import RecurrentTensor
+from timerl.api.functional import arange
+from timerl.api.symbols import Dim, Expr, min_
+from timerl.api.tensor import RecurrentTensor, full
 from timerl.errors import ProgramError
-from timerl.ir.build import apply
-from timerl.symbolic import Dim, Expr, min_
 
 
 def _time_dim(x: RecurrentTensor, dim: Dim | None) -> Dim:
@@ -120,13 +120,13 @@ def n_step_returns(
     r = _at(reward, t, slice(t, end))  # (L, B)
     d = _at(done, t, slice(t, end)).float()
     length = end - t
-    k = RecurrentTensor(apply("iota", length=length, dtype="float32"), reward.ctx)
+    k = arange(length, dtype="float32")
     k = k.reshape(length, *([1] * len(reward.view.shape)))
     alive = (d.cumsum(0) - d).eq(0.0).float()  # no episode ended before step k of the window
     head = (_pow(gamma, k) * alive * r).sum(0)
     tail_alive = d.sum(0).eq(0.0).float()
     tail = _at(_next_value(value, bootstrap, t), t, end - 1)
-    steps = RecurrentTensor(apply("full", shape=(), value=length, dtype="float32"), reward.ctx)
+    steps = full((), length, dtype="float32", ctx=reward.ctx)
     return head + _pow(gamma, steps) * tail_alive * tail
 
 

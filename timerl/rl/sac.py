@@ -21,8 +21,9 @@ import numpy as np
 from timerl.api.context import Context
 from timerl.api.distributions import TanhNormal
 from timerl.api.functional import rand
-from timerl.api.nn import MLP, Module, _param
+from timerl.api.nn import MLP, Module, parameter
 from timerl.api.optim import Adam, Polyak
+from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor, cat, full, lift, minimum, where
 from timerl.errors import EnvError, ProgramError
 from timerl.rl.algos import (
@@ -37,7 +38,6 @@ from timerl.rl.algos import (
 )
 from timerl.rl.environment import Env, make_env
 from timerl.rl.replay import Replay
-from timerl.symbolic import Dim
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -91,6 +91,7 @@ class Actor(Module):
             domain=domain,
             seed=seed,
             name="actor",
+            role="actor",
         )
 
     def dist(self, obs: RecurrentTensor) -> TanhNormal:
@@ -114,6 +115,7 @@ class Critic(Module):
             domain=domain,
             seed=seed,
             name=name,
+            role="critic",
         )
 
     def q(self, obs: RecurrentTensor, action: RecurrentTensor) -> RecurrentTensor:
@@ -125,7 +127,9 @@ class Temperature(Module):
     """SAC's entropy coefficient, learnt as its logarithm so it stays positive."""
 
     def __init__(self, init: float, domain: tuple[Dim, ...]) -> None:
-        self.log_alpha = _param(np.asarray(math.log(init), np.float32), domain, "log_alpha")
+        self.log_alpha = parameter(
+            np.asarray(math.log(init), np.float32), domain, "log_alpha", role="temperature"
+        )
 
 
 def sac_losses(

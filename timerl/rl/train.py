@@ -17,7 +17,6 @@ the bound then anneals over the new length).
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import math
 import os
@@ -44,12 +43,10 @@ from timerl.rl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     load_latest,
-    named_state,
-    resume_margin,
     write_atomically,
 )
 from timerl.rl.env_ids import env_id_of, env_record, restore_env
-from timerl.rl.evaluation import format_return, infer_activations
+from timerl.rl.evaluation import format_return
 from timerl.rl.naming import arg_ref, config_ref
 from timerl.rl.ray_env import env_workers
 from timerl.rl.registry import ALGOS
@@ -186,18 +183,6 @@ def _check_same_config(
             f"resume without these settings, or start a new run in another "
             f"{arg_ref('log_dir', '--log-dir')}"
         )
-
-
-def structure_fingerprint(prog: Any, exclude: str = "I") -> str:
-    """A hash of the compiled program without the iteration bound: resuming to more iterations
-    restores into the same structure."""
-    text = "\n".join(
-        f"{op.prim}|{[d.name for d in op.domain]}|{op.shape}|{op.dtype}|"
-        f"{[(e.src.prim, str(e.index)) for e in op.inputs]}"
-        for op in prog.ops
-    )
-    text += "\n" + repr(sorted((b.name, v) for b, v in prog.static.items() if b.name != exclude))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _prepare_log_dir(log_path: Path, overwrite: bool) -> None:
@@ -356,7 +341,7 @@ def train(
     prog = program.ctx.compile(
         bounds=bounds, backend=backend, device=device, seed=cfg.seed, memory_budget=memory_budget
     )
-    margin = resume_margin(prog.ops, prog.static, iterations)
+    margin = prog.resume_margin(iterations)
     if margin:  # a checkpoint of the last iteration must hold what a longer run carries
         bounds["I"] += margin
         prog = program.ctx.compile(
@@ -367,7 +352,8 @@ def train(
             memory_budget=memory_budget,
         )
     ex = prog.executor()
-    fingerprint = structure_fingerprint(prog)
+    # without the iteration bound: resuming to more iterations restores into the same structure
+    fingerprint = prog.fingerprint(ignore_bounds=("I",))
     history: list[dict[str, Any]] = []
     seconds_before = 0.0
     if ckpt is not None:
@@ -408,14 +394,14 @@ def train(
     deadline = begin + 60.0 * minutes if minutes is not None else None
     env = program.env
     param_names = [p.name for p in program.params]
-    activations = infer_activations(prog.ops)
+    activations = prog.activations()
     warned: list[bool] = []
 
     def save(i: int) -> None:
         nonlocal last_good, saved_path
         assert keeper is not None and log_path is not None
         snapshot = ex.snapshot()
-        named = named_state(list(ex.ops.values()), prog.static, snapshot, i)
+        named = prog.carried_state(snapshot, i)
         # A parameter the program never updates is not carried from iteration to iteration:
         # resuming does not need it, but eval and export will not find it by name.
         missing = [n for n in param_names if n not in named]
