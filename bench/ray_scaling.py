@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from timerl.rl.envs import make_env
-    from timerl.rl.ray_env import RayVectorEnv
+    from timerl.rl.envs.ray_env import RayVectorEnv
 
     kwargs = {"step_cost_us": args.step_cost_us, "obs_shape": [args.obs_size]}
     started = not ray.is_initialized()

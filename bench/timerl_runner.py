@@ -54,7 +54,7 @@ def env_backend(env_id: str, backend: str) -> str:
     """On the jax backend, an env with a pure JAX version (``rl/jax_envs.py``: Synthetic-v0,
     CartPole-v1) runs inside the program (``env_backend="jax"``), as the JAX baseline's does;
     every other run steps the host env."""
-    from timerl.rl.jax_envs import JAX_ENV_IDS
+    from timerl.rl.envs.jax_envs import JAX_ENV_IDS
 
     return "jax" if backend == "jax" and env_id in JAX_ENV_IDS else "gymnasium"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from timerl.rl.evaluation import evaluate_run
-from timerl.rl.export import export_run
 from timerl.rl.train import train
+from timerl.rl.train.evaluation import evaluate_run
+from timerl.rl.train.export import export_run
 
 # "module:EnvId": the module is imported first (from the current folder, PYTHONPATH, or here
 # the examples folder, which python puts on the path when it runs this file)

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     from timerl import bench_cli
     from timerl.graphopt import cli as graphopt_cli
-    from timerl.rl import cli as rl_cli
+    from timerl.rl.train import cli as rl_cli
 
     rl_cli.register(sub)
     graphopt_cli.register(sub, export_program=_export_program, train_program=_train_program)
@@ -43,14 +43,14 @@ def _silence_stdout() -> None:
 
 def _export_program(spec: Any) -> Any:
     """Compile a timerl program named by a graphopt corpus spec into graph dicts."""
-    from timerl.rl.corpus_export import export_program
+    from timerl.rl.graph_policy.corpus_export import export_program
 
     return export_program(spec)
 
 
 def _train_program(settings: dict[str, Any], **options: Any) -> Any:
     """Train graphopt's policy with the timerl program of ``rl/graph_policy.py``."""
-    from timerl.rl.graph_policy_train import train_program
+    from timerl.rl.graph_policy.train import train_program
 
     return train_program(settings, **options)
 

@@ -1,7 +1,7 @@
 """Fully jitted JAX PPO: rollout, GAE and update compiled into one XLA program per iteration.
 
 This is the strongest kind of baseline for timerl: no Python runs inside an iteration, the env
-itself is JAX code (:mod:`timerl.rl.jax_envs`), and XLA fuses what it can. With ``--scan`` all
+itself is JAX code (:mod:`timerl.rl.envs.jax_envs`), and XLA fuses what it can. With ``--scan`` all
 iterations also run inside one compiled ``lax.scan`` (timings are then averages). The algorithm
 and network follow :mod:`bench.common` exactly, as the PyTorch baseline does.
 
@@ -187,7 +187,7 @@ def make_iteration(cfg: Config, env: Any, tx: Any) -> Any:
 def run(config: Config, scan_iterations: bool = False) -> Result:
     """Train jitted PPO; ``setup_s`` includes XLA compilation, done before the first iteration."""
     jax, jnp, optax = _imports()
-    from timerl.rl.jax_envs import make_jax_env
+    from timerl.rl.envs.jax_envs import make_jax_env
 
     cfg = config.resolved()
     base_rss = current_rss_bytes()

@@ -80,9 +80,10 @@ def test_switch_turns_the_pass_off():
 
 
 def _algo_metrics(name, backend, optimize):
-    from timerl.rl import a2c, algos
+    from timerl.rl import algos
+    from timerl.rl.algos import a2c
 
-    build = {"ppo": algos.ppo, "reinforce": algos.reinforce, "a2c": a2c.a2c}[name]
+    build = {"ppo": algos.ppo, "reinforce": algos.reinforce, "a2c": a2c}[name]
     extra = {"epochs": 1, "minibatches": 1} if name == "ppo" else {}
     algo = build(num_envs=2, num_steps=8, hidden=(8, 8), **extra)
     outputs = list(algo.metrics.values())

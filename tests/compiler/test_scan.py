@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import timerl as tl
-from timerl.rl.returns import discounted_returns, gae
+from timerl.rl.algos.returns import discounted_returns, gae
 
 BACKENDS = ["numpy", "torch"]
 

@@ -127,7 +127,7 @@ def check_temporal_slice_gradient(kind, backend):
 def rollout_beside_recurrence(vec):
     """A rollout over t of the env batch ``vec`` (obs of shape (n,), one action) whose loop also
     advances ``acc``, a recurrence that never reads the env: returns (ctx, reward, acc)."""
-    from timerl.rl.environment import Env
+    from timerl.rl.envs.program import Env
 
     ctx, t, _ = ctx_t()
     with ctx:

@@ -24,7 +24,7 @@ from timerl.graphopt.corpus.models import model_specs  # noqa: E402
 from timerl.graphopt.corpus.programs import timerl_specs  # noqa: E402
 from timerl.graphopt.corpus.split import assign_splits  # noqa: E402
 from timerl.graphopt.corpus.synthetic import GENERATORS  # noqa: E402
-from timerl.rl.corpus_export import export_program  # noqa: E402
+from timerl.rl.graph_policy.corpus_export import export_program  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from timerl.graphopt.corpus.split import FAMILY_SPLIT
 from timerl.graphopt.decoders import Problem
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.perfmodel import PeakMemory, peak_memory_reference, validate_order
-from timerl.rl.corpus_export import compile_algorithm, export_program, program_graphs
+from timerl.rl.graph_policy.corpus_export import compile_algorithm, export_program, program_graphs
 from timerl.schedule.to_graph import REFERENCE_FLOPS, loop_blocks
 from timerl.symbolic import Const
 

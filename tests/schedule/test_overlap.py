@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from core_helpers import rollout_beside_recurrence
 
-from timerl.rl.synthetic import SyntheticVectorEnv
+from timerl.rl.envs.synthetic import SyntheticVectorEnv
 from timerl.schedule.program import Compute, Loop, Start
 
 

@@ -4,7 +4,7 @@ Layout: ``out_dir/<split>/<family>/<name>.json`` plus ``out_dir/index.json``. Mo
 in worker processes (they dominate the build time and are independent); synthetic graphs are
 generated in-process, and so are the ``timerl`` family's graphs (each of its programs compiles
 in about a second and gives one graph per loop body; the caller passes the function that does
-it, ``timerl.rl.corpus_export.export_program``, as graphopt reads no PDG itself). The result is a pure
+it, ``timerl.rl.graph_policy.corpus_export.export_program``, as graphopt reads no PDG itself). The result is a pure
 function of the fixed spec lists and seeds, so two builds write identical files.
 """
 
@@ -196,7 +196,7 @@ def build_corpus(
     among them nothing goes to ``test-large``. Models and programs that fail to export are
     printed with their error, listed under ``failed`` in the index and skipped.
     ``export_program`` turns a spec of the ``timerl`` family into graph dicts
-    (``timerl.rl.corpus_export.export_program``); without it that family is left out.
+    (``timerl.rl.graph_policy.corpus_export.export_program``); without it that family is left out.
     """
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -212,7 +212,7 @@ def build_corpus(
     if wanted is not None and program_family.FAMILY in wanted and export_program is None:
         raise GraphError(
             "the 'timerl' family needs a program exporter: pass "
-            "export_program=timerl.rl.corpus_export.export_program"
+            "export_program=timerl.rl.graph_policy.corpus_export.export_program"
         )
     if wanted is not None:
         model_specs = [s for s in model_specs if s.family in wanted]

@@ -1,7 +1,7 @@
 """The ``timerl`` family of the corpus: which of timerl's own RL programs are exported.
 
 Only the list lives here. Turning a program's loop bodies into graphs reads timerl's PDG and
-schedule, which graphopt never imports: ``timerl.rl.corpus_export.export_program`` does it,
+schedule, which graphopt never imports: ``timerl.rl.graph_policy.corpus_export.export_program`` does it,
 and ``build_corpus`` receives that function as its ``export_program`` argument (the
 ``timerl graphopt corpus`` command passes it).
 """

@@ -1,0 +1,504 @@
+"""DRL algorithms written as ordinary recurrent-tensor programs (nothing special-cased).
+
+Each builder returns an :class:`AlgoProgram`: the context, its environment, per-iteration
+metric tensors over ``i`` and the bounds to compile with. Dims: ``i`` training iteration,
+``t`` rollout step, and for PPO ``u`` one update (epoch x minibatch) within an iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+import numpy as np
+
+from timerl.api.context import Context
+from timerl.api.distributions import Categorical, Normal
+from timerl.api.nn import MLP, Module, parameter, role_of
+from timerl.api.optim import Adam
+from timerl.api.symbols import Dim
+from timerl.api.tensor import RecurrentTensor, maximum
+from timerl.errors import EnvError, ProgramError
+from timerl.rl.algos.naming import config_ref
+from timerl.rl.algos.normalize import CLIP, EPS, discounted_return_estimate, running_moments
+from timerl.rl.algos.returns import discounted_returns, gae
+from timerl.rl.envs.program import Env, make_env
+from timerl.rl.envs.pure import PureEnv
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a hyper-parameter must be (``what`` says it in the error)."""
+
+    test: Callable[[Any], bool]
+    what: str
+
+    def optional(self) -> Rule:
+        return Rule(lambda v: v is None or self.test(v), f"{self.what} or None")
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def at_least(low: int) -> Rule:
+    """An integer of at least ``low`` (a count: envs, steps, epochs, a buffer's size)."""
+    return Rule(
+        lambda v: isinstance(v, Integral) and not isinstance(v, bool) and v >= low,
+        f"an integer >= {low}",
+    )
+
+
+POSITIVE = Rule(lambda v: _real(v) and v > 0, "a positive number")
+NON_NEGATIVE = Rule(lambda v: _real(v) and v >= 0, "a number >= 0")
+FINITE = Rule(_real, "a finite number")
+FRACTION = Rule(lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]")
+STEP_FRACTION = Rule(lambda v: _real(v) and 0 < v <= 1, "a number in (0, 1]")
+WIDTHS = Rule(
+    lambda v: isinstance(v, (tuple, list)) and all(at_least(1).test(n) for n in v),
+    "a sequence of positive integers (hidden layer widths; empty for a linear policy)",
+)
+
+
+@dataclass
+class AlgoConfig:
+    # each setting's rule, checked when a config is made (a subclass adds its own), so a bad
+    # value is refused by name before an env is made or a program compiled
+    RULES: ClassVar[dict[str, Rule]] = {
+        "num_envs": at_least(1),
+        "num_steps": at_least(1),
+        "lr": NON_NEGATIVE,
+        "gamma": FRACTION,
+        "hidden": WIDTHS,
+        "max_grad_norm": POSITIVE.optional(),
+        "seed": at_least(0),
+        "env_id": Rule(lambda v: isinstance(v, str) and bool(v), "an environment id"),
+        "env_kwargs": Rule(lambda v: isinstance(v, Mapping), "a mapping of keyword arguments"),
+    }
+
+    env_id: str = "CartPole-v1"
+    num_envs: int = 8
+    num_steps: int = 128
+    lr: float = 2.5e-3
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    hidden: tuple[int, ...] = (64, 64)
+    max_grad_norm: float = 0.5
+    seed: int = 0
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_backend: str = "gymnasium"  # or "envpool", or "jax" (rl/pure_env.py: ppo, reinforce, a2c)
+
+    def __post_init__(self) -> None:
+        for name, rule in self.RULES.items():
+            value = getattr(self, name)
+            if not rule.test(value):
+                algo = type(self).__name__.removesuffix("Config").lower()
+                where = config_ref(name)  # its flag, or config['name'] from Python
+                raise ProgramError(f"{algo}: {name} must be {rule.what}, got {value!r} ({where})")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["hidden"] = list(self.hidden)
+        return out
+
+
+@dataclass
+class PPOConfig(AlgoConfig):
+    RULES: ClassVar[dict[str, Rule]] = {
+        **AlgoConfig.RULES,
+        "gae_lambda": FRACTION,
+        "epochs": at_least(1),
+        "minibatches": at_least(1),
+        "clip": POSITIVE,
+        "vf_coef": NON_NEGATIVE,
+        "ent_coef": NON_NEGATIVE.optional(),
+        "log_std_init": FINITE,
+    }
+
+    gae_lambda: float = 0.95
+    epochs: int = 4
+    minibatches: int = 4
+    clip: float = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float | None = None  # 0.01 for discrete actions, 0 for continuous
+    norm_adv: bool = True
+    # running-statistics normalisation of the policy's input and of the rewards it learns from
+    # (timerl.rl.algos.normalize); on by default for the MuJoCo environments
+    norm_obs: bool = False
+    norm_reward: bool = False
+    # initial log standard deviation of the Gaussian policy (continuous actions only)
+    log_std_init: float = 0.0
+
+
+@dataclass
+class ReinforceConfig(AlgoConfig):
+    RULES: ClassVar[dict[str, Rule]] = {
+        **AlgoConfig.RULES,
+        "vf_coef": NON_NEGATIVE,
+        "ent_coef": NON_NEGATIVE.optional(),
+    }
+
+    baseline: bool = True
+    vf_coef: float = 0.5
+    ent_coef: float | None = None
+
+
+# Per-environment starting points (what a user gets without flags), measured to learn:
+# Pendulum needs a short horizon (gamma 0.9), longer rollouts and more epochs.
+# HalfCheetah starts with a narrower Gaussian (std 0.61): from std 1 the policy spent most
+# of a 1M-step run shrinking its noise (to about 0.37) and stayed under 1,500, from 0.61 it
+# passes 1,500 within 250k steps (docs/training.md compares the two on the same seeds).
+ENV_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "ppo": {
+        "Pendulum-v1": {
+            "num_envs": 8,
+            "num_steps": 256,
+            "epochs": 10,
+            "minibatches": 8,
+            "lr": 1e-3,
+            "gamma": 0.9,
+        },
+        # MuJoCo locomotion: a smaller step and more epochs over longer rollouts (CleanRL's
+        # continuous PPO: 2048 steps per iteration, 10 epochs, lr 3e-4).
+        **{
+            env_id: {
+                "num_envs": 8,
+                "num_steps": 256,
+                "epochs": 10,
+                "minibatches": 8,
+                "lr": 3e-4,
+                "norm_obs": True,
+                "norm_reward": True,
+                **({"log_std_init": -0.5} if env_id == "HalfCheetah-v5" else {}),
+            }
+            for env_id in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5")
+        },
+    },
+    "reinforce": {},
+}
+
+
+def default_config(algo: str, env_id: str) -> dict[str, Any]:
+    """Hyper-parameters for ``algo`` on ``env_id`` before the user's own overrides."""
+    return dict(ENV_DEFAULTS.get(algo, {}).get(env_id, {}))
+
+
+@dataclass
+class AlgoProgram:
+    name: str
+    ctx: Context
+    env: Env | PureEnv
+    config: AlgoConfig
+    metrics: dict[str, RecurrentTensor]  # each a scalar over (i,)
+    bounds: dict[str, int]  # everything but the iteration bound I
+    params: list[RecurrentTensor]
+    # how the acting network's input is normalised (names of the statistics in checkpoints'
+    # state and the constants), for ``timerl eval`` and ``timerl export``; None: raw input
+    obs_norm: dict[str, Any] | None = None
+    # the rollout's tensors (obs, action, reward, ...) by name, to sink or inspect
+    rollout: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.config.num_envs * self.config.num_steps
+
+
+class _LogStd(Module):
+    """A state-independent log standard deviation for Gaussian policies."""
+
+    def __init__(self, size: int, domain: tuple[Dim, ...], init: float = 0.0) -> None:
+        self.log_std = parameter(
+            np.full(size, init, np.float32), domain, "policy.log_std", role="actor"
+        )
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        return self.log_std
+
+
+class Policy(Module):
+    """Actor (logits or Gaussian mean) and critic MLPs over flattened observations."""
+
+    def __init__(
+        self,
+        env: Env | PureEnv,
+        hidden: tuple[int, ...],
+        domain: tuple[Dim, ...],
+        seed: int,
+        log_std_init: float = 0.0,
+    ) -> None:
+        self.obs_dim = int(np.prod(env.obs_shape))
+        self.discrete = env.discrete
+        if env.discrete:
+            out = int(env.num_actions or 0)
+        else:
+            if len(env.action_shape) != 1:
+                raise EnvError(f"{env.vec.env_id}: only flat Box action spaces are supported")
+            out = env.action_shape[0]
+        self.actor = MLP(
+            [self.obs_dim, *hidden, out],
+            out_gain=0.01,
+            domain=domain,
+            seed=seed,
+            name="actor",
+            role="actor",
+        )
+        self.critic = MLP(
+            [self.obs_dim, *hidden, 1],
+            out_gain=1.0,
+            domain=domain,
+            seed=seed + 1,
+            name="critic",
+            role="critic",
+        )
+        self.std = None if env.discrete else _LogStd(out, domain, log_std_init)
+
+    def flat(self, obs: RecurrentTensor) -> RecurrentTensor:
+        return obs.reshape(obs.view.shape[0], self.obs_dim)
+
+    def dist(self, obs: RecurrentTensor) -> Categorical | Normal:
+        out = self.actor(self.flat(obs))
+        if self.discrete:
+            return Categorical(out)
+        assert self.std is not None
+        return Normal(out, self.std(obs).exp())
+
+    def value(self, obs: RecurrentTensor) -> RecurrentTensor:
+        return self.critic(self.flat(obs)).squeeze(-1)
+
+    def log_prob(self, dist: Categorical | Normal, action: RecurrentTensor) -> RecurrentTensor:
+        lp = dist.log_prob(action)
+        return lp if self.discrete else lp.sum(-1)
+
+    def entropy(self, dist: Categorical | Normal) -> RecurrentTensor:
+        ent = dist.entropy()
+        return ent if self.discrete else ent.sum(-1)
+
+
+def _rollout(
+    env: Env | PureEnv, policy: Policy, i: Dim, t: Dim, norm_obs: bool = False
+) -> dict[str, Any]:
+    """Act for T steps per iteration; episodes continue across iterations. ``norm_obs``: the
+    policy sees observations normalised by running statistics frozen over the iteration
+    (``policy_obs``), merged with this iteration's observations for the next one."""
+    T = t.bound
+    obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (i, t), name="obs")
+    pure = isinstance(env, PureEnv)
+    if pure:
+        state = env.state_placeholders((i, t))
+        first, obs[0, 0] = env.reset_state()
+        for x, x0 in zip(state, first, strict=True):
+            x[0, 0] = x0
+    else:
+        obs[0, 0] = env.reset()
+    stats = None
+    if norm_obs:
+        stats = running_moments(_batch(obs, i, t, T * env.num_envs), i, env.obs_shape, "obs")
+    pi = policy.at(i)
+    policy_obs = stats.normalize(obs, i) if stats is not None else obs
+    dist = pi.dist(policy_obs)
+    action = dist.sample().named("action")
+    logp = pi.log_prob(dist, action).named("logp")
+    value = pi.value(policy_obs).named("value")
+    if pure:
+        nxt, next_obs, reward, done = env.step_state(state, action)
+        for x, x1 in zip(state, nxt, strict=True):
+            x[i, t + 1] = x1
+            x[i + 1, 0] = x1[i, T - 1]
+        env.track(reward[i, 0:T], done[i, 0:T])
+    else:
+        next_obs, reward, done = env.step(action)
+    obs[i, t + 1] = next_obs
+    obs[i + 1, 0] = next_obs[i, T - 1]
+    last_obs = next_obs[i, T - 1]
+    if stats is not None:
+        last_obs = stats.normalize(last_obs, i)
+    last_value = pi.value(last_obs).named("last_value")
+    return {
+        "obs": obs,
+        "policy_obs": policy_obs,
+        "obs_stats": stats,
+        "action": action,
+        "logp": logp,
+        "value": value,
+        "reward": reward,
+        "done": done,
+        "last_value": last_value,
+    }
+
+
+def _batch(x: RecurrentTensor, i: Dim, t: Dim, n: int) -> RecurrentTensor:
+    """Stack an iteration's rollout ``x[i, 0:T]`` and merge (T, B) into one batch axis."""
+    data = x[i, 0 : t.bound].detach()
+    return data.reshape(n, *data.view.shape[2:])
+
+
+def _lr_schedule(cfg: AlgoConfig):
+    if not cfg.anneal_lr:
+        return cfg.lr
+
+    def schedule(i: Dim, *_: Dim) -> RecurrentTensor:
+        from timerl.api.tensor import full
+
+        return (1.0 - full((), i) / full((), i.bound)) * cfg.lr
+
+    return schedule
+
+
+def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
+    """PPO-clip with GAE, value loss, entropy bonus, advantage normalisation, and
+    ``epochs x minibatches`` Adam updates per iteration over shuffled minibatches."""
+    cfg = config or PPOConfig()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    batch = cfg.num_envs * cfg.num_steps
+    if cfg.minibatches < 1 or batch % cfg.minibatches:
+        raise ProgramError(f"minibatches={cfg.minibatches} must divide the batch of {batch}")
+    mb_size = batch // cfg.minibatches
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
+    ent_coef = cfg.ent_coef if cfg.ent_coef is not None else (0.01 if env.discrete else 0.0)
+    ctx = Context(dims=("i", "t", "u"))
+    i, t, u = ctx.dims
+    with ctx:
+        policy = Policy(env, cfg.hidden, (i,), cfg.seed * 10 + 1, cfg.log_std_init)
+        ro = _rollout(env, policy, i, t, norm_obs=cfg.norm_obs)
+        reward = ro["reward"]
+        if cfg.norm_reward:
+            # rewards divided by the spread of a running discounted return (kept over i and t)
+            g = discounted_return_estimate(reward, ro["done"], cfg.gamma, i, t)
+            reward = running_moments(_batch(g, i, t, batch), i, (), "return").scale(reward, i)
+        adv = gae(reward, ro["done"], ro["value"], cfg.gamma, cfg.gae_lambda, ro["last_value"])
+        ret = adv + ro["value"]
+        b_obs = _batch(ro["policy_obs"], i, t, batch)
+        b_act = _batch(ro["action"], i, t, batch)
+        b_logp, b_adv = _batch(ro["logp"], i, t, batch), _batch(adv, i, t, batch)
+        b_ret = _batch(ret, i, t, batch)
+        # One shuffle per (iteration, epoch); update u takes minibatch u % minibatches of it.
+        # A single minibatch is the whole batch: its losses are means, so order does not
+        # matter, and skipping the gather saves a batch-sized copy of every input.
+        if cfg.minibatches == 1:
+            take = lambda x: x  # noqa: E731
+        else:
+            perm = _rand_perm(batch, (i, u // cfg.minibatches))
+            mb = perm.narrow(0, (u % cfg.minibatches) * mb_size, mb_size)
+            take = lambda x: x.take(mb)  # noqa: E731
+        learner = policy.unroll(u)
+        parts = ppo_loss(
+            learner,
+            take(b_obs),
+            take(b_act),
+            take(b_logp),
+            take(b_adv),
+            take(b_ret),
+            clip=cfg.clip,
+            vf_coef=cfg.vf_coef,
+            ent_coef=ent_coef,
+            norm_adv=cfg.norm_adv,
+        )
+        loss = parts["loss"]
+        params = learner.parameters()
+        loss.backward(inputs=params)
+        Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
+        last = u.bound - 1
+        metrics = {name: value[i, last] for name, value in parts.items()}
+        metrics["reward_mean"] = ro["reward"][i, 0 : t.bound].mean()
+    bounds = {"T": cfg.num_steps, "U": cfg.epochs * cfg.minibatches}
+    stats = ro["obs_stats"]
+    obs_norm = (
+        {"mean": stats.mean.name, "var": stats.var.name, "eps": EPS, "clip": CLIP}
+        if stats is not None
+        else None
+    )
+    return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters(), obs_norm, ro)
+
+
+def ppo_loss(
+    policy: Policy,
+    obs: RecurrentTensor,
+    action: RecurrentTensor,
+    old_logp: RecurrentTensor,
+    advantage: RecurrentTensor,
+    returns: RecurrentTensor,
+    clip: float = 0.2,
+    vf_coef: float = 0.5,
+    ent_coef: float = 0.0,
+    norm_adv: bool = True,
+) -> dict[str, RecurrentTensor]:
+    """The PPO-clip objective on one (mini)batch: clipped surrogate, value loss, entropy."""
+    dist = policy.dist(obs)
+    new_logp = policy.log_prob(dist, action)
+    entropy = policy.entropy(dist).mean()
+    value = policy.value(obs)
+    if norm_adv:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    log_ratio = new_logp - old_logp
+    ratio = log_ratio.exp()
+    clipped = ratio.clamp(1 - clip, 1 + clip)
+    pg_loss = maximum(-advantage * ratio, -advantage * clipped).mean()
+    v_loss = ((value - returns) ** 2.0).mean() * 0.5
+    loss = pg_loss - entropy * ent_coef + v_loss * vf_coef
+    approx_kl = ((ratio - 1.0) - log_ratio).mean()
+    return {
+        "loss": loss,
+        "policy_loss": pg_loss,
+        "value_loss": v_loss,
+        "entropy": entropy,
+        "approx_kl": approx_kl,
+    }
+
+
+def _rand_perm(n: int, key_at: tuple) -> RecurrentTensor:
+    from timerl.api.functional import rand
+
+    return rand((n,), key_at=key_at).argsort(0)
+
+
+def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoProgram:
+    """REINFORCE: Monte Carlo returns (bootstrapped by the critic at the rollout's end when a
+    baseline is used), one full-batch Adam step per iteration."""
+    cfg = config or ReinforceConfig()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    batch = cfg.num_envs * cfg.num_steps
+    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
+    ent_coef = cfg.ent_coef if cfg.ent_coef is not None else (0.01 if env.discrete else 0.0)
+    ctx = Context(dims=("i", "t"))
+    i, t = ctx.dims
+    with ctx:
+        policy = Policy(env, cfg.hidden, (i,), seed=cfg.seed * 10 + 1)
+        ro = _rollout(env, policy, i, t)
+        boot = ro["last_value"] if cfg.baseline else None
+        ret = discounted_returns(ro["reward"], ro["done"], cfg.gamma, bootstrap=boot)
+        b_obs, b_act, b_ret = (_batch(x, i, t, batch) for x in (ro["obs"], ro["action"], ret))
+        pi = policy.at(i)
+        dist = pi.dist(b_obs)
+        logp = pi.log_prob(dist, b_act)
+        entropy = pi.entropy(dist).mean()
+        loss = -entropy * ent_coef
+        if cfg.baseline:
+            value = pi.value(b_obs)
+            adv = b_ret - value.detach()
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            v_loss = ((value - b_ret) ** 2.0).mean() * 0.5
+            loss = loss - (logp * adv).mean() + v_loss * cfg.vf_coef
+        else:
+            adv = (b_ret - b_ret.mean()) / (b_ret.std() + 1e-8)
+            v_loss = None
+            loss = loss - (logp * adv).mean()
+        params = policy.parameters()
+        if not cfg.baseline:  # no value baseline: nothing trains the critic
+            params = [p for p in params if role_of(p) != "critic"]
+        loss.backward(inputs=params)
+        Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
+        metrics = {
+            "loss": loss,
+            "entropy": entropy,
+            "reward_mean": ro["reward"][i, 0 : t.bound].mean(),
+        }
+        if v_loss is not None:
+            metrics["value_loss"] = v_loss
+    return AlgoProgram(
+        "reinforce", ctx, env, cfg, metrics, {"T": cfg.num_steps}, policy.parameters()
+    )
