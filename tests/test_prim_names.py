@@ -21,9 +21,6 @@ ALLOWED = (
 # files that still compare names, each with the name-free form that replaces the comparison;
 # their owners are rewriting them (a file that no longer compares names must leave this list)
 PENDING = {
-    # the RL layer moves onto the public API (parameters and activations by role)
-    "timerl/rl/checkpoint.py": "a program's parameters by role, from api",
-    "timerl/rl/evaluation.py": "a program's activations by role, from api",
     # memory planning: ``traits.reshapes``; the row table's ``row_view``, ``row_reader`` and
     # ``transposes`` (its own tables _ROW_VIEWS and _ROW_READERS go)
     "timerl/memory/storage.py": "prims.get(op.prim).traits.reshapes",
