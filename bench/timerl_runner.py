@@ -51,7 +51,7 @@ def system_name(algo: str, backend: str) -> str:
 
 
 def env_backend(env_id: str, backend: str) -> str:
-    """On the jax backend, an env with a pure JAX version (``rl/jax_envs.py``: Synthetic-v0,
+    """On the jax backend, an env with a pure JAX version (``rl/envs/jax_envs.py``: Synthetic-v0,
     CartPole-v1) runs inside the program (``env_backend="jax"``), as the JAX baseline's does;
     every other run steps the host env."""
     from timerl.rl.envs.jax_envs import JAX_ENV_IDS

@@ -49,7 +49,7 @@ def _export_program(spec: Any) -> Any:
 
 
 def _train_program(settings: dict[str, Any], **options: Any) -> Any:
-    """Train graphopt's policy with the timerl program of ``rl/graph_policy.py``."""
+    """Train graphopt's policy with the timerl program of ``rl/graph_policy/policy.py``."""
     from timerl.rl.graph_policy.train import train_program
 
     return train_program(settings, **options)

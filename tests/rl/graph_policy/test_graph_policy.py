@@ -1,4 +1,4 @@
-"""graphopt's policy trained by a timerl program (``rl/graph_policy.py``): the padded network
+"""graphopt's policy trained by a timerl program (``rl/graph_policy/policy.py``): the padded network
 equals graphopt's, the loss's gradient equals the torch trainer's, and the program trains,
 resumes exactly and exports weights that ``graphopt optimize`` reads."""
 

@@ -89,7 +89,7 @@ class AlgoConfig:
     max_grad_norm: float = 0.5
     seed: int = 0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    env_backend: str = "gymnasium"  # or "envpool", or "jax" (rl/pure_env.py: ppo, reinforce, a2c)
+    env_backend: str = "gymnasium"  # or "envpool", or "jax" (rl/envs/pure.py: ppo, reinforce, a2c)
 
     def __post_init__(self) -> None:
         for name, rule in self.RULES.items():

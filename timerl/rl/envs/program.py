@@ -134,8 +134,8 @@ def make_env(
     ``env_id``: a registered id, ``"module:EnvId"``, or a ``gymnasium.Env`` subclass or a
     function returning a new env (see :mod:`timerl.rl.envs.ids`);
     ``backend="envpool"`` simulates it with envpool (``pip install "timerl[envpool]"``);
-    ``backend="jax"`` takes the env's pure JAX version (``rl/jax_envs.py``), whose state the
-    program carries (``rl/pure_env.py``).
+    ``backend="jax"`` takes the env's pure JAX version (``rl/envs/jax_envs.py``), whose state the
+    program carries (``rl/envs/pure.py``).
 
     ``workers=N`` (N >= 1) steps the batch on N Ray actors (``pip install "timerl[ray]"``),
     joining the Ray cluster at ``ray_address`` or starting a local one; same seed, same

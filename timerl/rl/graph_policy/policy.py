@@ -13,7 +13,7 @@ its ``search`` reward, written as recurrent tensors over the iteration dim ``i``
     w[i + 1] = Adam(w[i], grad loss)
 
 Graphs have different sizes and timerl's points have static shapes, so every graph of a
-batch is padded to the largest training graph (``graph_env.py``): padded nodes have zero
+batch is padded to the largest training graph (``problems.py``): padded nodes have zero
 features, no edges and a zero mask, so the real nodes' values are exactly those of the
 unpadded network. Message passing is a ``take`` of each edge's source row and an
 ``index_add`` (scatter-add) at its destination, weighted so the sums are means; dense

@@ -1,5 +1,5 @@
 """``timerl graphopt train --engine program``: the graph policy trained by the timerl programs
-of ``graph_policy`` through the same driver as every other algorithm (``rl/train.py``:
+of ``graph_policy`` through the same driver as every other algorithm (``rl/train/driver.py``:
 progress, metrics log, checkpoints, resume, Ctrl-C), then written as a weights file.
 
 With ``--warm-start imitate`` two programs run one after the other, each in a folder of its

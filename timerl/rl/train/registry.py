@@ -1,7 +1,7 @@
 """Every algorithm ``timerl train`` knows: name -> (program builder, config class).
 
-Kept apart from ``algos`` (PPO, REINFORCE and the pieces the other algorithms reuse) so that
-those algorithms' modules import ``algos`` without an import cycle.
+It sits with the driver, not in ``algos``: it also names graphopt's policy
+(``timerl.rl.graph_policy``), which is built from ``algos``' pieces.
 """
 
 from __future__ import annotations
