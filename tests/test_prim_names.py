@@ -21,10 +21,6 @@ ALLOWED = (
 # files that still compare names, each with the name-free form that replaces the comparison;
 # their owners are rewriting them (a file that no longer compares names must leave this list)
 PENDING = {
-    # memory planning: ``traits.reshapes``; the row table's ``row_view``, ``row_reader`` and
-    # ``transposes`` (its own tables _ROW_VIEWS and _ROW_READERS go)
-    "timerl/memory/storage.py": "prims.get(op.prim).traits.reshapes",
-    "timerl/memory/streams.py": "ir.prims.rows: row_view, row_reader, transposes",
     # fusion moves into a compiler pass: ``traits.tuple_part``
     "timerl/runtime/regions.py": "prims.get(op.prim).traits.tuple_part",
 }

@@ -28,10 +28,12 @@ if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
     from timerl.api.functional import (
         arange,
         cat,
+        conv2d,
         exp,
         full,
         log,
         max,
+        max_pool2d,
         maximum,
         min,
         minimum,
@@ -50,7 +52,8 @@ if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
     from timerl.symbolic import Slice
 
 _FUNCTIONAL = (
-    "arange cat exp full log max maximum min minimum ones rand randn sink stack tanh where zeros"
+    "arange cat conv2d exp full log max max_pool2d maximum min minimum ones rand randn sink stack tanh"
+    " where zeros"
 )
 # public name -> (module, attribute; None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -85,6 +88,7 @@ __all__ = [
     "Slice",
     "arange",
     "cat",
+    "conv2d",
     "distributions",
     "evaluate",
     "exp",
@@ -92,6 +96,7 @@ __all__ = [
     "full",
     "log",
     "max",
+    "max_pool2d",
     "maximum",
     "min",
     "minimum",

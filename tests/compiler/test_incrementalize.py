@@ -219,3 +219,45 @@ def test_gather_and_scatter_add_follow_the_rows_along_another_axis():
 def test_a_block_count_that_is_not_a_positive_whole_number_is_refused_by_name(value):
     with pytest.raises(tl.ProgramError, match=rf"CompileOptions\(blocks={value!r}\)"):
         tl.CompileOptions(blocks=value)
+
+
+def _cnn_step(rows: int = 2048):
+    """An Adam step of a small convolutional regressor over ``rows`` frames (uint8)."""
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, 256, (rows, 2, 12, 12), dtype=np.uint8)
+    target = rng.standard_normal((rows, 1)).astype(np.float32)
+    ctx = tl.Context(dims=("i",))
+    (i,), (I,) = ctx.dims, ctx.bounds
+    with ctx:
+        conv = tl.nn.Conv2d(2, 8, 3, stride=2, padding=1, seed=1, domain=(i,))
+        head = tl.nn.Linear(8 * 6 * 6, 1, seed=2, domain=(i,))
+        x = tl.from_numpy(frames).float() * (1.0 / 255.0)
+        pred = head(tl.nn.Flatten()(tl.max_pool2d(conv(x).relu(), 3, 1, 1)))
+        loss = ((pred - tl.from_numpy(target)) ** 2).mean()
+        loss.backward()
+        params = conv.parameters() + head.parameters()
+        tl.optim.Adam(params, lr=1e-2).step()
+    return ctx, {I: 2}, [loss, *params]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_convolution_over_many_frames_runs_by_blocks(backend):
+    """The conv, its pooling and their gradients follow the frames' rows; the weights'
+    gradient is the sum of its blocks' gradients."""
+    ctx, bounds, outs = _cnn_step()
+    prog = _compare(ctx, bounds, outs, backend, options=_blocks(4))
+    assert "incrementalised" in prog.explain()
+    blocked = {op.prim for op in prog.ops if len(op.domain) == 2}
+    assert {"conv2d", "max_pool2d", "max_pool2d_grad", "conv2d_weight_grad"} <= blocked
+
+
+def test_conv_row_rules_follow_the_images_rows():
+    conv = _op("conv2d", (8, 4, 5, 5), stride=(1, 1), padding=(0, 0))
+    rule = row_rule("conv2d")
+    assert rule(conv, 0, _s(8, 4, 5, 5), [_s(8, 3, 7, 7), _s(4, 3, 3, 3)]) == (0, None)
+    with pytest.raises(Decline):  # a spatial axis: neighbouring rows mix under the kernel
+        rule(conv, 2, _s(8, 4, 5, 5), [_s(8, 3, 7, 7), _s(4, 3, 3, 3)])
+    grad = _op("max_pool2d_grad", (8, 3, 6, 6), kernel=(2, 2), stride=(2, 2), padding=(0, 0))
+    assert row_rule("max_pool2d_grad")(
+        grad, 0, _s(8, 3, 6, 6), [_s(8, 3, 6, 6), _s(8, 3, 3, 3)]
+    ) == (0, 0)

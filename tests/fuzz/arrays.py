@@ -51,6 +51,15 @@ class NumpyOps:
     clip = staticmethod(np.clip)
 
     @staticmethod
+    def conv_row(x: Any, w: np.ndarray) -> Any:
+        """``x`` ``(S,)`` correlated with each output channel's kernel row ``w[o, 0, 0]``
+        (zero-padded by one each side), the channels summed: written out, not by timerl's."""
+        padded = np.concatenate([[0.0], x, [0.0]])
+        return sum(
+            w[o, 0, 0, k] * padded[k : k + len(x)] for o in range(w.shape[0]) for k in range(3)
+        )
+
+    @staticmethod
     def pick(kind: str, x: Any, index: np.ndarray) -> Any:
         """``x`` along its last axis: at ``index`` (gather and take agree on a vector), or
         summed up to each position (cumsum)."""
@@ -106,6 +115,12 @@ class TorchOps:
 
     def clip(self, x: Any, lo: float, hi: float) -> Any:
         return self.torch.clamp(self.torch.as_tensor(x, dtype=self.torch.float64), lo, hi)
+
+    def conv_row(self, x: Any, w: np.ndarray) -> Any:
+        t = self.torch
+        image = t.as_tensor(x, dtype=t.float64).reshape(1, 1, 1, -1)
+        y = t.nn.functional.conv2d(image, t.as_tensor(w, dtype=t.float64), padding=(0, 1))
+        return y.sum((0, 1, 2))
 
     def pick(self, kind: str, x: Any, index: np.ndarray) -> Any:
         t = self.torch

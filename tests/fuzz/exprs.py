@@ -649,3 +649,93 @@ class Move(Expr):
 
     def own_flags(self) -> set[str]:
         return {"movement"}
+
+
+def _array_source(a: np.ndarray) -> str:
+    body = " ".join(np.array2string(a, separator=", ", precision=17).split())
+    return f'tl.from_numpy(np.array({body}), dtype="float64")'
+
+
+@dataclass
+class Conv(Expr):
+    """A convolution along the vector: ``x`` as a one-row image ``(1, 1, S)``, a constant
+    kernel ``w`` of ``(2, 1, 1, 3)`` zero-padded by one on each side of the row, its two output
+    channels summed back to ``(S,)`` (an image layer's ``conv2d`` and its two gradients)."""
+
+    x: Expr
+    w: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.dims, self.shape = self.x.dims, self.x.shape
+
+    def ev(self, ref: Reference, env: dict[str, int]) -> Any:
+        return ref.xp.conv_row(self.x.ev(ref, env), self.w)
+
+    def build(self, b: Builder) -> Any:
+        n = self.shape[0]
+        w = b.tl.from_numpy(self.w, dtype="float64")
+        return b.tl.conv2d(self.x.build(b).reshape(1, 1, n), w, padding=(0, 1)).reshape(2, n).sum(0)
+
+    def source(self) -> str:
+        n = self.shape[0]
+        x, w = self.x.source(), _array_source(self.w)
+        return f"tl.conv2d(({x}).reshape(1, 1, {n}), {w}, padding=(0, 1)).reshape(2, {n}).sum(0)"
+
+    def leaves(self) -> set[str]:
+        return self.x.leaves()
+
+    def own_flags(self) -> set[str]:
+        return {"conv"}
+
+
+@dataclass
+class Cell(Expr):
+    """A GRU cell's step ``h' = (1 - u) n + u h`` from input ``x`` and state ``h`` (both
+    ``(S,)``), gates reset, update, new cut from ``x @ wi`` and ``h @ wh`` (constant
+    ``(S, 3 S)``) by ``narrow``, as ``nn.GRUCell`` does."""
+
+    x: Expr
+    h: Expr
+    wi: np.ndarray
+    wh: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.dims, self.shape = self.x.dims | self.h.dims, self.x.shape
+
+    def ev(self, ref: Reference, env: dict[str, int]) -> Any:
+        xp, n = ref.xp, self.shape[0]
+        h = self.h.ev(ref, env)
+        zi, zh = xp.matmul(self.x.ev(ref, env), self.wi), xp.matmul(h, self.wh)
+        r = xp.sigmoid(zi[..., :n] + zh[..., :n])
+        u = xp.sigmoid(zi[..., n : 2 * n] + zh[..., n : 2 * n])
+        new = xp.tanh(zi[..., 2 * n :] + r * zh[..., 2 * n :])
+        return (1.0 - u) * new + u * h
+
+    def build(self, b: Builder) -> Any:
+        n, tl = self.shape[0], b.tl
+        h = self.h.build(b)
+        zi = self.x.build(b) @ tl.from_numpy(self.wi, dtype="float64")
+        zh = h @ tl.from_numpy(self.wh, dtype="float64")
+        r = (zi.narrow(-1, 0, n) + zh.narrow(-1, 0, n)).sigmoid()
+        u = (zi.narrow(-1, n, n) + zh.narrow(-1, n, n)).sigmoid()
+        new = (zi.narrow(-1, 2 * n, n) + r * zh.narrow(-1, 2 * n, n)).tanh()
+        return (1.0 - u) * new + u * h
+
+    def source(self) -> str:
+        n = self.shape[0]
+        zi = f"(({self.x.source()}) @ {_array_source(self.wi)})"
+        h = f"({self.h.source()})"
+        zh = f"({h} @ {_array_source(self.wh)})"
+
+        def gate(k: int) -> str:
+            return f"{zi}.narrow(-1, {k * n}, {n}) + {zh}.narrow(-1, {k * n}, {n})"
+
+        new = f"({zi}.narrow(-1, {2 * n}, {n}) + ({gate(0)}).sigmoid() * {zh}.narrow(-1, {2 * n}, {n})).tanh()"
+        u = f"({gate(1)}).sigmoid()"
+        return f"((1.0 - {u}) * {new} + {u} * {h})"
+
+    def leaves(self) -> set[str]:
+        return self.x.leaves() | self.h.leaves()
+
+    def own_flags(self) -> set[str]:
+        return {"cell"}

@@ -17,6 +17,8 @@ import numpy as np
 from exprs import (
     Affine,
     Binary,
+    Cell,
+    Conv,
     Expr,
     MatMul,
     Move,
@@ -70,6 +72,8 @@ FLAGS: tuple[str, ...] = (
     "linear",  # fwd_cond/bwd_cond with a linear step: r[True] = a + c * r[t + 1] (a scan)
     "host",  # an effect: host(v), a host function called at every point of v's domain
     "matmul",  # v @ M with a constant (S, S) matrix M (spatial values only)
+    "conv",  # a quarter of the products: tl.conv2d along v as a one-row image, kernel 1x3
+    "cell",  # a quarter of the products: a GRU cell's step of (v, w), gates cut by narrow
     "softmax",  # v.softmax(-1), v.log_softmax(-1), v.logsumexp(-1) (spatial values only)
     "gather",  # v.gather(-1, k), v.take(k, -1) with constant ints k, v.cumsum(-1) (spatial)
     "kinks",  # v.clamp(-0.5, 0.5), v.relu(), v.abs()
@@ -326,8 +330,19 @@ class Generator(Stages):
             if not x.shape:
                 return x
             n = x.shape[0]
-            m = np.random.RandomState(ch.int(0, 2**16)).uniform(-1.0, 1.0, (n, n)) / n
-            return MatMul(x, m)
+            seed = ch.int(0, 2**16)
+            rng = np.random.RandomState(seed)
+            # a quarter of them a convolution, a quarter a recurrent cell, chosen by the seed
+            # already drawn so that the other programs stay those drawn before
+            if seed % 4 == 1 and self.flag("conv"):
+                return Conv(x, rng.uniform(-1.0, 1.0, (2, 1, 1, 3)) / 3.0)
+            if seed % 4 == 2 and self.flag("cell"):
+                h = sub()
+                h = h if h.shape == x.shape else x
+                return Cell(
+                    x, h, rng.uniform(-1.0, 1.0, (n, 3 * n)), rng.uniform(-1.0, 1.0, (n, 3 * n))
+                )
+            return MatMul(x, rng.uniform(-1.0, 1.0, (n, n)) / n)
         x = sub()
         if not x.shape:
             return x

@@ -110,6 +110,8 @@ NEW = {
     "spread",
     "broadcast",
     "before",
+    "conv",
+    "cell",
 }
 
 

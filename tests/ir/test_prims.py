@@ -123,6 +123,41 @@ CASES: dict[str, list[tuple[list, dict]]] = {
     "pure_call": [([f32(3)], {"fn": _TwoOutputs()})],
     "merge": [([f32(3), f32(3)], {})],
     "add_n": [([f32(2, 3), f32(2, 3), f32(2, 3)], {})],
+    "conv2d": [
+        ([f32(2, 3, 9, 11), f32(4, 3, 3, 2)], {"stride": (2, 1), "padding": (1, 0)}),
+        ([f32(2, 2, 3, 8, 8), f32(4, 3, 3, 3)], {"stride": (1, 2), "padding": (0, 1)}),
+        ([f32(3, 7, 7), f32(2, 3, 4, 4)], {"stride": (3, 3), "padding": (2, 2)}),  # no batch
+    ],
+    "conv2d_input_grad": [
+        (
+            [f32(2, 4, 5, 10), f32(4, 3, 3, 2)],
+            {"stride": (2, 1), "padding": (1, 0), "size": (9, 11)},
+        ),
+        (
+            [f32(2, 2, 4, 6, 4), f32(4, 3, 3, 3)],
+            {"stride": (1, 2), "padding": (0, 1), "size": (8, 8)},
+        ),
+    ],
+    "conv2d_weight_grad": [
+        (
+            [f32(2, 3, 9, 11), f32(2, 4, 5, 10)],
+            {"stride": (2, 1), "padding": (1, 0), "kernel": (3, 2)},
+        ),
+        (
+            [f32(2, 2, 3, 8, 8), f32(2, 2, 4, 6, 4)],
+            {"stride": (1, 2), "padding": (0, 1), "kernel": (3, 3), "batch": 1},
+        ),
+    ],
+    "max_pool2d": [
+        ([f32(2, 3, 9, 8)], {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1)}),
+        ([f32(2, 2, 3, 6, 6)], {"kernel": (2, 3), "stride": (2, 1), "padding": (0, 0)}),
+    ],
+    "max_pool2d_grad": [
+        (
+            [f32(2, 3, 9, 8), f32(2, 3, 5, 4)],
+            {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1)},
+        ),
+    ],
     # the third point lies outside its input: zeros stand in (see the reference's comment)
     "diag_gather": [
         (
@@ -434,3 +469,35 @@ def test_gather_refuses_an_index_whose_rows_do_not_match_the_tensor():
     assert out == shape(4, 1) and dtype == f32
     with pytest.raises(ShapeError, match=r"index of shape \(5, 1\) does not match .* on axis 0"):
         rule.infer([shape(4, 3), shape(5, 1)], [f32, i64], {"axis": -1})
+
+
+class _Shapes:
+    """``Sizes`` measured from operand shapes (as ``schedule/to_graph.py`` measures them)."""
+
+    def __init__(self, out, *shapes):
+        self.out_shape, self.shapes = out, shapes
+
+    def out(self):
+        return int(np.prod(self.out_shape))
+
+    def read(self, k):
+        return int(np.prod(self.shapes[k]))
+
+    def axis(self, k, axis):
+        return self.shapes[k][axis]
+
+
+def test_a_convolution_costs_two_operations_per_output_and_weight_of_its_channel():
+    from timerl.ir.prims.cost import estimate
+
+    flops = 2 * (8 * 5 * 5) * 16 * (3 * 4 * 4)  # 2 N Ho Wo O C kh kw
+    conv = _Shapes((8, 16, 5, 5), (8, 3, 12, 12), (16, 3, 4, 4))
+    assert estimate("conv2d", conv, {}) == flops
+    back = _Shapes((8, 3, 12, 12), (8, 16, 5, 5), (16, 3, 4, 4))
+    assert estimate("conv2d_input_grad", back, {}) == flops
+    weights = _Shapes((16, 3, 4, 4), (8, 3, 12, 12), (8, 16, 5, 5))
+    assert estimate("conv2d_weight_grad", weights, {}) == flops
+    per_step = _Shapes((2, 16, 3, 4, 4), (2, 4, 3, 12, 12), (2, 4, 16, 5, 5))
+    assert estimate("conv2d_weight_grad", per_step, {"batch": 1}) == flops
+    pool = _Shapes((8, 3, 6, 6), (8, 3, 12, 12))
+    assert estimate("max_pool2d", pool, {"kernel": (3, 3)}) == 8 * 3 * 6 * 6 * 9

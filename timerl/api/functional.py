@@ -13,16 +13,19 @@ from timerl.api.tensor import RecurrentTensor, cat, lift, sizes, stack, where
 from timerl.api.tensor import full as _full
 from timerl.api.tensor import maximum as _maximum
 from timerl.api.tensor import minimum as _minimum
+from timerl.errors import ProgramError
 from timerl.ir.build import apply
 from timerl.symbolic import Expr, as_expr, max_, min_
 
 __all__ = [
     "arange",
     "cat",
+    "conv2d",
     "exp",
     "full",
     "log",
     "max",
+    "max_pool2d",
     "maximum",
     "min",
     "minimum",
@@ -128,6 +131,40 @@ def log(x: RecurrentTensor) -> RecurrentTensor:
 
 def tanh(x: RecurrentTensor) -> RecurrentTensor:
     return x.tanh()
+
+
+def _pair(value: int | Sequence[int], what: str) -> tuple[int, int]:
+    """An int or a pair of ints, as a pair (a kernel, stride or padding per spatial axis)."""
+    pair = (value, value) if isinstance(value, (int, np.integer)) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, (int, np.integer)) for v in pair):
+        raise ProgramError(f"{what} must be an int or a pair of ints, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def conv2d(
+    x: RecurrentTensor,
+    weight: RecurrentTensor,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+) -> RecurrentTensor:
+    """A 2-d convolution of ``x`` ``(..., C, H, W)`` (any leading axes: a batch, a rollout's
+    steps) by ``weight`` ``(O, C, kh, kw)``, zero-padded; no bias (``nn.Conv2d`` adds one)."""
+    attrs = {"stride": _pair(stride, "conv2d stride"), "padding": _pair(padding, "conv2d padding")}
+    return x._new(apply("conv2d", x.view, x._lift(weight).view, **attrs))
+
+
+def max_pool2d(
+    x: RecurrentTensor,
+    kernel: int | Sequence[int],
+    stride: int | Sequence[int] | None = None,
+    padding: int | Sequence[int] = 0,
+) -> RecurrentTensor:
+    """The largest element of each window of ``x`` ``(..., C, H, W)`` (padding never wins);
+    ``stride`` defaults to the kernel, as torch's."""
+    k = _pair(kernel, "max_pool2d kernel")
+    s = k if stride is None else _pair(stride, "max_pool2d stride")
+    p = _pair(padding, "max_pool2d padding")
+    return x._new(apply("max_pool2d", x.view, kernel=k, stride=s, padding=p))
 
 
 def sink(tensor: RecurrentTensor, fn: Callable[[np.ndarray, dict[str, int]], Any]) -> None:

@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from timerl.api.functional import conv2d, max_pool2d
 from timerl.api.scope import current
-from timerl.api.tensor import RecurrentTensor
-from timerl.errors import ProgramError
+from timerl.api.tensor import RecurrentTensor, cat
+from timerl.errors import ProgramError, ShapeError
 from timerl.ir.build import apply
 from timerl.ir.graph import View
 from timerl.ir.prims import orthogonal_array
-from timerl.symbolic import Dim
+from timerl.symbolic import Const, Dim, as_expr
 
 
 def orthogonal(rows: int, cols: int, gain: float, rng: np.random.Generator) -> np.ndarray:
@@ -140,6 +141,27 @@ class Module:
             if isinstance(module, MLP):
                 module.name = f"{prefix}.{module.name}"
         return new
+
+    def with_weights(self, arrays: Sequence[np.ndarray]) -> Module:
+        """A copy whose parameters are leaves over no dim holding ``arrays`` (in
+        ``parameters()`` order): weights loaded from elsewhere (a checkpoint, another
+        framework's module) instead of drawn when the program runs."""
+        from timerl.api.context import from_numpy
+
+        params = self.parameters()
+        if len(arrays) != len(params):
+            raise ProgramError(f"with_weights: {len(params)} parameters, got {len(arrays)} arrays")
+        values = {id(p): np.asarray(a) for p, a in zip(params, arrays, strict=True)}
+        for p in params:
+            want, got = tuple(int(s) for s in p.shape), values[id(p)].shape
+            if want != got:
+                raise ProgramError(f"with_weights: {p.name} is {want}, got an array of {got}")
+
+        def load(p: RecurrentTensor) -> RecurrentTensor:
+            value = values[id(p)].astype(p.dtype, copy=False)
+            return from_numpy(value, requires_grad=True, name=p.name)
+
+        return self._map(load)
 
     def detached(self) -> Module:
         """This module with every parameter read through ``detach()``: a forward pass that
@@ -301,3 +323,333 @@ class MLP(Module):
             if k < len(self.layers) - 1:
                 x = act(x)
         return x
+
+
+# --- images: convolutions, pooling, the usual pixel trunks ------------------------------------
+
+
+def _pair(value: int | Sequence[int], what: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int | np.integer) else tuple(value)
+    if len(pair) != 2 or any(
+        isinstance(v, bool) or not isinstance(v, int | np.integer) for v in pair
+    ):
+        raise ProgramError(f"{what} must be an int or a pair of ints, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _image_sizes(layer: str, x: RecurrentTensor, channels: int) -> tuple[int, int]:
+    """The static spatial size of an image input ``(..., C, H, W)``, checked when the program
+    is built: a ShapeError naming ``layer``, what it expected and what it got."""
+    shape = tuple(x.shape)
+    got = "(" + ", ".join(str(s) for s in shape) + ")"
+    if len(shape) < 3:
+        raise ShapeError(f"{layer}: expected an image (..., {channels}, H, W), got {got}")
+    c, h, w = (as_expr(s) for s in shape[-3:])
+    if not all(isinstance(s, Const) for s in (c, h, w)):
+        raise ShapeError(f"{layer}: expected static channel and spatial sizes, got {got}")
+    if c.value != channels:
+        raise ShapeError(
+            f"{layer}: expected {channels} input channels (..., {channels}, H, W), got {got}"
+        )
+    return h.value, w.value
+
+
+def _as_float(x: RecurrentTensor, scale: float = 1.0) -> RecurrentTensor:
+    """A float32 image: pixels stay uint8 in the rollout and are cast here (times ``scale``)."""
+    if x.dtype != np.float32:
+        x = x.to("float32")
+    return x * scale if scale != 1.0 else x
+
+
+class Conv2d(Module):
+    """A 2-d convolution over ``(..., C, H, W)`` images (any leading axes) with a bias, and an
+    orthogonal init of the ``(O, C * kh * kw)`` weight matrix (gain ``sqrt(2)``), as CleanRL's
+    ``layer_init``. An integer (uint8) image is cast to float32 first."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        gain: float = math.sqrt(2.0),
+        domain: Sequence[Dim] | None = None,
+        seed: int | None = None,
+        name: str = "conv",
+    ) -> None:
+        label = f"Conv2d {name!r}"
+        for what, size in (("in_channels", in_channels), ("out_channels", out_channels)):
+            _check_size(f"{label}: {what}", size)
+        self.kernel = _pair(kernel_size, f"{label}: kernel_size")
+        self.stride = _pair(stride, f"{label}: stride")
+        self.padding = _pair(padding, f"{label}: padding")
+        if min(self.kernel) < 1 or min(self.stride) < 1:
+            raise ProgramError(
+                f"{label}: kernel_size and stride must be positive, got {self.kernel} and "
+                f"{self.stride}"
+            )
+        if min(self.padding) < 0:
+            raise ProgramError(f"{label}: padding must be non-negative, got {self.padding}")
+        self.label, self.in_channels = label, in_channels
+        ctx = current()
+        dom = _default_domain(domain)
+        stream = seed if seed is not None else ctx.next_stream()
+        kh, kw = self.kernel
+        init = _orthogonal_init(out_channels, in_channels * kh * kw, gain, stream, f"{name}.w0")
+        init = init.reshape(out_channels, in_channels, kh, kw)
+        self.weight = _param(init, dom, f"{name}.weight")
+        self.bias = _param(np.zeros(out_channels, np.float32), dom, f"{name}.bias")
+
+    def output_size(self, size: tuple[int, int]) -> tuple[int, int]:
+        """The spatial size of the output for an input of ``size``, or a ShapeError."""
+        padded = tuple(size[k] + 2 * self.padding[k] for k in range(2))
+        if self.kernel[0] > padded[0] or self.kernel[1] > padded[1]:
+            raise ShapeError(
+                f"{self.label}: kernel {self.kernel} is larger than its padded input "
+                f"{padded} (input {size}, padding {self.padding})"
+            )
+        return tuple(  # type: ignore[return-value]
+            (padded[k] - self.kernel[k]) // self.stride[k] + 1 for k in range(2)
+        )
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        self.output_size(_image_sizes(self.label, x, self.in_channels))
+        y = conv2d(_as_float(x), self.weight, self.stride, self.padding)
+        return y + self.bias.reshape(-1, 1, 1)
+
+
+class MaxPool2d(Module):
+    """The largest element of each window (``stride`` defaults to the kernel, as torch's)."""
+
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: int | Sequence[int] = 0,
+        name: str = "pool",
+    ) -> None:
+        self.label = f"MaxPool2d {name!r}"
+        self.kernel = _pair(kernel_size, f"{self.label}: kernel_size")
+        self.stride = self.kernel if stride is None else _pair(stride, f"{self.label}: stride")
+        self.padding = _pair(padding, f"{self.label}: padding")
+        if min(self.kernel) < 1 or min(self.stride) < 1 or min(self.padding) < 0:
+            raise ProgramError(
+                f"{self.label}: expected a positive kernel and stride and a non-negative "
+                f"padding, got {self.kernel}, {self.stride}, {self.padding}"
+            )
+        if any(self.padding[k] > self.kernel[k] // 2 for k in range(2)):
+            raise ProgramError(
+                f"{self.label}: padding {self.padding} exceeds half the kernel {self.kernel}"
+            )
+
+    def output_size(self, size: tuple[int, int]) -> tuple[int, int]:
+        padded = tuple(size[k] + 2 * self.padding[k] for k in range(2))
+        if self.kernel[0] > padded[0] or self.kernel[1] > padded[1]:
+            raise ShapeError(
+                f"{self.label}: kernel {self.kernel} is larger than its padded input {padded}"
+            )
+        return tuple(  # type: ignore[return-value]
+            (padded[k] - self.kernel[k]) // self.stride[k] + 1 for k in range(2)
+        )
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        if x.ndim < 3:
+            raise ShapeError(f"{self.label}: expected an image (..., C, H, W), got {x.shape}")
+        self.output_size(_image_sizes(self.label, x, int(as_expr(x.shape[-3]).value)))
+        return max_pool2d(x, self.kernel, self.stride, self.padding)
+
+
+class Flatten(Module):
+    """The trailing ``ndim`` axes (an image's ``C, H, W``) as one, in torch's order."""
+
+    def __init__(self, ndim: int = 3) -> None:
+        _check_size("Flatten: ndim", ndim)
+        self.ndim = ndim
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        if x.ndim < self.ndim:
+            raise ShapeError(f"Flatten: expected at least {self.ndim} axes, got {x.shape}")
+        return x.flatten(x.ndim - self.ndim)
+
+
+class NatureCNN(Module):
+    """The DQN/PPO Atari trunk (CleanRL's ``Agent.network``): conv 32 8x8 stride 4, conv 64
+    4x4 stride 2, conv 64 3x3, ReLUs, flatten, linear ``out_features``, ReLU. Takes uint8
+    frames ``(..., C, H, W)`` and scales them by 1/255 inside."""
+
+    def __init__(
+        self,
+        in_channels: int = 4,
+        image_size: int | Sequence[int] = 84,
+        out_features: int = 512,
+        domain: Sequence[Dim] | None = None,
+        seed: int | None = None,
+        name: str = "nature",
+    ) -> None:
+        def sub(k: int) -> int | None:
+            return None if seed is None else seed * 1000 + k
+
+        specs = [(in_channels, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1)]
+        self.convs = [
+            Conv2d(c, o, k, s, domain=domain, seed=sub(n), name=f"{name}.{n}")
+            for n, (c, o, k, s) in enumerate(specs)
+        ]
+        size = _pair(image_size, f"NatureCNN {name!r}: image_size")
+        self.image_size = size
+        for conv in self.convs:
+            size = conv.output_size(size)
+        self.flatten = Flatten()
+        self.linear = Linear(
+            64 * size[0] * size[1], out_features, domain=domain, seed=sub(3), name=f"{name}.3"
+        )
+        self.label = f"NatureCNN {name!r}"
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        got = _image_sizes(self.label, x, self.convs[0].in_channels)
+        if got != self.image_size:
+            raise ShapeError(f"{self.label}: expected {self.image_size} images, got {got}")
+        x = _as_float(x, 1.0 / 255.0)
+        for conv in self.convs:
+            x = conv(x).relu()
+        return self.linear(self.flatten(x)).relu()
+
+
+class _Residual(Module):
+    """``x + conv1(relu(conv0(relu(x))))``, both 3x3 convs keeping the size."""
+
+    def __init__(self, channels: int, domain: Any, seed: Any, name: str) -> None:
+        self.conv0 = Conv2d(
+            channels, channels, 3, padding=1, domain=domain, seed=seed(0), name=f"{name}.0"
+        )
+        self.conv1 = Conv2d(
+            channels, channels, 3, padding=1, domain=domain, seed=seed(1), name=f"{name}.1"
+        )
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        return x + self.conv1(self.conv0(x.relu()).relu())
+
+
+class ImpalaCNN(Module):
+    """The IMPALA trunk (CleanRL's procgen agent): per stack of ``channels``, a 3x3 conv, a 3x3
+    max-pool of stride 2 (padding 1) and two residual blocks; then flatten, ReLU, linear
+    ``out_features``, ReLU. Takes uint8 frames and scales them by 1/255 inside."""
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        image_size: int | Sequence[int] = 64,
+        channels: Sequence[int] = (16, 32, 32),
+        out_features: int = 256,
+        domain: Sequence[Dim] | None = None,
+        seed: int | None = None,
+        name: str = "impala",
+    ) -> None:
+        def seeder(prefix: int) -> Callable[[int], int | None]:
+            return lambda k: None if seed is None else seed * 1000 + prefix * 10 + k
+
+        self.label = f"ImpalaCNN {name!r}"
+        self.in_channels = in_channels
+        self.image_size = size = _pair(image_size, f"{self.label}: image_size")
+        self.stacks: list[Module] = []
+        c = in_channels
+        for n, out in enumerate(channels):
+            conv = Conv2d(
+                c, out, 3, padding=1, domain=domain, seed=seeder(n * 3)(0), name=f"{name}.{n}.conv"
+            )
+            pool = MaxPool2d(3, 2, 1, name=f"{name}.{n}.pool")
+            size = pool.output_size(conv.output_size(size))
+            res = [
+                _Residual(out, domain, seeder(n * 3 + k + 1), f"{name}.{n}.res{k}")
+                for k in range(2)
+            ]
+            self.stacks += [conv, pool, *res]
+            c = out
+        self.flatten = Flatten()
+        self.linear = Linear(
+            c * size[0] * size[1],
+            out_features,
+            domain=domain,
+            seed=seeder(99)(0),
+            name=f"{name}.out",
+        )
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        got = _image_sizes(self.label, x, self.in_channels)
+        if got != self.image_size:
+            raise ShapeError(f"{self.label}: expected {self.image_size} images, got {got}")
+        x = _as_float(x, 1.0 / 255.0)
+        for layer in self.stacks:
+            x = layer(x)
+        return self.linear(self.flatten(x).relu()).relu()
+
+
+# --- recurrent cells -------------------------------------------------------------------------
+
+
+class _Cell(Module):
+    """Input and hidden weights ``(in, G * H)`` and ``(H, G * H)`` (torch's ``weight_ih.T`` and
+    ``weight_hh.T``, gates in torch's order), both biases zero, orthogonal weights (gain 1), as
+    CleanRL's LSTM agent."""
+
+    gates = 1
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        domain: Sequence[Dim] | None = None,
+        seed: int | None = None,
+        name: str = "cell",
+    ) -> None:
+        for what, size in (("input_size", input_size), ("hidden_size", hidden_size)):
+            _check_size(f"{type(self).__name__} {name!r}: {what}", size)
+        ctx = current()
+        dom = _default_domain(domain)
+        width = self.gates * hidden_size
+        streams = [ctx.next_stream() if seed is None else seed * 1000 + k for k in range(2)]
+        w_ih = _orthogonal_init(input_size, width, 1.0, streams[0], f"{name}.weight_ih.init")
+        w_hh = _orthogonal_init(hidden_size, width, 1.0, streams[1], f"{name}.weight_hh.init")
+        self.weight_ih = _param(w_ih, dom, f"{name}.weight_ih")
+        self.weight_hh = _param(w_hh, dom, f"{name}.weight_hh")
+        self.bias_ih = _param(np.zeros(width, np.float32), dom, f"{name}.bias_ih")
+        self.bias_hh = _param(np.zeros(width, np.float32), dom, f"{name}.bias_hh")
+        self.input_size, self.hidden_size = input_size, hidden_size
+
+    def _gate(self, z: RecurrentTensor, k: int) -> RecurrentTensor:
+        h = self.hidden_size
+        return z.narrow(-1, k * h, h)
+
+
+class LSTMCell(_Cell):
+    """torch's ``LSTMCell``: ``cell(x, (h, c)) -> (h', c')``, gates input, forget, cell,
+    output. ``cell.packed(x, hc)`` takes and returns the state as one ``(..., 2 H)`` tensor
+    (``[h, c]``), for a single recurrent tensor ``hc[t + 1] = cell.packed(x[t], hc[t])``."""
+
+    gates = 4
+
+    def __call__(self, x: Any, state: Any = None) -> Any:  # type: ignore[override]
+        h, c = state
+        z = x @ self.weight_ih + self.bias_ih + h @ self.weight_hh + self.bias_hh
+        i, f, g, o = (self._gate(z, k) for k in range(4))
+        c_next = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        return o.sigmoid() * c_next.tanh(), c_next
+
+    def packed(self, x: RecurrentTensor, hc: RecurrentTensor) -> RecurrentTensor:
+        n = self.hidden_size
+        h, c = self(x, (hc.narrow(-1, 0, n), hc.narrow(-1, n, n)))
+        return cat([h, c], -1)
+
+
+class GRUCell(_Cell):
+    """torch's ``GRUCell``: ``cell(x, h) -> h'``, gates reset, update, new."""
+
+    gates = 3
+
+    def __call__(self, x: Any, h: Any = None) -> Any:  # type: ignore[override]
+        zi = x @ self.weight_ih + self.bias_ih
+        zh = h @ self.weight_hh + self.bias_hh
+        r = (self._gate(zi, 0) + self._gate(zh, 0)).sigmoid()
+        u = (self._gate(zi, 1) + self._gate(zh, 1)).sigmoid()
+        n = (self._gate(zi, 2) + r * self._gate(zh, 2)).tanh()
+        return (1.0 - u) * n + u * h

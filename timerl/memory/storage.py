@@ -310,7 +310,7 @@ def _view_base(op: Op, table: Mapping[int, Storage], keep: set[int]) -> tuple[in
         same_point = tuple(op.domain) == tuple(e.src.domain) and all(
             i is d for i, d in zip(e.index, op.domain, strict=True)
         )
-        if not same_point or (op.prim == "reshape" and not src.contiguous):
+        if not same_point or (prims.get(op.prim).traits.reshapes and not src.contiguous):
             return None
         assert src.base is not None
         return src.base, src.contiguous and not strided

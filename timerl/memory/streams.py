@@ -11,13 +11,13 @@ those that lower the planned peak.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 
 from timerl.ir import rowwise
 from timerl.ir.graph import Op
+from timerl.ir.prims import rows
 from timerl.memory.replay import PlannedPeak, format_bytes, planned_peak, row_bytes
 from timerl.memory.storage import Storage
 from timerl.schedule.program import (
@@ -27,77 +27,6 @@ from timerl.schedule.program import (
 from timerl.symbolic import Bound, Slice
 
 _POINT = Storage("point", "")
-
-# How the ops that may read a streamed block's rows do so: the pass's own rule tables, one entry
-# per primitive (a primitive missing from both reads the block whole, which streaming forbids).
-#
-# Views that keep a row source (ir/rowwise.py) a row source, given the view, whether the block
-# reaches it transposed, and the static bounds: why not, or None.
-_ViewRule = Callable[[Op, bool, Mapping[Bound, int]], str | None]
-
-
-def _keeps_rows(view: Op, transposed: bool, static: Mapping[Bound, int]) -> str | None:
-    if transposed or not view.shape or not _splits_rows(view, static):
-        return f"{view.label} reshapes its rows"
-    return None
-
-
-def _transposes_rows(view: Op, transposed: bool, static: Mapping[Bound, int]) -> str | None:
-    if tuple(view.attrs.get("perm", ())) != (1, 0) or transposed:
-        return f"{view.label} permutes its axes"
-    return None
-
-
-_ROW_VIEWS: dict[str, _ViewRule] = {
-    "identity": _keeps_rows,
-    "detach": _keeps_rows,
-    "reshape": _keeps_rows,
-    "permute": _transposes_rows,
-}
-
-
-@dataclass(frozen=True)
-class _RowReader:
-    """A kernel that reads its first operand, a row source, a chunk at a time."""
-
-    # why it cannot read this source (given the reader, whether the source is the block's
-    # transpose, and the source), or None
-    declines: Callable[[Op, bool, Op], str | None]
-    # whether it reads the rows as a transpose, holding a slab of its result (given the
-    # reader and whether the source is transposed)
-    flips: Callable[[Op, bool], bool]
-    # rows it reads in all, of a source of ``nrows`` rows (a gather may read some twice)
-    rows_read: Callable[[Op, Mapping[Bound, int], int], int]
-
-
-def _matmul_declines(reader: Op, transposed: bool, source: Op) -> str | None:
-    if len(reader.inputs[1].src.shape) != 2:
-        return f"{reader.label} multiplies it by a batch of matrices"
-    if transposed and len(source.shape) != 2:
-        return f"{reader.label} multiplies its transpose as a batch"
-    return None
-
-
-def _take_matmul_declines(reader: Op, transposed: bool, source: Op) -> str | None:
-    return f"{reader.label} gathers from its transpose" if transposed else None
-
-
-def _every_row(reader: Op, env: Mapping[Bound, int], nrows: int) -> int:
-    return nrows
-
-
-def _gathered_rows(reader: Op, env: Mapping[Bound, int], nrows: int) -> int:
-    return int(np.prod([int(x.evaluate(env)) for x in reader.inputs[1].src.shape]))
-
-
-_ROW_READERS: dict[str, _RowReader] = {
-    "matmul": _RowReader(_matmul_declines, lambda _r, transposed: transposed, _every_row),
-    "take_matmul": _RowReader(
-        _take_matmul_declines,
-        lambda reader, _t: bool(reader.attrs.get("trans", False)),
-        _gathered_rows,
-    ),
-}
 
 
 def streamable(
@@ -111,8 +40,8 @@ def streamable(
 
     The block, and each alias of it, is read at single points (one row, read back from the
     file) or as a whole slice by a view; a view (a row source) is read by views that keep
-    its rows (``_ROW_VIEWS``) and as the first operand of a kernel that reads it by chunks
-    (``_ROW_READERS``)."""
+    its rows (the row table's ``row_view``) and as the first operand of a kernel that reads
+    it by chunks (``row_reader``, ``ir/prims/rows.py``)."""
     by_id = {op.id: op for op in ops}
     family, transposed = _family(op_id, by_id, storage)
     kept = sorted(family & set(keep))
@@ -132,7 +61,7 @@ def streamable(
             if reader.id in family:
                 if storage[reader.id].kind == "alias":
                     continue
-                view_rule = _ROW_VIEWS.get(reader.prim)
+                view_rule = rows.row_view(reader.prim)
                 if view_rule is None:
                     return f"{reader.label} views it as {reader.prim}"
                 why = view_rule(reader, transposed[fid], static)
@@ -143,7 +72,7 @@ def streamable(
                 continue  # one row, read back from the file
             if not whole and any(isinstance(i, Slice) for i in edge.index[:-1]):
                 return f"{reader.label} ({reader.prim}) reads a slice across its blocks"
-            rule = _ROW_READERS.get(reader.prim)
+            rule = rows.row_reader(reader.prim)
             if (sliced and whole) or k != 0 or rule is None:
                 what = "a slice of it" if sliced else "it whole"
                 return f"{reader.label} ({reader.prim}) reads {what}"
@@ -164,7 +93,7 @@ def _family(
     for _ in family:  # a view is transposed when an odd number of permutes lead to it
         for fid in family - {op_id}:
             src = by_id[fid].inputs[0].src.id if by_id[fid].inputs else op_id
-            transposed[fid] = transposed.get(src, False) ^ (by_id[fid].prim == "permute")
+            transposed[fid] = transposed.get(src, False) ^ rows.transposes(by_id[fid].prim)
     return family, transposed
 
 
@@ -173,7 +102,7 @@ def read_buffers(
 ) -> dict[int, int]:
     """Op id -> the bytes its kernel holds reading a streamed block by chunks.
 
-    A kernel of ``_ROW_READERS`` (a matmul, a ``take_matmul``) whose rows are a streamed block
+    A kernel with a ``row_reader`` rule (a matmul, a ``take_matmul``) whose rows are a streamed block
     (a view of it, or a slice of its rows) reads them a chunk at a time (``ir/rowwise.py``): it holds one chunk, two where
     the block is read ahead, and the slab of a transposed product. ``planned_peak`` and the
     run's meter count these bytes while the op runs, on top of what is live then. A read of
@@ -186,7 +115,7 @@ def read_buffers(
         st = storage[block]
         family, transposed = _family(block, by_id, storage)
         for op in ops:
-            rule = _ROW_READERS.get(op.prim)
+            rule = rows.row_reader(op.prim)
             if rule is None or not op.inputs:
                 continue
             edge = op.inputs[0]
@@ -232,24 +161,6 @@ def with_read_buffers(
     for i, n in reads.items():
         table[i] = dataclasses.replace(table.get(i, _POINT), read_bytes=n)
     return table
-
-
-def _splits_rows(view: Op, static: Mapping[Bound, int]) -> bool:
-    """The view keeps a row source's rows whole: it has a multiple of the rows of its input
-    (the whole block's ``extent``, or a view of it) in front (``(T, E, D) -> (T * E, D)``)."""
-    src = view.inputs[0]
-    env = {b: int(v) for b, v in static.items()}
-    try:
-        rows = int(view.shape[0].evaluate(env))
-        before = src.src.shape
-        first = (
-            int(src.index[-1].stop.evaluate(env)) - int(src.index[-1].start.evaluate(env))
-            if isinstance(src.index[-1], Slice)
-            else int(before[0].evaluate(env))
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return False
-    return first > 0 and rows % first == 0
 
 
 def plan_streams(

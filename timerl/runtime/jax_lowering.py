@@ -270,3 +270,78 @@ register_lowering("merge", lambda *xs: xs[0])
 register_lowering("add_n", lambda *xs, **_: sum(xs[1:], xs[0]))
 # a pure function handed over as a traceable jax function: traced into the region or loop
 register_lowering("pure_call", lambda *xs, fn, **_: fn(*xs))
+
+# --- convolutions and pooling: leading axes folded into XLA's batch ----------------------------
+
+
+def _folded(x: Any) -> Any:
+    """``(*lead, C, H, W)`` as ``(N, C, H, W)``."""
+    return x.reshape((int(np.prod(x.shape[:-3], dtype=np.int64)),) + tuple(x.shape[-3:]))
+
+
+def _conv(x: Any, w: Any, stride: Any, padding: Any) -> Any:
+    return jax.lax.conv_general_dilated(
+        x,
+        w,
+        tuple(stride),
+        [(int(p), int(p)) for p in padding],
+        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        precision=jax.lax.Precision.HIGHEST,
+    )
+
+
+def _conv2d(x: Any, w: Any, stride: Any, padding: Any) -> Any:
+    y = _conv(_folded(x), w, stride, padding)
+    return y.reshape(x.shape[:-3] + y.shape[1:])
+
+
+def _conv2d_input_grad(g: Any, w: Any, stride: Any, padding: Any, size: Any) -> Any:
+    gf = _folded(g)
+    zeros = jnp.zeros((gf.shape[0], w.shape[1], *size), dtype=g.dtype)
+    _, pull = jax.vjp(lambda x: _conv(x, w, stride, padding), zeros)
+    return pull(gf)[0].reshape(g.shape[:-3] + zeros.shape[1:])
+
+
+def _weight_grad(x: Any, g: Any, stride: Any, padding: Any, kernel: Any) -> Any:
+    zeros = jnp.zeros((g.shape[-3], x.shape[-3], *kernel), dtype=g.dtype)
+    _, pull = jax.vjp(lambda w: _conv(_folded(x), w, stride, padding), zeros)
+    return pull(_folded(g))[0]
+
+
+def _conv2d_weight_grad(
+    x: Any, g: Any, stride: Any, padding: Any, kernel: Any, batch: int = 0
+) -> Any:
+    if not batch:
+        return _weight_grad(x, g, stride, padding, kernel)
+    kept = x.shape[:batch]
+    xs, gs = x.reshape((-1,) + x.shape[batch:]), g.reshape((-1,) + g.shape[batch:])
+    out = jax.vmap(lambda a, b: _weight_grad(a, b, stride, padding, kernel))(xs, gs)
+    return out.reshape(kept + out.shape[1:])
+
+
+def _pool(x: Any, kernel: Any, stride: Any, padding: Any) -> Any:
+    return jax.lax.reduce_window(
+        x,
+        -np.inf,
+        jax.lax.max,
+        (1, 1, *kernel),
+        (1, 1, *stride),
+        ((0, 0), (0, 0), *((int(p), int(p)) for p in padding)),
+    )
+
+
+def _max_pool2d(x: Any, kernel: Any, stride: Any, padding: Any) -> Any:
+    y = _pool(_folded(x), kernel, stride, padding)
+    return y.reshape(x.shape[:-3] + y.shape[1:])
+
+
+def _max_pool2d_grad(x: Any, g: Any, kernel: Any, stride: Any, padding: Any) -> Any:
+    _, pull = jax.vjp(lambda a: _pool(a, kernel, stride, padding), _folded(x))
+    return pull(_folded(g))[0].reshape(x.shape)
+
+
+register_lowering("conv2d", _conv2d)
+register_lowering("conv2d_input_grad", _conv2d_input_grad)
+register_lowering("conv2d_weight_grad", _conv2d_weight_grad)
+register_lowering("max_pool2d", _max_pool2d)
+register_lowering("max_pool2d_grad", _max_pool2d_grad)

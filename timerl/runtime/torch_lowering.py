@@ -363,3 +363,66 @@ def _pure_call(*xs: torch.Tensor, fn: Any, **_: Any) -> tuple[torch.Tensor, ...]
 
 
 register_lowering("pure_call", _pure_call)
+
+# --- convolutions and pooling: leading axes folded into torch's batch ---------------------------
+
+
+def _folded(x: torch.Tensor) -> torch.Tensor:
+    """``(*lead, C, H, W)`` as ``(N, C, H, W)``."""
+    n = int(np.prod(x.shape[:-3], dtype=np.int64))
+    return x.reshape(n, *x.shape[-3:])
+
+
+def _unfolded(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return y.reshape(*like.shape[:-3], *y.shape[1:])
+
+
+def _conv2d(x: Any, w: Any, stride: Any, padding: Any) -> Any:
+    y = torch.nn.functional.conv2d(_folded(x), w, stride=tuple(stride), padding=tuple(padding))
+    return _unfolded(y, x)
+
+
+def _conv2d_input_grad(g: Any, w: Any, stride: Any, padding: Any, size: Any) -> Any:
+    gf = _folded(g)
+    shape = (gf.shape[0], w.shape[1], *size)
+    gx = torch.nn.grad.conv2d_input(shape, w, gf, stride=tuple(stride), padding=tuple(padding))
+    return _unfolded(gx, g)
+
+
+def _conv2d_weight_grad(
+    x: Any, g: Any, stride: Any, padding: Any, kernel: Any, batch: int = 0
+) -> Any:
+    if batch:  # one gradient per point of the kept leading axes
+        kept = x.shape[:batch]
+        xs, gs = x.reshape(-1, *x.shape[batch:]), g.reshape(-1, *g.shape[batch:])
+        parts = [
+            _conv2d_weight_grad(a, b, stride, padding, kernel) for a, b in zip(xs, gs, strict=True)
+        ]
+        return torch.stack(parts).reshape(*kept, g.shape[-3], x.shape[-3], *kernel)
+    shape = (g.shape[-3], x.shape[-3], *kernel)
+    return torch.nn.grad.conv2d_weight(
+        _folded(x), shape, _folded(g), stride=tuple(stride), padding=tuple(padding)
+    )
+
+
+def _max_pool2d(x: Any, kernel: Any, stride: Any, padding: Any) -> Any:
+    y = torch.nn.functional.max_pool2d(_folded(x), tuple(kernel), tuple(stride), tuple(padding))
+    return _unfolded(y, x)
+
+
+def _max_pool2d_grad(x: Any, g: Any, kernel: Any, stride: Any, padding: Any) -> Any:
+    xf = _folded(x)
+    _, where = torch.nn.functional.max_pool2d(
+        xf, tuple(kernel), tuple(stride), tuple(padding), return_indices=True
+    )
+    gx = torch.ops.aten.max_pool2d_with_indices_backward(
+        _folded(g), xf, list(kernel), list(stride), list(padding), [1, 1], False, where
+    )
+    return _unfolded(gx, x)
+
+
+register_lowering("conv2d", _conv2d)
+register_lowering("conv2d_input_grad", _conv2d_input_grad)
+register_lowering("conv2d_weight_grad", _conv2d_weight_grad)
+register_lowering("max_pool2d", _max_pool2d)
+register_lowering("max_pool2d_grad", _max_pool2d_grad)

@@ -10,6 +10,7 @@ library but numpy. Composite ops (softmax, losses, distributions) are built from
 
 from timerl.ir.prims import (  # noqa: F401 - each family registers its primitives
     control,
+    conv,
     elementwise,
     indexing,
     linalg,
