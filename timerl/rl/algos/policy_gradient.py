@@ -90,6 +90,12 @@ class AlgoConfig:
     seed: int = 0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     env_backend: str = "gymnasium"  # or "envpool", or "jax" (rl/envs/pure.py: ppo, reinforce, a2c)
+    # the network: "auto" (an MLP; a CNN for image observations where supported), or one of
+    # POLICIES; "lstm" only for the algorithms whose config sets RECURRENT
+    policy: str = "auto"
+
+    RECURRENT: ClassVar[bool] = False
+    POLICIES: ClassVar[tuple[str, ...]] = ("auto", "mlp")
 
     def __post_init__(self) -> None:
         for name, rule in self.RULES.items():
@@ -98,11 +104,39 @@ class AlgoConfig:
                 algo = type(self).__name__.removesuffix("Config").lower()
                 where = config_ref(name)  # its flag, or config['name'] from Python
                 raise ProgramError(f"{algo}: {name} must be {rule.what}, got {value!r} ({where})")
+        self.check_policy()
+
+    def check_policy(self) -> None:
+        """A policy kind this algorithm builds; for "lstm", the algorithms that build one."""
+        algo = type(self).__name__.removesuffix("Config").lower()
+        if self.policy == "lstm" and not self.RECURRENT:
+            have = sorted(
+                c.__name__.removesuffix("Config").lower()
+                for c in _config_classes(AlgoConfig)
+                if c.RECURRENT
+            )
+            raise ProgramError(
+                f"{algo}: policy 'lstm' needs recurrent support, which {', '.join(have)} "
+                f"have ({config_ref('policy')})"
+            )
+        known = {*self.POLICIES, *(("lstm",) if self.RECURRENT else ())}
+        if self.policy not in known:
+            raise ProgramError(
+                f"{algo}: policy must be one of {sorted(known)}, got {self.policy!r} "
+                f"({config_ref('policy')})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["hidden"] = list(self.hidden)
         return out
+
+
+def _config_classes(cls: type) -> list[type]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_config_classes(sub))
+    return out
 
 
 @dataclass
@@ -131,6 +165,8 @@ class PPOConfig(AlgoConfig):
     norm_reward: bool = False
     # initial log standard deviation of the Gaussian policy (continuous actions only)
     log_std_init: float = 0.0
+
+    RECURRENT: ClassVar[bool] = True
 
 
 @dataclass
@@ -200,6 +236,16 @@ class AlgoProgram:
     obs_norm: dict[str, Any] | None = None
     # the rollout's tensors (obs, action, reward, ...) by name, to sink or inspect
     rollout: dict[str, Any] = field(default_factory=dict)
+    # ``tl.CompileOptions`` fields the program needs (passes it must run without)
+    compile_options: dict[str, Any] = field(default_factory=dict)
+
+    def options(self) -> Any:
+        """The ``tl.CompileOptions`` to compile this program with (None: the defaults)."""
+        if not self.compile_options:
+            return None
+        from timerl import CompileOptions
+
+        return CompileOptions(**self.compile_options)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -353,6 +399,11 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
     cfg = config or PPOConfig()
     for k, v in overrides.items():
         setattr(cfg, k, v)
+    cfg.check_policy()
+    if cfg.policy == "lstm":
+        from timerl.rl.algos.recurrent import recurrent_ppo
+
+        return recurrent_ppo(cfg)
     batch = cfg.num_envs * cfg.num_steps
     if cfg.minibatches < 1 or batch % cfg.minibatches:
         raise ProgramError(f"minibatches={cfg.minibatches} must divide the batch of {batch}")

@@ -458,6 +458,9 @@ def available_env_ids() -> list[str]:
     """Ids :func:`make_env` accepts: timerl's native envs and every registered gymnasium id."""
     import gymnasium as gym
 
+    from timerl.rl.envs.partial import register_gymnasium
+
+    register_gymnasium()
     return sorted(set(_NATIVE) | set(gym.registry))
 
 
@@ -489,6 +492,11 @@ def make_env(
         return EnvpoolVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
     import gymnasium as gym
 
+    from timerl.rl.envs.partial import NO_VEL_ID, BatchedCartPoleNoVel, register_gymnasium
+
+    register_gymnasium()
+    if env_id == NO_VEL_ID:
+        return BatchedCartPoleNoVel(env_id, num_envs=num_envs, seed=seed, **kwargs)
     if gym_target(env_id) is None:
         close = difflib.get_close_matches(env_id, available_env_ids(), n=5, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
