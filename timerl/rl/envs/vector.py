@@ -413,18 +413,20 @@ class EnvpoolVectorEnv(VectorEnv):
                 f"{env_id}: envpool observation space {obs_space} is not supported; use Box"
             )
         self.obs_shape = tuple(int(d) for d in obs_space.shape)
+        if np.dtype(obs_space.dtype) == np.uint8:  # frames stay bytes; the policy scales them
+            self.obs_dtype = np.dtype(np.uint8)
         _describe_actions(self, act_space, f"{env_id}: envpool action space")
 
     def _reset_batch(self) -> np.ndarray:
         obs, _ = self._pool.reset()
-        return np.array(obs, dtype=np.float32)
+        return np.array(obs, dtype=self.obs_dtype)
 
     def _step_batch(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         obs, reward, terminated, truncated, info = self._pool.step(actions)
         order = np.asarray(info["env_id"])
-        obs = np.array(obs, dtype=np.float32)
+        obs = np.array(obs, dtype=self.obs_dtype)
         if not np.array_equal(order, np.arange(self.num_envs)):
             # results come back in env_id order of arrival; put them in env order
             back = np.argsort(order)
@@ -436,7 +438,7 @@ class EnvpoolVectorEnv(VectorEnv):
             final_obs = obs.copy()
             idle = np.zeros((len(ended), *self.action_shape), dtype=self.action_dtype)
             first, *_, info2 = self._pool.step(idle, env_id=ended)
-            first = np.asarray(first, dtype=np.float32)
+            first = np.asarray(first, dtype=self.obs_dtype)
             obs[np.asarray(info2["env_id"])] = first
         return obs, reward, terminated, truncated, final_obs
 
@@ -452,6 +454,22 @@ ENV_BACKENDS = ("gymnasium", "envpool")
 
 # gymnasium ids whose registered batched simulator :class:`GymBatchedCartPole` runs
 BATCHED_CARTPOLE = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
+
+
+# CleanRL's Atari settings for envpool's Atari ids: a lost life ends the episode the agent
+# learns from, rewards clipped to their sign
+ATARI_KWARGS = {"episodic_life": True, "reward_clip": True}
+
+
+def envpool_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is one of envpool's Atari ids (``Pong-v5``), with envpool installed."""
+    if not isinstance(env_id, str) or not env_id.endswith("-v5"):
+        return False
+    try:
+        import envpool
+    except ModuleNotFoundError:
+        return False
+    return env_id in envpool.list_all_envs()
 
 
 def available_env_ids() -> list[str]:
@@ -497,6 +515,8 @@ def make_env(
     register_gymnasium()
     if env_id == NO_VEL_ID:
         return BatchedCartPoleNoVel(env_id, num_envs=num_envs, seed=seed, **kwargs)
+    if gym_target(env_id) is None and envpool_atari(env_id):  # envpool runs Atari ids
+        return EnvpoolVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
     if gym_target(env_id) is None:
         close = difflib.get_close_matches(env_id, available_env_ids(), n=5, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
