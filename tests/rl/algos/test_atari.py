@@ -58,3 +58,11 @@ def test_train_ppo_on_pong_without_extra_flags_runs(tmp_path, capsys):
     argv += ["--num-envs", "2", "--num-steps", "8", "--minibatches", "2", "--epochs", "1"]
     assert main(argv) == 0
     assert "ppo on Pong-v5: 2 iterations, 32 env steps" in capsys.readouterr().out
+
+
+def test_only_envpool_atari_ids_count_as_atari():
+    from timerl.rl.envs.vector import envpool_atari
+
+    assert envpool_atari("Pong-v5") and envpool_atari("Breakout-v5")
+    assert not envpool_atari("HalfCheetah-v5") and not envpool_atari("CartPole-v1")
+    assert default_config("ppo", "HalfCheetah-v5")["lr"] == 3e-4  # MuJoCo's own defaults

@@ -110,23 +110,3 @@ def test_lstm_for_an_algorithm_without_recurrence_names_those_with_it():
 def test_recurrent_minibatches_are_whole_envs():
     with pytest.raises(ProgramError, match="must divide num_envs=6"):
         ppo(PPOConfig(env_id="CartPoleNoVel-v1", policy="lstm", num_envs=6, minibatches=4))
-
-
-def test_lstm_ppo_improves_on_cartpole_without_velocities(tmp_path):
-    """A short run: the mean return of the last iterations beats the first ones."""
-    from timerl.rl.train.driver import train
-
-    cfg = {
-        "env_id": "CartPoleNoVel-v1",
-        "policy": "lstm",
-        "num_envs": 4,
-        "num_steps": 64,
-        "minibatches": 2,
-        "lr": 3e-3,
-        "hidden": (32,),
-    }
-    result = train("ppo", cfg, total_steps=40 * 256, progress=False, log_every=0)
-    returns = [r for r in result.returns if np.isfinite(r)]
-    assert len(returns) >= 20
-    first, last = np.mean(returns[:5]), np.mean(returns[-5:])
-    assert last > first + 10, (first, last)

@@ -466,10 +466,11 @@ def envpool_atari(env_id: str) -> bool:
     if not isinstance(env_id, str) or not env_id.endswith("-v5"):
         return False
     try:
-        import envpool
+        from envpool.registration import registry
     except ModuleNotFoundError:
         return False
-    return env_id in envpool.list_all_envs()
+    spec = registry.specs.get(env_id)
+    return spec is not None and spec[0] == "envpool.atari"
 
 
 def available_env_ids() -> list[str]:
