@@ -110,3 +110,13 @@ def test_lstm_for_an_algorithm_without_recurrence_names_those_with_it():
 def test_recurrent_minibatches_are_whole_envs():
     with pytest.raises(ProgramError, match="must divide num_envs=6"):
         ppo(PPOConfig(env_id="CartPoleNoVel-v1", policy="lstm", num_envs=6, minibatches=4))
+
+
+def test_eval_and_export_refuse_an_lstm_or_cnn_checkpoint_by_name():
+    from timerl.errors import CheckpointError
+    from timerl.rl.train.evaluation import checkpoint_policy
+
+    for name, kind in (("lstm.weight_ih", "an LSTM"), ("nature.0.weight", "a CNN")):
+        ckpt = SimpleNamespace(header={}, params={name: np.zeros((2, 2))}, state={})
+        with pytest.raises(CheckpointError, match=f"policy is {kind}"):
+            checkpoint_policy(ckpt, None)

@@ -376,9 +376,10 @@ class CNNPolicy(Policy):
 
 
 def make_policy(cfg: AlgoConfig, env: Env | PureEnv, domain: tuple[Dim, ...]) -> Policy:
-    """The network ``cfg.policy`` names; "auto": a CNN for image observations, else an MLP."""
+    """The network ``cfg.policy`` names; "auto": a CNN for uint8 frames, else an MLP."""
     seed = cfg.seed * 10 + 1
-    image = len(env.obs_shape) == 3
+    # pixels: frames of bytes (envpool's Atari); float "images" (Synthetic-v0) keep the MLP
+    image = len(env.obs_shape) == 3 and getattr(env, "obs_dtype", "float32") == "uint8"
     if cfg.policy == "cnn" or (cfg.policy == "auto" and image and "cnn" in cfg.POLICIES):
         return CNNPolicy(env, domain, seed)
     return Policy(env, cfg.hidden, domain, seed, getattr(cfg, "log_std_init", 0.0))
