@@ -37,6 +37,14 @@ ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "CartPole-v1": {"lr": 2.5e-3, "num_envs": 16, "num_steps": 128},
     "Acrobot-v1": {"lr": 2.5e-3, "num_envs": 16, "num_steps": 128},
     "Pendulum-v1": {"lr": 1e-3, "num_envs": 16, "num_steps": 200},
+    # CleanRL's ppo_atari_envpool: 8 envs x 128 steps, lr 2.5e-4, 4 epochs x 4 minibatches
+    # (Case sets those two), clip 0.1, lost lives end episodes, rewards clipped to their sign
+    "Pong-v5": {
+        "lr": 2.5e-4,
+        "num_envs": 8,
+        "num_steps": 128,
+        "env_kwargs": {"episodic_life": True, "reward_clip": True},
+    },
     "Synthetic-v0": {
         "lr": 3e-4,
         "num_envs": 16,

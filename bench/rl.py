@@ -129,6 +129,14 @@ def default_systems() -> dict[str, System]:
                 ("torch",),
                 _baseline_profile("torch_reinforce"),
             ),
+            System(
+                "torch_ppo_atari",
+                "baseline",
+                "ppo",
+                _baseline("torch_ppo_atari"),
+                ("torch", "envpool"),
+                _baseline_profile("torch_ppo_atari"),
+            ),
             System("jax_ppo", "baseline", "ppo", _baseline("jax_ppo"), ("jax", "optax")),
             System("sb3_ppo", "baseline", "ppo", _baseline("sb3_ppo"), ("stable_baselines3",)),
         ]
@@ -174,7 +182,19 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
     ),
     "reinforce": ("num_envs", "CartPole-v1, REINFORCE with a value baseline"),
     "gym": ("hidden layers", "CartPole-v1 stepped by gymnasium (a host env) on every backend"),
+    "atari": (
+        "num_envs",
+        "Pong-v5 through envpool (uint8 4x84x84 frames), CleanRL's Nature-CNN agent, 8 envs x "
+        "128 steps, 4 epochs x 4 minibatches, against eager PyTorch with the same agent",
+    ),
 }
+
+# baselines written for image observations and the ones that are not (an MLP over pixels)
+IMAGE_BASELINES = ("torch_ppo_atari",)
+
+
+def is_atari(case: Case) -> bool:
+    return case.experiment == "atari"
 
 
 def all_cases(quick: bool = False, iterations: int | None = None, seed: int = 0) -> list[Case]:
@@ -224,6 +244,9 @@ def all_cases(quick: bool = False, iterations: int | None = None, seed: int = 0)
     # jax_ppo always runs its JAX env)
     cfg = Config("CartPole-v1", num_envs=16, iterations=its(15, 3), seed=seed, host_env=True)
     cases.append(Case("gym", "gym-cartpole-l2", cfg, x=2))
+    cfg = Config("Pong-v5", epochs=4, minibatches=4, clip_coef=0.1, iterations=its(4, 2))
+    cfg.seed = seed
+    cases.append(Case("atari", "atari-pong", cfg, x=8))
     return cases
 
 
@@ -475,7 +498,9 @@ def systems_for(case: Case, names: list[str], systems: dict[str, System]) -> lis
     return [
         systems[n]
         for n in names
-        if systems[n].algo in ("*", case.algo) and not (case.config.host_env and n == "jax_ppo")
+        if systems[n].algo in ("*", case.algo)
+        and not (case.config.host_env and n == "jax_ppo")
+        and (systems[n].kind != "baseline" or (n in IMAGE_BASELINES) == is_atari(case))
     ]
 
 

@@ -59,6 +59,12 @@ def env_backend(env_id: str, backend: str) -> str:
     return "jax" if backend == "jax" and env_id in JAX_ENV_IDS else "gymnasium"
 
 
+def envpool_atari(env_id: str) -> bool:
+    from timerl.rl.envs.vector import envpool_atari as is_atari
+
+    return is_atari(env_id)
+
+
 def timerl_config(config: Config, algo: str = "ppo", backend: str = "numpy") -> dict[str, Any]:
     """The timerl hyper-parameter dict equivalent to a resolved baseline config."""
     cfg = config.resolved()
@@ -77,6 +83,8 @@ def timerl_config(config: Config, algo: str = "ppo", backend: str = "numpy") -> 
         "ent_coef": cfg.ent_coef,
         "vf_coef": cfg.vf_coef,
     }
+    if algo == "ppo" and envpool_atari(cfg.env_id):  # CleanRL's agent on envpool
+        out |= {"env_backend": "envpool", "policy": "cnn"}
     if algo == "ppo":
         out |= {
             "gae_lambda": cfg.gae_lambda,

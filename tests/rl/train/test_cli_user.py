@@ -243,18 +243,16 @@ def test_version_and_defaults_in_help(capsys):
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"timerl {__version__}"
     with pytest.raises(SystemExit):
-        main(["train", "--help"])
+        main(["train", "ppo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for expected in (
         "--checkpoint-every CHECKPOINT_EVERY iterations between checkpoints (default: 10)",
         "--keep-checkpoints KEEP_CHECKPOINTS",
         "(default: 3)",
-        "--lr LR learning rate (default: ",
-        "ppo 0.0025",
-        "--clip CLIP PPO probability-ratio clip (default: ",
-        "not for a2c, dqn, graph-policy, reinforce, sac",
+        "--lr LR learning rate (default: 0.0025)",
+        "--clip CLIP PPO probability-ratio clip (default: 0.2)",
         "(default: 500,000; on --resume: the run's own)",
-        "(default: CartPole-v1; sac: Pendulum-v1;",
+        "(default: CartPole-v1)",
         "--overwrite",
     ):
         assert expected in text, expected

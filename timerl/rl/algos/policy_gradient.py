@@ -17,7 +17,7 @@ import numpy as np
 
 from timerl.api.context import Context
 from timerl.api.distributions import Categorical, Normal
-from timerl.api.nn import MLP, Module, parameter, role_of
+from timerl.api.nn import MLP, Linear, Module, NatureCNN, parameter, role_of
 from timerl.api.optim import Adam
 from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor, maximum
@@ -27,6 +27,7 @@ from timerl.rl.algos.normalize import CLIP, EPS, discounted_return_estimate, run
 from timerl.rl.algos.returns import discounted_returns, gae
 from timerl.rl.envs.program import Env, make_env
 from timerl.rl.envs.pure import PureEnv
+from timerl.rl.envs.vector import ATARI_KWARGS, envpool_atari
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,12 @@ class AlgoConfig:
     seed: int = 0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     env_backend: str = "gymnasium"  # or "envpool", or "jax" (rl/envs/pure.py: ppo, reinforce, a2c)
+    # the network: "auto" (an MLP; a CNN for image observations where supported), or one of
+    # POLICIES; "lstm" only for the algorithms whose config sets RECURRENT
+    policy: str = "auto"
+
+    RECURRENT: ClassVar[bool] = False
+    POLICIES: ClassVar[tuple[str, ...]] = ("auto", "mlp")
 
     def __post_init__(self) -> None:
         for name, rule in self.RULES.items():
@@ -98,11 +105,39 @@ class AlgoConfig:
                 algo = type(self).__name__.removesuffix("Config").lower()
                 where = config_ref(name)  # its flag, or config['name'] from Python
                 raise ProgramError(f"{algo}: {name} must be {rule.what}, got {value!r} ({where})")
+        self.check_policy()
+
+    def check_policy(self) -> None:
+        """A policy kind this algorithm builds; for "lstm", the algorithms that build one."""
+        algo = type(self).__name__.removesuffix("Config").lower()
+        if self.policy == "lstm" and not self.RECURRENT:
+            have = sorted(
+                c.__name__.removesuffix("Config").lower()
+                for c in _config_classes(AlgoConfig)
+                if c.RECURRENT
+            )
+            raise ProgramError(
+                f"{algo}: policy 'lstm' needs recurrent support, which {', '.join(have)} "
+                f"have ({config_ref('policy')})"
+            )
+        known = {*self.POLICIES, *(("lstm",) if self.RECURRENT else ())}
+        if self.policy not in known:
+            raise ProgramError(
+                f"{algo}: policy must be one of {sorted(known)}, got {self.policy!r} "
+                f"({config_ref('policy')})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["hidden"] = list(self.hidden)
         return out
+
+
+def _config_classes(cls: type) -> list[type]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_config_classes(sub))
+    return out
 
 
 @dataclass
@@ -131,6 +166,9 @@ class PPOConfig(AlgoConfig):
     norm_reward: bool = False
     # initial log standard deviation of the Gaussian policy (continuous actions only)
     log_std_init: float = 0.0
+
+    RECURRENT: ClassVar[bool] = True
+    POLICIES: ClassVar[tuple[str, ...]] = ("auto", "mlp", "cnn")
 
 
 @dataclass
@@ -181,8 +219,29 @@ ENV_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+# CleanRL's ppo_atari_envpool settings, for every envpool Atari id
+ATARI_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ppo": {
+        "env_backend": "envpool",
+        "env_kwargs": dict(ATARI_KWARGS),
+        "num_envs": 8,
+        "num_steps": 128,
+        "epochs": 4,
+        "minibatches": 4,
+        "lr": 2.5e-4,
+        "anneal_lr": True,
+        "clip": 0.1,
+        "ent_coef": 0.01,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+    },
+}
+
+
 def default_config(algo: str, env_id: str) -> dict[str, Any]:
     """Hyper-parameters for ``algo`` on ``env_id`` before the user's own overrides."""
+    if algo in ATARI_DEFAULTS and envpool_atari(env_id):
+        return dict(ATARI_DEFAULTS[algo])
     return dict(ENV_DEFAULTS.get(algo, {}).get(env_id, {}))
 
 
@@ -200,6 +259,16 @@ class AlgoProgram:
     obs_norm: dict[str, Any] | None = None
     # the rollout's tensors (obs, action, reward, ...) by name, to sink or inspect
     rollout: dict[str, Any] = field(default_factory=dict)
+    # ``tl.CompileOptions`` fields the program needs (passes it must run without)
+    compile_options: dict[str, Any] = field(default_factory=dict)
+
+    def options(self) -> Any:
+        """The ``tl.CompileOptions`` to compile this program with (None: the defaults)."""
+        if not self.compile_options:
+            return None
+        from timerl import CompileOptions
+
+        return CompileOptions(**self.compile_options)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -256,7 +325,8 @@ class Policy(Module):
         self.std = None if env.discrete else _LogStd(out, domain, log_std_init)
 
     def flat(self, obs: RecurrentTensor) -> RecurrentTensor:
-        return obs.reshape(obs.view.shape[0], self.obs_dim)
+        x = obs.reshape(obs.view.shape[0], self.obs_dim)
+        return x if obs.dtype == np.float32 else x.float()
 
     def dist(self, obs: RecurrentTensor) -> Categorical | Normal:
         out = self.actor(self.flat(obs))
@@ -277,6 +347,44 @@ class Policy(Module):
         return ent if self.discrete else ent.sum(-1)
 
 
+class CNNPolicy(Policy):
+    """CleanRL's Atari agent: a :class:`NatureCNN` trunk over uint8 frames ``(C, H, W)``
+    (scaled inside) shared by a linear actor (gain 0.01) and critic (gain 1)."""
+
+    def __init__(self, env: Env | PureEnv, domain: tuple[Dim, ...], seed: int) -> None:
+        if len(env.obs_shape) != 3:
+            raise EnvError(
+                f"{env.vec.env_id}: the CNN policy needs image observations (C, H, W), got "
+                f"{tuple(env.obs_shape)}"
+            )
+        if not env.discrete:
+            raise EnvError(f"{env.vec.env_id}: the CNN policy supports discrete actions only")
+        channels, height, width = env.obs_shape
+        self.discrete = True
+        self.std = None
+        self.trunk = NatureCNN(channels, (height, width), 512, domain=domain, seed=seed)
+        n = int(env.num_actions or 0)
+        self.actor = Linear(512, n, gain=0.01, domain=domain, seed=seed + 1, name="actor")
+        self.critic = Linear(512, 1, gain=1.0, domain=domain, seed=seed + 2, name="critic")
+        self.actor.role, self.critic.role = "actor", "critic"
+
+    def dist(self, obs: RecurrentTensor) -> Categorical | Normal:
+        return Categorical(self.actor(self.trunk(obs)))
+
+    def value(self, obs: RecurrentTensor) -> RecurrentTensor:
+        return self.critic(self.trunk(obs)).squeeze(-1)
+
+
+def make_policy(cfg: AlgoConfig, env: Env | PureEnv, domain: tuple[Dim, ...]) -> Policy:
+    """The network ``cfg.policy`` names; "auto": a CNN for uint8 frames, else an MLP."""
+    seed = cfg.seed * 10 + 1
+    # pixels: frames of bytes (envpool's Atari); float "images" (Synthetic-v0) keep the MLP
+    image = len(env.obs_shape) == 3 and getattr(env, "obs_dtype", "float32") == "uint8"
+    if cfg.policy == "cnn" or (cfg.policy == "auto" and image and "cnn" in cfg.POLICIES):
+        return CNNPolicy(env, domain, seed)
+    return Policy(env, cfg.hidden, domain, seed, getattr(cfg, "log_std_init", 0.0))
+
+
 def _rollout(
     env: Env | PureEnv, policy: Policy, i: Dim, t: Dim, norm_obs: bool = False
 ) -> dict[str, Any]:
@@ -284,7 +392,8 @@ def _rollout(
     policy sees observations normalised by running statistics frozen over the iteration
     (``policy_obs``), merged with this iteration's observations for the next one."""
     T = t.bound
-    obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (i, t), name="obs")
+    dtype = getattr(env, "obs_dtype", "float32")
+    obs = RecurrentTensor.placeholder(env.batch_obs_shape, dtype, (i, t), name="obs")
     pure = isinstance(env, PureEnv)
     if pure:
         state = env.state_placeholders((i, t))
@@ -353,6 +462,11 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
     cfg = config or PPOConfig()
     for k, v in overrides.items():
         setattr(cfg, k, v)
+    cfg.check_policy()
+    if cfg.policy == "lstm":
+        from timerl.rl.algos.recurrent import recurrent_ppo
+
+        return recurrent_ppo(cfg)
     batch = cfg.num_envs * cfg.num_steps
     if cfg.minibatches < 1 or batch % cfg.minibatches:
         raise ProgramError(f"minibatches={cfg.minibatches} must divide the batch of {batch}")
@@ -362,7 +476,7 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
     ctx = Context(dims=("i", "t", "u"))
     i, t, u = ctx.dims
     with ctx:
-        policy = Policy(env, cfg.hidden, (i,), cfg.seed * 10 + 1, cfg.log_std_init)
+        policy = make_policy(cfg, env, (i,))
         ro = _rollout(env, policy, i, t, norm_obs=cfg.norm_obs)
         reward = ro["reward"]
         if cfg.norm_reward:

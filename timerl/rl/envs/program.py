@@ -28,7 +28,8 @@ def _owned(obs: np.ndarray, vec: VectorEnv) -> np.ndarray:
     """Observations the program may keep: the env's own array where the env never writes
     into it again (``VectorEnv.fresh_outputs``), else a copy. A step's observations are
     most of what a rollout of images moves: 1.5 MiB a step for 32 envs of 3 x 64 x 64."""
-    return np.asarray(obs, dtype=np.float32) if vec.fresh_outputs else np.array(obs, np.float32)
+    dtype = vec.obs_dtype
+    return np.asarray(obs, dtype=dtype) if vec.fresh_outputs else np.array(obs, dtype)
 
 
 class Env:
@@ -46,6 +47,11 @@ class Env:
         self.action_shape = tuple(vec.action_shape)
 
     @property
+    def obs_dtype(self) -> str:
+        """The observations' dtype in the program: uint8 frames stay bytes, else float32."""
+        return str(self.vec.obs_dtype)
+
+    @property
     def batch_obs_shape(self) -> tuple[int, ...]:
         return (self.num_envs, *self.obs_shape)
 
@@ -57,7 +63,7 @@ class Env:
         vec = self.vec
         return host_call(
             lambda: _owned(vec.reset(), vec),
-            result=Result(self.batch_obs_shape, "float32"),
+            result=Result(self.batch_obs_shape, self.obs_dtype),
             name=f"{vec.env_id}.reset",
             where_assigned=True,
         )
@@ -88,14 +94,14 @@ class Env:
             return (*out, vec.terminated.astype(bool), final)
 
         parts = [
-            (self.batch_obs_shape, "float32", "obs"),
+            (self.batch_obs_shape, self.obs_dtype, "obs"),
             ((self.num_envs,), "float32", "reward"),
             ((self.num_envs,), bool, "done"),
         ]
         if full:
             parts += [
                 ((self.num_envs,), bool, "terminated"),
-                (self.batch_obs_shape, "float32", "final_obs"),
+                (self.batch_obs_shape, self.obs_dtype, "final_obs"),
             ]
         return host_call(
             step,

@@ -313,7 +313,7 @@ class VectorEnv:
         self.episodes.load_state_dict(state)
         self._needs_reset = bool(state["needs_reset"])
         last = state.get("last_obs")
-        self.last_obs = None if last is None else np.array(last, dtype=np.float32)
+        self.last_obs = None if last is None else np.array(last, dtype=self.obs_dtype)
         exact = self._load_sim_state(state["sim"])
         if not exact and not self._needs_reset:
             # Only the random streams could be restored: episodes restart at the next step
@@ -361,7 +361,7 @@ class VectorEnv:
 
     # -- helpers -------------------------------------------------------------------------
     def _as_obs(self, obs: Any) -> np.ndarray:
-        return np.asarray(obs, dtype=np.float32).reshape((self.num_envs, *self.obs_shape))
+        return np.asarray(obs, dtype=self.obs_dtype).reshape((self.num_envs, *self.obs_shape))
 
     def _prepare_actions(self, actions: Any) -> np.ndarray:
         """Cast, reshape and clip a batch of actions; reject what cannot be one."""

@@ -413,18 +413,20 @@ class EnvpoolVectorEnv(VectorEnv):
                 f"{env_id}: envpool observation space {obs_space} is not supported; use Box"
             )
         self.obs_shape = tuple(int(d) for d in obs_space.shape)
+        if np.dtype(obs_space.dtype) == np.uint8:  # frames stay bytes; the policy scales them
+            self.obs_dtype = np.dtype(np.uint8)
         _describe_actions(self, act_space, f"{env_id}: envpool action space")
 
     def _reset_batch(self) -> np.ndarray:
         obs, _ = self._pool.reset()
-        return np.array(obs, dtype=np.float32)
+        return np.array(obs, dtype=self.obs_dtype)
 
     def _step_batch(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         obs, reward, terminated, truncated, info = self._pool.step(actions)
         order = np.asarray(info["env_id"])
-        obs = np.array(obs, dtype=np.float32)
+        obs = np.array(obs, dtype=self.obs_dtype)
         if not np.array_equal(order, np.arange(self.num_envs)):
             # results come back in env_id order of arrival; put them in env order
             back = np.argsort(order)
@@ -436,7 +438,7 @@ class EnvpoolVectorEnv(VectorEnv):
             final_obs = obs.copy()
             idle = np.zeros((len(ended), *self.action_shape), dtype=self.action_dtype)
             first, *_, info2 = self._pool.step(idle, env_id=ended)
-            first = np.asarray(first, dtype=np.float32)
+            first = np.asarray(first, dtype=self.obs_dtype)
             obs[np.asarray(info2["env_id"])] = first
         return obs, reward, terminated, truncated, final_obs
 
@@ -454,10 +456,30 @@ ENV_BACKENDS = ("gymnasium", "envpool")
 BATCHED_CARTPOLE = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
 
 
+# CleanRL's Atari settings for envpool's Atari ids: a lost life ends the episode the agent
+# learns from, rewards clipped to their sign
+ATARI_KWARGS = {"episodic_life": True, "reward_clip": True}
+
+
+def envpool_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is one of envpool's Atari ids (``Pong-v5``), with envpool installed."""
+    if not isinstance(env_id, str) or not env_id.endswith("-v5"):
+        return False
+    try:
+        from envpool.registration import registry
+    except ModuleNotFoundError:
+        return False
+    spec = registry.specs.get(env_id)
+    return spec is not None and spec[0] == "envpool.atari"
+
+
 def available_env_ids() -> list[str]:
     """Ids :func:`make_env` accepts: timerl's native envs and every registered gymnasium id."""
     import gymnasium as gym
 
+    from timerl.rl.envs.partial import register_gymnasium
+
+    register_gymnasium()
     return sorted(set(_NATIVE) | set(gym.registry))
 
 
@@ -489,6 +511,13 @@ def make_env(
         return EnvpoolVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
     import gymnasium as gym
 
+    from timerl.rl.envs.partial import NO_VEL_ID, BatchedCartPoleNoVel, register_gymnasium
+
+    register_gymnasium()
+    if env_id == NO_VEL_ID:
+        return BatchedCartPoleNoVel(env_id, num_envs=num_envs, seed=seed, **kwargs)
+    if gym_target(env_id) is None and envpool_atari(env_id):  # envpool runs Atari ids
+        return EnvpoolVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
     if gym_target(env_id) is None:
         close = difflib.get_close_matches(env_id, available_env_ids(), n=5, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""

@@ -1,8 +1,9 @@
 """``timerl train``, ``eval``, ``export``, ``plot`` and ``show``: the command-line face of the
 RL layer.
 
-Hyper-parameter flags are made from the fields of every algorithm's config class in
-``ALGOS``, so a new algorithm's settings get flags without touching this file. They default to
+Each algorithm is a sub-command of ``train`` whose hyper-parameter flags are made from the
+fields of its config class in ``ALGOS``, so a new algorithm's settings get flags without
+touching this file, and ``timerl train ALGO --help`` lists that algorithm's flags only. They default to
 "not given": only what the user types overrides the algorithm's (per-environment) defaults,
 and on ``--resume`` only what the user types is compared with the checkpoint.
 """
@@ -27,6 +28,16 @@ _SPECIAL = {"env_id", "seed", "hidden", "env_kwargs"}
 DEFAULT_ENV = "CartPole-v1"
 DEFAULT_STEPS = 500_000
 
+
+# one line per algorithm in ``timerl train --help``
+ALGO_HELP = {
+    "a2c": "advantage actor-critic: one synchronous update per rollout",
+    "dqn": "deep Q-learning with a replay buffer and a target network (discrete actions)",
+    "graph-policy": "graphopt's GNN policy, trained on the graphs of a corpus",
+    "ppo": "proximal policy optimisation (clipped surrogate, GAE)",
+    "reinforce": "REINFORCE with an optional learned baseline",
+    "sac": "soft actor-critic with twin Q-functions (continuous actions)",
+}
 
 # what the common config fields mean (a field without an entry still gets its flag)
 FIELD_HELP = {
@@ -106,30 +117,40 @@ def _algo_choices() -> list[str]:
     return sorted(ALGOS)
 
 
-def _hidden_defaults() -> str:
-    """Each algorithm's default hidden layer sizes, as ``--hidden`` takes them."""
+def _algo_flags(algo: str) -> dict[str, tuple[Any, Any]]:
+    """Config field -> (parser type, default) for one algorithm's own settings."""
+    return {
+        name: (kind, defaults[algo])
+        for name, (kind, defaults) in hyper_flags().items()
+        if algo in defaults
+    }
+
+
+def _hidden_default(algo: str) -> str:
     from timerl.rl.train.registry import ALGOS
 
-    widths = {
-        algo: ",".join(str(n) for n in f.default)
-        for algo, (_, cls) in sorted(ALGOS.items())
-        for f in dataclasses.fields(cls)
-        if f.name == "hidden"
-    }
-    return ", ".join(f"{algo} {w}" for algo, w in widths.items())
+    (f,) = [f for f in dataclasses.fields(ALGOS[algo][1]) if f.name == "hidden"]
+    return ",".join(str(n) for n in f.default)
 
 
-def _env_defaults_text() -> str:
+def _env_default(algo: str) -> str:
+    from timerl.rl.train.registry import ALGOS
+
+    if algo == "graph-policy":
+        return "the graphs of --corpus"
+    return str(ALGOS[algo][1].env_id)
+
+
+def _env_defaults_for(algo: str) -> str:
     from timerl.rl import algos
 
-    per_env = getattr(algos, "ENV_DEFAULTS", {})
+    per_env = getattr(algos, "ENV_DEFAULTS", {}).get(algo, {})
     parts = [
-        f"{algo} on {env}: " + ", ".join(f"{k}={v}" for k, v in values.items())
-        for algo, envs in sorted(per_env.items())
-        for env, values in envs.items()
+        f"{env}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+        for env, values in per_env.items()
         if values
     ]
-    return "; environments with their own defaults: " + "; ".join(parts) if parts else ""
+    return " Environments with their own defaults: " + "; ".join(parts) + "." if parts else ""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -138,18 +159,37 @@ def register(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train an agent with a DRL algorithm written as recurrent tensors",
         formatter_class=DefaultsHelpFormatter,
-        description="Hyper-parameter flags override the algorithm's defaults (listed per "
-        "algorithm below)" + _env_defaults_text() + ". On --resume, a flag that differs from "
+        description="Train with one algorithm: `timerl train ALGO --help` lists its flags. "
+        "Hyper-parameter flags override the algorithm's (per-environment) defaults. On "
+        "--resume, a flag that differs from the checkpoint's setting is an error; --steps may "
+        "grow to train further.",
+    )
+    per_algo = p.add_subparsers(dest="algo", metavar="ALGO", title="algorithms")
+    per_algo.required = True
+    for algo in algos:
+        _register_algo(per_algo, algo)
+    _register_tools(sub, algos)
+
+
+def _register_algo(sub: argparse._SubParsersAction, algo: str) -> None:
+    from timerl.rl.train.registry import ALGOS
+
+    builder = ALGOS[algo][0]
+    summary = (builder.__doc__ or algo).strip().split("\n\n")[0]
+    summary = " ".join(summary.split())
+    p = sub.add_parser(
+        algo,
+        help=ALGO_HELP.get(algo, algo),
+        formatter_class=DefaultsHelpFormatter,
+        description=f"{summary}{_env_defaults_for(algo)} On --resume, a flag that differs from "
         "the checkpoint's setting is an error; --steps may grow to train further.",
     )
-    p.add_argument("algo", choices=algos, help="algorithm")
     p.add_argument(
         "--env",
         default=None,
-        help=f"environment: a gymnasium id, or module:EnvId for one of your own (the module is "
+        help="environment: a gymnasium id, or module:EnvId for one of your own (the module is "
         "imported from the current folder or PYTHONPATH and registers EnvId, or defines it as "
-        f"a gymnasium.Env class) (default: {DEFAULT_ENV}; sac: Pendulum-v1; graph-policy: the "
-        "graphs of --corpus)",
+        f"a gymnasium.Env class) (default: {_env_default(algo)})",
     )
     p.add_argument(
         "--env-kwargs",
@@ -217,11 +257,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--hidden",
         type=lambda s: tuple(int(x) for x in s.split(",")),
         default=None,
-        help=f"hidden layer sizes, e.g. 64,64 (default: {_hidden_defaults()})",
+        help=f"hidden layer sizes, e.g. 64,64 (default: {_hidden_default(algo)})",
     )
-    p.add_argument(
-        "--no-anneal-lr", action="store_true", help="same as --anneal-lr false (constant lr)"
-    )
+    flags = _algo_flags(algo)
+    if "anneal_lr" in flags:
+        p.add_argument(
+            "--no-anneal-lr", action="store_true", help="same as --anneal-lr false (constant lr)"
+        )
     p.add_argument(
         "--no-progress",
         action="store_true",
@@ -234,20 +276,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="without a progress bar (not a terminal, or --no-progress): print a line every "
         "this many iterations; 0 for none",
     )
-    for name, (kind, defaults) in hyper_flags().items():
-        shown = ", ".join(f"{a} {d}" for a, d in defaults.items())
-        missing = [a for a in algos if a not in defaults]
-        note = f"; not for {', '.join(missing)}" if missing else ""
+    for name, (kind, default) in flags.items():
         what = FIELD_HELP.get(name, name.replace("_", " "))
         p.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             type=kind,
             default=None,
-            help=f"{what} (default: {shown}{note})",
+            help=f"{what} (default: {default})",
         )
     p.set_defaults(func=_train)
 
+
+def _register_tools(sub: argparse._SubParsersAction, algos: list[str]) -> None:
+    """``eval``, ``export``, ``plot`` and ``show``."""
     e = sub.add_parser(
         "eval",
         help="run a trained policy from a run directory and report its return",
@@ -349,7 +391,7 @@ def given_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["env_kwargs"] = args.env_kwargs
     if args.hidden:
         cfg["hidden"] = args.hidden
-    if args.no_anneal_lr:
+    if getattr(args, "no_anneal_lr", False):
         if getattr(args, "anneal_lr", None) is True:
             raise ProgramError("--no-anneal-lr and --anneal-lr true contradict each other")
         args.anneal_lr = False

@@ -339,7 +339,12 @@ def train(
         sink(row, lambda value, point: seen.__setitem__(point["i"], value))
     bounds = {"I": iterations + 1, **program.bounds}
     prog = program.ctx.compile(
-        bounds=bounds, backend=backend, device=device, seed=cfg.seed, memory_budget=memory_budget
+        bounds=bounds,
+        backend=backend,
+        device=device,
+        seed=cfg.seed,
+        memory_budget=memory_budget,
+        options=program.options(),
     )
     margin = prog.resume_margin(iterations)
     if margin:  # a checkpoint of the last iteration must hold what a longer run carries
@@ -350,6 +355,7 @@ def train(
             device=device,
             seed=cfg.seed,
             memory_budget=memory_budget,
+            options=program.options(),
         )
     ex = prog.executor()
     # without the iteration bound: resuming to more iterations restores into the same structure

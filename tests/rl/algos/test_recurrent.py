@@ -1,0 +1,122 @@
+"""Recurrent PPO: the LSTM policy's segment recurrence (values and gradients) against a torch
+reimplementation, the partially observed CartPole, and the policy choice's errors."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import timerl as tl
+from timerl.errors import ProgramError
+from timerl.rl.algos.a2c import A2CConfig
+from timerl.rl.algos.policy_gradient import PPOConfig, ppo
+from timerl.rl.algos.recurrent import LSTMPolicy, segment_features
+
+rng = np.random.default_rng(7)
+
+
+def _close(got, want, tol=2e-4):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-3)
+    assert float(np.abs(got - want).max(initial=0.0)) <= tol * scale, (got, want)
+
+
+def test_segment_values_and_gradients_match_torch():
+    """Features recomputed over a 5-step segment from its first state, reset where an
+    episode ended, then the actor's log-probabilities and the critic: values and every
+    parameter's gradient equal torch.autograd's over the same recurrence."""
+    steps, batch, obs_dim, size, actions = 5, 3, 2, 4, 2
+    xs = rng.standard_normal((steps, batch, obs_dim)).astype(np.float32)
+    dones = np.zeros((steps, batch), bool)
+    dones[1, 0] = dones[3, 2] = True
+    h0 = (0.5 * rng.standard_normal((batch, 2 * size))).astype(np.float32)
+    acts = rng.integers(0, actions, (steps, batch))
+    env = SimpleNamespace(discrete=True, obs_shape=(obs_dim,), num_actions=actions)
+    ctx = tl.Context(dims=("s",))
+    (s,), (big_s,) = ctx.dims, ctx.bounds
+    with ctx:
+        policy = LSTMPolicy(env, size, (), seed=3)
+        obs = tl.from_numpy(xs, domain=(s,))
+        done = tl.from_numpy(dones, domain=(s,))
+        h = segment_features(policy.step, (), tl.from_numpy(h0), obs[s], done[s], s, size)
+        h = h.reshape(steps * batch, size)
+        logp = policy.log_prob(policy.dist(h), tl.from_numpy(acts.reshape(-1)))
+        value = policy.value(h)
+        loss = (logp * value.detach()).sum() + (value * value).sum()
+        params = policy.parameters()
+        loss.backward(inputs=params)
+        outs = [logp, value] + [p.grad for p in params]
+        got = tl.evaluate(outs + params, bounds={big_s: steps})
+        ref = tl.evaluate(outs, bounds={big_s: steps}, optimize=False)
+    for g, r in zip(got[: len(outs)], ref, strict=True):
+        _close(g, r, 1e-5)
+    weights = [
+        torch.tensor(np.asarray(w, np.float64), requires_grad=True) for w in got[len(outs) :]
+    ]
+    enc_w, enc_b, w_ih, w_hh, b_ih, b_hh, act_w, act_b, crit_w, crit_b = weights
+    state = torch.tensor(h0, dtype=torch.float64)
+    feats = []
+    for k in range(steps):
+        x = torch.tanh(torch.tensor(xs[k], dtype=torch.float64) @ enc_w + enc_b)
+        hh, cc = state[:, :size], state[:, size:]
+        z = x @ w_ih + b_ih + hh @ w_hh + b_hh
+        i, f, g, o = (z[:, n * size : (n + 1) * size] for n in range(4))
+        c2 = torch.sigmoid(f) * cc + torch.sigmoid(i) * torch.tanh(g)
+        h2 = torch.sigmoid(o) * torch.tanh(c2)
+        feats.append(h2)
+        keep = torch.tensor(1.0 - dones[k], dtype=torch.float64)[:, None]
+        state = torch.cat([h2, c2], -1) * keep
+    hs = torch.cat(feats)
+    t_logp = torch.log_softmax(hs @ act_w + act_b, -1)[
+        torch.arange(steps * batch), acts.reshape(-1)
+    ]
+    t_value = (hs @ crit_w + crit_b).squeeze(-1)
+    t_loss = (t_logp * t_value.detach()).sum() + (t_value * t_value).sum()
+    grads = torch.autograd.grad(t_loss, weights)
+    _close(got[0], t_logp.detach().numpy())
+    _close(got[1], t_value.detach().numpy())
+    for g, w in zip(got[2 : len(outs)], grads, strict=True):
+        _close(g, w.numpy())
+
+
+def test_cartpole_without_velocities_observes_position_and_angle():
+    from timerl.rl.envs import make_env
+
+    full, part = make_env("CartPole-v1", 3, 5), make_env("CartPoleNoVel-v1", 3, 5)
+    assert part.obs_shape == (2,)
+    np.testing.assert_array_equal(part.reset(), full.reset()[:, [0, 2]])
+    for _ in range(40):  # the same trajectories, episode ends included
+        a = np.ones(3, np.int64)
+        o_full, r_full, d_full = full.step(a)[:3]
+        o_part, r_part, d_part = part.step(a)[:3]
+        np.testing.assert_array_equal(o_part, o_full[:, [0, 2]])
+        np.testing.assert_array_equal(d_part, d_full)
+    import gymnasium as gym
+
+    assert gym.make("CartPoleNoVel-v1").observation_space.shape == (2,)
+
+
+def test_lstm_for_an_algorithm_without_recurrence_names_those_with_it():
+    with pytest.raises(ProgramError, match=r"a2c: policy 'lstm' needs recurrent support.*ppo"):
+        A2CConfig(policy="lstm")
+    with pytest.raises(ProgramError, match="policy must be one of"):
+        PPOConfig(policy="transformer")
+
+
+def test_recurrent_minibatches_are_whole_envs():
+    with pytest.raises(ProgramError, match="must divide num_envs=6"):
+        ppo(PPOConfig(env_id="CartPoleNoVel-v1", policy="lstm", num_envs=6, minibatches=4))
+
+
+def test_eval_and_export_refuse_an_lstm_or_cnn_checkpoint_by_name():
+    from timerl.errors import CheckpointError
+    from timerl.rl.train.evaluation import checkpoint_policy
+
+    for name, kind in (("lstm.weight_ih", "an LSTM"), ("nature.0.weight", "a CNN")):
+        ckpt = SimpleNamespace(header={}, params={name: np.zeros((2, 2))}, state={})
+        with pytest.raises(CheckpointError, match=f"policy is {kind}"):
+            checkpoint_policy(ckpt, None)
