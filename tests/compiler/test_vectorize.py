@@ -479,3 +479,51 @@ def test_take_matmul_with_only_its_indices_along_t_is_batched(backend, monkeypat
     prog = _both([total], {}, backend)
     assert _vectorised(prog, "h")
     assert "take_matmul" in {op.prim for op in prog.compiled.spec.ops}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weights_read_inside_a_nested_recurrence_stay_in_the_update_loop(backend):
+    """``w[i, u + 1] = w[i, u] - lr * grad``, the gradient through a recurrence over ``s``
+    inside each update: ``w[i, u]`` feeds the recurrence's backward pass (``w.T``) and so
+    the next update. The dependence runs through the reads at ``s + 1``, inside ``u``'s loop:
+    batching ``w.T`` over ``u`` would need every update's weights before the first update
+    (a dependence cycle); it stays in the loop and the weights equal a plain loop's."""
+    from timerl.api.nn import Module, parameter
+    from timerl.api.optim import SGD
+
+    w0 = 0.5 * _rand(3, 3, seed=3)
+    h0 = _rand(3, seed=4)
+    ctx = tl.Context(dims=("i", "u", "s"))
+    i, u, s = ctx.dims
+    with ctx:
+
+        class Net(Module):
+            def __init__(self):
+                self.w = parameter(w0, (i,), "w")
+
+        net = Net()
+        learner = net.unroll(u)
+        g = RecurrentTensor.placeholder((3,), "float32", (i, u, s), name="g")
+        g[i, u, 0] = tl.from_numpy(h0)
+        out = (g @ learner.w).tanh()
+        g[i, u, s + 1] = out
+        loss = (out[i, u, 0 : s.bound] ** 2.0).sum()
+        loss.backward(inputs=[learner.w])
+        SGD([learner.w], lr=0.1).step()
+        final = net.w[2]
+    prog = _both([final], {"I": 3, "U": 2, "S": 3}, backend)
+    assert any(" over u" in n for n in _notes(prog, "not vectorised"))
+    w = w0.astype(np.float64)
+    for _ in range(2 * 2):  # two iterations of two updates each
+        hs, state = [], h0.astype(np.float64)
+        for _ in range(3):
+            state = np.tanh(state @ w)
+            hs.append(state)
+        grad, back = np.zeros_like(w), np.zeros(3)
+        for k in reversed(range(3)):  # d loss / d out[k], through out[k + 1]
+            prev = hs[k - 1] if k else h0.astype(np.float64)
+            dz = (2.0 * hs[k] + back) * (1.0 - hs[k] ** 2)
+            grad += np.outer(prev, dz)
+            back = dz @ w.T
+        w = w - 0.1 * grad
+    close(prog.value(final), w, rtol=1e-4, atol=1e-5)

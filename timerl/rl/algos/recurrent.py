@@ -20,15 +20,22 @@ from timerl.api.context import from_numpy
 from timerl.api.distributions import Categorical, Normal
 from timerl.api.nn import Linear, LSTMCell, Module
 from timerl.api.symbols import Dim
-from timerl.api.tensor import RecurrentTensor
+from timerl.api.tensor import RecurrentTensor, cat
 from timerl.errors import EnvError, ProgramError
 
 
 class LSTMPolicy(Module):
-    """Encoder (linear, tanh) -> LSTM cell -> actor and critic heads on the cell's ``h``.
+    """Two recurrent networks, encoder (linear, tanh) -> LSTM cell, one under the actor's head
+    and one under the critic's, as SB3-contrib's RecurrentPPO builds by default.
 
-    ``step(obs, hc)`` is one step of the recurrence over the packed state ``[h, c]``; the
-    heads (``dist``, ``value``, ...) take the features ``h`` the step returns, so
+    A shared trunk lets the value loss, whose targets are unnormalised returns (tens to
+    hundreds on CartPole), drive the features: they saturate and the actor's head sees a
+    constant (the policy stayed uniform on CartPoleNoVel-v1). CleanRL's shared LSTM learns on
+    Atari, whose clipped rewards keep the returns small.
+
+    ``step(obs, hc)`` is one step of the recurrence over the packed state ``[h_actor,
+    h_critic, c_actor, c_critic]``; its features are ``[h_actor, h_critic]``, which the
+    heads (``dist``, ``value``, ...) take, so
     :func:`timerl.rl.algos.policy_gradient.ppo_loss` runs on them unchanged."""
 
     def __init__(self, env: Any, size: int, domain: tuple[Dim, ...], seed: int) -> None:
@@ -37,33 +44,48 @@ class LSTMPolicy(Module):
         self.obs_dim = int(np.prod(env.obs_shape))
         self.size = size
         self.discrete = True
+        base = seed * 1000
         self.encoder = Linear(
-            self.obs_dim, size, domain=domain, seed=seed * 1000, name="encoder", role="actor"
+            self.obs_dim, size, domain=domain, seed=base, name="encoder", role="actor"
         )
-        self.cell = LSTMCell(size, size, domain=domain, seed=seed * 1000 + 1, name="lstm")
+        self.cell = LSTMCell(size, size, domain=domain, seed=base + 1, name="lstm")
         n = int(env.num_actions or 0)
         self.actor = Linear(
-            size, n, gain=0.01, domain=domain, seed=seed * 1000 + 2, name="actor", role="actor"
+            size, n, gain=0.01, domain=domain, seed=base + 2, name="actor", role="actor"
         )
+        self.critic_encoder = Linear(
+            self.obs_dim, size, domain=domain, seed=base + 4, name="critic_encoder", role="critic"
+        )
+        self.critic_cell = LSTMCell(size, size, domain=domain, seed=base + 5, name="critic_lstm")
         self.critic = Linear(
-            size, 1, gain=1.0, domain=domain, seed=seed * 1000 + 3, name="critic", role="critic"
+            size, 1, gain=1.0, domain=domain, seed=base + 3, name="critic", role="critic"
         )
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the features the heads read: both networks' ``h``."""
+        return 2 * self.size
 
     def zero_state(self, batch: int) -> RecurrentTensor:
-        return from_numpy(np.zeros((batch, 2 * self.size), np.float32))
+        return from_numpy(np.zeros((batch, 4 * self.size), np.float32))
 
     def step(self, obs: RecurrentTensor, hc: RecurrentTensor) -> RecurrentTensor:
+        n = self.size
         x = obs.float().reshape(obs.view.shape[0], self.obs_dim)
-        return self.cell.packed(self.encoder(x).tanh(), hc)
+        h_a, c_a = self.cell(self.encoder(x).tanh(), (hc.narrow(-1, 0, n), hc.narrow(-1, 2 * n, n)))
+        h_c, c_c = self.critic_cell(
+            self.critic_encoder(x).tanh(), (hc.narrow(-1, n, n), hc.narrow(-1, 3 * n, n))
+        )
+        return cat([h_a, h_c, c_a, c_c], -1)
 
     def features(self, hc: RecurrentTensor) -> RecurrentTensor:
-        return hc.narrow(-1, 0, self.size)
+        return hc.narrow(-1, 0, 2 * self.size)
 
     def dist(self, h: RecurrentTensor) -> Categorical | Normal:
-        return Categorical(self.actor(h))
+        return Categorical(self.actor(h.narrow(-1, 0, self.size)))
 
     def value(self, h: RecurrentTensor) -> RecurrentTensor:
-        return self.critic(h).squeeze(-1)
+        return self.critic(h.narrow(-1, self.size, self.size)).squeeze(-1)
 
     def log_prob(self, dist: Categorical | Normal, action: RecurrentTensor) -> RecurrentTensor:
         return dist.log_prob(action)
@@ -81,7 +103,7 @@ def recurrent_rollout(env: Any, policy: LSTMPolicy, i: Dim, t: Dim) -> dict[str,
     T = t.bound
     obs = RecurrentTensor.placeholder(env.batch_obs_shape, "float32", (i, t), name="obs")
     obs[0, 0] = env.reset()
-    hc = RecurrentTensor.placeholder((env.num_envs, 2 * policy.size), "float32", (i, t))
+    hc = RecurrentTensor.placeholder((env.num_envs, 4 * policy.size), "float32", (i, t))
     hc[0, 0] = policy.zero_state(env.num_envs)
     pi = policy.at(i)
     out = pi.step(obs, hc)
@@ -182,9 +204,10 @@ def recurrent_ppo(cfg: Any) -> Any:
         first = ro["hc"][i, 0].detach().take(envs)
         obs_at = ro["obs"][i, s].detach().take(envs)
         done_at = ro["done"][i, s].detach().take(envs)
-        h = segment_features(learner.step, (i, u), first, obs_at, done_at, s, size)
+        width = policy.feature_size
+        h = segment_features(learner.step, (i, u), first, obs_at, done_at, s, width)
         n = T * per_mb
-        h = h.reshape(n, size)
+        h = h.reshape(n, width)
 
         def seg(x: RecurrentTensor) -> RecurrentTensor:
             data = x[i, 0:T].detach().take(envs, 1)
@@ -209,9 +232,4 @@ def recurrent_ppo(cfg: Any) -> Any:
         metrics = {name: value[i, last] for name, value in parts.items()}
         metrics["reward_mean"] = ro["reward"][i, 0:T].mean()
     bounds = {"T": T, "U": cfg.epochs * cfg.minibatches, "S": T}
-    # vectorising the update over the segment's steps builds a stack of the learner's weights
-    # over u that closes a dependence cycle (the scheduler's CycleError); compiled without
-    # that pass until the vectoriser leaves weights read inside a nested recurrence alone
-    return AlgoProgram(
-        "ppo", ctx, env, cfg, metrics, bounds, policy.parameters(), None, ro, {"vectorize": False}
-    )
+    return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters(), None, ro)
