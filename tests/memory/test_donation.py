@@ -291,7 +291,8 @@ def test_a_merge_that_returns_its_branchs_buffer_records_no_peak(monkeypatch):
         for compiled in (True, False):
             prog.run(compiled=compiled)
             assert prog.stats()["peak_bytes"] == plan.peak_bytes
-    assert at == {True: "mul", False: "merge"}
+    # counted quietly, the peak moves off the merge (where to depends on the op order chosen)
+    assert at[True] != "merge" and at[False] == "merge"
 
 
 def test_a_merge_that_broadcasts_or_copies_allocates():

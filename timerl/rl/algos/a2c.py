@@ -22,8 +22,8 @@ from timerl.rl.algos.policy_gradient import (
     Policy,
     Rule,
     _batch,
-    _lr_schedule,
     _rollout,
+    lr_schedule,
 )
 from timerl.rl.algos.returns import gae
 from timerl.rl.envs.program import make_env
@@ -100,7 +100,7 @@ def a2c(config: A2CConfig | None = None, **overrides: Any) -> AlgoProgram:
         )
         params = policy.parameters()
         parts["loss"].backward(inputs=params)
-        Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
+        Adam(params, lr=lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
         metrics = dict(parts)
         metrics["reward_mean"] = ro["reward"][i, 0 : t.bound].mean()
     return AlgoProgram("a2c", ctx, env, cfg, metrics, {"T": cfg.num_steps}, policy.parameters())

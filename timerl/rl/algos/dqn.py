@@ -29,8 +29,8 @@ from timerl.rl.algos.policy_gradient import (
     AlgoConfig,
     AlgoProgram,
     Rule,
-    _lr_schedule,
     at_least,
+    lr_schedule,
 )
 from timerl.rl.algos.replay import Replay
 from timerl.rl.envs.program import Env, make_env
@@ -173,7 +173,7 @@ def dqn(config: DQNConfig | None = None, **overrides: Any) -> AlgoProgram:
         loss = parts["loss"] * started
         params = learner.parameters()
         loss.backward(inputs=params)
-        Adam(params, lr=_lr_schedule(cfg), max_grad_norm=cfg.max_grad_norm).step()
+        Adam(params, lr=lr_schedule(cfg), max_grad_norm=cfg.max_grad_norm).step()
         Polyak(
             target.parameters(), qnet.parameters(), tau=cfg.tau, every=cfg.target_update_every
         ).step()

@@ -20,11 +20,13 @@ from timerl.api.distributions import Categorical, Normal
 from timerl.api.nn import MLP, Linear, Module, NatureCNN, parameter, role_of
 from timerl.api.optim import Adam
 from timerl.api.symbols import Dim
-from timerl.api.tensor import RecurrentTensor, maximum
+from timerl.api.tensor import RecurrentTensor
 from timerl.errors import EnvError, ProgramError
 from timerl.rl.algos.naming import config_ref
 from timerl.rl.algos.normalize import CLIP, EPS, discounted_return_estimate, running_moments
+from timerl.rl.algos.recurrent import recurrent_ppo
 from timerl.rl.algos.returns import discounted_returns, gae
+from timerl.rl.algos.shared import AlgoProgram, lr_schedule, ppo_loss, rand_perm
 from timerl.rl.envs.program import Env, make_env
 from timerl.rl.envs.pure import PureEnv
 from timerl.rl.envs.vector import ATARI_KWARGS, envpool_atari
@@ -245,36 +247,6 @@ def default_config(algo: str, env_id: str) -> dict[str, Any]:
     return dict(ENV_DEFAULTS.get(algo, {}).get(env_id, {}))
 
 
-@dataclass
-class AlgoProgram:
-    name: str
-    ctx: Context
-    env: Env | PureEnv
-    config: AlgoConfig
-    metrics: dict[str, RecurrentTensor]  # each a scalar over (i,)
-    bounds: dict[str, int]  # everything but the iteration bound I
-    params: list[RecurrentTensor]
-    # how the acting network's input is normalised (names of the statistics in checkpoints'
-    # state and the constants), for ``timerl eval`` and ``timerl export``; None: raw input
-    obs_norm: dict[str, Any] | None = None
-    # the rollout's tensors (obs, action, reward, ...) by name, to sink or inspect
-    rollout: dict[str, Any] = field(default_factory=dict)
-    # ``tl.CompileOptions`` fields the program needs (passes it must run without)
-    compile_options: dict[str, Any] = field(default_factory=dict)
-
-    def options(self) -> Any:
-        """The ``tl.CompileOptions`` to compile this program with (None: the defaults)."""
-        if not self.compile_options:
-            return None
-        from timerl import CompileOptions
-
-        return CompileOptions(**self.compile_options)
-
-    @property
-    def steps_per_iteration(self) -> int:
-        return self.config.num_envs * self.config.num_steps
-
-
 class _LogStd(Module):
     """A state-independent log standard deviation for Gaussian policies."""
 
@@ -444,18 +416,6 @@ def _batch(x: RecurrentTensor, i: Dim, t: Dim, n: int) -> RecurrentTensor:
     return data.reshape(n, *data.view.shape[2:])
 
 
-def _lr_schedule(cfg: AlgoConfig):
-    if not cfg.anneal_lr:
-        return cfg.lr
-
-    def schedule(i: Dim, *_: Dim) -> RecurrentTensor:
-        from timerl.api.tensor import full
-
-        return (1.0 - full((), i) / full((), i.bound)) * cfg.lr
-
-    return schedule
-
-
 def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
     """PPO-clip with GAE, value loss, entropy bonus, advantage normalisation, and
     ``epochs x minibatches`` Adam updates per iteration over shuffled minibatches."""
@@ -464,8 +424,6 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         setattr(cfg, k, v)
     cfg.check_policy()
     if cfg.policy == "lstm":
-        from timerl.rl.algos.recurrent import recurrent_ppo
-
         return recurrent_ppo(cfg)
     batch = cfg.num_envs * cfg.num_steps
     if cfg.minibatches < 1 or batch % cfg.minibatches:
@@ -495,7 +453,7 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         if cfg.minibatches == 1:
             take = lambda x: x  # noqa: E731
         else:
-            perm = _rand_perm(batch, (i, u // cfg.minibatches))
+            perm = rand_perm(batch, (i, u // cfg.minibatches))
             mb = perm.narrow(0, (u % cfg.minibatches) * mb_size, mb_size)
             take = lambda x: x.take(mb)  # noqa: E731
         learner = policy.unroll(u)
@@ -514,7 +472,7 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         loss = parts["loss"]
         params = learner.parameters()
         loss.backward(inputs=params)
-        Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
+        Adam(params, lr=lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
         last = u.bound - 1
         metrics = {name: value[i, last] for name, value in parts.items()}
         metrics["reward_mean"] = ro["reward"][i, 0 : t.bound].mean()
@@ -526,47 +484,6 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         else None
     )
     return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters(), obs_norm, ro)
-
-
-def ppo_loss(
-    policy: Policy,
-    obs: RecurrentTensor,
-    action: RecurrentTensor,
-    old_logp: RecurrentTensor,
-    advantage: RecurrentTensor,
-    returns: RecurrentTensor,
-    clip: float = 0.2,
-    vf_coef: float = 0.5,
-    ent_coef: float = 0.0,
-    norm_adv: bool = True,
-) -> dict[str, RecurrentTensor]:
-    """The PPO-clip objective on one (mini)batch: clipped surrogate, value loss, entropy."""
-    dist = policy.dist(obs)
-    new_logp = policy.log_prob(dist, action)
-    entropy = policy.entropy(dist).mean()
-    value = policy.value(obs)
-    if norm_adv:
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-    log_ratio = new_logp - old_logp
-    ratio = log_ratio.exp()
-    clipped = ratio.clamp(1 - clip, 1 + clip)
-    pg_loss = maximum(-advantage * ratio, -advantage * clipped).mean()
-    v_loss = ((value - returns) ** 2.0).mean() * 0.5
-    loss = pg_loss - entropy * ent_coef + v_loss * vf_coef
-    approx_kl = ((ratio - 1.0) - log_ratio).mean()
-    return {
-        "loss": loss,
-        "policy_loss": pg_loss,
-        "value_loss": v_loss,
-        "entropy": entropy,
-        "approx_kl": approx_kl,
-    }
-
-
-def _rand_perm(n: int, key_at: tuple) -> RecurrentTensor:
-    from timerl.api.functional import rand
-
-    return rand((n,), key_at=key_at).argsort(0)
 
 
 def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoProgram:
@@ -605,7 +522,7 @@ def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoPr
         if not cfg.baseline:  # no value baseline: nothing trains the critic
             params = [p for p in params if role_of(p) != "critic"]
         loss.backward(inputs=params)
-        Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
+        Adam(params, lr=lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
         metrics = {
             "loss": loss,
             "entropy": entropy,

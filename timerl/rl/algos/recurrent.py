@@ -171,13 +171,8 @@ def recurrent_ppo(cfg: Any) -> Any:
     minibatches`` updates, each over whole envs with the states recomputed over the segment."""
     from timerl.api.context import Context
     from timerl.api.optim import Adam
-    from timerl.rl.algos.policy_gradient import (
-        AlgoProgram,
-        _lr_schedule,
-        _rand_perm,
-        ppo_loss,
-    )
     from timerl.rl.algos.returns import gae
+    from timerl.rl.algos.shared import AlgoProgram, lr_schedule, ppo_loss, rand_perm
     from timerl.rl.envs.program import make_env
 
     if cfg.norm_obs or cfg.norm_reward:
@@ -198,7 +193,7 @@ def recurrent_ppo(cfg: Any) -> Any:
             ro["reward"], ro["done"], ro["value"], cfg.gamma, cfg.gae_lambda, ro["last_value"]
         )
         ret = adv + ro["value"]
-        perm = _rand_perm(cfg.num_envs, (i, u // cfg.minibatches))
+        perm = rand_perm(cfg.num_envs, (i, u // cfg.minibatches))
         envs = perm.narrow(0, (u % cfg.minibatches) * per_mb, per_mb)
         learner = policy.unroll(u)
         first = ro["hc"][i, 0].detach().take(envs)
@@ -227,7 +222,7 @@ def recurrent_ppo(cfg: Any) -> Any:
         )
         params = learner.parameters()
         parts["loss"].backward(inputs=params)
-        Adam(params, lr=_lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
+        Adam(params, lr=lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
         last = u.bound - 1
         metrics = {name: value[i, last] for name, value in parts.items()}
         metrics["reward_mean"] = ro["reward"][i, 0:T].mean()

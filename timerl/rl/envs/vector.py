@@ -477,8 +477,6 @@ def available_env_ids() -> list[str]:
     """Ids :func:`make_env` accepts: timerl's native envs and every registered gymnasium id."""
     import gymnasium as gym
 
-    from timerl.rl.envs.partial import register_gymnasium
-
     register_gymnasium()
     return sorted(set(_NATIVE) | set(gym.registry))
 
@@ -511,8 +509,6 @@ def make_env(
         return EnvpoolVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
     import gymnasium as gym
 
-    from timerl.rl.envs.partial import NO_VEL_ID, BatchedCartPoleNoVel, register_gymnasium
-
     register_gymnasium()
     if env_id == NO_VEL_ID:
         return BatchedCartPoleNoVel(env_id, num_envs=num_envs, seed=seed, **kwargs)
@@ -529,3 +525,59 @@ def make_env(
     if env_id in gym.registry and gym.registry[env_id].vector_entry_point == BATCHED_CARTPOLE:
         return GymBatchedCartPole(env_id, num_envs=num_envs, seed=seed, **kwargs)
     return GymVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
+
+
+# --- partially observed envs: memory tasks for recurrent policies ------------------------------
+# ``CartPoleNoVel-v1`` is CartPole-v1 with only the cart position and the pole angle observed
+# (no velocities), the usual small POMDP: a feed-forward policy sees one frame and cannot tell
+# which way the pole is moving; a recurrent one can infer it from two.
+
+NO_VEL_ID = "CartPoleNoVel-v1"
+OBSERVED = (0, 2)  # cart position, pole angle (of x, x_dot, theta, theta_dot)
+
+
+def cartpole_no_vel(**kwargs: Any) -> Any:
+    """One gymnasium ``CartPole-v1`` with the velocities removed from its observations."""
+    import gymnasium as gym
+    from gymnasium.spaces import Box
+
+    env = gym.make("CartPole-v1", **kwargs)
+    space = env.observation_space
+    low, high = space.low[list(OBSERVED)], space.high[list(OBSERVED)]
+    return gym.wrappers.TransformObservation(
+        env, lambda obs: np.asarray(obs, np.float32)[list(OBSERVED)], Box(low, high)
+    )
+
+
+def register_gymnasium() -> None:
+    """Register ``CartPoleNoVel-v1`` with gymnasium (once), so ``gym.make`` knows it too."""
+    import gymnasium as gym
+
+    if NO_VEL_ID not in gym.registry:
+        gym.register(NO_VEL_ID, entry_point=f"{__name__}:cartpole_no_vel")
+
+
+class BatchedCartPoleNoVel(GymBatchedCartPole):
+    """``CartPoleNoVel-v1`` on gymnasium's batched CartPole simulator (same trajectories as
+    :class:`GymBatchedCartPole`'s CartPole-v1, observations cut to position and angle)."""
+
+    def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> None:
+        super().__init__("CartPole-v1", num_envs, seed, **kwargs)
+        self.env_id = env_id
+        self.obs_shape = (len(OBSERVED),)
+
+    def _reset_batch(self) -> np.ndarray:
+        return np.ascontiguousarray(super()._reset_batch()[:, OBSERVED])
+
+    def _step_batch(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        obs, reward, terminated, truncated, final = super()._step_batch(actions)
+        if final is not None:
+            final = np.ascontiguousarray(final[:, OBSERVED])
+        return np.ascontiguousarray(obs[:, OBSERVED]), reward, terminated, truncated, final
+
+    def _sim_state(self) -> dict[str, Any]:
+        state = super()._sim_state()
+        state["obs"] = np.ascontiguousarray(np.asarray(state["obs"])[:, OBSERVED])
+        return state

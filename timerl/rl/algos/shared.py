@@ -1,0 +1,96 @@
+"""What PPO's feed-forward program (``policy_gradient.py``) and its recurrent one
+(``recurrent.py``) share: the built program's record, the learning-rate schedule, the
+PPO-clip loss and the minibatch permutation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from timerl.api.context import CompileOptions, Context
+from timerl.api.symbols import Dim
+from timerl.api.tensor import RecurrentTensor, maximum
+from timerl.rl.envs.program import Env
+from timerl.rl.envs.pure import PureEnv
+
+
+@dataclass
+class AlgoProgram:
+    name: str
+    ctx: Context
+    env: Env | PureEnv
+    config: Any  # the algorithm's AlgoConfig
+    metrics: dict[str, RecurrentTensor]  # each a scalar over (i,)
+    bounds: dict[str, int]  # everything but the iteration bound I
+    params: list[RecurrentTensor]
+    # how the acting network's input is normalised (names of the statistics in checkpoints'
+    # state and the constants), for ``timerl eval`` and ``timerl export``; None: raw input
+    obs_norm: dict[str, Any] | None = None
+    # the rollout's tensors (obs, action, reward, ...) by name, to sink or inspect
+    rollout: dict[str, Any] = field(default_factory=dict)
+    # ``tl.CompileOptions`` fields the program needs (passes it must run without)
+    compile_options: dict[str, Any] = field(default_factory=dict)
+
+    def options(self) -> Any:
+        """The ``tl.CompileOptions`` to compile this program with (None: the defaults)."""
+        if not self.compile_options:
+            return None
+        return CompileOptions(**self.compile_options)
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.config.num_envs * self.config.num_steps
+
+
+def lr_schedule(cfg: Any) -> Any:
+    """The configured learning rate, or a function of the iteration annealing it to 0."""
+    if not cfg.anneal_lr:
+        return cfg.lr
+
+    def schedule(i: Dim, *_: Dim) -> RecurrentTensor:
+        from timerl.api.tensor import full
+
+        return (1.0 - full((), i) / full((), i.bound)) * cfg.lr
+
+    return schedule
+
+
+def ppo_loss(
+    policy: Any,
+    obs: RecurrentTensor,
+    action: RecurrentTensor,
+    old_logp: RecurrentTensor,
+    advantage: RecurrentTensor,
+    returns: RecurrentTensor,
+    clip: float = 0.2,
+    vf_coef: float = 0.5,
+    ent_coef: float = 0.0,
+    norm_adv: bool = True,
+) -> dict[str, RecurrentTensor]:
+    """The PPO-clip objective on one (mini)batch: clipped surrogate, value loss, entropy."""
+    dist = policy.dist(obs)
+    new_logp = policy.log_prob(dist, action)
+    entropy = policy.entropy(dist).mean()
+    value = policy.value(obs)
+    if norm_adv:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    log_ratio = new_logp - old_logp
+    ratio = log_ratio.exp()
+    clipped = ratio.clamp(1 - clip, 1 + clip)
+    pg_loss = maximum(-advantage * ratio, -advantage * clipped).mean()
+    v_loss = ((value - returns) ** 2.0).mean() * 0.5
+    loss = pg_loss - entropy * ent_coef + v_loss * vf_coef
+    approx_kl = ((ratio - 1.0) - log_ratio).mean()
+    return {
+        "loss": loss,
+        "policy_loss": pg_loss,
+        "value_loss": v_loss,
+        "entropy": entropy,
+        "approx_kl": approx_kl,
+    }
+
+
+def rand_perm(n: int, key_at: tuple) -> RecurrentTensor:
+    from timerl.api.functional import rand
+
+    return rand((n,), key_at=key_at).argsort(0)
