@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from timerl.api.context import CompileOptions, Context
+from timerl.api.context import Context
 from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor, maximum
 from timerl.rl.envs.program import Env
@@ -28,14 +28,6 @@ class AlgoProgram:
     obs_norm: dict[str, Any] | None = None
     # the rollout's tensors (obs, action, reward, ...) by name, to sink or inspect
     rollout: dict[str, Any] = field(default_factory=dict)
-    # ``tl.CompileOptions`` fields the program needs (passes it must run without)
-    compile_options: dict[str, Any] = field(default_factory=dict)
-
-    def options(self) -> Any:
-        """The ``tl.CompileOptions`` to compile this program with (None: the defaults)."""
-        if not self.compile_options:
-            return None
-        return CompileOptions(**self.compile_options)
 
     @property
     def steps_per_iteration(self) -> int:

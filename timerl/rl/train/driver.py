@@ -344,7 +344,6 @@ def train(
         device=device,
         seed=cfg.seed,
         memory_budget=memory_budget,
-        options=program.options(),
     )
     margin = prog.resume_margin(iterations)
     if margin:  # a checkpoint of the last iteration must hold what a longer run carries
@@ -355,7 +354,6 @@ def train(
             device=device,
             seed=cfg.seed,
             memory_budget=memory_budget,
-            options=program.options(),
         )
     ex = prog.executor()
     # without the iteration bound: resuming to more iterations restores into the same structure
