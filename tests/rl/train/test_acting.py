@@ -45,6 +45,18 @@ MODULES = {
 }
 
 
+def test_a_permute_record_moves_the_axes_after_the_batch_axis():
+    x = RNG.standard_normal((2, 5, 6, 3)).astype(np.float32)
+    layers = [{"op": "permute", "axes": [2, 0, 1]}]
+    got, _ = forward(layers, {}, x, [])
+    np.testing.assert_array_equal(got, x.transpose(0, 3, 1, 2))
+    torch = pytest.importorskip("torch")
+    from timerl.rl.train.export import _classes
+
+    out, _ = _classes()["Net"](layers, {})(torch.from_numpy(x), [])
+    np.testing.assert_array_equal(out.numpy(), got)
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_numpy_and_torch_run_what_the_module_computes(name):
     build, shape = MODULES[name]

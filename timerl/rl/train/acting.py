@@ -3,7 +3,8 @@
 A trained program records its acting network in each checkpoint's header (``acting``) as a
 list of layer records that ``tl.nn`` modules write (``Module.describe()``), parameters by
 name: ``linear``, ``conv2d``, ``max_pool2d``, ``residual`` (nested records added to their
-input), ``flatten``, ``float`` (a cast to float32 and a scale: uint8 frames stay uint8 up to
+input), ``flatten``, ``permute`` (the axes after the batch axis, e.g. channels-last images to
+``(C, H, W)``), ``float`` (a cast to float32 and a scale: uint8 frames stay uint8 up to
 here), the activations, and the recurrent cells ``lstm`` and ``gru``, whose state the caller
 carries from step to step. A checkpoint without the record (older runs, SAC, DQN, ...) has
 its MLP rebuilt from the names ``<net>.<k>.weight`` (:func:`mlp_layers`).
@@ -161,6 +162,10 @@ def _flatten(layer: Layer, params: dict[str, np.ndarray], x: np.ndarray) -> np.n
     return x.reshape(*x.shape[:keep], -1)
 
 
+def _permute(layer: Layer, params: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    return x.transpose(0, *(1 + int(a) for a in layer["axes"]))
+
+
 def _float(layer: Layer, params: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     scale = float(layer.get("scale", 1.0))
@@ -207,6 +212,7 @@ RUNNERS: dict[str, Any] = {
     "conv2d": _conv2d,
     "max_pool2d": _max_pool2d,
     "flatten": _flatten,
+    "permute": _permute,
     "float": _float,
     "lstm": _lstm,
     "gru": _gru,

@@ -134,6 +134,8 @@ def _classes() -> dict[str, Any]:
                     x = x * float(record.get("scale", 1.0))
                 elif op == "flatten":
                     x = torch.flatten(x, x.ndim - int(record["ndim"]))
+                elif op == "permute":
+                    x = x.permute(0, *(1 + int(a) for a in record["axes"]))
                 elif op == "residual":
                     y, inner = layer(x, state[len(out) :])
                     x = x + y
