@@ -212,3 +212,26 @@ def test_a_number_as_the_base_of_a_spatial_linear_recurrence(backend, bounds, ba
             got = tl.evaluate(x, bounds={I: n_i, T: n_t}, **config)
             assert got.shape == want.shape, config
             close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("episodes", [2, 3])
+def test_a_branch_at_one_episode_reads_its_own_points_under_until(backend, episodes):
+    """``p[2, t] = u[i, t]`` with lengths set per ``i`` by ``ctx.until``: the branch reads
+    episode 2's own points (its condition pins ``i == 2``), so it is no read of another
+    episode's points; under ``I = 2`` it applies to no point at all."""
+    u = _arr(episodes, 4, seed=5)
+    stop = np.zeros((episodes, 4))
+    stop[0, 2] = stop[1, 3] = 1.0  # episode 0 ends after t = 2, the others run to T = 4
+    ctx, i, t, I, T = ctx_it()
+    with ctx:
+        U = tl.from_numpy(u, domain=(i, t), dtype="float64")
+        p = tl.RecurrentTensor.placeholder((), "float64", domain=(i, t))
+        p[2, t] = U[i, t]
+        p[i, t] = U[i, tl.max(t - 1, 0)]
+        ctx.until(t, tl.from_numpy(stop, domain=(i, t)) > 0.5)
+    lengths = [3, 4, 4][:episodes]
+    for cfg in _configs(backend):
+        got = tl.evaluate(p, bounds={I: episodes, T: 4}, **cfg)
+        for k, n in enumerate(lengths):
+            want = u[k, :n] if k == 2 else u[k, np.maximum(np.arange(n) - 1, 0)]
+            close(got[k], want)

@@ -27,7 +27,9 @@ from timerl.compiler.spec import ProgramSpec
 from timerl.errors import BoundError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, consumers, copy_graph, mentions, order_dims
+from timerl.ir.reads import conjuncts
 from timerl.symbolic import Bound, Const, Dim
+from timerl.symbolic.expr import Cmp, Condition, Symbol
 
 
 def varies_along(op: Op, ragged: Mapping[Bound, frozenset[Dim]]) -> set[Dim]:
@@ -87,17 +89,31 @@ def _check_read(op: Op, e: Edge, ragged: Mapping[Bound, frozenset[Dim]]) -> None
     """Refuse a read of another point of a dim that sets a length, where the length there
     would decide what the read means or whether the point exists."""
     index = dict(zip(e.src.domain, e.index, strict=True))
+    pinned = _pinned(e.cond)
     for bound, dims in ragged.items():
         dim = bound.dim
         for d in dims:
-            if index.get(d, d) is d or dim not in index:
-                continue
+            if index.get(d, d) is d or dim not in index or pinned.get(d) == index[d]:
+                continue  # the reader's own point (a branch ``x[2, t]`` reads at i == 2)
             at_length = any(bound in x.symbols() for x in e.index)
             if not at_length and index[dim] == Const(0):
                 continue  # every episode has its first point
             if _gradient(e):
                 raise _transposed(op, e, d)
             raise _elsewhere(op, e, d, bound) if at_length else _beyond(op, e, d, dim)
+
+
+def _pinned(cond: Condition) -> dict[Symbol, Const]:
+    """The dims ``cond`` holds at one point (``i == 2``), and those points."""
+    out: dict[Symbol, Const] = {}
+    for c in conjuncts(cond):
+        if isinstance(c, Cmp) and c.op == "==":
+            terms, const = c.diff.linear()
+            if len(terms) == 1:
+                ((atom, coef),) = terms.items()
+                if isinstance(atom, Dim) and coef in (1, -1):
+                    out[atom] = Const(-const * coef)
+    return out
 
 
 def _error(op: Op, dims: set[Dim], kind: str) -> BoundError:

@@ -137,15 +137,15 @@ def _widen(old: Condition, new: Condition) -> Condition:
     return _from_intervals(terms, now)
 
 
-def _conjuncts(cond: Condition) -> list[Condition]:
+def conjuncts(cond: Condition) -> list[Condition]:
     """``cond`` as a list of conditions that all hold: And flattened, and a negated Or as the
     negations of its parts (a branch's exclusive condition is ``~(c1 | c2)``)."""
     if isinstance(cond, And):
-        return [c for p in cond.parts for c in _conjuncts(p)]
+        return [c for p in cond.parts for c in conjuncts(p)]
     if isinstance(cond, Not) and isinstance(cond.part, Or):
-        return [c for p in cond.part.parts for c in _conjuncts(~p)]
+        return [c for p in cond.part.parts for c in conjuncts(~p)]
     if isinstance(cond, Not) and isinstance(cond.part, Not):
-        return _conjuncts(cond.part.part)
+        return conjuncts(cond.part.part)
     return [cond]
 
 
@@ -186,7 +186,7 @@ def read_points(
         # of it that are not (a superset of the points read, so still sound), and with
         # ``exists``, of each unmapped dim the condition that a point of it meets the rest
         # (a branch at ``t == 1`` reads nothing where ``T == 1``).
-        parts = _conjuncts(out)
+        parts = conjuncts(out)
         out = TRUE
         for part in parts:
             if not any(s in unmapped for s in part.symbols()):
