@@ -229,7 +229,7 @@ def policy_spec(
 def checkpoint_policy(ckpt: Checkpoint, env: Any) -> PolicySpec:
     """The acting policy of a checkpoint: its network, activations and input normalisation."""
     header = ckpt.header
-    for prefix, kind in (("lstm.", "an LSTM"), ("nature.", "a CNN")):
+    for prefix, kind in (("lstm.", "an LSTM"), ("nature.", "a CNN"), ("minatar.", "a CNN")):
         if any(name.startswith(prefix) for name in ckpt.params):
             raise CheckpointError(
                 f"this run's policy is {kind}: timerl eval and timerl export run MLP policies "
