@@ -133,7 +133,7 @@ def make_iteration(cfg: Config, env: Any, tx: Any) -> Any:
     """One PPO iteration as a pure function ``runner -> (runner, (return_sum, episodes))``."""
     jax, jnp, _ = _imports()
     lax = jax.lax
-    T, B, discrete = cfg.num_steps, cfg.num_envs, env.discrete
+    T, discrete = cfg.num_steps, env.discrete
     cnn = cfg.policy == "minatar_cnn"
     ent = cfg.entropy_coef(discrete)
     n, mb_size = cfg.batch_size, cfg.batch_size // cfg.minibatches
