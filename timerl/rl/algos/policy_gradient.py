@@ -395,11 +395,26 @@ class CNNPolicy(Policy):
         self.critic = Linear(features, 1, gain=1.0, domain=domain, seed=seed + 2, name="critic")
         self.actor.role, self.critic.role = "actor", "critic"
 
+    def _map(self, fn: Callable[[RecurrentTensor], RecurrentTensor]) -> Module:
+        new = super()._map(fn)
+        new._memo = []  # type: ignore[attr-defined]  # features are per set of parameters
+        return new
+
     def features(self, obs: RecurrentTensor) -> RecurrentTensor:
+        """The trunk's output, built once per observation tensor: the actor and the critic
+        read the same features, so their gradients meet there and the trunk's backward pass
+        runs once (built twice, it ran twice: autodiff precedes the merging of equal ops)."""
+        memo = self.__dict__.setdefault("_memo", [])
+        for seen, out in memo:
+            if seen is obs:
+                return out
+        x = obs
         if self.channels_last:  # (..., H, W, C) -> (..., C, H, W)
-            lead = obs.ndim - 3
-            obs = obs.permute(*range(lead), lead + 2, lead, lead + 1)
-        return self.trunk(obs)
+            lead = x.ndim - 3
+            x = x.permute(*range(lead), lead + 2, lead, lead + 1)
+        out = self.trunk(x)
+        memo.append((obs, out))
+        return out
 
     def dist(self, obs: RecurrentTensor) -> Categorical | Normal:
         return Categorical(self.actor(self.features(obs)))
