@@ -112,8 +112,9 @@ def test_breakout_gets_the_minatar_cnn_and_mlp_overrides_it():
 
 
 def test_the_cnn_program_on_jax_agrees_with_the_numpy_reference():
-    """Two iterations of the CNN PPO program: one XLA program per iteration on jax, the same
-    metrics and observations as the unoptimised numpy run."""
+    """Two iterations of the CNN PPO program: one XLA program per iteration on jax, the trunk's
+    backward pass once per update, the same metrics and observations as the unoptimised numpy
+    run."""
     got = {}
     for backend, optimize in (("numpy", False), ("jax", True)):
         ap = ppo(_config())
@@ -127,6 +128,9 @@ def test_the_cnn_program_on_jax_agrees_with_the_numpy_reference():
         got[backend] = [np.asarray(prog.value(m), dtype=np.float64) for m in outs]
         if backend == "jax":
             assert "-> one XLA program per iteration" in prog.explain()
+            # actor and critic share the trunk's features: one backward pass through it
+            prims = [op.prim for op in prog.ops]
+            assert prims.count("conv2d_weight_grad") == 1, prims.count("conv2d_weight_grad")
     for want, have in zip(got["numpy"], got["jax"], strict=True):
         np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-5)
 
