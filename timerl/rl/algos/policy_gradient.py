@@ -242,7 +242,7 @@ ATARI_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 # gymnax's MinAtar games (gymnax:Breakout-MinAtar, ...): the env inside the program and the
-# jitted-JAX MinAtar PPO recipe (gymnax's baselines: 64 envs x 128 steps, 4 epochs x 8
+# jitted-JAX MinAtar PPO recipe (the usual one for MinAtar: 64 envs x 128 steps, 4 epochs x 8
 # minibatches, lr 5e-4 annealed); the policy is the MinAtar CNN (make_policy)
 MINATAR_DEFAULTS: dict[str, dict[str, Any]] = {
     "ppo": {
