@@ -132,3 +132,18 @@ def test_build_applies_the_filter_records(tmp_path):
             quick=True,
             progress=print,
         )
+
+
+def test_the_cli_builds_the_headroom_corpus_and_names_an_unknown_family(tmp_path, capsys):
+    from timerl.cli import main
+
+    out = tmp_path / "h"
+    argv = ["graphopt", "corpus", "--headroom", "--quick", "--unfiltered", "--out", str(out)]
+    assert main([*argv, "--families", "chains", "--workers", "1"]) == 0
+    got = json.loads((out / "index.json").read_text())["graphs"]
+    assert got and {e["family"] for e in got} == {"chains"}
+    assert all((out / e["path"]).is_file() for e in got)
+    assert main([*argv, "--families", "chains,ladders"]) == 2
+    assert "unknown family ladders" in capsys.readouterr().err
+    assert main(["graphopt", "corpus", "--unfiltered", "--out", str(tmp_path / "x")]) == 2
+    assert "apply to --headroom only" in capsys.readouterr().err

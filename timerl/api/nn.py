@@ -50,6 +50,11 @@ class Module:
 
     role: str | None = None  # what the module is for ("actor", "critic"); its parameters' role
 
+    def describe(self) -> list[dict[str, Any]]:
+        """The forward pass as layer records (plain JSON, parameters by name): what ``timerl
+        eval`` runs in numpy and ``timerl export`` rebuilds in torch, with no compiler."""
+        raise ProgramError(f"{type(self).__name__} has no layer description (describe())")
+
     def parameters(self, role: str | None = None) -> list[RecurrentTensor]:
         """The parameters, in declaration order; with ``role``, those declared with it."""
         out: list[RecurrentTensor] = []
@@ -255,7 +260,7 @@ class Linear(Module):
         dom = _default_domain(domain)
         stream = seed if seed is not None else ctx.next_stream()
         init = _orthogonal_init(in_features, out_features, gain, stream, f"{name}.weight.init")
-        self.role = role
+        self.role, self.name = role, name
         self.weight = parameter(init, dom, f"{name}.weight", role)
         self.bias = (
             parameter(np.zeros(out_features, np.float32), dom, f"{name}.bias", role)
@@ -266,6 +271,9 @@ class Linear(Module):
     def forward(self, x: RecurrentTensor) -> RecurrentTensor:
         y = x @ self.weight
         return y + self.bias if self.bias is not None else y
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"op": "linear", "param": self.name}]
 
 
 ACTIVATIONS: dict[str, Callable[[RecurrentTensor], RecurrentTensor]] = {
@@ -323,6 +331,14 @@ class MLP(Module):
             if k < len(self.layers) - 1:
                 x = act(x)
         return x
+
+    def describe(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for k, layer in enumerate(self.layers):
+            out += layer.describe()
+            if k < len(self.layers) - 1:
+                out.append({"op": self.activation})
+        return out
 
 
 # --- images: convolutions, pooling, the usual pixel trunks ------------------------------------
@@ -391,7 +407,7 @@ class Conv2d(Module):
             )
         if min(self.padding) < 0:
             raise ProgramError(f"{label}: padding must be non-negative, got {self.padding}")
-        self.label, self.in_channels = label, in_channels
+        self.label, self.in_channels, self.name = label, in_channels, name
         ctx = current()
         dom = _default_domain(domain)
         stream = seed if seed is not None else ctx.next_stream()
@@ -417,6 +433,10 @@ class Conv2d(Module):
         self.output_size(_image_sizes(self.label, x, self.in_channels))
         y = conv2d(_as_float(x), self.weight, self.stride, self.padding)
         return y + self.bias.reshape(-1, 1, 1)
+
+    def describe(self) -> list[dict[str, Any]]:
+        conv = {"op": "conv2d", "param": self.name, "stride": list(self.stride)}
+        return [{"op": "float", "scale": 1.0}, {**conv, "padding": list(self.padding)}]
 
 
 class MaxPool2d(Module):
@@ -459,6 +479,10 @@ class MaxPool2d(Module):
         self.output_size(_image_sizes(self.label, x, int(as_expr(x.shape[-3]).value)))
         return max_pool2d(x, self.kernel, self.stride, self.padding)
 
+    def describe(self) -> list[dict[str, Any]]:
+        sizes = {"kernel": list(self.kernel), "stride": list(self.stride)}
+        return [{"op": "max_pool2d", **sizes, "padding": list(self.padding)}]
+
 
 class Flatten(Module):
     """The trailing ``ndim`` axes (an image's ``C, H, W``) as one, in torch's order."""
@@ -471,6 +495,9 @@ class Flatten(Module):
         if x.ndim < self.ndim:
             raise ShapeError(f"Flatten: expected at least {self.ndim} axes, got {x.shape}")
         return x.flatten(x.ndim - self.ndim)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"op": "flatten", "ndim": self.ndim}]
 
 
 class NatureCNN(Module):
@@ -517,6 +544,12 @@ class NatureCNN(Module):
             x = conv(x).relu()
         return self.linear(self.flatten(x)).relu()
 
+    def describe(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"op": "float", "scale": 1.0 / 255.0}]
+        for conv in self.convs:
+            out += [*conv.describe(), {"op": "relu"}]
+        return [*out, *self.flatten.describe(), *self.linear.describe(), {"op": "relu"}]
+
 
 class MinAtarCNN(Module):
     """The MinAtar paper's trunk (Young and Tian, 2019): conv 16 3x3 stride 1, ReLU, flatten,
@@ -550,6 +583,10 @@ class MinAtarCNN(Module):
             raise ShapeError(f"{self.label}: expected {self.image_size} images, got {got}")
         return self.linear(self.flatten(self.conv(x).relu())).relu()
 
+    def describe(self) -> list[dict[str, Any]]:
+        conv = [*self.conv.describe(), {"op": "relu"}]
+        return [*conv, *self.flatten.describe(), *self.linear.describe(), {"op": "relu"}]
+
 
 class _Residual(Module):
     """``x + conv1(relu(conv0(relu(x))))``, both 3x3 convs keeping the size."""
@@ -564,6 +601,10 @@ class _Residual(Module):
 
     def forward(self, x: RecurrentTensor) -> RecurrentTensor:
         return x + self.conv1(self.conv0(x.relu()).relu())
+
+    def describe(self) -> list[dict[str, Any]]:
+        body = [{"op": "relu"}, *self.conv0.describe(), {"op": "relu"}, *self.conv1.describe()]
+        return [{"op": "residual", "layers": body}]
 
 
 class ImpalaCNN(Module):
@@ -619,6 +660,13 @@ class ImpalaCNN(Module):
             x = layer(x)
         return self.linear(self.flatten(x).relu()).relu()
 
+    def describe(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"op": "float", "scale": 1.0 / 255.0}]
+        for layer in self.stacks:
+            out += layer.describe()
+        flat = [*self.flatten.describe(), {"op": "relu"}]
+        return [*out, *flat, *self.linear.describe(), {"op": "relu"}]
+
 
 # --- recurrent cells -------------------------------------------------------------------------
 
@@ -650,11 +698,17 @@ class _Cell(Module):
         self.weight_hh = _param(w_hh, dom, f"{name}.weight_hh")
         self.bias_ih = _param(np.zeros(width, np.float32), dom, f"{name}.bias_ih")
         self.bias_hh = _param(np.zeros(width, np.float32), dom, f"{name}.bias_hh")
-        self.input_size, self.hidden_size = input_size, hidden_size
+        self.input_size, self.hidden_size, self.name = input_size, hidden_size, name
 
     def _gate(self, z: RecurrentTensor, k: int) -> RecurrentTensor:
         h = self.hidden_size
         return z.narrow(-1, k * h, h)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One step whose state (``[h, c]`` for an LSTM, ``h`` for a GRU) the runner carries;
+        the layer's output is ``h``."""
+        op = type(self).__name__.removesuffix("Cell").lower()
+        return [{"op": op, "param": self.name, "hidden": self.hidden_size}]
 
 
 class LSTMCell(_Cell):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from timerl.graphopt import kernels
 from timerl.graphopt.decoders import Problem, Solution
 from timerl.graphopt.scoring import Scorer
 
@@ -91,6 +92,7 @@ def brkga(
     every draw is uniform, drawn as uniform BRKGA draws them.
     """
     share = check_uniform_share(uniform_share)
+    problem.compiled = problem.compiled or kernels.worth_it(problem.n, int(budget))
     with Scorer(problem, jobs) as score:
         t0 = time.perf_counter()
         rng = np.random.default_rng(seed)

@@ -275,6 +275,32 @@ def register(sub: Any, *, export_program: Any = None, train_program: Any = None)
     )
     c.add_argument("--out", type=Path, default=Path("corpus"), help="folder to write it to")
     c.add_argument("--quick", action="store_true", help="a small corpus, for smoke tests")
+    c.add_argument(
+        "--headroom",
+        action="store_true",
+        help="the headroom corpus: families held out whole, held-out graphs kept by the "
+        "shipped filter measurements (docs/graphopt.md)",
+    )
+    c.add_argument(
+        "--unfiltered",
+        action="store_true",
+        help="--headroom: every candidate, kept by the filter or not (marked in the index)",
+    )
+    c.add_argument(
+        "--measured-only",
+        action="store_true",
+        help="--headroom: only the candidates the filter records hold (no training graphs)",
+    )
+    c.add_argument(
+        "--records",
+        type=Path,
+        default=None,
+        help="--headroom: the filter's records (default: the shipped ones)",
+    )
+    c.add_argument(
+        "--families", default=None, help="--headroom: only these families (comma separated)"
+    )
+    c.add_argument("--workers", type=int, default=2, help="--headroom: processes building graphs")
     c.set_defaults(func=cmd_corpus, export_program=export_program)
 
 
@@ -646,6 +672,36 @@ def _train_by_program(args: argparse.Namespace) -> int:
 def cmd_corpus(args: argparse.Namespace) -> int:
     from timerl.graphopt.corpus import build_corpus
 
+    if args.headroom:
+        from timerl.graphopt.corpus.headroom import HEADROOM_SPLIT, build_headroom_corpus
+
+        families = None
+        if args.families:
+            families = [f.strip() for f in args.families.split(",") if f.strip()]
+            unknown = sorted(set(families) - set(HEADROOM_SPLIT))
+            if unknown:
+                raise GraphError(
+                    f"--families: unknown famil{'y' if len(unknown) == 1 else 'ies'} "
+                    f"{', '.join(unknown)}; choose from {', '.join(sorted(HEADROOM_SPLIT))}"
+                )
+        if args.workers < 1:
+            raise GraphError(f"--workers must be at least 1, got {args.workers}")
+        records = {"records": args.records} if args.records is not None else {}
+        index = build_headroom_corpus(
+            args.out,
+            **records,
+            unfiltered=args.unfiltered,
+            measured_only=args.measured_only,
+            families=families,
+            workers=args.workers,
+            quick=args.quick,
+        )
+        print(f"corpus index: {index}")
+        return 0
+    if args.unfiltered or args.families or args.measured_only or args.records:
+        raise GraphError(
+            "--unfiltered, --measured-only, --records and --families apply to --headroom only"
+        )
     index = build_corpus(
         args.out, quick=args.quick, progress=True, export_program=args.export_program
     )

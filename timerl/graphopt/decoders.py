@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import GraphError
+from timerl.graphopt import kernels
 from timerl.graphopt.graph import Graph
 from timerl.graphopt.perfmodel import Cluster, PeakMemory, Simulator
 
@@ -24,14 +25,18 @@ OBJECTIVES = ("peak-memory", "runtime")
 SWAP_THRESHOLD = 0.8
 
 
-def decode_order(graph: Graph, priority: np.ndarray) -> np.ndarray:
+def decode_order(graph: Graph, priority: np.ndarray, compiled: bool = False) -> np.ndarray:
     """List scheduling: repeatedly run the ready op with the highest priority (ties: index).
+    ``compiled``: with numba's kernel when it is installed (:mod:`kernels`).
 
     The heap holds integer ranks of the priorities rather than (key, node) tuples: ints
     compare faster and nothing is allocated per push.
     """
     n = graph.n
-    node_at = np.argsort(-np.asarray(priority, dtype=np.float64), kind="stable")
+    key = np.asarray(priority, dtype=np.float64)[:n]
+    if compiled and (kernel := kernels.get("list_schedule")) is not None:
+        return kernel(graph.succ_ptr, graph.succ_idx, graph.pred_ptr, key)
+    node_at = np.argsort(-key, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[node_at] = np.arange(n)
     rk, node = rank.tolist(), node_at.tolist()
@@ -51,7 +56,7 @@ def decode_order(graph: Graph, priority: np.ndarray) -> np.ndarray:
     return np.array(order, dtype=np.int64)
 
 
-def decode_postorder(graph: Graph, priority: np.ndarray) -> np.ndarray:
+def decode_postorder(graph: Graph, priority: np.ndarray, compiled: bool = False) -> np.ndarray:
     """Post-order DFS from the sinks (highest priority first) over predecessors (highest
     priority first): each node runs right after the last of its inputs' sub-computations, so
     a subtree runs to its end before its sibling starts, which is how memory-optimal orders
@@ -59,12 +64,12 @@ def decode_postorder(graph: Graph, priority: np.ndarray) -> np.ndarray:
     n = graph.n
     key = np.asarray(priority, dtype=np.float64)[:n]
     ptr = graph.pred_ptr
-    seg = np.repeat(np.arange(n), np.diff(ptr))
     idx = graph.pred_idx
-    preds = idx[np.lexsort((-key[idx], seg))].tolist()
+    if compiled and (kernel := kernels.get("post_order")) is not None:
+        return kernel(ptr, idx, key, graph.sinks)
+    preds = idx[np.lexsort((-key[idx], graph.pred_owner))].tolist()
+    roots = graph.sinks[np.argsort(-key[graph.sinks], kind="stable")].tolist()
     starts = ptr.tolist()
-    sinks = np.nonzero(np.diff(graph.succ_ptr) == 0)[0]
-    roots = sinks[np.argsort(-key[sinks], kind="stable")].tolist()
     done = [False] * n
     nxt = starts[:-1]  # per node, the next of its (sorted) predecessors to visit
     order: list[int] = []
@@ -158,6 +163,8 @@ class Problem:
             if graph.preds[v]:
                 self.anchor[v] = max(graph.preds[v], key=lambda u: (graph.nbytes[u], -u))
         self.evaluations = 0
+        # decode with numba's kernels: set by a search large enough to gain (kernels.worth_it)
+        self.compiled = False
 
     def with_decoder_gene(self) -> Problem:
         """The same problem (sharing its evaluators) whose chromosomes carry one more key,
@@ -183,9 +190,9 @@ class Problem:
         n = self.n
         post = keys[-1] >= 0.5 if self.decoder_gene else self.decoder == "postorder"
         if post:
-            order = decode_postorder(self.graph, keys[:n])
+            order = decode_postorder(self.graph, keys[:n], self.compiled)
         else:
-            order = decode_order(self.graph, keys[:n])
+            order = decode_order(self.graph, keys[:n], self.compiled)
         if self.single:
             return Solution(order)
         at = n

@@ -74,6 +74,9 @@ class Graph:
         self.edges = edge_arr
         self.pred_ptr, self.pred_idx = _csr(edge_arr[:, 1], edge_arr[:, 0], self.n)
         self.succ_ptr, self.succ_idx = _csr(edge_arr[:, 0], edge_arr[:, 1], self.n)
+        # per entry of pred_idx, the node whose predecessor it is
+        self.pred_owner = np.repeat(np.arange(self.n), np.diff(self.pred_ptr))
+        self.sinks = np.nonzero(np.diff(self.succ_ptr) == 0)[0]
         self.nbytes = np.array([nd.bytes for nd in self.nodes], dtype=np.int64)
         self.cost = np.array([nd.cost for nd in self.nodes], dtype=np.float64)
         self.is_output = np.array([nd.output for nd in self.nodes], dtype=bool)

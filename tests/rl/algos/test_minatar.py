@@ -78,6 +78,21 @@ def test_policy_auto_picks_the_cnn_by_image_layout_and_size(obs_shape, layout, t
     assert tuple(policy.actor.weight.shape) == (want, 3)
 
 
+def test_the_acting_records_of_a_channels_last_cnn_policy_give_its_logits():
+    """What eval and export run: the (H, W, C) observation transposed, the trunk, the actor."""
+    from timerl.rl.train.acting import forward
+
+    obs = np.random.default_rng(3).integers(0, 2, (5, 10, 10, 4)).astype(np.float32)
+    with tl.Context(dims=("i", "t")):
+        policy = make_policy(PPOConfig(), _fake_env((10, 10, 4), "HWC"), ())
+        logits = tl.evaluate(policy.actor(policy.features(tl.from_numpy(obs))))
+        params = {p.name: tl.evaluate(p) for p in policy.parameters()}
+        layers = policy.acting()
+    assert layers[0] == {"op": "permute", "axes": [2, 0, 1]}
+    got, _ = forward(layers, params, obs, [])
+    np.testing.assert_allclose(got, logits, rtol=1e-4, atol=1e-5)
+
+
 def test_policy_auto_keeps_the_mlp_without_a_declared_image_and_cnn_is_refused_for_flat_obs():
     with tl.Context(dims=("i", "t")) as ctx:
         dom = (ctx.dims[0],)

@@ -11,8 +11,7 @@ import torch
 
 import timerl as tl
 from timerl.errors import ProgramError
-from timerl.rl.algos.a2c import A2CConfig
-from timerl.rl.algos.policy_gradient import PPOConfig, ppo
+from timerl.rl.algos.policy_gradient import PPOConfig, ReinforceConfig, ppo
 from timerl.rl.algos.recurrent import LSTMPolicy, segment_features
 
 rng = np.random.default_rng(7)
@@ -111,8 +110,10 @@ def test_cartpole_without_velocities_observes_position_and_angle():
 
 
 def test_lstm_for_an_algorithm_without_recurrence_names_those_with_it():
-    with pytest.raises(ProgramError, match=r"a2c: policy 'lstm' needs recurrent support.*ppo"):
-        A2CConfig(policy="lstm")
+    with pytest.raises(
+        ProgramError, match=r"reinforce: policy 'lstm' needs recurrent support.*a2c, ppo"
+    ):
+        ReinforceConfig(policy="lstm")
     with pytest.raises(ProgramError, match="policy must be one of"):
         PPOConfig(policy="transformer")
 
@@ -120,16 +121,6 @@ def test_lstm_for_an_algorithm_without_recurrence_names_those_with_it():
 def test_recurrent_minibatches_are_whole_envs():
     with pytest.raises(ProgramError, match="must divide num_envs=6"):
         ppo(PPOConfig(env_id="CartPoleNoVel-v1", policy="lstm", num_envs=6, minibatches=4))
-
-
-def test_eval_and_export_refuse_an_lstm_or_cnn_checkpoint_by_name():
-    from timerl.errors import CheckpointError
-    from timerl.rl.train.evaluation import checkpoint_policy
-
-    for name, kind in (("lstm.weight_ih", "an LSTM"), ("nature.0.weight", "a CNN")):
-        ckpt = SimpleNamespace(header={}, params={name: np.zeros((2, 2))}, state={})
-        with pytest.raises(CheckpointError, match=f"policy is {kind}"):
-            checkpoint_policy(ckpt, None)
 
 
 def test_value_loss_leaves_the_actors_network_alone():

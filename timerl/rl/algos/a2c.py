@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 from timerl.api.context import Context
 from timerl.api.optim import Adam
-from timerl.api.tensor import RecurrentTensor
 from timerl.rl.algos.policy_gradient import (
     FRACTION,
     NON_NEGATIVE,
@@ -25,7 +24,9 @@ from timerl.rl.algos.policy_gradient import (
     _rollout,
     lr_schedule,
 )
+from timerl.rl.algos.recurrent import recurrent_a2c
 from timerl.rl.algos.returns import gae
+from timerl.rl.algos.shared import a2c_loss
 from timerl.rl.envs.program import make_env
 
 
@@ -38,6 +39,8 @@ class A2CConfig(AlgoConfig):
         "ent_coef": NON_NEGATIVE.optional(),
     }
 
+    RECURRENT: ClassVar[bool] = True
+
     num_envs: int = 8
     num_steps: int = 32
     lr: float = 1e-3
@@ -47,35 +50,14 @@ class A2CConfig(AlgoConfig):
     norm_adv: bool = False
 
 
-def a2c_loss(
-    policy: Policy,
-    obs: RecurrentTensor,
-    action: RecurrentTensor,
-    advantage: RecurrentTensor,
-    returns: RecurrentTensor,
-    vf_coef: float = 0.5,
-    ent_coef: float = 0.0,
-    norm_adv: bool = False,
-) -> dict[str, RecurrentTensor]:
-    """``-mean(log pi(a|s) * A) + vf_coef * 0.5 * mean((V - R)^2) - ent_coef * entropy``."""
-    dist = policy.dist(obs)
-    logp = policy.log_prob(dist, action)
-    entropy = policy.entropy(dist).mean()
-    value = policy.value(obs)
-    advantage = advantage.detach()
-    if norm_adv:
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-    pg_loss = -(logp * advantage).mean()
-    v_loss = ((value - returns.detach()) ** 2.0).mean() * 0.5
-    loss = pg_loss - entropy * ent_coef + v_loss * vf_coef
-    return {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy}
-
-
 def a2c(config: A2CConfig | None = None, **overrides: Any) -> AlgoProgram:
     """A2C (Mnih et al. 2016, synchronous): one full-batch update per rollout."""
     cfg = config or A2CConfig()
     for k, v in overrides.items():
         setattr(cfg, k, v)
+    cfg.check_policy()
+    if cfg.policy == "lstm":
+        return recurrent_a2c(cfg)
     batch = cfg.num_envs * cfg.num_steps
     env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
     ent_coef = cfg.ent_coef if cfg.ent_coef is not None else (0.01 if env.discrete else 0.0)
@@ -103,4 +85,5 @@ def a2c(config: A2CConfig | None = None, **overrides: Any) -> AlgoProgram:
         Adam(params, lr=lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
         metrics = dict(parts)
         metrics["reward_mean"] = ro["reward"][i, 0 : t.bound].mean()
-    return AlgoProgram("a2c", ctx, env, cfg, metrics, {"T": cfg.num_steps}, policy.parameters())
+    bounds, params = {"T": cfg.num_steps}, policy.parameters()
+    return AlgoProgram("a2c", ctx, env, cfg, metrics, bounds, params, acting=policy.acting())

@@ -303,6 +303,7 @@ class Policy(Module):
         log_std_init: float = 0.0,
     ) -> None:
         self.obs_dim = int(np.prod(env.obs_shape))
+        self.obs_ndim = len(env.obs_shape)
         self.discrete = env.discrete
         if env.discrete:
             out = int(env.num_actions or 0)
@@ -327,6 +328,11 @@ class Policy(Module):
             role="critic",
         )
         self.std = None if env.discrete else _LogStd(out, domain, log_std_init)
+
+    def acting(self) -> list[dict[str, Any]]:
+        """The network that maps an observation to the actor's output, as layer records."""
+        flat = [{"op": "flatten", "ndim": self.obs_ndim}, {"op": "float", "scale": 1.0}]
+        return [*flat, *self.actor.describe()]
 
     def flat(self, obs: RecurrentTensor) -> RecurrentTensor:
         x = obs.reshape(obs.view.shape[0], self.obs_dim)
@@ -415,6 +421,11 @@ class CNNPolicy(Policy):
         out = self.trunk(x)
         memo.append((obs, out))
         return out
+
+    def acting(self) -> list[dict[str, Any]]:
+        # channels-last observations move their channels first, as ``features`` does
+        first = [{"op": "permute", "axes": [2, 0, 1]}] if self.channels_last else []
+        return [*first, *self.trunk.describe(), *self.actor.describe()]
 
     def dist(self, obs: RecurrentTensor) -> Categorical | Normal:
         return Categorical(self.actor(self.features(obs)))
@@ -560,7 +571,8 @@ def ppo(config: PPOConfig | None = None, **overrides: Any) -> AlgoProgram:
         if stats is not None
         else None
     )
-    return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters(), obs_norm, ro)
+    params = policy.parameters()
+    return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, params, obs_norm, ro, policy.acting())
 
 
 def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoProgram:

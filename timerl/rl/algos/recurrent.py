@@ -16,12 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from timerl.api.context import from_numpy
+from timerl.api.context import Context, from_numpy
 from timerl.api.distributions import Categorical, Normal
 from timerl.api.nn import Linear, LSTMCell, Module
+from timerl.api.optim import Adam
 from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor, cat
 from timerl.errors import EnvError, ProgramError
+from timerl.rl.algos.returns import gae
+from timerl.rl.algos.shared import AlgoProgram, a2c_loss, lr_schedule, ppo_loss, rand_perm
+from timerl.rl.envs.program import make_env
 
 
 class LSTMPolicy(Module):
@@ -42,6 +46,7 @@ class LSTMPolicy(Module):
         if not env.discrete:
             raise EnvError(f"{env.vec.env_id}: the LSTM policy supports discrete actions only")
         self.obs_dim = int(np.prod(env.obs_shape))
+        self.obs_ndim = len(env.obs_shape)
         self.size = size
         self.discrete = True
         base = seed * 1000
@@ -77,6 +82,13 @@ class LSTMPolicy(Module):
             self.critic_encoder(x).tanh(), (hc.narrow(-1, n, n), hc.narrow(-1, 3 * n, n))
         )
         return cat([h_a, h_c, c_a, c_c], -1)
+
+    def acting(self) -> list[dict[str, Any]]:
+        """The actor's own path (encoder, tanh, its LSTM, head): the critic's LSTM does not
+        act, so evaluation and export carry the actor's state only."""
+        flat = [{"op": "flatten", "ndim": self.obs_ndim}, {"op": "float", "scale": 1.0}]
+        body = [*self.encoder.describe(), {"op": "tanh"}, *self.cell.describe()]
+        return [*flat, *body, *self.actor.describe()]
 
     def features(self, hc: RecurrentTensor) -> RecurrentTensor:
         return hc.narrow(-1, 0, 2 * self.size)
@@ -166,22 +178,62 @@ def check_recurrent_batch(num_envs: int, minibatches: int) -> int:
     return num_envs // minibatches
 
 
-def recurrent_ppo(cfg: Any) -> Any:
+def recurrent_ppo(cfg: Any) -> AlgoProgram:
     """PPO with an :class:`LSTMPolicy`: rollout as :func:`recurrent_rollout`, then ``epochs x
     minibatches`` updates, each over whole envs with the states recomputed over the segment."""
-    from timerl.api.context import Context
-    from timerl.api.optim import Adam
-    from timerl.rl.algos.returns import gae
-    from timerl.rl.algos.shared import AlgoProgram, lr_schedule, ppo_loss, rand_perm
-    from timerl.rl.envs.program import make_env
 
-    if cfg.norm_obs or cfg.norm_reward:
-        raise ProgramError("ppo: the LSTM policy does not normalise observations or rewards yet")
+    def loss(learner: Any, h: RecurrentTensor, b: dict[str, Any], ent_coef: float) -> Any:
+        return ppo_loss(
+            learner,
+            h,
+            b["action"],
+            b["logp"],
+            b["adv"],
+            b["ret"],
+            clip=cfg.clip,
+            vf_coef=cfg.vf_coef,
+            ent_coef=ent_coef,
+            norm_adv=cfg.norm_adv,
+        )
+
+    return _recurrent_program("ppo", cfg, cfg.epochs, cfg.minibatches, loss)
+
+
+def recurrent_a2c(cfg: Any) -> AlgoProgram:
+    """A2C with an :class:`LSTMPolicy`: one full-batch update per rollout, differentiated
+    through the whole segment."""
+
+    def loss(learner: Any, h: RecurrentTensor, b: dict[str, Any], ent_coef: float) -> Any:
+        return a2c_loss(
+            learner,
+            h,
+            b["action"],
+            b["adv"],
+            b["ret"],
+            vf_coef=cfg.vf_coef,
+            ent_coef=ent_coef,
+            norm_adv=cfg.norm_adv,
+        )
+
+    return _recurrent_program("a2c", cfg, 1, 1, loss)
+
+
+def _recurrent_program(
+    algo: str, cfg: Any, epochs: int, minibatches: int, loss: Callable[..., Any]
+) -> AlgoProgram:
+    """The recurrent rollout, GAE, and ``epochs x minibatches`` Adam steps on ``loss``, each
+    over whole envs with the states recomputed over the segment from its stored first state.
+    ``loss(learner, features, batch, ent_coef)``: the minibatch's action, logp, adv and ret
+    in ``batch``, aligned with the recomputed features."""
+
+    if getattr(cfg, "norm_obs", False) or getattr(cfg, "norm_reward", False):
+        raise ProgramError(
+            f"{algo}: the LSTM policy does not normalise observations or rewards yet"
+        )
     if cfg.env_backend == "jax":
-        raise ProgramError('ppo: the LSTM policy steps host envs, not env backend "jax"')
-    per_mb = check_recurrent_batch(cfg.num_envs, cfg.minibatches)
+        raise ProgramError(f'{algo}: the LSTM policy steps host envs, not env backend "jax"')
+    per_mb = check_recurrent_batch(cfg.num_envs, minibatches)
     env = make_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.env_backend, **cfg.env_kwargs)
-    ent_coef = cfg.ent_coef if cfg.ent_coef is not None else 0.01
     ctx = Context(dims=("i", "t", "u", "s"))
     i, t, u, s = ctx.dims
     T = cfg.num_steps
@@ -192,9 +244,9 @@ def recurrent_ppo(cfg: Any) -> Any:
         adv = gae(
             ro["reward"], ro["done"], ro["value"], cfg.gamma, cfg.gae_lambda, ro["last_value"]
         )
-        ret = adv + ro["value"]
-        perm = rand_perm(cfg.num_envs, (i, u // cfg.minibatches))
-        envs = perm.narrow(0, (u % cfg.minibatches) * per_mb, per_mb)
+        ent_coef = cfg.ent_coef if cfg.ent_coef is not None else 0.01
+        perm = rand_perm(cfg.num_envs, (i, u // minibatches))
+        envs = perm.narrow(0, (u % minibatches) * per_mb, per_mb)
         learner = policy.unroll(u)
         first = ro["hc"][i, 0].detach().take(envs)
         obs_at = ro["obs"][i, s].detach().take(envs)
@@ -208,23 +260,14 @@ def recurrent_ppo(cfg: Any) -> Any:
             data = x[i, 0:T].detach().take(envs, 1)
             return data.reshape(n, *data.view.shape[2:])
 
-        parts = ppo_loss(
-            learner,
-            h,
-            seg(ro["action"]),
-            seg(ro["logp"]),
-            seg(adv),
-            seg(ret),
-            clip=cfg.clip,
-            vf_coef=cfg.vf_coef,
-            ent_coef=ent_coef,
-            norm_adv=cfg.norm_adv,
-        )
+        taken = {"action": ro["action"], "logp": ro["logp"], "adv": adv, "ret": adv + ro["value"]}
+        parts = loss(learner, h, {k: seg(x) for k, x in taken.items()}, ent_coef)
         params = learner.parameters()
         parts["loss"].backward(inputs=params)
         Adam(params, lr=lr_schedule(cfg), eps=1e-5, max_grad_norm=cfg.max_grad_norm).step()
         last = u.bound - 1
         metrics = {name: value[i, last] for name, value in parts.items()}
         metrics["reward_mean"] = ro["reward"][i, 0:T].mean()
-    bounds = {"T": T, "U": cfg.epochs * cfg.minibatches, "S": T}
-    return AlgoProgram("ppo", ctx, env, cfg, metrics, bounds, policy.parameters(), None, ro)
+    bounds = {"T": T, "U": epochs * minibatches, "S": T}
+    params = policy.parameters()
+    return AlgoProgram(algo, ctx, env, cfg, metrics, bounds, params, None, ro, policy.acting())

@@ -1,6 +1,6 @@
-"""What PPO's feed-forward program (``policy_gradient.py``) and its recurrent one
+"""What the feed-forward programs (``policy_gradient.py``, ``a2c.py``) and the recurrent ones
 (``recurrent.py``) share: the built program's record, the learning-rate schedule, the
-PPO-clip loss and the minibatch permutation."""
+PPO-clip and A2C losses and the minibatch permutation."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ class AlgoProgram:
     obs_norm: dict[str, Any] | None = None
     # the rollout's tensors (obs, action, reward, ...) by name, to sink or inspect
     rollout: dict[str, Any] = field(default_factory=dict)
+    # the acting network as layer records (``Module.describe()``), stored in checkpoints so
+    # ``timerl eval`` and ``timerl export`` run any policy; None: an MLP found by name
+    acting: list[dict[str, Any]] | None = None
 
     @property
     def steps_per_iteration(self) -> int:
@@ -80,6 +83,30 @@ def ppo_loss(
         "entropy": entropy,
         "approx_kl": approx_kl,
     }
+
+
+def a2c_loss(
+    policy: Any,
+    obs: RecurrentTensor,
+    action: RecurrentTensor,
+    advantage: RecurrentTensor,
+    returns: RecurrentTensor,
+    vf_coef: float = 0.5,
+    ent_coef: float = 0.0,
+    norm_adv: bool = False,
+) -> dict[str, RecurrentTensor]:
+    """``-mean(log pi(a|s) * A) + vf_coef * 0.5 * mean((V - R)^2) - ent_coef * entropy``."""
+    dist = policy.dist(obs)
+    logp = policy.log_prob(dist, action)
+    entropy = policy.entropy(dist).mean()
+    value = policy.value(obs)
+    advantage = advantage.detach()
+    if norm_adv:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    pg_loss = -(logp * advantage).mean()
+    v_loss = ((value - returns.detach()) ** 2.0).mean() * 0.5
+    loss = pg_loss - entropy * ent_coef + v_loss * vf_coef
+    return {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy}
 
 
 def rand_perm(n: int, key_at: tuple) -> RecurrentTensor:

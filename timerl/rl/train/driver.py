@@ -441,6 +441,7 @@ def train(
             "param_names": [n for n in param_names if n in named],
             "activations": activations,
             "obs_norm": program.obs_norm,
+            "acting": program.acting,
             "env": env_spec,
         }
         tail = [h["episodic_return"] for h in history[-10:]]

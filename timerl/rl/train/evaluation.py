@@ -1,9 +1,12 @@
 """``timerl eval``: run a trained policy from a checkpoint and report its return.
 
-The policy is rebuilt from the checkpoint's parameters by name, so it works for any algorithm
-whose acting network follows the naming of ``tl.nn.MLP``: ``<net>.<k>.weight`` and
-``<net>.<k>.bias`` for layer ``k``, with ``<net>`` one of :data:`ACTING_NETS` (the first found).
-What the network's output means follows from the environment and its size:
+The acting network is the one the program records in each checkpoint's header (``acting``:
+layer records run in numpy by :mod:`timerl.rl.train.acting`: MLPs, CNNs, recurrent cells),
+or, for a checkpoint without the record, an MLP rebuilt from its parameters' names:
+``<net>.<k>.weight`` and ``<net>.<k>.bias`` for layer ``k``, with ``<net>`` one of
+:data:`ACTING_NETS` (the first found) and the activation the compiled program declared
+(``Program.activations``, stored in the header as ``activations``). What the network's
+output means follows from the environment and its size:
 
 - discrete actions: logits (or Q-values); deterministic acting takes the argmax, stochastic
   acting samples the softmax (Q-networks, named ``q``, always act greedily);
@@ -13,13 +16,12 @@ What the network's output means follows from the environment and its size:
   Gaussian (SAC-style), scaled to the action bounds; the log-std output is squashed into
   [LOG_STD_MIN, LOG_STD_MAX] with tanh.
 
-The activation between layers is what the compiled program declares (``Program.activations``,
-from ``tl.nn.MLP``) at training time, stored in the checkpoint's header (``activations``). A
-program that normalises the policy's input
-(PPO's ``norm_obs``) records it in the header (``obs_norm``: the names of the running
-statistics in the checkpoint's state and the epsilon and clip of the formula); the network
-then acts on ``clip((obs - mean) / sqrt(var + eps), -clip, clip)`` with the checkpoint's
-statistics, as the program's next iteration would.
+A recurrent network's state starts at zero and is zeroed where an episode ends, as in
+training. A program that normalises the policy's input (PPO's ``norm_obs``) records it in
+the header (``obs_norm``: the names of the running statistics in the checkpoint's state and
+the epsilon and clip of the formula); the network then acts on ``clip((obs - mean) /
+sqrt(var + eps), -clip, clip)`` with the checkpoint's statistics, as the program's next
+iteration would.
 
 Inference runs in numpy: evaluation needs no compiler and no program.
 """
@@ -27,7 +29,6 @@ Inference runs in numpy: evaluation needs no compiler and no program.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,15 @@ import numpy as np
 from timerl.errors import CheckpointError, EnvError
 from timerl.rl.algos.naming import arg_ref
 from timerl.rl.envs.ids import env_id_of, restore_env
+from timerl.rl.train.acting import (
+    ACTIVATIONS,
+    Layer,
+    check_layers,
+    forward,
+    mlp_layers,
+    state_widths,
+    walk,
+)
 from timerl.rl.train.checkpoint import BEST, Checkpoint, checkpoint_dir, load_latest
 from timerl.rl.train.checkpoint import load_checkpoint as _load
 
@@ -46,11 +56,6 @@ ACTING_NETS = ("actor", "policy", "pi", "q", "q_net", "qnet")
 GREEDY_NETS = ("q", "q_net", "qnet")
 # a squashed Gaussian's log-std output is itself squashed into this range (the SAC convention)
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
-ACTIVATIONS = {
-    "tanh": np.tanh,
-    "relu": lambda x: np.maximum(x, 0.0),
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-}
 
 
 def load_run_checkpoint(
@@ -106,34 +111,42 @@ def obs_normalizer(header: dict[str, Any], state: dict[str, np.ndarray]) -> ObsN
 
 @dataclass
 class PolicySpec:
-    """An MLP acting network read from named parameters: enough to act without timerl."""
+    """An acting network (layer records and parameters by name, see
+    :mod:`timerl.rl.train.acting`) and how its output becomes an action: enough to act
+    without timerl's compiler. A recurrent network's state advances one step per
+    :meth:`forward`; :meth:`reset` zeroes it and :meth:`episode_ended` zeroes ended envs'."""
 
     net: str
-    weights: list[np.ndarray]
-    biases: list[np.ndarray | None]
-    activation: str
+    layers: list[Layer]
+    params: dict[str, np.ndarray]
     kind: str  # "categorical", "greedy", "gaussian" or "squashed"
-    obs_dim: int
     log_std: np.ndarray | None = None
     low: np.ndarray | None = None
     high: np.ndarray | None = None
     normalizer: ObsNormalizer | None = None
+    state: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def state_widths(self) -> list[int]:
+        return state_widths(self.layers)
+
+    def reset(self, batch: int) -> None:
+        self.state = [np.zeros((batch, w), np.float32) for w in self.state_widths]
+
+    def episode_ended(self, done: np.ndarray) -> None:
+        for s in self.state:
+            s[np.asarray(done, dtype=bool)] = 0.0
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
         """The network's raw output for a batch of (raw) observations."""
-        x = np.asarray(obs, dtype=np.float32)
+        x = np.asarray(obs)
         if self.normalizer is not None:
             x = self.normalizer(x)
-        x = x.reshape(len(obs), self.obs_dim)
-        act = ACTIVATIONS[self.activation]
-        n = len(self.weights)
-        for k, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            x = x @ w
-            if b is not None:
-                x = x + b
-            if k < n - 1:
-                x = act(x)
-        return x
+        widths = self.state_widths
+        if [s.shape for s in self.state] != [(len(x), w) for w in widths]:
+            self.reset(len(x))
+        out, self.state = forward(self.layers, self.params, x, self.state)
+        return out
 
     def act(
         self, obs: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None
@@ -170,34 +183,35 @@ def policy_spec(
     env: Any,
     activation: str | dict[str, str] = "tanh",
     normalizer: ObsNormalizer | None = None,
+    layers: list[Layer] | None = None,
 ) -> PolicySpec:
-    """The acting network among ``params`` for ``env`` (a timerl VectorEnv or Env);
-    ``activation``: one for every net, or per net name (missing ones: tanh); ``normalizer``:
-    what the network's input is, when not the raw observation."""
+    """The acting network among ``params`` for ``env`` (a timerl VectorEnv or Env):
+    ``layers`` as the program recorded them, or else an MLP found by name (one of
+    :data:`ACTING_NETS`) with ``activation`` (one for every net, or per net name; missing
+    ones: tanh); ``normalizer``: what the network's input is, when not the raw observation."""
     vec = getattr(env, "vec", env)
-    for net in ACTING_NETS:
-        layers = _layers(params, net)
-        if layers:
-            break
+    if layers is None:
+        net = next((n for n in ACTING_NETS if f"{n}.0.weight" in params), None)
+        if net is None:
+            raise CheckpointError(
+                "found no acting network in the checkpoint: expected parameters named "
+                f"<net>.<k>.weight with <net> one of {', '.join(ACTING_NETS)}; "
+                f"it has {', '.join(sorted(params)[:8])}"
+            )
+        if isinstance(activation, dict):
+            activation = activation.get(net, "tanh")
+        if activation not in ACTIVATIONS:
+            raise CheckpointError(f"unknown activation {activation!r} in the run's config")
+        layers = mlp_layers(params, net, activation, len(vec.obs_shape))
     else:
-        raise CheckpointError(
-            "found no acting network in the checkpoint: expected parameters named "
-            f"<net>.<k>.weight with <net> one of {', '.join(ACTING_NETS)}; "
-            f"it has {', '.join(sorted(params)[:8])}"
-        )
-    if isinstance(activation, dict):
-        activation = activation.get(net, "tanh")
-    if activation not in ACTIVATIONS:
-        raise CheckpointError(f"unknown activation {activation!r} in the run's config")
-    weights = [w for w, _ in layers]
-    biases = [b for _, b in layers]
-    obs_dim = int(np.prod(vec.obs_shape))
-    out = weights[-1].shape[-1]
-    if weights[0].shape[0] != obs_dim:
+        net = next((r["param"] for r in reversed(layers) if r["op"] == "linear"), "policy")
+    check_layers(layers, params)
+    if normalizer is not None and normalizer.mean.shape != tuple(vec.obs_shape):
         raise EnvError(
-            f"{vec.env_id}: observations have {obs_dim} features but {net}.0.weight takes "
-            f"{weights[0].shape[0]}"
+            f"{vec.env_id}: observations have shape {tuple(vec.obs_shape)} but the "
+            f"observation statistics have shape {normalizer.mean.shape}"
         )
+    out = _output_size(layers, params, vec, net)
     low = high = log_std = None
     if vec.discrete:
         if out != vec.num_actions:
@@ -216,37 +230,32 @@ def policy_spec(
                 f"{vec.env_id}: actions have {size} dims, but {net} outputs {out} "
                 f"(expected {size} or {2 * size})"
             )
-    if normalizer is not None and normalizer.mean.shape != tuple(vec.obs_shape):
+    return PolicySpec(net, layers, params, kind, log_std, low, high, normalizer)
+
+
+def _output_size(layers: list[Layer], params: dict[str, np.ndarray], vec: Any, net: str) -> int:
+    """The network's output width, found by running it on one zero observation: a network
+    that does not fit the environment's observations is an error naming both."""
+    obs = np.zeros((1, *vec.obs_shape), np.float32)
+    state = [np.zeros((1, w), np.float32) for w in state_widths(layers)]
+    try:
+        out, _ = forward(layers, params, obs, state)
+    except ValueError as err:
+        first = next((r["param"] for r in walk(layers) if "param" in r), net)
         raise EnvError(
-            f"{vec.env_id}: observations have shape {tuple(vec.obs_shape)} but the "
-            f"observation statistics have shape {normalizer.mean.shape}"
-        )
-    return PolicySpec(
-        net, weights, biases, activation, kind, obs_dim, log_std, low, high, normalizer
-    )
+            f"{vec.env_id}: observations of shape {tuple(vec.obs_shape)} do not fit the "
+            f"acting network (first layer {first}: {err})"
+        ) from None
+    return int(out.shape[-1])
 
 
 def checkpoint_policy(ckpt: Checkpoint, env: Any) -> PolicySpec:
     """The acting policy of a checkpoint: its network, activations and input normalisation."""
     header = ckpt.header
-    for prefix, kind in (("lstm.", "an LSTM"), ("nature.", "a CNN"), ("minatar.", "a CNN")):
-        if any(name.startswith(prefix) for name in ckpt.params):
-            raise CheckpointError(
-                f"this run's policy is {kind}: timerl eval and timerl export run MLP policies "
-                "only for now"
-            )
     normalizer = obs_normalizer(header, ckpt.state)
-    return policy_spec(ckpt.params, env, checkpoint_activations(header), normalizer)
-
-
-def _layers(params: dict[str, np.ndarray], net: str) -> list[tuple[np.ndarray, Any]]:
-    pattern = re.compile(rf"^{re.escape(net)}\.(\d+)\.weight$")
-    ks = sorted(int(m.group(1)) for name in params if (m := pattern.match(name)))
-    if not ks:
-        return []
-    if ks != list(range(len(ks))):
-        raise CheckpointError(f"{net}: layers {ks} are not numbered 0..{len(ks) - 1}")
-    return [(params[f"{net}.{k}.weight"], params.get(f"{net}.{k}.bias")) for k in ks]
+    layers = header.get("acting")
+    activations = checkpoint_activations(header)
+    return policy_spec(ckpt.params, env, activations, normalizer, layers)
 
 
 def checkpoint_activations(header: dict[str, Any]) -> dict[str, str] | str:
@@ -365,10 +374,12 @@ def run_episodes(
     """Returns of ``episodes`` complete episodes on a one-env VectorEnv."""
     obs = env.reset()
     env.completed_returns()
+    spec.reset(len(obs))
     returns: list[float] = []
     steps = 0
     while len(returns) < episodes:
-        obs, _, _ = env.step(spec.act(obs, deterministic, rng))
+        obs, _, done = env.step(spec.act(obs, deterministic, rng))
+        spec.episode_ended(done)
         returns.extend(float(r) for r in env.completed_returns())
         steps += 1
         if steps > max_steps * episodes:
@@ -399,6 +410,7 @@ def _record(
         ) from None
     rng = np.random.default_rng(seed)
     obs = env.reset()
+    spec.reset(len(obs))
 
     def frame() -> np.ndarray:
         try:
