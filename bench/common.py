@@ -45,6 +45,8 @@ ENV_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_steps": 128,
         "env_kwargs": {"episodic_life": True, "reward_clip": True},
     },
+    # the jitted-JAX MinAtar PPO recipe: 64 envs x 128 steps, lr 5e-4, 4 epochs x 8 minibatches
+    "gymnax:Breakout-MinAtar": {"lr": 5e-4, "num_envs": 64, "num_steps": 128},
     "Synthetic-v0": {
         "lr": 3e-4,
         "num_envs": 16,
@@ -81,6 +83,9 @@ class Config:
     threads: int = 1  # torch intra-op threads (the benchmark pins one)
     memory_budget: int | None = None  # timerl only: ctx.compile(memory_budget=...) in bytes
     host_env: bool = False  # timerl only: step the gymnasium env even where a JAX env exists
+    # "minatar_cnn": the MinAtar paper's CNN over (H, W, C) images, a trunk shared by linear
+    # heads, instead of the MLPs (timerl and jax_ppo only)
+    policy: str = "mlp"
 
     def resolved(self) -> Config:
         """A copy with every ``None`` default filled in for this env."""
@@ -290,6 +295,9 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--policy", choices=("mlp", "minatar_cnn"), default="mlp", help="the network (jax_ppo)"
+    )
     p.add_argument("--target", type=float, default=None, help="report iterations to this return")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p

@@ -157,6 +157,7 @@ class Case:
     config: Config
     algo: str = "ppo"
     x: Any = None  # this case's value on its experiment's plot axis
+    only: tuple[str, ...] = ()  # the systems that run it (empty: every one that fits)
 
     def describe(self) -> str:
         c = self.config.resolved()
@@ -164,9 +165,14 @@ class Case:
         env = c.env_id + (f" {'x'.join(map(str, obs))}" if obs else "")
         if "episode_length" in c.env_kwargs:
             env += f" ep{c.env_kwargs['episode_length']}"
+        net = (
+            "MinAtar CNN"
+            if c.policy == "minatar_cnn"
+            else f"{c.hidden_layers}x{c.hidden_size} tanh"
+        )
         return (
             f"{self.algo} {env}, {c.num_envs} envs x {c.num_steps} steps, "
-            f"{c.hidden_layers}x{c.hidden_size} tanh, epochs={c.epochs} minibatches={c.minibatches}"
+            f"{net}, epochs={c.epochs} minibatches={c.minibatches}"
             f", {c.iterations} iterations, lr={c.lr}"
         )
 
@@ -186,6 +192,11 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
         "num_envs",
         "Pong-v5 through envpool (uint8 4x84x84 frames), CleanRL's Nature-CNN agent, 8 envs x "
         "128 steps, 4 epochs x 4 minibatches, against eager PyTorch with the same agent",
+    ),
+    "minatar": (
+        "num_envs",
+        "gymnax:Breakout-MinAtar (10x10x4 planes) inside the program, the MinAtar CNN, 64 envs "
+        "x 128 steps, 4 epochs x 8 minibatches: timerl jax against the jitted JAX PPO",
     ),
 }
 
@@ -247,6 +258,15 @@ def all_cases(quick: bool = False, iterations: int | None = None, seed: int = 0)
     cfg = Config("Pong-v5", epochs=4, minibatches=4, clip_coef=0.1, iterations=its(4, 2))
     cfg.seed = seed
     cases.append(Case("atari", "atari-pong", cfg, x=8))
+    cfg = Config(
+        "gymnax:Breakout-MinAtar",
+        epochs=4,
+        minibatches=8,
+        iterations=its(12, 3),
+        seed=seed,
+        policy="minatar_cnn",
+    )
+    cases.append(Case("minatar", "minatar-breakout", cfg, x=64, only=("timerl_jax", "jax_ppo")))
     return cases
 
 
@@ -501,6 +521,7 @@ def systems_for(case: Case, names: list[str], systems: dict[str, System]) -> lis
         if systems[n].algo in ("*", case.algo)
         and not (case.config.host_env and n == "jax_ppo")
         and (systems[n].kind != "baseline" or (n in IMAGE_BASELINES) == is_atari(case))
+        and (not case.only or n in case.only)
     ]
 
 

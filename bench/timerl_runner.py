@@ -52,11 +52,12 @@ def system_name(algo: str, backend: str) -> str:
 
 def env_backend(env_id: str, backend: str) -> str:
     """On the jax backend, an env with a pure JAX version (``rl/envs/jax_envs.py``: Synthetic-v0,
-    CartPole-v1) runs inside the program (``env_backend="jax"``), as the JAX baseline's does;
-    every other run steps the host env."""
-    from timerl.rl.envs.jax_envs import JAX_ENV_IDS
+    CartPole-v1, gymnax's ids) runs inside the program (``env_backend="jax"``), as the JAX
+    baseline's does; every other run steps the host env."""
+    from timerl.rl.envs.jax_envs import GYMNAX_PREFIX, JAX_ENV_IDS
 
-    return "jax" if backend == "jax" and env_id in JAX_ENV_IDS else "gymnasium"
+    jax_env = env_id in JAX_ENV_IDS or env_id.startswith(GYMNAX_PREFIX)
+    return "jax" if backend == "jax" and jax_env else "gymnasium"
 
 
 def envpool_atari(env_id: str) -> bool:
@@ -85,6 +86,8 @@ def timerl_config(config: Config, algo: str = "ppo", backend: str = "numpy") -> 
     }
     if algo == "ppo" and envpool_atari(cfg.env_id):  # CleanRL's agent on envpool
         out |= {"env_backend": "envpool", "policy": "cnn"}
+    if cfg.policy == "minatar_cnn":  # timerl's CNN policy on small images is the MinAtar CNN
+        out["policy"] = "cnn"
     if algo == "ppo":
         out |= {
             "gae_lambda": cfg.gae_lambda,

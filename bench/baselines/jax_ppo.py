@@ -67,6 +67,46 @@ def policy(params: dict, obs: Any, discrete: bool) -> tuple[Any, Any]:
     return (out, None) if discrete else (out, params["log_std"])
 
 
+def init_minatar_cnn(key: Any, obs_shape: tuple[int, ...], actions: int) -> dict:
+    """The MinAtar paper's network over channels-last ``(H, W, C)`` images: conv 16 3x3 (HWIO
+    kernel), ReLU, flatten, dense 128, ReLU, shared by a policy head (gain 0.01) and a value
+    head (gain 1); orthogonal init, gain sqrt(2) in the trunk, zero biases."""
+    jax, jnp, _ = _imports()
+    height, width, channels = obs_shape
+    k_conv, k_dense, k_pi, k_v = jax.random.split(key, 4)
+    ortho = jax.nn.initializers.orthogonal
+    features = 16 * (height - 2) * (width - 2)
+    return {
+        "conv": (ortho(math.sqrt(2))(k_conv, (3, 3, channels, 16)), jnp.zeros(16)),
+        "dense": (ortho(math.sqrt(2))(k_dense, (features, 128)), jnp.zeros(128)),
+        "pi": (ortho(0.01)(k_pi, (128, actions)), jnp.zeros(actions)),
+        "v": (ortho(1.0)(k_v, (128, 1)), jnp.zeros(1)),
+    }
+
+
+def minatar_cnn(params: dict, obs: Any) -> tuple[Any, Any]:
+    """``(logits, value)`` for a batch of ``(H, W, C)`` images."""
+    jax, jnp, _ = _imports()
+    w, b = params["conv"]
+    x = jax.lax.conv_general_dilated(
+        obs, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    x = jax.nn.relu(x + b).reshape(obs.shape[0], -1)
+    w, b = params["dense"]
+    x = jax.nn.relu(x @ w + b)
+    (wp, bp), (wv, bv) = params["pi"], params["v"]
+    return x @ wp + bp, (x @ wv + bv)[:, 0]
+
+
+def actor_critic(params: dict, obs: Any, discrete: bool, cnn: bool) -> tuple[tuple, Any]:
+    """The policy head and the value of a batch of observations (images for the CNN)."""
+    if cnn:
+        logits, value = minatar_cnn(params, obs)
+        return (logits, None), value
+    flat = obs.reshape(obs.shape[0], -1)
+    return policy(params, flat, discrete), mlp(params["critic"], flat)[:, 0]
+
+
 def log_prob_entropy(head: tuple[Any, Any], actions: Any, discrete: bool) -> tuple[Any, Any]:
     jax, jnp, _ = _imports()
     out, log_std = head
@@ -93,24 +133,23 @@ def make_iteration(cfg: Config, env: Any, tx: Any) -> Any:
     """One PPO iteration as a pure function ``runner -> (runner, (return_sum, episodes))``."""
     jax, jnp, _ = _imports()
     lax = jax.lax
-    T, B, discrete = cfg.num_steps, cfg.num_envs, env.discrete
+    T, discrete = cfg.num_steps, env.discrete
+    cnn = cfg.policy == "minatar_cnn"
     ent = cfg.entropy_coef(discrete)
     n, mb_size = cfg.batch_size, cfg.batch_size // cfg.minibatches
 
     def env_step(carry: tuple, _: Any) -> tuple[tuple, dict]:
         params, env_state, obs, key, ep_ret, ret_sum, count = carry
         key, k_act = jax.random.split(key)
-        flat = obs.reshape(B, -1)
-        head = policy(params, flat, discrete)
+        head, value = actor_critic(params, obs, discrete, cnn)
         action = sample(k_act, head, discrete)
         logp, _ = log_prob_entropy(head, action, discrete)
-        value = mlp(params["critic"], flat)[:, 0]
         env_state, obs, reward, done = env.step(env_state, action, env.params)
         ep_ret = ep_ret + reward
         ret_sum = ret_sum + jnp.sum(jnp.where(done, ep_ret, 0.0))
         count = count + jnp.sum(done)
         ep_ret = jnp.where(done, 0.0, ep_ret)
-        rec = {"obs": flat, "actions": action, "logp": logp, "value": value}
+        rec = {"obs": obs, "actions": action, "logp": logp, "value": value}
         rec |= {"reward": reward, "done": done.astype(jnp.float32)}
         return (params, env_state, obs, key, ep_ret, ret_sum, count), rec
 
@@ -128,7 +167,7 @@ def make_iteration(cfg: Config, env: Any, tx: Any) -> Any:
         return adv
 
     def loss_fn(params: dict, mb: dict) -> Any:
-        head = policy(params, mb["obs"], discrete)
+        head, value = actor_critic(params, mb["obs"], discrete, cnn)
         logp, entropy = log_prob_entropy(head, mb["actions"], discrete)
         adv = mb["adv"]
         if cfg.norm_adv:
@@ -136,7 +175,7 @@ def make_iteration(cfg: Config, env: Any, tx: Any) -> Any:
         ratio = jnp.exp(logp - mb["logp"])
         clipped = jnp.clip(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
         pg = jnp.maximum(-adv * ratio, -adv * clipped).mean()
-        v_loss = 0.5 * jnp.mean((mlp(params["critic"], mb["obs"])[:, 0] - mb["returns"]) ** 2)
+        v_loss = 0.5 * jnp.mean((value - mb["returns"]) ** 2)
         return pg + cfg.vf_coef * v_loss - ent * entropy.mean()
 
     def sgd_step(state: tuple, mb: dict) -> tuple[tuple, None]:
@@ -164,10 +203,10 @@ def make_iteration(cfg: Config, env: Any, tx: Any) -> Any:
         carry = (params, runner["env_state"], runner["obs"], runner["key"], runner["ep_ret"])
         carry, traj = lax.scan(env_step, (*carry, zero, zero), None, length=T)
         _, env_state, obs, key, ep_ret, ret_sum, count = carry
-        last_value = mlp(params["critic"], obs.reshape(B, -1))[:, 0]
+        _, last_value = actor_critic(params, obs, discrete, cnn)
         adv = gae(traj, last_value)
         batch = {
-            "obs": traj["obs"].reshape(n, -1),
+            "obs": traj["obs"].reshape((n, *traj["obs"].shape[2:])),
             "actions": traj["actions"].reshape((n, *traj["actions"].shape[2:])),
             "logp": traj["logp"].reshape(n),
             "adv": adv.reshape(n),
@@ -203,10 +242,20 @@ def run(config: Config, scan_iterations: bool = False) -> Result:
         out_dim = env.num_actions if env.discrete else int(np.prod(env.action_shape))
         key = jax.random.key(cfg.seed)
         key, k_actor, k_critic, k_env = jax.random.split(key, 4)
-        params = {
-            "actor": init_mlp(k_actor, obs_dim, out_dim, cfg.hidden_layers, cfg.hidden_size, 0.01),
-            "critic": init_mlp(k_critic, obs_dim, 1, cfg.hidden_layers, cfg.hidden_size, 1.0),
-        }
+        if cfg.policy == "minatar_cnn":
+            if len(env.obs_shape) != 3 or not env.discrete:
+                raise ValueError(
+                    f"{cfg.env_id}: the MinAtar CNN needs (H, W, C) images and discrete "
+                    f"actions, got observations {env.obs_shape}"
+                )
+            params = init_minatar_cnn(k_actor, env.obs_shape, out_dim)
+        else:
+            params = {
+                "actor": init_mlp(
+                    k_actor, obs_dim, out_dim, cfg.hidden_layers, cfg.hidden_size, 0.01
+                ),
+                "critic": init_mlp(k_critic, obs_dim, 1, cfg.hidden_layers, cfg.hidden_size, 1.0),
+            }
         if not env.discrete:
             params["log_std"] = jnp.zeros(out_dim, jnp.float32)
         tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.lr, eps=1e-5))

@@ -128,6 +128,23 @@ def test_nature_cnn_on_uint8_frames_matches_torch(backend):
         _close(g, w.numpy())
 
 
+def test_minatar_cnn_on_binary_planes_matches_torch(backend):
+    """The MinAtar net: conv 16 3x3, ReLU, flatten, linear, ReLU; 0/1 planes are not scaled."""
+    obs = rng.integers(0, 2, (2, 3, 4, 10, 10)).astype(np.float32)  # (steps, envs, C, H, W)
+    net, got, values = _layer_grads(
+        lambda: tl.nn.MinAtarCNN(4, 10, out_features=12, seed=2), obs, backend, (2, 3)
+    )
+    assert [tuple(v.shape) for v in values] == [(16, 4, 3, 3), (16,), (16 * 8 * 8, 12), (12,)]
+    x = torch.tensor(obs.reshape(6, 4, 10, 10), dtype=torch.float64)
+    x, conv_ws = _torch_conv(x, net.conv, values[:2])
+    y, linear_ws = _torch_linear(x.relu().flatten(1), values[2:])
+    y = y.relu()
+    grads = torch.autograd.grad((y * y).sum(), conv_ws + linear_ws)
+    _close(got[0], y.detach().numpy().reshape(2, 3, 12))
+    for g, w in zip(got[1:], grads, strict=True):
+        _close(g, w.numpy())
+
+
 def test_impala_cnn_matches_torch(backend):
     obs = rng.integers(0, 256, (3, 3, 12, 12), dtype=np.uint8)
     net, got, values = _layer_grads(
@@ -293,6 +310,21 @@ def _image(shape, dtype=np.uint8):
             r"'trunk'.*4 input channels",
         ),
         (lambda: tl.nn.MaxPool2d(3, name="p"), (1, 2, 2), r"'p'.*larger than its padded input"),
+        (
+            lambda: tl.nn.NatureCNN(4, 84, name="trunk"),
+            (2, 4, 10, 10),
+            r"'trunk'.*\(84, 84\).*\(10, 10\)",
+        ),
+        (
+            lambda: tl.nn.MinAtarCNN(4, 10, name="planes"),
+            (2, 10, 10, 4),  # channels last: the policy transposes MinAtar's (H, W, C) first
+            r"'planes'.*4 input channels.*\(2, 10, 10, 4\)",
+        ),
+        (
+            lambda: tl.nn.MinAtarCNN(4, 10, name="planes"),
+            (2, 4, 8, 8),
+            r"'planes'.*\(10, 10\).*\(8, 8\)",
+        ),
     ],
 )
 def test_an_image_that_does_not_fit_is_rejected_when_built(make, shape, match):
@@ -313,6 +345,9 @@ def test_an_image_that_does_not_fit_is_rejected_when_built(make, shape, match):
         (lambda: tl.nn.Conv2d(4, 8, (3, 3, 3), name="c"), r"'c'.*kernel_size.*pair"),
         (lambda: tl.nn.MaxPool2d(3, padding=2, name="p"), r"'p'.*padding \(2, 2\) exceeds half"),
         (lambda: tl.nn.NatureCNN(4, 30, name="n"), r"'n.2'.*kernel \(3, 3\) is larger.*\(2, 2\)"),
+        # MinAtar's 10x10: too small for the Atari trunk, refused at its second conv
+        (lambda: tl.nn.NatureCNN(4, 10, name="n"), r"'n.1'.*kernel \(4, 4\) is larger.*\(1, 1\)"),
+        (lambda: tl.nn.MinAtarCNN(4, 2, name="m"), r"'m.0'.*kernel \(3, 3\) is larger.*\(2, 2\)"),
     ],
 )
 def test_a_layer_whose_stride_padding_or_size_cannot_fit_is_rejected(make, match):

@@ -505,6 +505,9 @@ class NatureCNN(Module):
     4x4 stride 2, conv 64 3x3, ReLUs, flatten, linear ``out_features``, ReLU. Takes uint8
     frames ``(..., C, H, W)`` and scales them by 1/255 inside."""
 
+    # the smallest frame its convs fit: 36x36 -> 8x8 -> 3x3 -> 1x1
+    MIN_SIZE = 36
+
     def __init__(
         self,
         in_channels: int = 4,
@@ -546,6 +549,43 @@ class NatureCNN(Module):
         for conv in self.convs:
             out += [*conv.describe(), {"op": "relu"}]
         return [*out, *self.flatten.describe(), *self.linear.describe(), {"op": "relu"}]
+
+
+class MinAtarCNN(Module):
+    """The MinAtar paper's trunk (Young and Tian, 2019): conv 16 3x3 stride 1, ReLU, flatten,
+    linear ``out_features``, ReLU, initialised as CleanRL's (orthogonal, gain ``sqrt(2)``).
+    Takes small images ``(..., C, H, W)`` of 0/1 planes (MinAtar's 10x10), not scaled."""
+
+    def __init__(
+        self,
+        in_channels: int = 4,
+        image_size: int | Sequence[int] = 10,
+        out_features: int = 128,
+        domain: Sequence[Dim] | None = None,
+        seed: int | None = None,
+        name: str = "minatar",
+    ) -> None:
+        def sub(k: int) -> int | None:
+            return None if seed is None else seed * 1000 + k
+
+        self.label = f"MinAtarCNN {name!r}"
+        self.image_size = _pair(image_size, f"{self.label}: image_size")
+        self.conv = Conv2d(in_channels, 16, 3, 1, domain=domain, seed=sub(0), name=f"{name}.0")
+        height, width = self.conv.output_size(self.image_size)
+        self.flatten = Flatten()
+        self.linear = Linear(
+            16 * height * width, out_features, domain=domain, seed=sub(1), name=f"{name}.1"
+        )
+
+    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+        got = _image_sizes(self.label, x, self.conv.in_channels)
+        if got != self.image_size:
+            raise ShapeError(f"{self.label}: expected {self.image_size} images, got {got}")
+        return self.linear(self.flatten(self.conv(x).relu())).relu()
+
+    def describe(self) -> list[dict[str, Any]]:
+        conv = [*self.conv.describe(), {"op": "relu"}]
+        return [*conv, *self.flatten.describe(), *self.linear.describe(), {"op": "relu"}]
 
 
 class _Residual(Module):

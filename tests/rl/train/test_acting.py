@@ -40,6 +40,7 @@ MODULES = {
     "mlp": (lambda: tl.nn.MLP([6, 8, 3], activation="relu", seed=1, name="m"), (5, 6)),
     "nature": (lambda: tl.nn.NatureCNN(2, 36, 16, seed=2), (3, 2, 36, 36)),
     "impala": (lambda: tl.nn.ImpalaCNN(3, 12, (4, 6), 8, seed=3), (2, 3, 12, 12)),
+    "minatar": (lambda: tl.nn.MinAtarCNN(4, 10, 12, seed=5), (3, 4, 10, 10)),
     "conv_padded": (lambda: tl.nn.Conv2d(3, 4, (3, 2), (2, 1), (1, 2), seed=4), (2, 3, 7, 5)),
     "pool": (lambda: tl.nn.MaxPool2d(3, 2, 1), (2, 3, 7, 6)),
 }

@@ -17,7 +17,7 @@ import numpy as np
 
 from timerl.api.context import Context
 from timerl.api.distributions import Categorical, Normal
-from timerl.api.nn import MLP, Linear, Module, NatureCNN, parameter, role_of
+from timerl.api.nn import MLP, Linear, MinAtarCNN, Module, NatureCNN, parameter, role_of
 from timerl.api.optim import Adam
 from timerl.api.symbols import Dim
 from timerl.api.tensor import RecurrentTensor
@@ -27,6 +27,7 @@ from timerl.rl.algos.normalize import CLIP, EPS, discounted_return_estimate, run
 from timerl.rl.algos.recurrent import recurrent_ppo
 from timerl.rl.algos.returns import discounted_returns, gae
 from timerl.rl.algos.shared import AlgoProgram, lr_schedule, ppo_loss, rand_perm
+from timerl.rl.envs.jax_envs import gymnax_minatar
 from timerl.rl.envs.program import Env, make_env
 from timerl.rl.envs.pure import PureEnv
 from timerl.rl.envs.vector import ATARI_KWARGS, envpool_atari
@@ -240,11 +241,42 @@ ATARI_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# gymnax's MinAtar games (gymnax:Breakout-MinAtar, ...): the env inside the program and the
+# jitted-JAX MinAtar PPO recipe (the usual one for MinAtar: 64 envs x 128 steps, 4 epochs x 8
+# minibatches, lr 5e-4 annealed); the policy is the MinAtar CNN (make_policy)
+MINATAR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ppo": {
+        "env_backend": "jax",
+        "num_envs": 64,
+        "num_steps": 128,
+        "epochs": 4,
+        "minibatches": 8,
+        "lr": 5e-4,
+        "anneal_lr": True,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "clip": 0.2,
+        "ent_coef": 0.01,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+    },
+}
+
+
 def default_config(algo: str, env_id: str) -> dict[str, Any]:
     """Hyper-parameters for ``algo`` on ``env_id`` before the user's own overrides."""
     if algo in ATARI_DEFAULTS and envpool_atari(env_id):
         return dict(ATARI_DEFAULTS[algo])
+    if algo in MINATAR_DEFAULTS and gymnax_minatar(env_id):
+        return dict(MINATAR_DEFAULTS[algo])
     return dict(ENV_DEFAULTS.get(algo, {}).get(env_id, {}))
+
+
+def default_backend(algo: str, env_id: str) -> str:
+    """The array backend a run of ``algo`` on ``env_id`` gets without one named: jax where the
+    env runs inside the program (MinAtar's defaults), so that the whole iteration is one XLA
+    program; numpy otherwise."""
+    return "jax" if algo in MINATAR_DEFAULTS and gymnax_minatar(env_id) else "numpy"
 
 
 class _LogStd(Module):
@@ -325,42 +357,89 @@ class Policy(Module):
         return ent if self.discrete else ent.sum(-1)
 
 
+def image_layout(env: Env | PureEnv) -> str | None:
+    """Where the env's image observations keep their channels: ``"CHW"`` (envpool's uint8
+    Atari frames), ``"HWC"`` (gymnax's MinAtar planes), or None: not images (float "images"
+    such as Synthetic-v0's are features for an MLP)."""
+    return getattr(env, "image_layout", None)
+
+
 class CNNPolicy(Policy):
-    """CleanRL's Atari agent: a :class:`NatureCNN` trunk over uint8 frames ``(C, H, W)``
-    (scaled inside) shared by a linear actor (gain 0.01) and critic (gain 1)."""
+    """A CNN trunk shared by a linear actor (gain 0.01) and critic (gain 1), as CleanRL's
+    Atari agent. The trunk by image size: :class:`NatureCNN` (512 features) for frames of at
+    least ``NatureCNN.MIN_SIZE`` (36) pixels a side, the smallest it fits (Atari's 84x84,
+    scaled by 1/255 inside); :class:`MinAtarCNN` (128 features) for smaller images (MinAtar's
+    10x10 planes). Channels-last observations (``image_layout`` "HWC") are transposed to
+    ``(C, H, W)`` inside; observations of unknown layout are taken as ``(C, H, W)``."""
 
     def __init__(self, env: Env | PureEnv, domain: tuple[Dim, ...], seed: int) -> None:
+        self.channels_last = image_layout(env) == "HWC"
+        want = "(H, W, C)" if self.channels_last else "(C, H, W)"
         if len(env.obs_shape) != 3:
             raise EnvError(
-                f"{env.vec.env_id}: the CNN policy needs image observations (C, H, W), got "
+                f"{env.vec.env_id}: the CNN policy needs image observations {want}, got "
                 f"{tuple(env.obs_shape)}"
             )
         if not env.discrete:
             raise EnvError(f"{env.vec.env_id}: the CNN policy supports discrete actions only")
-        channels, height, width = env.obs_shape
+        if self.channels_last:
+            height, width, channels = env.obs_shape
+        else:
+            channels, height, width = env.obs_shape
         self.discrete = True
         self.std = None
-        self.trunk = NatureCNN(channels, (height, width), 512, domain=domain, seed=seed)
+        if min(height, width) >= NatureCNN.MIN_SIZE:
+            features = 512
+            self.trunk: Module = NatureCNN(
+                channels, (height, width), features, domain=domain, seed=seed
+            )
+        else:
+            features = 128
+            self.trunk = MinAtarCNN(channels, (height, width), features, domain=domain, seed=seed)
         n = int(env.num_actions or 0)
-        self.actor = Linear(512, n, gain=0.01, domain=domain, seed=seed + 1, name="actor")
-        self.critic = Linear(512, 1, gain=1.0, domain=domain, seed=seed + 2, name="critic")
+        self.actor = Linear(features, n, gain=0.01, domain=domain, seed=seed + 1, name="actor")
+        self.critic = Linear(features, 1, gain=1.0, domain=domain, seed=seed + 2, name="critic")
         self.actor.role, self.critic.role = "actor", "critic"
 
+    def _map(self, fn: Callable[[RecurrentTensor], RecurrentTensor]) -> Module:
+        new = super()._map(fn)
+        new._memo = []  # type: ignore[attr-defined]  # features are per set of parameters
+        return new
+
+    def features(self, obs: RecurrentTensor) -> RecurrentTensor:
+        """The trunk's output, built once per observation tensor: the actor and the critic
+        read the same features, so their gradients meet there and the trunk's backward pass
+        runs once (built twice, it ran twice: autodiff precedes the merging of equal ops)."""
+        memo = self.__dict__.setdefault("_memo", [])
+        for seen, out in memo:
+            if seen is obs:
+                return out
+        x = obs
+        if self.channels_last:  # (..., H, W, C) -> (..., C, H, W)
+            lead = x.ndim - 3
+            x = x.permute(*range(lead), lead + 2, lead, lead + 1)
+        out = self.trunk(x)
+        memo.append((obs, out))
+        return out
+
     def acting(self) -> list[dict[str, Any]]:
-        return [*self.trunk.describe(), *self.actor.describe()]
+        # channels-last observations move their channels first, as ``features`` does
+        first = [{"op": "permute", "axes": [2, 0, 1]}] if self.channels_last else []
+        return [*first, *self.trunk.describe(), *self.actor.describe()]
 
     def dist(self, obs: RecurrentTensor) -> Categorical | Normal:
-        return Categorical(self.actor(self.trunk(obs)))
+        return Categorical(self.actor(self.features(obs)))
 
     def value(self, obs: RecurrentTensor) -> RecurrentTensor:
-        return self.critic(self.trunk(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1)
 
 
 def make_policy(cfg: AlgoConfig, env: Env | PureEnv, domain: tuple[Dim, ...]) -> Policy:
-    """The network ``cfg.policy`` names; "auto": a CNN for uint8 frames, else an MLP."""
+    """The network ``cfg.policy`` names; "auto": a CNN where the env's observations are images
+    (``image_layout``: envpool's Atari frames, gymnax's MinAtar games), else an MLP. Which CNN
+    goes by the image's size (:class:`CNNPolicy`)."""
     seed = cfg.seed * 10 + 1
-    # pixels: frames of bytes (envpool's Atari); float "images" (Synthetic-v0) keep the MLP
-    image = len(env.obs_shape) == 3 and getattr(env, "obs_dtype", "float32") == "uint8"
+    image = image_layout(env) is not None
     if cfg.policy == "cnn" or (cfg.policy == "auto" and image and "cnn" in cfg.POLICIES):
         return CNNPolicy(env, domain, seed)
     return Policy(env, cfg.hidden, domain, seed, getattr(cfg, "log_std_init", 0.0))

@@ -28,8 +28,11 @@ jax is optional: this module imports without it, and :func:`make_jax_env` raises
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -286,10 +289,23 @@ class JaxEnv:
     params: Any
     reset: Any
     step: Any
+    # "HWC" where the observations are images with their channels last (gymnax's MinAtar
+    # planes), None otherwise: what ``--policy auto`` reads to give a CNN
+    image_layout: str | None = None
 
 
 JAX_ENV_IDS = ("Synthetic-v0", "CartPole-v1")
 GYMNAX_PREFIX = "gymnax:"  # "gymnax:Acrobot-v1": that env of gymnax's registry
+MINATAR_SUFFIX = "-MinAtar"  # gymnax's MinAtar games: 10x10 images of C binary planes (HWC)
+
+
+def gymnax_minatar(env_id: str) -> bool:
+    """Whether ``env_id`` names one of gymnax's MinAtar games (``gymnax:Breakout-MinAtar``)."""
+    return (
+        isinstance(env_id, str)
+        and env_id.startswith(GYMNAX_PREFIX)
+        and env_id.endswith(MINATAR_SUFFIX)
+    )
 
 
 class GymnaxState(NamedTuple):
@@ -297,6 +313,20 @@ class GymnaxState(NamedTuple):
 
     inner: Any
     key: Any
+
+
+@contextlib.contextmanager
+def _gymnax_bool_scatters() -> Iterator[None]:
+    """gymnax's MinAtar games draw their boolean observation planes with ``.at[...].set(1)``
+    (an int, or the float brick map, written into a bool array), which jax warns about each
+    time the function is traced ("scatter inputs have incompatible types", a FutureWarning).
+    The values are 0 and 1, so the cast is exact; the code is gymnax's, not ours: that one
+    warning is silenced, around gymnax's own calls only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="scatter inputs have incompatible types", category=FutureWarning
+        )
+        yield
 
 
 def _gymnax_env(env_id: str, num_envs: int, **kwargs: Any) -> JaxEnv:
@@ -320,11 +350,13 @@ def _gymnax_env(env_id: str, num_envs: int, **kwargs: Any) -> JaxEnv:
         hint = f"; did you mean {', '.join(GYMNAX_PREFIX + c for c in close)}?" if close else ""
         raise EnvError(f"no gymnax environment {name!r}{hint}")
     try:
-        env, env_params = gymnax.make(name, **kwargs)
+        with _gymnax_bool_scatters():
+            env, env_params = gymnax.make(name, **kwargs)
     except TypeError as err:
         raise EnvError(f"{env_id}: bad keyword arguments {sorted(kwargs)}: {err}") from err
-    obs_space = env.observation_space(env_params)
-    act_space = env.action_space(env_params)
+    with _gymnax_bool_scatters():
+        obs_space = env.observation_space(env_params)
+        act_space = env.action_space(env_params)
     if isinstance(act_space, spaces.Discrete):
         discrete, num_actions, action_shape = True, int(act_space.n), ()
         low = high = None
@@ -343,12 +375,14 @@ def _gymnax_env(env_id: str, num_envs: int, **kwargs: Any) -> JaxEnv:
 
     def reset(key: Any, params: Any) -> tuple[GymnaxState, Any]:
         key, sub = jax.random.split(_as_key(key))
-        obs, inner = batch_reset(jax.random.split(sub, num_envs), params)
+        with _gymnax_bool_scatters():
+            obs, inner = batch_reset(jax.random.split(sub, num_envs), params)
         return GymnaxState(inner, key), obs
 
     def step(state: GymnaxState, action: Any, params: Any) -> tuple[GymnaxState, Any, Any, Any]:
         key, sub = jax.random.split(state.key)
-        out = batch_step(jax.random.split(sub, num_envs), state.inner, action, params)
+        with _gymnax_bool_scatters():
+            out = batch_step(jax.random.split(sub, num_envs), state.inner, action, params)
         obs, inner, reward = out[:3]
         # gymnax 1.x returns (terminated, truncated), 0.0.x one done flag; an episode ends
         # at either
@@ -368,6 +402,7 @@ def _gymnax_env(env_id: str, num_envs: int, **kwargs: Any) -> JaxEnv:
         env_params,
         reset,
         step,
+        "HWC" if name.endswith(MINATAR_SUFFIX) and len(obs_shape) == 3 else None,
     )
 
 

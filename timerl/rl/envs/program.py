@@ -52,6 +52,12 @@ class Env:
         return str(self.vec.obs_dtype)
 
     @property
+    def image_layout(self) -> str | None:
+        """``"CHW"`` for frames of bytes (envpool's Atari stacks), None for other observations:
+        what ``--policy auto`` reads to give a CNN (``rl/algos/policy_gradient.py``)."""
+        return "CHW" if len(self.obs_shape) == 3 and self.obs_dtype == "uint8" else None
+
+    @property
     def batch_obs_shape(self) -> tuple[int, ...]:
         return (self.num_envs, *self.obs_shape)
 

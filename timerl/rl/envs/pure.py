@@ -128,6 +128,7 @@ class PureEnv:
         self.discrete = jenv.discrete
         self.num_actions = jenv.num_actions
         self.action_shape = tuple(jenv.action_shape)
+        self.image_layout = jenv.image_layout
         self.vec = EpisodeReturns(env_id, num_envs)
         params = jenv.params
 

@@ -212,7 +212,13 @@ def _register_algo(sub: argparse._SubParsersAction, algo: str) -> None:
         help="stop after the iteration that passes this much wall time, with a checkpoint "
         "(--resume continues; default: no limit)",
     )
-    p.add_argument("--backend", default="numpy", choices=backend_names(), help="array backend")
+    p.add_argument(
+        "--backend",
+        default=None,
+        choices=backend_names(),
+        help="array backend (default: jax for gymnax's MinAtar games, whose env runs inside the "
+        "program; numpy otherwise; on --resume: the run's own)",
+    )
     p.add_argument("--device", default="cpu", help="device for the torch or jax backend")
     p.add_argument(
         "--memory-budget",

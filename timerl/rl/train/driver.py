@@ -36,7 +36,12 @@ from timerl.api.functional import sink
 from timerl.api.tensor import stack
 from timerl.errors import CheckpointError, NumericalError, ProgramError
 from timerl.rl.algos.naming import arg_ref, config_ref
-from timerl.rl.algos.policy_gradient import AlgoConfig, AlgoProgram, default_config
+from timerl.rl.algos.policy_gradient import (
+    AlgoConfig,
+    AlgoProgram,
+    default_backend,
+    default_config,
+)
 from timerl.rl.envs.ids import env_id_of, env_record, restore_env
 from timerl.rl.envs.ray_env import env_workers
 from timerl.rl.train.checkpoint import (
@@ -221,7 +226,7 @@ def train(
     *,
     iterations: int | None = None,
     total_steps: int | None = None,
-    backend: str = "numpy",
+    backend: str | None = None,
     device: str = "cpu",
     memory_budget: int | str | None = None,
     log_dir: str | Path | None = None,
@@ -247,6 +252,8 @@ def train(
     (0: in this process), on the cluster at ``ray_address`` or a local Ray; the returns are
     the same, so it is not part of the config (a resume must use the same number, though).
     ``memory_budget``: see ``ctx.compile``; a program over it fails before training starts.
+    ``backend``: None takes the checkpoint's on ``resume``, else the env's default
+    (``default_backend``: jax for gymnax's MinAtar games, numpy otherwise).
     ``on_start()`` is called once the program is compiled and its code generated, right
     before the first iteration (a benchmark's mark between setup and run). ``minutes``: stop
     after the first iteration that ends past this much wall time of running, with a
@@ -314,6 +321,9 @@ def train(
     with env_workers(workers, ray_address), collector_paused():
         program = build(algo, dict(config or {}))
     cfg: AlgoConfig = program.config
+    if backend is None:
+        saved_backend = ckpt.header.get("backend") if ckpt is not None else None
+        backend = saved_backend or default_backend(algo, cfg.env_id)
     per_iter = program.steps_per_iteration
     # how eval, export and --resume make this env again in another process
     env_spec = saved.get("env") if ckpt is not None else None
