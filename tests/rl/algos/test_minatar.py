@@ -46,6 +46,7 @@ def test_minatar_ids_get_the_jax_recipe_and_backend_others_keep_theirs():
     }
     assert cfg == want
     assert default_backend("ppo", "gymnax:SpaceInvaders-MinAtar") == "jax"
+    assert default_backend("ppo", "Pong-v5") == "torch"  # torch is installed with the tests
     for algo, env_id in (("ppo", "gymnax:CartPole-v1"), ("ppo", "CartPole-v1"), ("dqn", BREAKOUT)):
         assert default_backend(algo, env_id) == "numpy"
     assert default_config("ppo", "gymnax:CartPole-v1") == {}

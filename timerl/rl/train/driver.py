@@ -253,7 +253,8 @@ def train(
     the same, so it is not part of the config (a resume must use the same number, though).
     ``memory_budget``: see ``ctx.compile``; a program over it fails before training starts.
     ``backend``: None takes the checkpoint's on ``resume``, else the env's default
-    (``default_backend``: jax for gymnax's MinAtar games, numpy otherwise).
+    (``default_backend``: jax for gymnax's MinAtar games, torch for envpool's Atari games,
+    numpy otherwise).
     ``on_start()`` is called once the program is compiled and its code generated, right
     before the first iteration (a benchmark's mark between setup and run). ``minutes``: stop
     after the first iteration that ends past this much wall time of running, with a
