@@ -113,3 +113,59 @@ def test_a_lone_view_joins_the_one_component_that_reads_it_at_its_own_point():
     assert joined([here])
     assert not joined([behind])  # read at another point: it would make a carried cycle
     assert not joined([here, Op("exp", (t,), (2,), f32, [Edge(view, (t,))])])  # two readers
+
+
+def _sink_program(shared_source: bool):
+    """Per-``u`` frames scaled to float and read by a recurrence over ``u``, whose loop a
+    whole-range read (a mean over all ``u``) splits from the first loop the scaling could join."""
+    ctx = tl.Context(dims=("u",))
+    (u,), (U,) = ctx.dims, ctx.bounds
+    frames_np = np.arange(4 * 64, dtype=np.uint8).reshape(4, 64)
+    with ctx:
+        frames = tl.from_numpy(frames_np, domain=(u,))
+        other = tl.from_numpy(np.arange(4.0), domain=(u,))
+        scaled = frames[u].float() * (1 / 255)
+        score = (frames[u].float().sum() if shared_source else other[u]) * 2.0
+        mean = score[0:U].mean()
+        w = tl.RecurrentTensor.placeholder((), domain=(u,), name="w")
+        w[0] = tl.ones(())
+        w[u + 1] = w[u] * 0.5 + (scaled * w[u]).sum() * 1e-3 - mean * 1e-3
+    prog = ctx.compile(bounds={U: 4}, outputs=[w], optimize=False)
+    scaled_np = frames_np.astype(np.float32) / 255
+    score_np = (scaled_np.sum(1) * 255 if shared_source else np.arange(4.0)) * 2.0
+    want = [1.0]
+    for k in range(3):
+        want.append(
+            want[-1] * 0.5 + (scaled_np[k] * want[-1]).sum() * 1e-3 - score_np.mean() * 1e-3
+        )
+    return prog, w, np.array(want)
+
+
+def _loop_of(prog, prim: str) -> int:
+    loops = _loops(prog.schedule.body)
+    return next(
+        k
+        for k, lp in enumerate(loops)
+        if any(s.op.prim == prim for s in lp.body if isinstance(s, Compute))
+    )
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_an_op_read_only_by_a_later_loop_is_computed_in_that_loop():
+    """One point of the float frames live at a time, not all ``U`` of them (PPO's minibatch
+    scaling, read by the update's convolution, held 441 MiB for Pong before)."""
+    prog, w, want = _sink_program(shared_source=False)
+    loops = _loops(prog.schedule.body)
+    assert len(loops) == 2
+    assert _loop_of(prog, "cast") == next(k for k, lp in enumerate(loops) if "w" in _computed(lp))
+    np.testing.assert_allclose(prog.run().value(w), want, rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_an_op_stays_when_moving_it_would_hold_an_input_its_loop_still_reads():
+    # the frames' point is read by the first loop's sum too: the scaling stays beside it
+    prog, w, want = _sink_program(shared_source=True)
+    loops = _loops(prog.schedule.body)
+    assert any("w" in _computed(lp) for lp in loops)
+    assert _loop_of(prog, "cast") != next(k for k, lp in enumerate(loops) if "w" in _computed(lp))
+    np.testing.assert_allclose(prog.run().value(w), want, rtol=1e-5)

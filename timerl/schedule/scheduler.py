@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from timerl.errors import BoundError, CycleError
+from timerl.errors import BoundError, CycleError, TimerlError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, mentioned_in
 from timerl.schedule.pin import pin, pin_points
@@ -302,7 +302,8 @@ def _loops_over(
     # what the stop condition needs runs in its loop, first; what needs the bound, after it
     stop_needs, late = _after_the_stop(dim, sccs, carried, preds, done_unit)
 
-    out: list[Stmt] = []
+    # the loops (``_Group``) and the runs of ops outside them (lists), in order
+    items: list[_Group | list[Op]] = []
     pending_a: list[Op] = []
     group: _Group | None = None
     emitted: set[int] = set()
@@ -310,13 +311,13 @@ def _loops_over(
 
     def flush_a() -> None:
         if pending_a:
-            out.extend(_level(list(pending_a), deps, rest, until))
+            items.append(list(pending_a))
             pending_a.clear()
 
     def close_group() -> None:
         nonlocal group
         if group is not None:
-            out.append(_make_loop(group, deps, rest, dim, until))
+            items.append(group)
             group = None
 
     while remaining:
@@ -365,7 +366,157 @@ def _loops_over(
         remaining.discard(choice)
     close_group()
     flush_a()
+    if done is None:
+        _sink_into_readers(items, deps, dim)
+    out: list[Stmt] = []
+    for item in items:
+        if isinstance(item, _Group):
+            out.append(_make_loop(item, deps, rest, dim, until))
+        else:
+            out.extend(_level(item, deps, rest, until))
     return out
+
+
+def _sink_into_readers(items: list[_Group | list[Op]], deps: list[Dep], dim: Dim) -> None:
+    """Move ops from a loop into the later loop that alone reads them, at the same point.
+
+    The greedy fusion above puts an op in the first loop it can join. When a whole-range
+    read (``x[0:U]``) splits the loops over ``dim`` in two, an op read only by the second
+    (PPO's minibatch gather and uint8-to-float scaling, read by the update's convolution) is
+    then computed for every point before any is read, and all its points are live at once:
+    441 MiB of float frames for Pong's 16 minibatches of 256, where the update needs one.
+    Moved into its readers' loop, one point is live at a time.
+
+    What moves is a set closed upward inside its loop (what it reads from there moves too,
+    so nothing left behind lives longer), off any recurrence, and read only by itself and the
+    later loop at the same point. It moves when the bytes it holds across the loops outweigh
+    those of the inputs from before whose life it extends.
+    """
+    where: dict[int, int] = {}
+    for k, item in enumerate(items):
+        for op in item.ops if isinstance(item, _Group) else item:
+            where[op.id] = k
+    readers: dict[int, list[Dep]] = {}
+    for reader, edge in deps:
+        readers.setdefault(edge.src.id, []).append((reader, edge))
+    for k, item in enumerate(items):
+        if not isinstance(item, _Group) or item.until is not None:
+            continue
+        moved = _movable(item, k, items, where, readers, dim)
+        if not moved:
+            continue
+        ids, target = moved
+        dest = items[target]
+        assert isinstance(dest, _Group)
+        dest.ops[:0] = [op for op in item.ops if op.id in ids]
+        item.ops[:] = [op for op in item.ops if op.id not in ids]
+        for i in ids:
+            where[i] = target
+    items[:] = [i for i in items if not isinstance(i, _Group) or i.ops]
+
+
+def _movable(
+    group: _Group,
+    k: int,
+    items: list[_Group | list[Op]],
+    where: dict[int, int],
+    readers: dict[int, list[Dep]],
+    dim: Dim,
+) -> tuple[set[int], int] | None:
+    """The ops of ``group`` (item ``k``) to move, and the item they move to; None if none."""
+    own = {op.id for op in group.ops}
+    inner = nx.DiGraph()
+    inner.add_nodes_from(own)
+    inner.add_edges_from(
+        (e.src.id, op.id) for op in group.ops for e in op.inputs if e.src.id in own
+    )
+    on_cycle = {i for c in nx.strongly_connected_components(inner) if len(c) > 1 for i in c}
+    on_cycle |= {u for u, v in inner.edges if u == v}
+
+    def later_loop(op_id: int, inside: set[int]) -> int | None | bool:
+        """The one later loop reading ``op_id`` at its own point (besides ``inside``);
+        None if only ``inside`` reads it, False if it cannot move."""
+        targets = set()
+        for reader, edge in readers.get(op_id, []):
+            if reader.id in inside:
+                if _dep_relation(reader, edge, dim) != SAME:
+                    return False
+                continue
+            t = where.get(reader.id)
+            dest = items[t] if t is not None else None
+            if (
+                t is None
+                or t <= k
+                or not isinstance(dest, _Group)
+                or dest.until is not None
+                or _dep_relation(reader, edge, dim) != SAME
+            ):
+                return False
+            targets.add(t)
+        if len(targets) > 1:
+            return False
+        return next(iter(targets), None)
+
+    # grow from the ops read only by a later loop, then drop what leaves an input behind
+    moving: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for op in group.ops:
+            if op.id in moving or op.id in on_cycle or not readers.get(op.id):
+                continue
+            if later_loop(op.id, moving) is not False:
+                moving.add(op.id)
+                changed = True
+    changed = True
+    while changed and moving:
+        changed = False
+        for op in group.ops:
+            if op.id not in moving:
+                continue
+            left = any(e.src.id in own and e.src.id not in moving for e in op.inputs)
+            if left or later_loop(op.id, moving) is False:
+                moving.discard(op.id)
+                changed = True
+    targets = {later_loop(i, moving) for i in moving} - {None}
+    if not moving or len(targets) != 1:
+        return None
+    target = targets.pop()
+    assert isinstance(target, int)
+    by_id = {op.id: op for op in group.ops}
+    held = [
+        _point_bytes(by_id[i])
+        for i in moving
+        if any(where.get(r.id) == target for r, _ in readers[i])
+    ]
+    # bytes per point of ``dim`` held longer: an input over ``dim`` is held point for point
+    # like what moves; a whole input once, against the at least two points that move
+    extended: list[int | None] = []
+    for i in moving:
+        for e in by_id[i].inputs:
+            src = e.src
+            if src.id in moving or any(
+                where.get(r.id, -1) > k and r.id not in moving for r, _ in readers.get(src.id, [])
+            ):
+                continue  # moves too, or is read after this loop anyway
+            size = _point_bytes(src)
+            extended.append(size if size is None or dim in src.domain else size // 2)
+    if None in held or None in extended:
+        return None
+    if sum(held) <= sum(extended):  # type: ignore[arg-type]
+        return None
+    return moving, target
+
+
+def _point_bytes(op: Op) -> int | None:
+    """Bytes of one point of ``op``; None when its shape is not static."""
+    n = 1
+    try:
+        for s in op.shape:
+            n *= int(s.evaluate({}))
+    except (KeyError, TimerlError):
+        return None
+    return n * op.dtype.itemsize
 
 
 def _join_views(
