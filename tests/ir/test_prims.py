@@ -247,6 +247,31 @@ def test_register_lowering_rejects_unknown_and_duplicate_primitives():
     assert LOWERINGS["tanh"] is torch.tanh
 
 
+@needs_torch
+@pytest.mark.parametrize("layout", ["contiguous_format", "channels_last"])
+@pytest.mark.parametrize("name", ["conv2d", "conv2d_input_grad", "conv2d_weight_grad"])
+def test_torch_convolutions_agree_with_the_reference_in_either_layout(name, layout, monkeypatch):
+    """The CPU lowering times both memory layouts per shape and keeps the faster: each must
+    give the reference's values, contiguous (a 4-channel 8x8 stride-4 input, where
+    channels-last wins the weight gradient)."""
+    from timerl.runtime import torch_lowering
+
+    monkeypatch.setattr(torch_lowering, "_LAYOUT", {})
+    monkeypatch.setattr(torch_lowering, "_faster_layout", lambda fn: getattr(torch, layout))
+    x, w, g = f32(3, 4, 20, 20), f32(5, 4, 8, 8), f32(3, 5, 4, 4)
+    attrs = {"stride": (4, 4), "padding": (0, 0)}
+    inputs, extra = {
+        "conv2d": ((x, w), {}),
+        "conv2d_input_grad": ((g, w), {"size": (20, 20)}),
+        "conv2d_weight_grad": ((x, g), {"kernel": (8, 8)}),
+    }[name]
+    ref = np.asarray(prims.REGISTRY[name].impl(*inputs, **attrs, **extra))
+    got = LOWERINGS[name](*map(torch.from_numpy, inputs), **attrs, **extra)
+    assert got.is_contiguous() or name == "conv2d_weight_grad"
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+    assert list(torch_lowering._LAYOUT.values()) == [getattr(torch, layout)]
+
+
 def test_prims_module_does_not_import_torch():
     code = "import sys, timerl.ir.prims, timerl.compiler.simplify; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
