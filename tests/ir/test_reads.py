@@ -84,3 +84,20 @@ def test_a_slice_read_needs_its_dim_whole_and_only_the_readers_other_points():
         True,
     ]
     assert t not in got.symbols()
+
+
+def test_a_read_is_carried_along_outer_dims_only():
+    """``carried(e, t)``: a read moving along a dim outside ``t`` links two of its points and
+    is no dependence within one ``t``; one moving along a dim nested inside ``t`` (``s - 1``)
+    stays within that ``t`` (the vectoriser's and the scan pass's shared rule)."""
+    from timerl.ir.graph import Edge, Op, carried
+
+    ctx = tl.Context(dims=("i", "t", "s"))
+    i, t, s = ctx.dims
+    f32 = np.dtype("float32")
+    z = Op("const", (i, t, s), (), f32, attrs={"value": None})
+    assert carried(Edge(z, (i - 1, t, s)), t)
+    assert not carried(Edge(z, (i, t, s - 1)), t)
+    assert not carried(Edge(z, (i, t - 1, s)), t)  # along t itself: the loop's own recurrence
+    flat = Op("const", (i, s), (), f32, attrs={"value": None})
+    assert carried(Edge(flat, (i, s - 1)), t)  # not over t: any other dim it moves along

@@ -63,7 +63,6 @@ from timerl.ir.prims.batching import Batch, Batched, Decline, Run, Shape, batchi
 from timerl.ir.prims.core import HIDDEN_ATTRS
 from timerl.ir.validate import exclusive_conditions, validate
 from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, vevaluate
-from timerl.symbolic.bounds import always_lt0
 
 MAX_BATCH_BYTES = 64 << 20  # T x bytes of one point of an op: larger batches stay in the loop
 MAX_RUNS = 8  # runs of one branch a batched piecewise definition may have
@@ -145,23 +144,6 @@ def _is_full(index: Any, dim: Dim) -> bool:
     return isinstance(index, Slice) and index.start == Const(0) and index.stop is dim.bound
 
 
-def _carried_outside(e: Edge, dim: Dim) -> bool:
-    """The edge reads another point of a dim outside ``dim``'s loop (``i - 1`` for ``u``): it
-    links two points of that outer dim, no part of a dependence within one run of ``dim``'s
-    loop. A read that moves along a dim nested inside ``dim`` (``s + 1`` of a recurrence over
-    ``s`` inside each update ``u``) stays within one point of ``dim`` and counts: through it a
-    parameter ``w[u + 1]`` depends on what ``w[u]`` fed into that inner recurrence."""
-    if dim not in e.src.domain:
-        return carried(e, dim)
-    outer = e.src.domain[: e.src.domain.index(dim)]
-    for d, idx in zip(outer, e.index, strict=False):
-        if idx is d or isinstance(idx, Slice) or d not in idx.symbols():
-            continue
-        if always_lt0(idx - d) or always_lt0(d - idx):
-            return True
-    return False
-
-
 def _cyclic(ops: Sequence[Op], dim: Dim) -> set[int]:
     """Ops on a dependence cycle through ``dim`` (ops over ``dim``; edges that move along a
     dim outside ``dim``'s loop do not count, those along a dim inside it do)."""
@@ -172,7 +154,7 @@ def _cyclic(ops: Sequence[Op], dim: Dim) -> set[int]:
         if op.id not in inside:
             continue
         for e in op.inputs:
-            if e.src.id in inside and not _carried_outside(e, dim):
+            if e.src.id in inside and not carried(e, dim):
                 graph.add_edge(e.src.id, op.id)
     out: set[int] = set()
     for comp in nx.strongly_connected_components(graph):

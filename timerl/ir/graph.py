@@ -164,10 +164,16 @@ def consumers(ops: Iterable[Op]) -> dict[int, list[tuple[Op, Edge]]]:
 
 
 def carried(edge: Edge, dim: Dim) -> bool:
-    """The edge reads an earlier or later point of a dim other than ``dim`` (``i - 1``): it
-    is no part of a dependence through ``dim`` within one point of the other dims."""
-    for d, idx in zip(edge.src.domain, edge.index, strict=True):
-        if d is dim or idx is d or isinstance(idx, Slice) or d not in idx.symbols():
+    """The edge reads another point of a dim outside ``dim``'s loop (``i - 1`` for ``u``): it
+    links two points of that outer dim, no part of a dependence within one run of ``dim``'s
+    loop. A read that moves along a dim nested inside ``dim`` (``s - 1`` of a recurrence over
+    ``s`` inside each ``t``) stays within one point of ``dim`` and is not carried: through it
+    a value at ``t`` can depend on another value at the same ``t``. Where the source is not
+    over ``dim``, every other dim it moves along counts."""
+    domain = edge.src.domain
+    outer = domain[: domain.index(dim)] if dim in domain else domain
+    for d, idx in zip(outer, edge.index, strict=False):
+        if idx is d or isinstance(idx, Slice) or d not in idx.symbols():
             continue
         if always_lt0(idx - d) or always_lt0(d - idx):
             return True
