@@ -15,6 +15,7 @@ import numpy as np
 
 import timerl as tl
 from timerl.rl import gae, make_env
+from timerl.rl.algos import normalized_advantage
 
 ENVS, STEPS, EPOCHS, ITERATIONS = 8, 128, 4, 60
 GAMMA, LAMBDA, CLIP, LR = 0.99, 0.95, 0.2, 2.5e-3
@@ -50,7 +51,7 @@ def build():
             return data.reshape(STEPS * ENVS, *data.view.shape[2:])
 
         b_obs, b_act, b_logp, b_adv, b_ret = map(batch, (obs, action, logp, adv, ret))
-        b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
+        b_adv = normalized_advantage(b_adv)  # mean 0, std 1 over the batch
 
         # EPOCHS full-batch updates: parameters over (i, u), starting from actor[i].
         actor_u, critic_u = actor.unroll(u), critic.unroll(u)

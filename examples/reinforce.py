@@ -14,6 +14,7 @@ import numpy as np
 
 import timerl as tl
 from timerl.rl import discounted_returns, make_env
+from timerl.rl.algos import normalized_advantage
 
 ENVS, STEPS, ITERATIONS = 8, 128, 150
 GAMMA, LR = 0.99, 2.5e-3
@@ -47,7 +48,7 @@ def build():
             return data.reshape(STEPS * ENVS, *data.view.shape[2:])
 
         b_obs, b_act, b_ret = batch(obs), batch(action), batch(ret)
-        adv = (b_ret - b_ret.mean()) / (b_ret.std() + 1e-8)
+        adv = normalized_advantage(b_ret)  # mean 0, std 1 over the batch
         loss = -(tl.distributions.Categorical(pi(b_obs)).log_prob(b_act) * adv).mean()
         loss.backward(inputs=policy.parameters())
         tl.optim.Adam(policy.parameters(), lr=LR, max_grad_norm=0.5).step()

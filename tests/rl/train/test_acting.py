@@ -97,6 +97,34 @@ def test_a_cell_record_carries_the_state_the_module_returns(cell):
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_policy_spec_reads_its_state_widths_once_and_steps_as_its_cell_does(monkeypatch):
+    """The cells' state widths are read from the layers when the spec is made, not at every
+    step; its steps still carry the state as ``forward`` does, and another batch size
+    starts a fresh state of the same widths."""
+    from timerl.rl.train import evaluation
+
+    with tl.Context(dims=("t",)):
+        cell = tl.nn.LSTMCell(4, 6, seed=5, name="c")
+        head = tl.nn.Linear(6, 2, seed=6, name="actor")
+        params = {p.name: tl.evaluate(p) for p in [*cell.parameters(), *head.parameters()]}
+    layers = [*cell.describe(), *head.describe()]
+    calls = []
+    monkeypatch.setattr(evaluation, "state_widths", lambda ls: calls.append(ls) or state_widths(ls))
+    spec = policy_spec(params, make_env("CartPole-v1"), layers=layers)
+    made = len(calls)
+    assert made >= 1 and spec.state_widths == [12]
+    state = [np.zeros((3, 12), np.float32)]
+    for _ in range(4):
+        obs = RNG.standard_normal((3, 4)).astype(np.float32)
+        want, state = forward(layers, params, obs, state)
+        np.testing.assert_array_equal(spec.forward(obs), want)
+    obs = RNG.standard_normal((5, 4)).astype(np.float32)
+    want, _ = forward(layers, params, obs, [np.zeros((5, 12), np.float32)])
+    np.testing.assert_array_equal(spec.forward(obs), want)
+    assert [s.shape for s in spec.state] == [(5, 12)]
+    assert len(calls) == made
+
+
 def test_an_unknown_layer_or_a_missing_parameter_is_a_clear_error():
     env = make_env("CartPole-v1")
     w = {"a.weight": np.zeros((4, 2), np.float32)}

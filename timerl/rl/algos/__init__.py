@@ -25,6 +25,7 @@ from timerl.rl.algos.policy_gradient import (
     reinforce,
 )
 from timerl.rl.algos.sac import SACConfig, sac
+from timerl.rl.algos.shared import normalized_advantage
 
 __all__ = [
     "FINITE",
@@ -46,6 +47,7 @@ __all__ = [
     "at_least",
     "default_config",
     "dqn",
+    "normalized_advantage",
     "ppo",
     "ppo_loss",
     "reinforce",

@@ -26,7 +26,13 @@ from timerl.rl.algos.naming import config_ref
 from timerl.rl.algos.normalize import CLIP, EPS, discounted_return_estimate, running_moments
 from timerl.rl.algos.recurrent import recurrent_ppo
 from timerl.rl.algos.returns import discounted_returns, gae
-from timerl.rl.algos.shared import AlgoProgram, lr_schedule, ppo_loss, rand_perm
+from timerl.rl.algos.shared import (
+    AlgoProgram,
+    lr_schedule,
+    normalized_advantage,
+    ppo_loss,
+    rand_perm,
+)
 from timerl.rl.envs.jax_envs import gymnax_minatar
 from timerl.rl.envs.program import Env, make_env
 from timerl.rl.envs.pure import PureEnv
@@ -608,11 +614,11 @@ def reinforce(config: ReinforceConfig | None = None, **overrides: Any) -> AlgoPr
         if cfg.baseline:
             value = pi.value(b_obs)
             adv = b_ret - value.detach()
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            adv = normalized_advantage(adv)
             v_loss = ((value - b_ret) ** 2.0).mean() * 0.5
             loss = loss - (logp * adv).mean() + v_loss * cfg.vf_coef
         else:
-            adv = (b_ret - b_ret.mean()) / (b_ret.std() + 1e-8)
+            adv = normalized_advantage(b_ret)
             v_loss = None
             loss = loss - (logp * adv).mean()
         params = policy.parameters()

@@ -1,6 +1,7 @@
 """What the feed-forward programs (``policy_gradient.py``, ``a2c.py``) and the recurrent ones
 (``recurrent.py``) share: the built program's record, the learning-rate schedule, the
-PPO-clip and A2C losses and the minibatch permutation."""
+PPO-clip and A2C losses (and the advantage normalisation REINFORCE uses too) and the
+minibatch permutation."""
 
 from __future__ import annotations
 
@@ -50,6 +51,24 @@ def lr_schedule(cfg: Any) -> Any:
     return schedule
 
 
+def normalized_advantage(advantage: RecurrentTensor) -> RecurrentTensor:
+    """Advantages shifted to mean 0 and scaled to standard deviation 1 over the batch, so the
+    policy's step size does not follow the rewards' scale (1e-8 keeps a constant batch
+    finite)."""
+    return (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+
+
+def policy_terms(
+    policy: Any, obs: RecurrentTensor, action: RecurrentTensor
+) -> tuple[RecurrentTensor, RecurrentTensor, RecurrentTensor]:
+    """What an actor-critic loss reads of the policy at ``obs``: the log-probability of
+    ``action``, the mean entropy, and the value."""
+    dist = policy.dist(obs)
+    logp = policy.log_prob(dist, action)
+    entropy = policy.entropy(dist).mean()
+    return logp, entropy, policy.value(obs)
+
+
 def ppo_loss(
     policy: Any,
     obs: RecurrentTensor,
@@ -63,12 +82,9 @@ def ppo_loss(
     norm_adv: bool = True,
 ) -> dict[str, RecurrentTensor]:
     """The PPO-clip objective on one (mini)batch: clipped surrogate, value loss, entropy."""
-    dist = policy.dist(obs)
-    new_logp = policy.log_prob(dist, action)
-    entropy = policy.entropy(dist).mean()
-    value = policy.value(obs)
+    new_logp, entropy, value = policy_terms(policy, obs, action)
     if norm_adv:
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        advantage = normalized_advantage(advantage)
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1 - clip, 1 + clip)
@@ -96,13 +112,10 @@ def a2c_loss(
     norm_adv: bool = False,
 ) -> dict[str, RecurrentTensor]:
     """``-mean(log pi(a|s) * A) + vf_coef * 0.5 * mean((V - R)^2) - ent_coef * entropy``."""
-    dist = policy.dist(obs)
-    logp = policy.log_prob(dist, action)
-    entropy = policy.entropy(dist).mean()
-    value = policy.value(obs)
+    logp, entropy, value = policy_terms(policy, obs, action)
     advantage = advantage.detach()
     if norm_adv:
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        advantage = normalized_advantage(advantage)
     pg_loss = -(logp * advantage).mean()
     v_loss = ((value - returns.detach()) ** 2.0).mean() * 0.5
     loss = pg_loss - entropy * ent_coef + v_loss * vf_coef

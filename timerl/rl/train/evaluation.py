@@ -114,7 +114,8 @@ class PolicySpec:
     """An acting network (layer records and parameters by name, see
     :mod:`timerl.rl.train.acting`) and how its output becomes an action: enough to act
     without timerl's compiler. A recurrent network's state advances one step per
-    :meth:`forward`; :meth:`reset` zeroes it and :meth:`episode_ended` zeroes ended envs'."""
+    :meth:`forward`; :meth:`reset` zeroes it and :meth:`episode_ended` zeroes ended envs'.
+    ``layers`` are fixed once made: the cells' state widths are read from them once."""
 
     net: str
     layers: list[Layer]
@@ -125,13 +126,17 @@ class PolicySpec:
     high: np.ndarray | None = None
     normalizer: ObsNormalizer | None = None
     state: list[np.ndarray] = field(default_factory=list)
+    _widths: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        self._widths = tuple(state_widths(self.layers))
 
     @property
     def state_widths(self) -> list[int]:
-        return state_widths(self.layers)
+        return list(self._widths)
 
     def reset(self, batch: int) -> None:
-        self.state = [np.zeros((batch, w), np.float32) for w in self.state_widths]
+        self.state = [np.zeros((batch, w), np.float32) for w in self._widths]
 
     def episode_ended(self, done: np.ndarray) -> None:
         for s in self.state:
@@ -142,8 +147,7 @@ class PolicySpec:
         x = np.asarray(obs)
         if self.normalizer is not None:
             x = self.normalizer(x)
-        widths = self.state_widths
-        if [s.shape for s in self.state] != [(len(x), w) for w in widths]:
+        if [s.shape for s in self.state] != [(len(x), w) for w in self._widths]:
             self.reset(len(x))
         out, self.state = forward(self.layers, self.params, x, self.state)
         return out
