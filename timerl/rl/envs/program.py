@@ -53,8 +53,12 @@ class Env:
 
     @property
     def image_layout(self) -> str | None:
-        """``"CHW"`` for frames of bytes (envpool's Atari stacks), None for other observations:
-        what ``--policy auto`` reads to give a CNN (``rl/algos/policy_gradient.py``)."""
+        """The simulator's own layout (``"HWC"`` for gymnax's MinAtar planes), else ``"CHW"``
+        for frames of bytes (envpool's Atari stacks), None for other observations: what
+        ``--policy auto`` reads to give a CNN (``rl/algos/policy_gradient.py``)."""
+        layout = getattr(self.vec, "image_layout", None)
+        if layout is not None:
+            return layout
         return "CHW" if len(self.obs_shape) == 3 and self.obs_dtype == "uint8" else None
 
     @property

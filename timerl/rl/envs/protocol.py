@@ -9,7 +9,8 @@ ended. It comes in two forms:
 - on the host, :class:`VectorEnv`: ``reset() -> obs`` and ``step(actions) -> (obs, reward,
   done)`` on numpy arrays, with episode statistics and a state dict. gymnasium ids and user
   envs (``vector.GymVectorEnv``, ``GymBatchedCartPole``), envpool (``EnvpoolVectorEnv``), Ray
-  workers (``ray_env.RayVectorEnv``) and timerl's own ``Synthetic-v0`` are its subclasses;
+  workers (``ray_env.RayVectorEnv``), gymnax's envs (``gymnax_host.GymnaxVectorEnv``, their
+  pure functions jitted) and timerl's own ``Synthetic-v0`` are its subclasses;
 - as pure functions, ``jax_envs.JaxEnv``: ``reset(key, params) -> (state, obs)`` and
   ``step(state, action, params) -> (state, obs, reward, done)``, traced into a program.
 
@@ -217,6 +218,10 @@ class VectorEnv:
     # them as they are. Otherwise (a simulator that updates one state buffer in place, as
     # gymnasium's may) whoever keeps them past the next step must copy them.
     fresh_outputs: bool = False
+    # "HWC" where the observations are images with their channels last (gymnax's MinAtar
+    # planes), "CHW" with them first; None where the simulator does not say (a program's
+    # ``Env`` then takes 3-d uint8 frames as "CHW")
+    image_layout: str | None = None
 
     def __init__(self, env_id: str, num_envs: int, seed: int) -> None:
         if int(num_envs) < 1:

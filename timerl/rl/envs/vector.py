@@ -11,8 +11,9 @@ time dimension of a program never has to skip a step for a reset.
 Two kinds of environment sit behind :func:`make_env`: gymnasium ids (run through gymnasium's
 synchronous vector env in same-step autoreset mode, or for CartPole through gymnasium's batched
 simulator with the same trajectories) and timerl's own fully vectorised ones (``Synthetic-v0``,
-see :mod:`timerl.rl.envs.synthetic`). This module is numpy-only on purpose: the
-runtime may call it from any backend.
+see :mod:`timerl.rl.envs.synthetic`); envpool's with ``backend="envpool"``, and gymnax's
+(``"gymnax:<id>"``) through :mod:`timerl.rl.envs.gymnax_host`. This module is numpy-only on
+purpose: the runtime may call it from any backend (gymnax's envs import jax when made).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import EnvError
+from timerl.rl.envs.gymnax_host import GymnaxVectorEnv, is_gymnax_id
 from timerl.rl.envs.ids import env_id_of, gym_target
 from timerl.rl.envs.protocol import _NATIVE, VectorEnv, register_native  # noqa: F401 (re-exported)
 from timerl.rl.envs.synthetic import SyntheticVectorEnv  # noqa: F401  (registers Synthetic-v0)
@@ -495,12 +497,19 @@ def make_env(
     (:mod:`timerl.rl.envs.ids`). The same ``(env_id, num_envs, seed, kwargs)`` gives the same
     trajectories for the same actions. CartPole runs as gymnasium's batched simulator
     (:class:`GymBatchedCartPole`), every other gymnasium env as one env per copy
-    (:class:`GymVectorEnv`). ``kwargs`` go to the env's constructor (``gymnasium.make`` for
-    gymnasium envs, ``envpool.make`` with ``backend="envpool"``).
+    (:class:`GymVectorEnv`). ``"gymnax:<id>"`` is gymnax's env stepped by its jitted pure
+    functions (:class:`~timerl.rl.envs.gymnax_host.GymnaxVectorEnv`: the trajectories of the
+    program's ``env_backend="jax"`` env with the same seed). ``kwargs`` go to the env's
+    constructor (``gymnasium.make`` for gymnasium envs, ``envpool.make`` with
+    ``backend="envpool"``, ``gymnax.make`` for gymnax's).
     """
     env_id = env_id_of(env_id)
     if backend not in ENV_BACKENDS:
         raise EnvError(f"unknown env backend {backend!r}; choose one of {list(ENV_BACKENDS)}")
+    if is_gymnax_id(env_id):
+        if backend != "gymnasium":
+            raise EnvError(f"{env_id} is a gymnax env: env backend {backend!r} does not apply")
+        return GymnaxVectorEnv(env_id, num_envs=num_envs, seed=seed, **kwargs)
     if env_id in _NATIVE:
         if backend != "gymnasium":
             raise EnvError(f"{env_id} is a timerl env: env backend {backend!r} does not apply")
