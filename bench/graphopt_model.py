@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -68,6 +70,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=1.0, help="per measurement")
     ap.add_argument("--repeats", type=int, default=3, help="end-to-end searches per setting")
+    ap.add_argument(
+        "--fresh",
+        type=int,
+        default=0,
+        help="also run the learned search this many times, each in a new process (imports "
+        "and numba's compiling included, as a user's first call pays them)",
+    )
     args = ap.parse_args()
 
     g = random_graph(args.nodes, seed=args.seed)
@@ -126,6 +135,39 @@ def main() -> None:
         f"learned search end to end, 5000 evaluations, median of {args.repeats}: "
         f"jobs 1 {med[1]:.2f}s, jobs 2 {med[2]:.2f}s ({med[1] / med[2]:.2f}x)"
     )
+    if args.fresh:
+        search, whole = fresh_process_times(args.nodes, args.seed, args.fresh)
+        print(
+            f"learned search in a fresh process, median of {args.fresh}: search {search:.2f}s, "
+            f"start to exit {whole:.2f}s"
+        )
+
+
+FRESH = """
+import time
+start = time.perf_counter()
+from timerl.graphopt.decoders import Problem
+from timerl.graphopt.learned import learned_search, load_policy
+from timerl.graphopt.random_graph import random_graph
+g = random_graph({nodes}, seed={seed})
+t0 = time.perf_counter()
+learned_search(Problem(g), load_policy(None), budget=5000, seed={seed})
+end = time.perf_counter()
+print(end - t0, end - start)
+"""
+
+
+def fresh_process_times(nodes: int, seed: int, runs: int) -> tuple[float, float]:
+    """Median seconds of the search and of the whole process (after the interpreter starts)."""
+    code = FRESH.format(nodes=nodes, seed=seed)
+    search, whole = [], []
+    for _ in range(runs):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()
+        search.append(float(out[0]))
+        whole.append(float(out[1]))
+    return float(np.median(search)), float(np.median(whole))
 
 
 if __name__ == "__main__":
