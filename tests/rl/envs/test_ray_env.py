@@ -284,6 +284,22 @@ def test_training_continues_when_a_worker_dies_mid_rollout(tmp_path, monkeypatch
         _ppo(iterations=6, log_dir=tmp_path, resume=True)
 
 
+def test_uint8_frames_stay_uint8_images_through_a_worker():
+    """Atari's frames: the program sees bytes (a CNN policy, a uint8 rollout) as in one
+    process, though the socket carries float32."""
+    pytest.importorskip("envpool")
+    single = make_vector_env("Pong-v5", num_envs=2, seed=0)
+    split = RayVectorEnv("Pong-v5", num_envs=2, seed=0, workers=1)
+    assert split.obs_dtype == single.obs_dtype == np.uint8
+    assert split.image_layout == single.image_layout
+    want, got = _trajectory(single, 5), _trajectory(split, 5)
+    for a, b in zip(want["obs"], got["obs"], strict=True):
+        assert b.dtype == np.uint8
+        np.testing.assert_array_equal(a, b)
+    split.close()
+    single.close()
+
+
 def test_bad_requests_fail_early_and_name_the_problem():
     with pytest.raises(EnvError, match="3 workers for 2 envs"):
         RayVectorEnv("CartPole-v1", num_envs=2, workers=3)

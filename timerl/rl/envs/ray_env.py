@@ -320,6 +320,8 @@ class RayVectorEnv(VectorEnv):
             "action_dtype",
             "action_low",
             "action_high",
+            "obs_dtype",  # uint8 frames stay uint8 (the float32 transport holds them exactly)
+            "image_layout",
         ):
             setattr(self, name, getattr(probe, name))
         probe.close()
