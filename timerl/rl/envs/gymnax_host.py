@@ -27,13 +27,8 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import EnvError
-from timerl.rl.envs.jax_envs import GYMNAX_PREFIX, make_jax_env
+from timerl.rl.envs.jax_envs import make_jax_env
 from timerl.rl.envs.protocol import VectorEnv
-
-
-def is_gymnax_id(env_id: Any) -> bool:
-    """Whether ``env_id`` names one of gymnax's envs (``"gymnax:Acrobot-v1"``)."""
-    return isinstance(env_id, str) and env_id.startswith(GYMNAX_PREFIX)
 
 
 class GymnaxVectorEnv(VectorEnv):

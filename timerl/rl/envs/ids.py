@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from timerl.errors import EnvError
-from timerl.rl.envs.jax_envs import GYMNAX_PREFIX
+from timerl.rl.envs.jax_envs import is_gymnax_id
 
 # "module:qualname" -> the class or factory given from Python in this process (a factory in
 # the training script itself, ``__main__``, can only be found here)
@@ -168,7 +168,7 @@ def env_record(env_id: str) -> dict[str, Any]:
     import gymnasium as gym
 
     record: dict[str, Any] = {"id": env_id}
-    if env_id.startswith(GYMNAX_PREFIX):  # gymnax's registry knows it: nothing to import
+    if is_gymnax_id(env_id):  # gymnax's registry knows it: nothing to import
         return record
     module_name = env_id.partition(":")[0] if ":" in env_id else None
     if module_name is None and env_id in gym.registry:
@@ -227,7 +227,7 @@ def restore_env(record: Mapping[str, Any] | None) -> None:
     import gymnasium as gym
 
     env_id = record["id"]
-    if env_id.startswith(GYMNAX_PREFIX):  # made by gymnax itself (an older run may hold a path)
+    if is_gymnax_id(env_id):  # made by gymnax itself (an older run may hold a path)
         return
     if ":" in env_id:  # its module is imported, from the folder it was found in if need be
         gym_target(env_id, record.get("path"))

@@ -299,13 +299,14 @@ GYMNAX_PREFIX = "gymnax:"  # "gymnax:Acrobot-v1": that env of gymnax's registry
 MINATAR_SUFFIX = "-MinAtar"  # gymnax's MinAtar games: 10x10 images of C binary planes (HWC)
 
 
+def is_gymnax_id(env_id: Any) -> bool:
+    """Whether ``env_id`` names one of gymnax's envs (``"gymnax:Acrobot-v1"``)."""
+    return isinstance(env_id, str) and env_id.startswith(GYMNAX_PREFIX)
+
+
 def gymnax_minatar(env_id: str) -> bool:
     """Whether ``env_id`` names one of gymnax's MinAtar games (``gymnax:Breakout-MinAtar``)."""
-    return (
-        isinstance(env_id, str)
-        and env_id.startswith(GYMNAX_PREFIX)
-        and env_id.endswith(MINATAR_SUFFIX)
-    )
+    return is_gymnax_id(env_id) and env_id.endswith(MINATAR_SUFFIX)
 
 
 class GymnaxState(NamedTuple):
@@ -409,7 +410,7 @@ def _gymnax_env(env_id: str, num_envs: int, **kwargs: Any) -> JaxEnv:
 def make_jax_env(env_id: str, num_envs: int = 1, seed: int = 0, **kwargs: Any) -> JaxEnv:
     """The JAX version of ``env_id``; ``seed`` fixes its constants (Synthetic-v0's projection)."""
     _jax()
-    if env_id.startswith(GYMNAX_PREFIX):
+    if is_gymnax_id(env_id):
         return _gymnax_env(env_id, num_envs, **kwargs)
     if env_id == "Synthetic-v0":
         try:

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from timerl.errors import EnvError
-from timerl.rl.envs.gymnax_host import GymnaxVectorEnv, is_gymnax_id
+from timerl.rl.envs.gymnax_host import GymnaxVectorEnv
 from timerl.rl.envs.ids import env_id_of, gym_target
+from timerl.rl.envs.jax_envs import is_gymnax_id
 from timerl.rl.envs.protocol import _NATIVE, VectorEnv, register_native  # noqa: F401 (re-exported)
 from timerl.rl.envs.synthetic import SyntheticVectorEnv  # noqa: F401  (registers Synthetic-v0)
 
