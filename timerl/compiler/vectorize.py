@@ -61,6 +61,7 @@ from timerl.ir.graph import Edge, Op, View, carried, consumers
 from timerl.ir.grid import domain_grid
 from timerl.ir.prims.batching import Batch, Batched, Decline, Run, Shape, batching
 from timerl.ir.prims.core import HIDDEN_ATTRS
+from timerl.ir.shapes import static_nbytes
 from timerl.ir.validate import exclusive_conditions, validate
 from timerl.symbolic import TRUE, Const, Dim, Expr, Slice, vevaluate
 
@@ -162,14 +163,6 @@ def _cyclic(ops: Sequence[Op], dim: Dim) -> set[int]:
             out |= comp
     out |= {u for u, v in graph.edges if u == v}
     return out
-
-
-def _point_bytes(op: Op, bounds: dict) -> int | None:
-    try:
-        n = int(np.prod([int(s.evaluate(bounds)) for s in op.shape], dtype=np.int64))
-    except (KeyError, TimerlError):
-        return None
-    return n * op.dtype.itemsize
 
 
 def _in_range(op: Op, e: Edge, bounds: dict) -> bool:
@@ -284,7 +277,7 @@ def _local(op: Op, spec: ProgramSpec, roots: set[int]) -> tuple[Batched, tuple[b
     if any(_mentions(s, dim) for s in op.shape):
         raise Decline(f"its shape changes with {dim.name}")
     size = spec.static[dim.bound]
-    nbytes = _point_bytes(op, spec.check_bounds)
+    nbytes = static_nbytes(op.shape, op.dtype, spec.check_bounds)
     if nbytes is None:
         raise Decline("its shape is not static")
     if nbytes * size > MAX_BATCH_BYTES:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from timerl.errors import ShapeError
+from timerl.errors import ShapeError, TimerlError
 from timerl.symbolic import Const, Expr, as_expr
 
 ONE = Const(1)
@@ -65,6 +66,20 @@ def static(shape: Sequence[Expr]) -> tuple[int, ...] | None:
     if all(isinstance(s, Const) for s in shape):
         return tuple(s.value for s in shape)  # type: ignore[attr-defined]
     return None
+
+
+def static_nbytes(
+    shape: Sequence[Expr], dtype: Any, bounds: Mapping[Any, int] | None = None
+) -> int | None:
+    """Bytes of a value of ``shape`` with its bounds at ``bounds`` (none given: constant
+    sizes only); None where a size needs anything else (a loop's dim, a dynamic bound)."""
+    n = 1
+    try:
+        for s in shape:
+            n *= int(s.evaluate(bounds or {}))
+    except (KeyError, TypeError, ValueError, TimerlError):
+        return None
+    return n * np.dtype(dtype).itemsize
 
 
 def shape_of(sizes: Sequence[int | Expr]) -> tuple[Expr, ...]:

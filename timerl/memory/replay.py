@@ -25,6 +25,7 @@ import numpy as np
 
 from timerl.errors import MemoryBudgetError
 from timerl.ir.graph import Op
+from timerl.ir.shapes import static_nbytes
 from timerl.memory.donation import aliasing_merges, owned_merges
 from timerl.memory.steady import turning_points
 from timerl.memory.storage import Storage
@@ -534,13 +535,7 @@ def repeated_array_bytes(sched: Schedule, static: Mapping[Bound, int]) -> int:
 def static_bytes(op: Op, static: Mapping[Bound, int]) -> int:
     """Bytes of ``op``'s value with its shape's bounds at ``static``; 0 where its shape needs
     anything else (a loop's dim, a dynamic bound)."""
-    n = 1
-    for s in op.shape:
-        try:
-            n *= int(s.evaluate(static))
-        except (KeyError, TypeError, ValueError):
-            return 0
-    return n * np.dtype(op.dtype).itemsize
+    return static_nbytes(op.shape, op.dtype, static) or 0
 
 
 def row_bytes(op: Op) -> int:

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from timerl.errors import BoundError, CycleError, TimerlError
+from timerl.errors import BoundError, CycleError
 from timerl.ir import prims
 from timerl.ir.graph import Edge, Op, View, mentioned_in
+from timerl.ir.shapes import static_nbytes
 from timerl.schedule.pin import pin, pin_points
 from timerl.schedule.program import Compute, Loop, Schedule, Stmt
 from timerl.symbolic import (
@@ -485,7 +486,7 @@ def _movable(
     assert isinstance(target, int)
     by_id = {op.id: op for op in group.ops}
     held = [
-        _point_bytes(by_id[i])
+        static_nbytes(by_id[i].shape, by_id[i].dtype)
         for i in moving
         if any(where.get(r.id) == target for r, _ in readers[i])
     ]
@@ -499,24 +500,13 @@ def _movable(
                 where.get(r.id, -1) > k and r.id not in moving for r, _ in readers.get(src.id, [])
             ):
                 continue  # moves too, or is read after this loop anyway
-            size = _point_bytes(src)
+            size = static_nbytes(src.shape, src.dtype)
             extended.append(size if size is None or dim in src.domain else size // 2)
     if None in held or None in extended:
         return None
     if sum(held) <= sum(extended):  # type: ignore[arg-type]
         return None
     return moving, target
-
-
-def _point_bytes(op: Op) -> int | None:
-    """Bytes of one point of ``op``; None when its shape is not static."""
-    n = 1
-    try:
-        for s in op.shape:
-            n *= int(s.evaluate({}))
-    except (KeyError, TimerlError):
-        return None
-    return n * op.dtype.itemsize
 
 
 def _join_views(
