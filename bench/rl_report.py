@@ -31,25 +31,20 @@ class Row:
         values = [r[key] for r in self.results if r.get(key) is not None]
         return float(statistics.median(values)) if values else math.nan
 
+    def median_gap(self, high: str, low: str) -> float:
+        """Median of ``high - low`` over the results that measured both (NaN if none)."""
+        values = [r[high] - r[low] for r in self.results if r.get(low) and r.get(high)]
+        return float(statistics.median(values)) if values else math.nan
+
     @property
     def data_bytes(self) -> float:
         """Median peak RSS minus RSS after imports: the run's data (NaN if not measured)."""
-        values = [
-            r["peak_rss_bytes"] - r["base_rss_bytes"]
-            for r in self.results
-            if r.get("base_rss_bytes") and r.get("peak_rss_bytes")
-        ]
-        return float(statistics.median(values)) if values else math.nan
+        return self.median_gap("peak_rss_bytes", "base_rss_bytes")
 
     @property
     def run_data_bytes(self) -> float:
         """Median peak RSS of the run minus RSS after imports and compile (timerl only)."""
-        values = [
-            r["run_peak_rss_bytes"] - r["run_base_rss_bytes"]
-            for r in self.results
-            if r.get("run_base_rss_bytes") and r.get("run_peak_rss_bytes")
-        ]
-        return float(statistics.median(values)) if values else math.nan
+        return self.median_gap("run_peak_rss_bytes", "run_base_rss_bytes")
 
     @property
     def steps_per_s(self) -> float:
