@@ -68,6 +68,38 @@ def test_the_host_env_replays_the_pure_env_for_the_same_seed_and_actions():
     assert obs.dtype == np.float32 and rewards.dtype == np.float32 and dones.dtype == bool
 
 
+def test_time_limit_ends_are_truncations_with_the_last_observation_kept():
+    """Pendulum's episodes end only at gymnax's 200-step limit: off-policy learners must
+    bootstrap there, from the ended episode's last observation, not the next one's first."""
+    env = make_env("gymnax:Pendulum-v1", num_envs=2, seed=0)
+    env.reset()
+    previous = None
+    for step in range(200):
+        obs, _, done = env.step(np.zeros((2, 1), np.float32))
+        if step < 199:
+            assert not done.any() and env.final_obs is None
+            previous = obs
+    assert done.all() and env.truncated.all() and not env.terminated.any()
+    final = env.final_obs
+    assert final is not None and not np.allclose(final, obs)  # obs starts the next episode
+    # the last step moved on from the previous observation (cos, sin of the angle stay unit)
+    np.testing.assert_allclose(np.hypot(final[:, 0], final[:, 1]), 1.0, rtol=1e-5)
+    assert not np.allclose(final, previous)
+
+
+def test_a_fallen_pole_is_terminated_and_its_last_observation_is_past_the_threshold():
+    env = make_env(CARTPOLE, num_envs=1, seed=0)
+    env.reset()
+    for _ in range(100):  # pushing one way drops the pole within a few dozen steps
+        obs, _, done = env.step(np.ones(1, np.int64))
+        if done[0]:
+            break
+    assert done[0] and env.terminated[0] and not env.truncated[0]
+    final = env.final_obs[0]
+    assert abs(final[2]) > 12 * 2 * math.pi / 360 or abs(final[0]) > 2.4
+    assert abs(obs[0, 2]) < 0.05  # the next episode's first observation
+
+
 def test_minatar_planes_come_channels_last_as_the_pure_env_gives_them():
     actions = np.random.default_rng(1).integers(0, 3, (60, 2))
     env = make_env(BREAKOUT, num_envs=2, seed=5)

@@ -12,10 +12,12 @@ the same actions give the program's trajectories. A later reset continues from a
 from the seed and the number of resets, so separate resets see different episodes while one
 seed still fixes the whole run.
 
-The pure step gives one ``done`` flag per env (gymnax 0.0.x has no other; 1.x's two flags
-are joined by :mod:`~timerl.rl.envs.jax_envs`): every ended episode counts as terminated, and
-``final_obs`` is not kept (the step returns the next episode's first observation only).
-gymnax envs draw no frames: ``render_mode`` is refused with a clear error.
+Each step is the pure env's ``full_step``: the same states, observations and rewards as the
+program's step, plus what its auto-reset drops, which off-policy learners need to bootstrap
+through time limits: ``final_obs``, and an end at gymnax's ``max_steps_in_episode`` reported
+as truncated rather than terminated (gymnax 0.0.x has one done flag; an episode that really
+ends on its last allowed step counts as truncated too). gymnax envs draw no frames:
+``render_mode`` is refused with a clear error.
 
 jax and gymnax are optional: this module imports neither until an env is made.
 """
@@ -66,7 +68,7 @@ class GymnaxVectorEnv(VectorEnv):
             self.action_high = np.asarray(jenv.action_high, np.float32)
         # jitted once; params are an argument, so no constant is baked into the programs
         self._reset_fn = jax.jit(jenv.reset)
-        self._step_fn = jax.jit(jenv.step)
+        self._step_fn = jax.jit(jenv.full_step)
         self._state: Any = None
         self._resets = 0  # how many resets the key stream has served
         with jax.enable_x64(False):
@@ -90,10 +92,17 @@ class GymnaxVectorEnv(VectorEnv):
         # actions are cast by ``_prepare_actions``: int64 indices or clipped float32
         acts = actions.astype(np.int32) if self.discrete else actions.astype(np.float32)
         with self._jax.enable_x64(False):
-            self._state, obs, reward, done = self._step_fn(self._state, acts, self._jenv.params)
-        done = np.array(done, dtype=bool)
-        obs = np.array(obs, dtype=np.float32)
-        return obs, np.array(reward, dtype=np.float32), done, np.zeros_like(done), None
+            self._state, *out = self._step_fn(self._state, acts, self._jenv.params)
+        obs, reward, terminated, truncated, last = (np.asarray(x) for x in out)
+        ended = terminated | truncated
+        final_obs = np.array(last, dtype=np.float32) if ended.any() else None
+        return (
+            np.array(obs, dtype=np.float32),
+            np.array(reward, np.float32),
+            terminated,
+            truncated,
+            final_obs,
+        )
 
     def _sim_state(self) -> dict[str, Any]:
         if self._state is None:

@@ -292,6 +292,10 @@ class JaxEnv:
     # "HWC" where the observations are images with their channels last (gymnax's MinAtar
     # planes), None otherwise: what ``--policy auto`` reads to give a CNN
     image_layout: str | None = None
+    # gymnax's: ``step`` that also returns what auto-reset drops, for a host batch (off-policy
+    # learners bootstrap through time limits): ``(state, obs, reward, terminated, truncated,
+    # final_obs)``, the first three and ``terminated | truncated`` equal to ``step``'s
+    full_step: Any = None
 
 
 JAX_ENV_IDS = ("Synthetic-v0", "CartPole-v1")
@@ -390,6 +394,41 @@ def _gymnax_env(env_id: str, num_envs: int, **kwargs: Any) -> JaxEnv:
         done = out[3] | out[4] if len(out) == 6 else out[3]
         return GymnaxState(inner, key), obs, reward, jnp.asarray(done, bool)
 
+    def one_full_step(key: Any, inner: Any, action: Any, params: Any) -> tuple[Any, ...]:
+        # gymnax's own auto-reset ``step`` taken apart (the same key split), to keep what it
+        # drops: the ended episode's last observation, and whether it ended at the time
+        # limit. 0.0.x has one done flag: an end at ``max_steps_in_episode`` counts as
+        # truncated (also where the episode really ended on that same step, which is rare)
+        key_step, key_reset = jax.random.split(key)
+        out = env.step_env(key_step, inner, action, params)
+        obs_st, inner_st, reward = out[:3]
+        if len(out) == 6:
+            terminated, truncated = jnp.asarray(out[3], bool), jnp.asarray(out[4], bool)
+        else:
+            done = jnp.asarray(out[3], bool)
+            time = getattr(inner_st, "time", None)
+            limit = getattr(params, "max_steps_in_episode", None)
+            timed = time is not None and limit is not None
+            truncated = done & (time >= limit) if timed else jnp.zeros_like(done)
+            terminated = done & ~truncated
+        ended = terminated | truncated
+        obs_re, inner_re = env.reset_env(key_reset, params)
+        inner = jax.tree_util.tree_map(
+            lambda fresh, old: jax.lax.select(ended, fresh, old), inner_re, inner_st
+        )
+        obs = jax.lax.select(ended, obs_re, obs_st)
+        return inner, obs, reward, terminated, truncated, obs_st
+
+    batch_full_step = jax.vmap(one_full_step, in_axes=(0, 0, 0, None))
+
+    def full_step(state: GymnaxState, action: Any, params: Any) -> tuple[Any, ...]:
+        key, sub = jax.random.split(state.key)
+        with _gymnax_bool_scatters():
+            inner, *out = batch_full_step(
+                jax.random.split(sub, num_envs), state.inner, action, params
+            )
+        return (GymnaxState(inner, key), *out)
+
     obs_shape = tuple(int(d) for d in obs_space.shape)
     return JaxEnv(
         env_id,
@@ -404,6 +443,7 @@ def _gymnax_env(env_id: str, num_envs: int, **kwargs: Any) -> JaxEnv:
         reset,
         step,
         "HWC" if name.endswith(MINATAR_SUFFIX) and len(obs_shape) == 3 else None,
+        full_step,
     )
 
 
