@@ -129,6 +129,30 @@ def sample(key: Any, head: tuple[Any, Any], discrete: bool) -> Any:
     return out + jnp.exp(log_std) * jax.random.normal(key, out.shape)
 
 
+def make_env_step(cfg: Config, env: Any) -> Any:
+    """One rollout step for ``lax.scan``: act on the carried observation, record it with the
+    action, step the env. ``carry = (params, env_state, obs, key, ep_ret, ret_sum, count)``."""
+    jax, jnp, _ = _imports()
+    discrete, cnn = env.discrete, cfg.policy == "minatar_cnn"
+
+    def env_step(carry: tuple, _: Any) -> tuple[tuple, dict]:
+        params, env_state, obs, key, ep_ret, ret_sum, count = carry
+        key, k_act = jax.random.split(key)
+        head, value = actor_critic(params, obs, discrete, cnn)
+        action = sample(k_act, head, discrete)
+        logp, _ = log_prob_entropy(head, action, discrete)
+        rec = {"obs": obs, "actions": action, "logp": logp, "value": value}  # acted on
+        env_state, obs, reward, done = env.step(env_state, action, env.params)
+        ep_ret = ep_ret + reward
+        ret_sum = ret_sum + jnp.sum(jnp.where(done, ep_ret, 0.0))
+        count = count + jnp.sum(done)
+        ep_ret = jnp.where(done, 0.0, ep_ret)
+        rec |= {"reward": reward, "done": done.astype(jnp.float32)}
+        return (params, env_state, obs, key, ep_ret, ret_sum, count), rec
+
+    return env_step
+
+
 def make_iteration(cfg: Config, env: Any, tx: Any) -> Any:
     """One PPO iteration as a pure function ``runner -> (runner, (return_sum, episodes))``."""
     jax, jnp, _ = _imports()
@@ -137,21 +161,7 @@ def make_iteration(cfg: Config, env: Any, tx: Any) -> Any:
     cnn = cfg.policy == "minatar_cnn"
     ent = cfg.entropy_coef(discrete)
     n, mb_size = cfg.batch_size, cfg.batch_size // cfg.minibatches
-
-    def env_step(carry: tuple, _: Any) -> tuple[tuple, dict]:
-        params, env_state, obs, key, ep_ret, ret_sum, count = carry
-        key, k_act = jax.random.split(key)
-        head, value = actor_critic(params, obs, discrete, cnn)
-        action = sample(k_act, head, discrete)
-        logp, _ = log_prob_entropy(head, action, discrete)
-        env_state, obs, reward, done = env.step(env_state, action, env.params)
-        ep_ret = ep_ret + reward
-        ret_sum = ret_sum + jnp.sum(jnp.where(done, ep_ret, 0.0))
-        count = count + jnp.sum(done)
-        ep_ret = jnp.where(done, 0.0, ep_ret)
-        rec = {"obs": obs, "actions": action, "logp": logp, "value": value}
-        rec |= {"reward": reward, "done": done.astype(jnp.float32)}
-        return (params, env_state, obs, key, ep_ret, ret_sum, count), rec
+    env_step = make_env_step(cfg, env)
 
     def gae(traj: dict, last_value: Any) -> Any:
         def back(carry: tuple, x: tuple) -> tuple[tuple, Any]:

@@ -85,6 +85,30 @@ def test_jax_ppo_runs(env_id, scan, epochs, minibatches):
     assert all(math.isfinite(r) for r in result.returns), result.returns
 
 
+def test_jax_ppo_records_the_observation_each_action_was_taken_on():
+    """The rollout pairs an action with the observation the policy saw, not the next one."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    from bench.baselines import jax_ppo
+    from timerl.rl.envs.jax_envs import make_jax_env
+
+    cfg = Config("CartPole-v1", num_envs=4, num_steps=8, hidden_layers=1)
+    env = make_jax_env("CartPole-v1", num_envs=4, seed=0)
+    keys = jax.random.split(jax.random.key(0), 3)
+    params = {
+        "actor": jax_ppo.init_mlp(keys[0], 4, 2, 1, 64, 0.01),
+        "critic": jax_ppo.init_mlp(keys[1], 4, 1, 1, 64, 1.0),
+    }
+    state, obs = env.reset(keys[2], env.params)
+    zero = jax.numpy.zeros(4)
+    carry = (params, state, obs, keys[2], zero, 0.0, 0.0)
+    carry, traj = jax.lax.scan(jax_ppo.make_env_step(cfg, env), carry, None, length=8)
+    np.testing.assert_array_equal(traj["obs"][0], obs)
+    for t in range(7):  # each step's observation is where the previous step left the env
+        state, obs, _, _ = env.step(state, traj["actions"][t], env.params)
+        np.testing.assert_allclose(traj["obs"][t + 1], obs, rtol=1e-5, atol=1e-6)
+
+
 def test_sb3_skips_cleanly_or_runs():
     from bench.baselines import sb3_ppo
 
