@@ -257,7 +257,8 @@ def test_torch_convolutions_agree_with_the_reference_in_either_layout(name, layo
     from timerl.runtime import torch_lowering
 
     monkeypatch.setattr(torch_lowering, "_LAYOUT", {})
-    monkeypatch.setattr(torch_lowering, "_faster_layout", lambda fn: getattr(torch, layout))
+    chosen = getattr(torch, layout)
+    monkeypatch.setattr(torch_lowering, "_faster_layout", lambda fn: (chosen, fn(chosen)))
     x, w, g = f32(3, 4, 20, 20), f32(5, 4, 8, 8), f32(3, 5, 4, 4)
     attrs = {"stride": (4, 4), "padding": (0, 0)}
     inputs, extra = {
@@ -269,7 +270,23 @@ def test_torch_convolutions_agree_with_the_reference_in_either_layout(name, layo
     got = LOWERINGS[name](*map(torch.from_numpy, inputs), **attrs, **extra)
     assert got.is_contiguous() or name == "conv2d_weight_grad"
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
-    assert list(torch_lowering._LAYOUT.values()) == [getattr(torch, layout)]
+    assert list(torch_lowering._LAYOUT.values()) == [chosen]
+
+
+@needs_torch
+def test_the_timed_first_call_returns_the_op_s_value(monkeypatch):
+    """The first call of a shape returns what its timing computed; later calls compute it in
+    the layout kept."""
+    from timerl.runtime import torch_lowering
+
+    monkeypatch.setattr(torch_lowering, "_LAYOUT", {})
+    x, w = f32(3, 4, 20, 20), f32(5, 4, 8, 8)
+    attrs = {"stride": (4, 4), "padding": (0, 0)}
+    ref = np.asarray(prims.REGISTRY["conv2d"].impl(x, w, **attrs))
+    for _ in range(2):
+        got = LOWERINGS["conv2d"](torch.from_numpy(x), torch.from_numpy(w), **attrs)
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+    assert len(torch_lowering._LAYOUT) == 1
 
 
 def test_prims_module_does_not_import_torch():

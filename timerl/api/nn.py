@@ -370,11 +370,9 @@ def _image_sizes(layer: str, x: RecurrentTensor, channels: int) -> tuple[int, in
     return h.value, w.value
 
 
-def _as_float(x: RecurrentTensor, scale: float = 1.0) -> RecurrentTensor:
-    """A float32 image: pixels stay uint8 in the rollout and are cast here (times ``scale``)."""
-    if x.dtype != np.float32:
-        x = x.to("float32")
-    return x * scale if scale != 1.0 else x
+def _as_float(x: RecurrentTensor) -> RecurrentTensor:
+    """A float32 image: pixels stay uint8 in the rollout and are cast here."""
+    return x.to("float32") if x.dtype != np.float32 else x
 
 
 class Conv2d(Module):
@@ -429,9 +427,13 @@ class Conv2d(Module):
             (padded[k] - self.kernel[k]) // self.stride[k] + 1 for k in range(2)
         )
 
-    def forward(self, x: RecurrentTensor) -> RecurrentTensor:
+    def forward(self, x: RecurrentTensor, scale: float = 1.0) -> RecurrentTensor:
+        """``scale`` multiplies the input. It is applied to the weight: a conv is linear in
+        its input, and the weight is far smaller than a batch of images (the Nature CNN's
+        first weight holds 8k numbers, a minibatch of 256 Atari frames 7.2M)."""
         self.output_size(_image_sizes(self.label, x, self.in_channels))
-        y = conv2d(_as_float(x), self.weight, self.stride, self.padding)
+        weight = self.weight * scale if scale != 1.0 else self.weight
+        y = conv2d(_as_float(x), weight, self.stride, self.padding)
         return y + self.bias.reshape(-1, 1, 1)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -539,8 +541,8 @@ class NatureCNN(Module):
         got = _image_sizes(self.label, x, self.convs[0].in_channels)
         if got != self.image_size:
             raise ShapeError(f"{self.label}: expected {self.image_size} images, got {got}")
-        x = _as_float(x, 1.0 / 255.0)
-        for conv in self.convs:
+        x = self.convs[0].forward(x, scale=1.0 / 255.0).relu()
+        for conv in self.convs[1:]:
             x = conv(x).relu()
         return self.linear(self.flatten(x)).relu()
 
@@ -655,8 +657,10 @@ class ImpalaCNN(Module):
         got = _image_sizes(self.label, x, self.in_channels)
         if got != self.image_size:
             raise ShapeError(f"{self.label}: expected {self.image_size} images, got {got}")
-        x = _as_float(x, 1.0 / 255.0)
-        for layer in self.stacks:
+        first = self.stacks[0]
+        assert isinstance(first, Conv2d)
+        x = first.forward(x, scale=1.0 / 255.0)
+        for layer in self.stacks[1:]:
             x = layer(x)
         return self.linear(self.flatten(x).relu()).relu()
 

@@ -453,19 +453,26 @@ def _in_faster_layout(
         return fn(torch.contiguous_format)
     key = (kind, tuple(a.shape), tuple(b.shape), tuple(stride), tuple(padding), a.dtype)
     layout = _LAYOUT.get(key)
-    if layout is None:
-        layout = _LAYOUT[key] = _faster_layout(fn)
-    return fn(layout)
+    if layout is not None:
+        return fn(layout)
+    _LAYOUT[key], out = _faster_layout(fn)
+    return out
 
 
-def _faster_layout(fn: Callable[[torch.memory_format], torch.Tensor]) -> torch.memory_format:
-    best: dict[torch.memory_format, float] = {}
+def _faster_layout(
+    fn: Callable[[torch.memory_format], torch.Tensor],
+) -> tuple[torch.memory_format, torch.Tensor]:
+    """The faster layout, timed twice each (a first call builds oneDNN's kernel), and its
+    last result, so the timing costs three calls more than the op."""
+    best: dict[torch.memory_format, tuple[float, torch.Tensor]] = {}
     for layout in (torch.contiguous_format, torch.channels_last) * 2:
         start = time.perf_counter()
-        fn(layout)
+        out = fn(layout)
         seconds = time.perf_counter() - start
-        best[layout] = min(best.get(layout, seconds), seconds)
-    return min(best, key=best.__getitem__)
+        if layout not in best or seconds < best[layout][0]:
+            best[layout] = (seconds, out)
+    faster = min(best, key=lambda layout: best[layout][0])
+    return faster, best[faster][1]
 
 
 def _max_pool2d(x: Any, kernel: Any, stride: Any, padding: Any) -> Any:
