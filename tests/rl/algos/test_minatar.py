@@ -40,7 +40,7 @@ def test_minatar_ids_get_the_jax_recipe_and_backend_others_keep_theirs():
         "gamma": 0.99,
         "gae_lambda": 0.95,
         "clip": 0.2,
-        "ent_coef": 0.01,
+        "ent_coef": 0.05,
         "vf_coef": 0.5,
         "max_grad_norm": 0.5,
     }
