@@ -370,6 +370,11 @@ def _image_sizes(layer: str, x: RecurrentTensor, channels: int) -> tuple[int, in
     return h.value, w.value
 
 
+# uint8 frames to [0, 1]: what the Atari and IMPALA trunks compute (on their first conv's
+# weight) and what their ``describe`` tells an export
+PIXEL_SCALE = 1.0 / 255.0
+
+
 def _as_float(x: RecurrentTensor) -> RecurrentTensor:
     """A float32 image: pixels stay uint8 in the rollout and are cast here."""
     return x.to("float32") if x.dtype != np.float32 else x
@@ -541,13 +546,13 @@ class NatureCNN(Module):
         got = _image_sizes(self.label, x, self.convs[0].in_channels)
         if got != self.image_size:
             raise ShapeError(f"{self.label}: expected {self.image_size} images, got {got}")
-        x = self.convs[0].forward(x, scale=1.0 / 255.0).relu()
+        x = self.convs[0].forward(x, scale=PIXEL_SCALE).relu()
         for conv in self.convs[1:]:
             x = conv(x).relu()
         return self.linear(self.flatten(x)).relu()
 
     def describe(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = [{"op": "float", "scale": 1.0 / 255.0}]
+        out: list[dict[str, Any]] = [{"op": "float", "scale": PIXEL_SCALE}]
         for conv in self.convs:
             out += [*conv.describe(), {"op": "relu"}]
         return [*out, *self.flatten.describe(), *self.linear.describe(), {"op": "relu"}]
@@ -659,13 +664,13 @@ class ImpalaCNN(Module):
             raise ShapeError(f"{self.label}: expected {self.image_size} images, got {got}")
         first = self.stacks[0]
         assert isinstance(first, Conv2d)
-        x = first.forward(x, scale=1.0 / 255.0)
+        x = first.forward(x, scale=PIXEL_SCALE)
         for layer in self.stacks[1:]:
             x = layer(x)
         return self.linear(self.flatten(x).relu()).relu()
 
     def describe(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = [{"op": "float", "scale": 1.0 / 255.0}]
+        out: list[dict[str, Any]] = [{"op": "float", "scale": PIXEL_SCALE}]
         for layer in self.stacks:
             out += layer.describe()
         flat = [*self.flatten.describe(), {"op": "relu"}]
