@@ -21,7 +21,9 @@ from collections.abc import Callable
 import numpy as np
 
 
-def _timerl(backend: str, frames: np.ndarray) -> tuple[Callable[[], None], list[np.ndarray]]:
+def _timerl(
+    backend: str, frames: np.ndarray, threads: int
+) -> tuple[Callable[[], None], list[np.ndarray]]:
     """A compiled forward+backward of NatureCNN, and its initial weights (torch's layout)."""
     import timerl as tl
 
@@ -34,7 +36,11 @@ def _timerl(backend: str, frames: np.ndarray) -> tuple[Callable[[], None], list[
         loss = (y * y).mean()
         loss.backward()
         params = net.parameters()
-        prog = ctx.compile(outputs=[loss] + [p.grad for p in params], backend=backend)
+        prog = ctx.compile(
+            outputs=[loss] + [p.grad for p in params],
+            backend=backend,
+            options=tl.CompileOptions(threads=threads),  # eager torch's count
+        )
     # one executor for every repeat: code generated once, as a training loop's iterations
     # share it (``Program.run`` makes a fresh executor per call)
     return prog.executor().run, weights
@@ -70,8 +76,8 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     frames = np.random.default_rng(0).integers(0, 256, (args.batch, 4, 84, 84), dtype=np.uint8)
-    run_np, weights = _timerl("numpy", frames)
-    run_torch, _ = _timerl("torch", frames)
+    run_np, weights = _timerl("numpy", frames, args.threads)
+    run_torch, _ = _timerl("torch", frames, args.threads)
     runners = {"timerl numpy": run_np, "timerl torch": run_torch, "eager torch": None}
     runners["eager torch"] = _eager(frames, weights)
     for run in runners.values():  # warm up (first-call allocations, lazy imports)

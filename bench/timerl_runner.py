@@ -150,6 +150,7 @@ def _train(config: Config, algo: str, backend: str) -> tuple[Config, Any, list, 
             device=cfg.device,
             progress=False,
             memory_budget=memory_budget,
+            threads=cfg.threads,  # the baselines' count: side by side on the same cores
             on_iteration=lambda rec: records.append((time.perf_counter(), dict(rec))),
             on_start=started,
         )

@@ -143,6 +143,7 @@ def test_torch_matmul_equals_numpy(
 
     monkeypatch.setattr(torch_lowering, "NUMPY_PRODUCTS", numpy_products)
     monkeypatch.setattr(torch_lowering, "NUMPY_MIN_ROWS", 1)  # these small products too
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # as a one-thread program runs
     rng = np.random.default_rng(0)
     a = (rng.normal(size=a_shape[::-1] if transposed else a_shape) * 4).astype(dtype)
     a = a.T if transposed else a
@@ -216,6 +217,7 @@ def test_torch_take_matmul_equals_numpy(monkeypatch, numpy_products, trans):
 
     monkeypatch.setattr(torch_lowering, "NUMPY_PRODUCTS", numpy_products)
     monkeypatch.setattr(torch_lowering, "NUMPY_MIN_ROWS", 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     rng = np.random.default_rng(1)
     x = rng.normal(size=(50, 3, 4)).astype(np.float32)
     idx = rng.integers(0, 50, size=(2, 10))

@@ -27,7 +27,7 @@ from timerl.ir.graph import Edge, Op, View
 from timerl.ir.retime import retime
 from timerl.ir.shapes import broadcast
 from timerl.memory.replay import parse_bytes
-from timerl.runtime.backend import make_backend
+from timerl.runtime.backend import make_backend, program_threads
 from timerl.symbolic import Bound, Dim, Expr, Slice
 
 
@@ -262,6 +262,7 @@ class Context(Scope):
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
         be = make_backend(backend, device)
         compiled = compile_program(spec, options, be.capabilities)
+        be.use_threads(program_threads(compiled.spec.ops, spec.static, options.threads))
         parameters = tuple(t.op.id for t in self._grad_leaves())
         return Program(
             compiled,

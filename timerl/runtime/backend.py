@@ -12,6 +12,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -57,9 +58,8 @@ def _delivered(edge: Edge, reader: Op) -> np.dtype:
 
 
 class Backend:
-    """``threads`` caps the math library's threads while a program runs: RL-sized kernels are
-    small, and a multi-threaded BLAS on a busy 2-core machine spends more time waking
-    threads than multiplying (measured: 935 us vs 8 us per 8x4x64 matmul)."""
+    """``threads`` caps the math library's threads while a program runs (None: leaves them
+    as they are); a compiled program sets it from its kernels (``program_threads``)."""
 
     name = "abstract"
     # What the fusion pass may plan for this backend (``compiler/fusion.py``): whether
@@ -104,6 +104,10 @@ class Backend:
 
     def __init__(self, device: str = "cpu", threads: int | None = 1) -> None:
         self.device = device
+        self.threads = threads
+
+    def use_threads(self, threads: int | None) -> None:
+        """Run the math libraries on ``threads`` threads from the next run on."""
         self.threads = threads
 
     @property
@@ -280,6 +284,38 @@ class Backend:
     def region_stats(self) -> dict[str, Any] | None:
         """Counts and seconds of region compilation, for ``prog.stats()``; None if none."""
         return None
+
+
+# RL-sized kernels are small, and a multi-threaded BLAS on a busy 2-core machine spends more
+# time waking threads than multiplying (measured: 935 us vs 8 us per 8x4x64 matmul); pixel
+# policies' kernels are large (a Nature-CNN minibatch's convolutions: 0.5-2 * 10^9 operations
+# each), and on one thread they leave the other cores idle (eager PyTorch's Pong PPO ran 1.4x
+# faster on two threads than on one). So a program runs on every core it may use where its
+# largest kernel is at least this many operations, else on one thread. A rollout step's
+# kernels (an 8-frame Nature CNN's first convolution: 5 * 10^7) stay below it.
+PARALLEL_MIN_OPS = 1e8
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
+def program_threads(ops: Iterable[Op], static: Mapping[Any, int], asked: int | None) -> int:
+    """The math threads a program of ``ops`` runs on: ``asked``, or by its largest kernel."""
+    if asked is not None:
+        return asked
+    from timerl.compiler.fusion_regions import Shapes, region_cost
+
+    shapes = Shapes(static)
+    for op in ops:
+        fixed = shapes.fixed(op.shape) and all(shapes.fixed(e.src.shape) for e in op.inputs)
+        if fixed and region_cost([op], shapes) >= PARALLEL_MIN_OPS:
+            return usable_cores()
+    return 1
 
 
 _CONTROLLER: list[Any] = []  # [(threadpoolctl controller, modules loaded when it was made)]

@@ -275,6 +275,12 @@ class JaxBackend(Backend):
     def truth(self, value: Any) -> bool:
         return bool(np.asarray(value).all())
 
+    def use_threads(self, threads: int | None) -> None:
+        """The threads of the regions run as numpy kernels; XLA keeps its own pool."""
+        super().use_threads(threads)
+        if self.host_kernels is not None:
+            self.host_kernels.use_threads(threads)
+
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """jax's scope, and (as on the numpy backend) the math library's threads capped for

@@ -109,10 +109,11 @@ class TorchBackend(Backend):
         # torch call (measured: a third of a CPU PPO run's time). CPU is torch's default, so
         # only another device needs it, for the tensors lowerings create without inputs.
         device = torch.device(self._dev) if self._dev.type != "cpu" else contextlib.nullcontext()
-        # large CPU products may run on numpy's BLAS (``torch_lowering``): the same thread cap
+        # large CPU products may run on numpy's BLAS on one thread (``torch_lowering``); on
+        # more, numpy's BLAS stays on one thread beside torch's pool
         blas: Any = contextlib.nullcontext()
         if torch_lowering.NUMPY_PRODUCTS and self._dev.type == "cpu" and self.threads is not None:
-            blas = math_threads(self.threads, user_api="blas")
+            blas = math_threads(1, user_api="blas")
         # inference mode, not only no_grad: timerl differentiates its own graph, never through
         # torch's autograd, and without version counters and view tracking each small op is
         # about 10% cheaper

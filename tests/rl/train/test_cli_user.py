@@ -312,3 +312,12 @@ def test_a_terminal_gets_a_progress_bar_instead_of_lines(tmp_path):
     assert "train" in text and "steps/s" in text and "256/256" in text
     assert "iteration 1/" not in text  # no plain lines on a terminal
     assert "mean return" in text
+
+
+def test_threads_must_be_a_whole_number_from_one(tmp_path, capsys):
+    argv = ["train", "reinforce", "--steps", "64", "--log-dir", str(tmp_path / "r")]
+    with pytest.raises(SystemExit):
+        main([*argv, "--threads", "0"])
+    assert "--threads: expected a whole number of threads, 1 or more, got '0'" in (
+        capsys.readouterr().err
+    )

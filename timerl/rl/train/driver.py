@@ -34,6 +34,7 @@ import numpy as np
 from timerl.api.context import collector_paused
 from timerl.api.functional import sink
 from timerl.api.tensor import stack
+from timerl.compiler.options import CompileOptions
 from timerl.errors import CheckpointError, NumericalError, ProgramError
 from timerl.rl.algos.naming import arg_ref, config_ref
 from timerl.rl.algos.policy_gradient import (
@@ -242,6 +243,7 @@ def train(
     workers: int = 0,
     ray_address: str | None = None,
     minutes: float | None = None,
+    threads: int | None = None,
 ) -> TrainResult:
     """Train ``algo`` (any entry of ``ALGOS``); see ``timerl train --help`` for the options.
 
@@ -258,7 +260,9 @@ def train(
     ``on_start()`` is called once the program is compiled and its code generated, right
     before the first iteration (a benchmark's mark between setup and run). ``minutes``: stop
     after the first iteration that ends past this much wall time of running, with a
-    checkpoint; ``resume`` continues toward ``iterations``.
+    checkpoint; ``resume`` continues toward ``iterations``. ``threads``: the math libraries'
+    threads (``tl.CompileOptions``; None: every usable core for a program with large kernels,
+    such as a CNN policy's, else one).
     """
     if minutes is not None and minutes <= 0:
         raise CheckpointError(f"{arg_ref('minutes', '--minutes')} must be positive, got {minutes}")
@@ -288,6 +292,7 @@ def train(
     ):
         if value is not None and value < 1:
             raise ProgramError(f"{flag} must be at least 1, got {value}")
+    options = CompileOptions(threads=threads)  # a bad count is an error before any work
     if log_every < 0 or workers < 0:
         raise ProgramError(
             f"{arg_ref('log_every', '--log-every')} and {arg_ref('workers', '--workers')} must "
@@ -355,6 +360,7 @@ def train(
         device=device,
         seed=cfg.seed,
         memory_budget=memory_budget,
+        options=options,
     )
     margin = prog.resume_margin(iterations)
     if margin:  # a checkpoint of the last iteration must hold what a longer run carries
@@ -365,6 +371,7 @@ def train(
             device=device,
             seed=cfg.seed,
             memory_budget=memory_budget,
+            options=options,
         )
     ex = prog.executor()
     # without the iteration bound: resuming to more iterations restores into the same structure
