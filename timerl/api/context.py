@@ -16,6 +16,7 @@ from timerl.api.program import Program
 from timerl.api.roles import Declarations
 from timerl.api.scope import Scope, current
 from timerl.api.tensor import RecurrentTensor, branch_condition, lift
+from timerl.compiler.fusion_regions import largest_kernel
 from timerl.compiler.options import CompileOptions
 from timerl.compiler.pipeline import compile as compile_program
 from timerl.compiler.spec import freeze
@@ -262,7 +263,8 @@ class Context(Scope):
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
         be = make_backend(backend, device)
         compiled = compile_program(spec, options, be.capabilities)
-        be.use_threads(program_threads(compiled.spec.ops, spec.static, options.threads))
+        largest = largest_kernel(compiled.spec.ops, spec.static)
+        be.use_threads(program_threads(largest, options.threads))
         parameters = tuple(t.op.id for t in self._grad_leaves())
         return Program(
             compiled,

@@ -28,7 +28,7 @@ call's dispatch costs more than a few small kernels), where the backend offers t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,18 @@ def region_cost(ops: list[Op], shapes: Shapes) -> float:
         ins = [int(np.prod(shapes.shape(e.src.shape), dtype=np.int64)) for e in op.inputs]
         total += prims.get(op.prim).cost(out, ins, op.attrs)
     return total
+
+
+def largest_kernel(ops: Iterable[Op], static: Mapping[Bound, int]) -> float:
+    """The most elementary operations one of ``ops`` costs where its shapes are static: what
+    sets the threads its program runs on (``runtime/backend.program_threads``)."""
+    shapes = Shapes(static)
+    fixed = (
+        op
+        for op in ops
+        if shapes.fixed(op.shape) and all(shapes.fixed(e.src.shape) for e in op.inputs)
+    )
+    return max((region_cost([op], shapes) for op in fixed), default=0.0)
 
 
 def host_call_in(loop: Loop) -> Op | None:

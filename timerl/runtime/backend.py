@@ -304,18 +304,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def program_threads(ops: Iterable[Op], static: Mapping[Any, int], asked: int | None) -> int:
-    """The math threads a program of ``ops`` runs on: ``asked``, or by its largest kernel."""
+def program_threads(largest_kernel: float, asked: int | None) -> int:
+    """The math threads a program runs on: ``asked``, or by its largest kernel's operations
+    (``compiler.fusion_regions.largest_kernel``)."""
     if asked is not None:
         return asked
-    from timerl.compiler.fusion_regions import Shapes, region_cost
-
-    shapes = Shapes(static)
-    for op in ops:
-        fixed = shapes.fixed(op.shape) and all(shapes.fixed(e.src.shape) for e in op.inputs)
-        if fixed and region_cost([op], shapes) >= PARALLEL_MIN_OPS:
-            return usable_cores()
-    return 1
+    return usable_cores() if largest_kernel >= PARALLEL_MIN_OPS else 1
 
 
 _CONTROLLER: list[Any] = []  # [(threadpoolctl controller, modules loaded when it was made)]

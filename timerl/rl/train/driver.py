@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from timerl import CompileOptions
 from timerl.api.context import collector_paused
 from timerl.api.functional import sink
 from timerl.api.tensor import stack
-from timerl.compiler.options import CompileOptions
 from timerl.errors import CheckpointError, NumericalError, ProgramError
 from timerl.rl.algos.naming import arg_ref, config_ref
 from timerl.rl.algos.policy_gradient import (
