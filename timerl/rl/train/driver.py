@@ -31,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from timerl import CompileOptions
-from timerl.api.context import collector_paused
+from timerl.api.context import CompileOptions, collector_paused  # compile's options
 from timerl.api.functional import sink
 from timerl.api.tensor import stack
 from timerl.errors import CheckpointError, NumericalError, ProgramError
