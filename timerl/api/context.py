@@ -263,8 +263,10 @@ class Context(Scope):
         spec = freeze(roots, asked, self.dims, self._until, static, dynamic)
         be = make_backend(backend, device)
         compiled = compile_program(spec, options, be.capabilities)
-        largest = largest_kernel(compiled.spec.ops, spec.static)
-        be.use_threads(program_threads(largest, options.threads))
+        threads = options.threads
+        if threads is None:
+            threads = program_threads(largest_kernel(compiled.spec.ops, spec.static))
+        be.use_threads(threads)
         parameters = tuple(t.op.id for t in self._grad_leaves())
         return Program(
             compiled,

@@ -304,11 +304,9 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def program_threads(largest_kernel: float, asked: int | None) -> int:
-    """The math threads a program runs on: ``asked``, or by its largest kernel's operations
-    (``compiler.fusion_regions.largest_kernel``)."""
-    if asked is not None:
-        return asked
+def program_threads(largest_kernel: float) -> int:
+    """The math threads a program runs on, by its largest kernel's operations
+    (``compiler.fusion_regions.largest_kernel``), where none were asked for."""
     return usable_cores() if largest_kernel >= PARALLEL_MIN_OPS else 1
 
 

@@ -72,18 +72,6 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def _thread_count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of threads, 1 or more, got {text!r}"
-        )
-    return n
-
-
 def _bool(text: str) -> bool:
     low = text.lower()
     if low in ("1", "true", "yes", "on"):
@@ -234,7 +222,7 @@ def _register_algo(sub: argparse._SubParsersAction, algo: str) -> None:
     p.add_argument("--device", default="cpu", help="device for the torch or jax backend")
     p.add_argument(
         "--threads",
-        type=_thread_count,
+        type=int,
         default=None,
         help="threads the math libraries run the program's kernels on (default: every usable "
         "core for a program with large kernels, such as a CNN policy's; one otherwise)",

@@ -288,10 +288,11 @@ def train(
     for flag, value in (
         (arg_ref("total_steps", "--steps"), total_steps),
         ("iterations", iterations),
+        (arg_ref("threads", "--threads"), threads),
     ):
         if value is not None and value < 1:
             raise ProgramError(f"{flag} must be at least 1, got {value}")
-    options = CompileOptions(threads=threads)  # a bad count is an error before any work
+    options = CompileOptions(threads=threads)
     if log_every < 0 or workers < 0:
         raise ProgramError(
             f"{arg_ref('log_every', '--log-every')} and {arg_ref('workers', '--workers')} must "
